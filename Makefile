@@ -1,0 +1,100 @@
+# dcu-forge: the front door. Every target calls the tool (scripts/forge); `make help` lists them.
+# Variables: PY (python to run the tool), PROFILE, MODEL, IMAGE, RUN, BASELINE, A, B, DATA_DIR,
+# TOK_S, VLLM_SRC, MAX_JOBS, BASE_IMAGE.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV ?= .venv
+# The tool runs from the project venv when there is one (host, CI); inside the DCU container
+# there is none and the system python is used.
+PY ?= $(shell test -x $(VENV)/bin/python && echo $(VENV)/bin/python || echo python3)
+FORGE = PYTHONPATH=$(CURDIR)/scripts $(PY) -m forge
+BOOT = PYTHONPATH=$(CURDIR)/scripts python3 -m forge
+
+PROFILE ?= contest
+export VLLM_SRC MAX_JOBS BASE_IMAGE DATA_DIR MODEL IMAGE
+
+.PHONY: help venv fetch tree patches-check patches-refresh patches-lint export wheel image image-rehearsal \
+        pin-base rehearsal kernels-check bench-kernels serve stop bench-all-tiers score compare sweep \
+        accuracy report gpu-bundle e2e-gpu test clean
+
+help: ## list the targets
+	@$(BOOT) help-make Makefile
+
+venv: ## create/update the project venv (.venv) from requirements/dev.txt
+	@$(BOOT) venv --path $(VENV)
+
+fetch: ## fetch and verify the pinned vLLM 0.18.1 source (VLLM_SRC=path for offline use)
+	@$(FORGE) fetch
+
+tree: ## build/vllm: pristine upstream + kernel overlay + one commit per patch (no-op when current)
+	@$(FORGE) tree
+
+patches-check: ## prove patches/ applies to the pinned source and matches build/vllm; lint messages
+	@$(FORGE) patches-check
+
+patches-refresh: ## write build/vllm's commits back to patches/ (messages preserved)
+	@$(FORGE) patches-refresh
+
+patches-lint: ## check every patch's review record and the contest's forbidden paths
+	@$(FORGE) patches-lint
+
+export: ## patched tree as a tarball + one combined diff, for a scoring repository
+	@$(FORGE) export
+
+wheel: ## vllm-0.18.1+forge.<hash> wheel from a clean copy of the tree (ROCm build on a DCU host)
+	@$(FORGE) wheel
+
+image: ## build the DCU image from Dockerfile.rocm (BuildKit or buildah)
+	@$(FORGE) image
+
+pin-base: ## record the digest of the pulled base image in configs/build.yaml
+	@$(FORGE) image --pin-base
+
+image-rehearsal: venv ## build Dockerfile.rocm on a debootstrap stand-in base and run its self-check
+	@$(FORGE) image-rehearsal
+
+rehearsal: venv ## full-compile rehearsal on any Linux box: fetch, tree, wheel, install, self-tests, AOT
+	@$(FORGE) rehearsal
+
+kernels-check: venv ## compile-check kernels/csrc (hipcc gfx90a, nvcc sm_90) and Triton AOT targets
+	@$(FORGE) kernels-check
+
+bench-kernels: ## kernel benchmarks (GPU machine): writes reports/kernels/
+	@$(FORGE) bench-kernels
+
+serve: ## start the server for PROFILE (MODEL=dir, IMAGE=optional image)
+	@$(FORGE) serve --profile $(PROFILE)
+
+stop: ## stop the server `make serve` started
+	@$(FORGE) stop
+
+bench-all-tiers: ## run the contest's three tiers against the running server
+	@$(FORGE) bench-all-tiers --profile $(PROFILE)
+
+score: ## contest score of RUN (or TOK_S=a,b,c what-if) against BASELINE
+	@$(FORGE) score $(if $(RUN),--run $(RUN)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(TOK_S),--tok-s $(TOK_S))
+
+compare: ## per-tier deltas of run A vs run B with a noise band
+	@$(FORGE) compare --a $(A) --b $(B)
+
+sweep: ## serve + bench a list of profiles back to back (PROFILES="a b")
+	@$(FORGE) sweep $(PROFILES)
+
+accuracy: ## accuracy: official run_accuracy.sh (DATA_DIR) or our LongBench-format evaluator
+	@$(FORGE) accuracy
+
+report: ## regenerate reports/env-vars.md, optimization-plan.md, submission-readme.md
+	@$(FORGE) report --profile $(PROFILE)
+
+gpu-bundle: ## bundle for the GPU machine end-to-end run
+	@$(FORGE) gpu-bundle
+
+e2e-gpu: ## end-to-end run on the GPU machine (installs the bundle, serves, benches, scores)
+	@$(FORGE) e2e-gpu
+
+test: venv ## what CI runs: unit tests, patches-check, rehearsal, kernel and tree tests
+	@$(FORGE) test
+
+clean: ## remove build/ and dist/ (keeps the verified source cache)
+	@$(FORGE) clean

@@ -1,0 +1,158 @@
+"""YAML configs, validated on load. A mistake is an error naming the file, the key and what is allowed.
+
+A schema is a dict {key: Field}. Field types: str, int, float, bool, list, dict, or a nested schema
+(dict of Fields) for mappings, `Field(list, item=...)` for typed lists, and `Field(dict, value=...)`
+for free-form mappings with typed values.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import ForgeError
+from .paths import CONFIGS, rel
+
+_MISSING = object()
+
+
+@dataclass
+class Field:
+    type: Any                      # python type, or a nested schema dict
+    required: bool = True
+    default: Any = _MISSING
+    choices: tuple | None = None
+    item: Any = None               # element type/schema for lists
+    value: Any = None              # value type/schema for free-form dicts
+    check: Callable[[Any], str | None] | None = None   # returns an error text or None
+    doc: str = ""
+
+
+def hex_digest(n: int) -> Callable[[Any], str | None]:
+    pat = re.compile(rf"^[0-9a-f]{{{n}}}$")
+    return lambda v: None if pat.match(str(v)) else f"expected {n} lowercase hex characters, got {v!r}"
+
+
+def load_yaml(path: Path) -> Any:
+    import yaml  # lazy: the bootstrap step runs before PyYAML is guaranteed
+
+    path = Path(path)
+    if not path.is_file():
+        raise ForgeError(f"{rel(path)}: file not found", hint="check the path (configs live in configs/)")
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ForgeError(f"{rel(path)}: not valid YAML: {e}")
+
+
+def _tname(t: Any) -> str:
+    if isinstance(t, dict):
+        return "mapping"
+    return {str: "string", int: "integer", float: "number", bool: "true/false",
+            list: "list", dict: "mapping"}.get(t, getattr(t, "__name__", str(t)))
+
+
+def _check_type(value: Any, t: Any, file: str, key: str) -> Any:
+    if isinstance(t, dict):
+        if not isinstance(value, dict):
+            raise ForgeError(f"{file}: key '{key}': expected a mapping, got {type(value).__name__}")
+        return validate(value, t, file, key)
+    if t is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if t is int and isinstance(value, bool) or (t is not bool and isinstance(value, bool) and t is not object):
+        raise ForgeError(f"{file}: key '{key}': expected {_tname(t)}, got {value!r}")
+    if t is not object and not isinstance(value, t):
+        raise ForgeError(f"{file}: key '{key}': expected {_tname(t)}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def validate(data: dict, schema: dict[str, Field], file: str, prefix: str = "") -> dict:
+    """Return a copy of `data` with defaults filled, or raise ForgeError naming file and key."""
+    if not isinstance(data, dict):
+        raise ForgeError(f"{file}: expected a mapping at {prefix or 'top level'}")
+    out: dict = {}
+    for k in data:
+        if k not in schema:
+            where = f"{prefix}.{k}" if prefix else str(k)
+            raise ForgeError(f"{file}: unknown key '{where}'",
+                             hint=f"allowed keys{' under ' + prefix if prefix else ''}: {', '.join(sorted(schema))}")
+    for k, f in schema.items():
+        key = f"{prefix}.{k}" if prefix else k
+        if k not in data or data[k] is None and f.required is False:
+            if f.required and f.default is _MISSING:
+                raise ForgeError(f"{file}: missing key '{key}'" + (f" ({f.doc})" if f.doc else ""))
+            out[k] = None if f.default is _MISSING else f.default
+            continue
+        v = _check_type(data[k], f.type, file, key)
+        if f.type is list and f.item is not None:
+            v = [_check_type(x, f.item, file, f"{key}[{i}]") for i, x in enumerate(v)]
+        if f.type is dict and f.value is not None:
+            v = {kk: _check_type(vv, f.value, file, f"{key}.{kk}") for kk, vv in v.items()}
+        if f.choices is not None:
+            vals = v if isinstance(v, list) else [v]
+            for x in vals:
+                if x not in f.choices:
+                    raise ForgeError(f"{file}: key '{key}': {x!r} is not allowed",
+                                     hint=f"allowed values: {', '.join(map(str, f.choices))}")
+        if f.check is not None:
+            err = f.check(v)
+            if err:
+                raise ForgeError(f"{file}: key '{key}': {err}")
+        out[k] = v
+    return out
+
+
+def load(name_or_path: str | Path, schema: dict[str, Field]) -> dict:
+    """Load configs/<name> (or a path) and validate it against `schema`."""
+    p = Path(name_or_path)
+    if not p.is_absolute() and not p.exists():
+        p = CONFIGS / p
+    return validate(load_yaml(p), schema, rel(p))
+
+
+# --- the pipeline's own configs -------------------------------------------------------------
+
+UPSTREAM_SCHEMA = {
+    "name": Field(str, choices=("vllm",)),
+    "version": Field(str),
+    "sdist": Field({
+        "project": Field(str, doc="project name on the package index"),
+        "filename": Field(str),
+        "sha256": Field(str, check=hex_digest(64)),
+        "tree_sha256": Field(str, check=hex_digest(64),
+                             doc="content hash of the extracted source tree (forge fetch --print-tree-hash)"),
+    }),
+    "git": Field({
+        "url": Field(str, required=False, default=None,
+                     doc="the vendor mirror; or set VLLM_GIT_URL"),
+        "tag": Field(str),
+        "commit": Field(str, check=lambda v: None if re.match(r"^[0-9a-f]{7,40}$", v)
+                        else f"expected a hex commit id (7-40 chars), got {v!r}"),
+    }),
+}
+
+BUILD_SCHEMA = {
+    "rocm_arch": Field(list, item=str, doc="PYTORCH_ROCM_ARCH for the full build"),
+    "aot_targets": Field(list, item=str, doc="Triton ahead-of-time targets checked by the rehearsal"),
+    "max_jobs": Field(int, required=False, default=None),
+    "base_image": Field(str, doc="vendor DTK vLLM image reference"),
+    "base_image_digest": Field(str, required=False, default=None,
+                               check=lambda v: None if re.match(r"^sha256:[0-9a-f]{64}$", v) else
+                               f"expected sha256:<64 hex>, got {v!r}", doc="filled by make pin-base"),
+    "image_name": Field(str),
+    "wheel_local_tag": Field(str, doc="local version label: 0.18.1+<tag>.<series hash>"),
+    "rehearsal": Field({
+        "torch": Field(str, doc="pip requirement for the rehearsal venv's CPU torch"),
+        "serve_help_must_contain": Field(list, item=str),
+    }),
+}
+
+
+def upstream() -> dict:
+    return load("upstream.yaml", UPSTREAM_SCHEMA)
+
+
+def build() -> dict:
+    return load("build.yaml", BUILD_SCHEMA)

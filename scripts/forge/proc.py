@@ -1,0 +1,64 @@
+"""Every subprocess the tool starts goes through here: one place to log, check and explain failures."""
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from .errors import ForgeError
+
+
+def fmt(cmd: Sequence[str]) -> str:
+    return " ".join(shlex.quote(str(c)) for c in cmd)
+
+
+def run(cmd: Sequence[str | os.PathLike], *, cwd: str | Path | None = None,
+        env: Mapping[str, str] | None = None, check: bool = True, capture: bool = False,
+        log: Path | None = None, input: str | None = None, what: str | None = None,
+        hint: str | None = None, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """Run a command. `env` is merged over os.environ. With `log`, output goes to that file
+    (and its tail is shown on failure); with `capture`, output is returned as text."""
+    cmd = [str(c) for c in cmd]
+    full_env = dict(os.environ)
+    if env:
+        full_env.update({k: str(v) for k, v in env.items()})
+    kwargs = dict(cwd=cwd, env=full_env, input=input, text=True, timeout=timeout)
+    try:
+        if log is not None:
+            Path(log).parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "a") as fh:
+                fh.write(f"$ {fmt(cmd)}\n")
+                fh.flush()
+                res = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, **kwargs)
+        elif capture:
+            res = subprocess.run(cmd, capture_output=True, **kwargs)
+        else:
+            res = subprocess.run(cmd, **kwargs)
+    except FileNotFoundError:
+        raise ForgeError(f"{what or 'command'}: '{cmd[0]}' is not installed or not on PATH",
+                         hint=hint or f"install {cmd[0]} and retry")
+    except subprocess.TimeoutExpired:
+        raise ForgeError(f"{what or fmt(cmd)}: timed out after {timeout}s", hint=hint)
+    if check and res.returncode != 0:
+        detail = ""
+        if log is not None:
+            detail = "\n--- last lines of " + str(log) + " ---\n" + tail(Path(log), 40)
+        elif capture:
+            detail = "\n" + ((res.stderr or "") + (res.stdout or "")).strip()[-4000:]
+        raise ForgeError(f"{what or 'command'} failed (exit {res.returncode}): {fmt(cmd)}{detail}",
+                         hint=hint)
+    return res
+
+
+def output(cmd: Sequence[str | os.PathLike], **kw) -> str:
+    """stdout of a command that must succeed, stripped."""
+    return run(cmd, capture=True, **kw).stdout.strip()
+
+
+def tail(path: Path, n: int = 40) -> str:
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(lines[-n:])
