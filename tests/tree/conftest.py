@@ -1,0 +1,44 @@
+"""Tree tests run against the patched vLLM that `make rehearsal` installs (pure-Python build, CPU torch)
+into build/rehearsal/venv. `forge test` runs the rehearsal before these tests, so in CI they never skip."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+REHEARSAL_PY = ROOT / "build" / "rehearsal" / "venv" / "bin" / "python"
+TREE = ROOT / "build" / "vllm"
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """The interpreter of the rehearsal venv, which has the patched vLLM installed."""
+    if not REHEARSAL_PY.exists():
+        pytest.skip("build/rehearsal/venv is missing: run `make rehearsal` first")
+    return REHEARSAL_PY
+
+
+@pytest.fixture(scope="session")
+def run_in_vllm(vllm_python):
+    """Run a Python snippet in the rehearsal venv; returns CompletedProcess (text)."""
+
+    def run(code: str, *, env: dict | None = None, timeout: float = 600, check: bool = True):
+        full_env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", **(env or {})}
+        full_env.pop("PYTHONPATH", None)
+        res = subprocess.run([str(vllm_python), "-c", code], capture_output=True, text=True,
+                             env=full_env, timeout=timeout, cwd=ROOT)
+        if check and res.returncode != 0:
+            raise AssertionError(f"snippet failed (exit {res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}")
+        return res
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def patched_tree() -> Path:
+    if not (TREE / ".git").is_dir():
+        pytest.skip("build/vllm is missing: run `make tree` first")
+    return TREE
