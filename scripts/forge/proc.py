@@ -62,3 +62,75 @@ def tail(path: Path, n: int = 40) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(lines[-n:])
+
+
+# --- long-running processes (the server) -------------------------------------------------------
+
+def start(cmd: Sequence[str | os.PathLike], *, log: Path, env: Mapping[str, str] | None = None,
+          cwd: str | Path | None = None, what: str | None = None, hint: str | None = None
+          ) -> subprocess.Popen:
+    """Start a long-running command in its own process group (so it can be stopped as a whole),
+    output appended to `log`. `env` is merged over os.environ."""
+    cmd = [str(c) for c in cmd]
+    full_env = dict(os.environ)
+    if env:
+        full_env.update({k: str(v) for k, v in env.items()})
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as fh:
+        fh.write(f"$ {fmt(cmd)}\n")
+        fh.flush()
+        try:
+            return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    cwd=cwd, env=full_env, start_new_session=True, text=True)
+        except FileNotFoundError:
+            raise ForgeError(f"{what or 'command'}: '{cmd[0]}' is not installed or not on PATH",
+                             hint=hint or f"install {cmd[0]} and retry")
+
+
+def process_start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid` (clock ticks since boot), to tell a process from a later
+    one that reused its pid; None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if process_start_time(pid) is None:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state != "Z"
+
+
+def stop_group(pgid: int, *, grace_s: float = 30.0) -> str:
+    """SIGTERM a process group, then SIGKILL what is left after `grace_s`. Returns how it ended."""
+    import signal
+    import time
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return "already gone"
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return "terminated"
+        try:
+            os.waitpid(-pgid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.2)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return "terminated"
+    return "killed"

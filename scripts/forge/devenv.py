@@ -1,0 +1,65 @@
+"""Housekeeping verbs: the project venv, `make help`, `make clean`.
+
+This module imports only the standard library: `forge venv` runs before anything is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .errors import ForgeError
+from .paths import BUILD, DIST, ROOT, rel
+
+
+def cmd_venv(args) -> int:
+    venv = (ROOT / args.path) if not Path(args.path).is_absolute() else Path(args.path)
+    req = ROOT / "requirements" / "dev.txt"
+    want = hashlib.sha256(req.read_bytes()).hexdigest()
+    marker = venv / ".forge-requirements"
+    py = venv / "bin" / "python"
+    if py.exists() and marker.is_file() and marker.read_text().strip() == want:
+        return 0
+    print(f"[forge] setting up {rel(venv)} from {rel(req)} (first run: a few minutes)", file=sys.stderr, flush=True)
+    if not py.exists():
+        if subprocess.run([sys.executable, "-m", "venv", str(venv)]).returncode != 0:
+            raise ForgeError(f"could not create {rel(venv)}", hint="install python3-venv (apt-get install python3-venv)")
+    rc = subprocess.run([str(py), "-m", "pip", "install", "-q", "-r", str(req)]).returncode
+    if rc != 0:
+        raise ForgeError(f"pip could not install {rel(req)} into {rel(venv)}",
+                         hint="check pip's configured index (pip config list) and the messages above")
+    marker.write_text(want + "\n")
+    return 0
+
+
+def cmd_help_make(args) -> int:
+    """Print the Makefile's targets with their `## ` descriptions."""
+    text = Path(args.makefile).read_text()
+    rows = re.findall(r"^([a-zA-Z][\w-]*):[^\n#]*## (.*)$", text, re.M)
+    width = max(len(t) for t, _ in rows)
+    print("dcu-forge targets (make <target>):")
+    for t, d in rows:
+        print(f"  {t.ljust(width)}  {d}")
+    return 0
+
+
+def cmd_clean(args) -> int:
+    for d in (BUILD, DIST):
+        if d.exists():
+            print(f"[forge] removing {rel(d)}", file=sys.stderr)
+            shutil.rmtree(d)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("venv", help="create/update the project venv from requirements/dev.txt")
+    p.add_argument("--path", default=".venv")
+    p.set_defaults(func=cmd_venv)
+    p = sub.add_parser("help-make", help="list the Makefile targets")
+    p.add_argument("makefile", nargs="?", default=str(ROOT / "Makefile"))
+    p.set_defaults(func=cmd_help_make)
+    sub.add_parser("clean", help="remove build/ and dist/ (keeps the verified source cache)").set_defaults(func=cmd_clean)
