@@ -1,0 +1,154 @@
+"""Patched tree + patch tooling on a tiny fake upstream: incremental, no-op reruns, failures that
+name patch/file/hunk, refresh round trip, lint of review records and forbidden paths."""
+
+import shutil
+import subprocess
+
+import pytest
+
+from forge import patches, patchfile, tree
+from forge.errors import ForgeError
+
+from pipeline_fixtures import REVIEW, make_patch, make_sdist, upstream_cfg
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    tb, sha, th = make_sdist(tmp_path)
+    pristine = tmp_path / "ex" / "vllm-0.18.1"
+    cfg = upstream_cfg(sha, th)
+    monkeypatch.setattr(tree.config, "upstream", lambda: cfg)
+    monkeypatch.setattr(tree.fetch, "ensure_source", lambda source="auto": pristine)
+    root = tmp_path / "repo"
+    (root / "kernels").mkdir(parents=True)
+    (root / "kernels" / "k.py").write_text("def kernel():\n    return 42\n")
+    (root / "kernels" / "overlay.yaml").write_text("files:\n  - src: kernels/k.py\n    dst: pkg/ops/k.py\n")
+    monkeypatch.setattr(tree, "ROOT", root)
+    monkeypatch.setattr(tree, "KERNELS", root / "kernels")
+    pdir = root / "patches"
+    pdir.mkdir()
+    (pdir / "series").write_text("")
+    # scratch git copy of pristine to author patches against
+    work = tmp_path / "author"
+    shutil.copytree(pristine, work)
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    subprocess.run(["git", "-C", str(work), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(work), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"],
+                   check=True)
+    return {"pristine": pristine, "root": root, "pdir": pdir, "work": work, "tree": tmp_path / "build" / "vllm"}
+
+
+def add_patch(env, name, rel, old, new, subject="pkg: change", body=REVIEW):
+    text = make_patch(env["work"], rel, old, new, subject, body)
+    (env["pdir"] / name).write_text(text)
+    with open(env["pdir"] / "series", "a") as f:
+        f.write(name + "\n")
+
+
+def log(t):
+    return tree.git_out(t, "log", "--format=%s").splitlines()
+
+
+def test_tree_layers_and_noop_rerun(env):
+    add_patch(env, "one.patch", "pkg/config.py", "LINE_3 = 3", "LINE_3 = 33", "pkg: first")
+    add_patch(env, "two.patch", "pkg/config.py", "LINE_30 = 30", "LINE_30 = 300", "pkg: second")
+    st = tree.build_tree(env["tree"], patches_dir=env["pdir"])
+    assert log(env["tree"]) == ["pkg: second", "pkg: first", "forge kernel overlay (kernels/overlay.yaml)",
+                                f"upstream vLLM 0.18.1 (sdist sha256 {tree.config.upstream()['sdist']['sha256']})"]
+    assert (env["tree"] / "pkg" / "ops" / "k.py").read_text().endswith("return 42\n")
+    assert "LINE_30 = 300" in (env["tree"] / "pkg" / "config.py").read_text()
+    head = st["head"]
+    st2 = tree.build_tree(env["tree"], patches_dir=env["pdir"])
+    assert st2["head"] == head and len(log(env["tree"])) == 4
+    # deterministic: a fresh tree from the same inputs has the same commits
+    other = env["tree"].parent / "other"
+    assert tree.build_tree(other, patches_dir=env["pdir"])["head"] == head
+
+
+def test_failing_patch_named_with_file_and_hunk_and_tree_left_at_last_good(env):
+    add_patch(env, "one.patch", "pkg/config.py", "LINE_3 = 3", "LINE_3 = 33", "pkg: first")
+    add_patch(env, "two.patch", "pkg/config.py", "LINE_30 = 30", "LINE_30 = 300", "pkg: second")
+    st = tree.build_tree(env["tree"], patches_dir=env["pdir"])
+    good = st["patches"][0][2]
+    p = env["pdir"] / "two.patch"
+    p.write_text(p.read_text().replace(" LINE_28 = 28", " LINE_28 = 2800"))   # corrupt a context line
+    with pytest.raises(ForgeError) as e:
+        tree.build_tree(env["tree"], patches_dir=env["pdir"])
+    msg = str(e.value)
+    assert "two.patch" in msg and "pkg/config.py" in msg and "hunk #1" in msg
+    assert tree.git_out(env["tree"], "rev-parse", "HEAD") == good
+    assert tree.git_out(env["tree"], "status", "--porcelain") == ""
+
+
+def test_unexported_work_is_never_discarded(env):
+    tree.build_tree(env["tree"], patches_dir=env["pdir"])
+    f = env["tree"] / "pkg" / "config.py"
+    f.write_text(f.read_text() + "WIP = 1\n")
+    with pytest.raises(ForgeError, match="uncommitted"):
+        tree.build_tree(env["tree"], patches_dir=env["pdir"])
+    tree.git(env["tree"], "commit", "-qam", "wip")
+    with pytest.raises(ForgeError, match="patches-refresh"):
+        tree.build_tree(env["tree"], patches_dir=env["pdir"])
+    assert "WIP = 1" in f.read_text()
+    tree.build_tree(env["tree"], patches_dir=env["pdir"], force=True)
+    assert "WIP = 1" not in f.read_text()
+
+
+def test_refresh_round_trip_preserves_message_and_names(env, monkeypatch):
+    add_patch(env, "first-change.patch", "pkg/config.py", "LINE_3 = 3", "LINE_3 = 33", "pkg: first")
+    tree.build_tree(env["tree"], patches_dir=env["pdir"])
+    f = env["tree"] / "pkg" / "config.py"
+    f.write_text(f.read_text().replace("LINE_20 = 20", "LINE_20 = 21"))
+    tree.git(env["tree"], "commit", "-qam", "pkg: new work\n\n" + REVIEW)
+    names = patches.refresh(env["tree"], env["pdir"])
+    assert names == ["first-change.patch", "pkg_new_work.patch"]
+    p = patchfile.parse(env["pdir"] / "pkg_new_work.patch")
+    assert p.subject == "pkg: new work" and p.sections()["Evidence"] == "test_x."
+    # the tree is in sync with the exported series: no rebuild, and a rebuild elsewhere matches it
+    head = tree.git_out(env["tree"], "rev-parse", "HEAD^{tree}")
+    tree.build_tree(env["tree"], patches_dir=env["pdir"])
+    other = env["tree"].parent / "other"
+    tree.build_tree(other, patches_dir=env["pdir"])
+    assert tree.git_out(other, "rev-parse", "HEAD^{tree}") == head
+    # idempotent: a second refresh rewrites nothing
+    before = {p.name: p.read_text() for p in env["pdir"].iterdir()}
+    patches.refresh(env["tree"], env["pdir"])
+    assert before == {p.name: p.read_text() for p in env["pdir"].iterdir()}
+
+
+RULES = {"scheduler": {"text": "Any change to the scheduler is forbidden."}}
+FORBIDDEN = [{"glob": "pkg/sched/**", "rule": "scheduler"}]
+
+
+def test_lint_requires_review_record_and_refuses_forbidden_paths(env):
+    add_patch(env, "ok.patch", "pkg/config.py", "LINE_3 = 3", "LINE_3 = 33", "pkg: ok")
+    add_patch(env, "thin.patch", "pkg/config.py", "LINE_5 = 5", "LINE_5 = 55", "pkg: thin",
+              body="Why: x\nWhat: y\n")
+    add_patch(env, "sched.patch", "pkg/sched/scheduler.py", "return 1", "return 2", "pkg: sched")
+    lint = {n: patches.lint_patch(patchfile.parse(env["pdir"] / n), FORBIDDEN, RULES)
+            for n in ("ok.patch", "thin.patch", "sched.patch")}
+    assert lint["ok.patch"] == []
+    assert any("'Risk:'" in p for p in lint["thin.patch"]) and any("'Rule check:'" in p for p in lint["thin.patch"])
+    assert any("pkg/sched/scheduler.py" in p and "forbidden" in p and "scheduler is forbidden" in p
+               for p in lint["sched.patch"])
+
+
+def test_lint_refuses_new_files(env):
+    (env["work"] / "pkg" / "new.py").write_text("x = 1\n")
+    subprocess.run(["git", "-C", str(env["work"]), "add", "pkg/new.py"], check=True)
+    text = make_patch(env["work"], "README", "fake", "real", "pkg: new file")
+    (env["pdir"] / "new.patch").write_text(text)
+    problems = patches.lint_patch(patchfile.parse(env["pdir"] / "new.patch"), FORBIDDEN, RULES)
+    assert any("creates pkg/new.py" in p and "overlay" in p for p in problems)
+
+
+def test_series_names_missing_file(env):
+    (env["pdir"] / "series").write_text("# comment\nmissing.patch\n")
+    with pytest.raises(ForgeError, match="missing.patch"):
+        patchfile.read_series(env["pdir"])
+
+
+def test_overlay_may_not_replace_upstream_files(env):
+    (env["root"] / "kernels" / "overlay.yaml").write_text("files:\n  - src: kernels/k.py\n    dst: pkg/config.py\n")
+    with pytest.raises(ForgeError, match="exists upstream"):
+        tree.build_tree(env["tree"], patches_dir=env["pdir"])
