@@ -42,8 +42,8 @@ def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) 
     """(nb, bs, H, D) paged cache -> (seq_len, H, D) contiguous, for one sequence."""
     bs = cache.shape[1]
     nblk = math.ceil(seq_len / bs)
-    blocks = block_table_row[:nblk].long().cpu()
-    kv = cache.cpu()[blocks].reshape(nblk * bs, *cache.shape[2:])
+    blocks = block_table_row[:nblk].long().to(cache.device)
+    kv = cache[blocks].reshape(nblk * bs, *cache.shape[2:])
     return kv[:seq_len]
 
 
@@ -51,17 +51,19 @@ def gather_scale(scale: torch.Tensor, block_table_row: torch.Tensor, seq_len: in
     """(nb, H, bs) scales -> (seq_len, H)."""
     bs = scale.shape[2]
     nblk = math.ceil(seq_len / bs)
-    blocks = block_table_row[:nblk].long().cpu()
-    s = scale.cpu()[blocks].permute(0, 2, 1).reshape(nblk * bs, scale.shape[1])
+    blocks = block_table_row[:nblk].long().to(scale.device)
+    s = scale[blocks].permute(0, 2, 1).reshape(nblk * bs, scale.shape[1])
     return s[:seq_len]
 
 
 def decode_ref(q, k_cache, v_cache, block_table, seq_lens, scale, k_scale=None, v_scale=None):
-    """float64 reference of paged GQA decode attention. Returns (num_seqs, Hq, D) float64 (CPU)."""
+    """float64 reference of paged GQA decode attention, computed on the cache's device.
+
+    Returns (num_seqs, Hq, D) float64 on that device."""
     num_seqs, hq, d = q.shape
     hkv = k_cache.shape[2]
     g = hq // hkv
-    out = torch.zeros(num_seqs, hq, d, dtype=torch.float64)
+    out = torch.zeros(num_seqs, hq, d, dtype=torch.float64, device=k_cache.device)
     for i in range(num_seqs):
         L = int(seq_lens[i])
         if L == 0:
@@ -71,7 +73,7 @@ def decode_ref(q, k_cache, v_cache, block_table, seq_lens, scale, k_scale=None, 
         if k_scale is not None:
             k = k * gather_scale(k_scale, block_table[i], L).double().unsqueeze(-1)
             v = v * gather_scale(v_scale, block_table[i], L).double().unsqueeze(-1)
-        qi = q[i].cpu().double().view(hkv, g, d)                    # (Hkv, G, D)
+        qi = q[i].to(k_cache.device).double().view(hkv, g, d)                    # (Hkv, G, D)
         s = torch.einsum("hgd,lhd->hgl", qi, k) * scale
         p = torch.softmax(s, dim=-1)
         out[i] = torch.einsum("hgl,lhd->hgd", p, v).reshape(hq, d)
@@ -79,8 +81,8 @@ def decode_ref(q, k_cache, v_cache, block_table, seq_lens, scale, k_scale=None, 
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a = a.detach().cpu().double()
-    b = b.detach().cpu().double()
+    a = a.detach().double()
+    b = b.detach().double().to(a.device)
     if not torch.isfinite(a).all():
         return float("inf")
     return float((a - b).norm() / b.norm().clamp_min(1e-300))

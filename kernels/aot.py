@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""Ahead-of-time compile of the forge Triton kernels for GPU targets, without a GPU.
+
+    python kernels/aot.py --target hip:gfx90a --target hip:gfx942 --target cuda:90 --json PATH
+
+Compiles representative specializations (head_dim 256, 24 q / 4 kv heads; bf16 cache with
+blocks of 784 and 16 tokens, int8 cache with blocks of 1552 and 16 tokens, the LSE reduce, the
+quantize-on-write) with ``triton.compile(ASTSource(...), target=GPUTarget(...))`` using the
+launch configuration the launchers pick for that backend, and records per kernel/target:
+shared memory (LDS) bytes, registers, spills. Exit code 1, with a message naming kernel and
+target, when shared memory exceeds 65536 bytes or the code spills registers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# keep kernels/ (which holds a folder named "triton") off the import path
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+LDS_LIMIT = 65536
+HEAD = 256
+HQ, HKV = 24, 4
+
+
+def _load(name: str, filename: str):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "triton", filename))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def load_kernels():
+    return (_load("forge_int8_kv_write", "int8_kv_write.py"),
+            _load("forge_split_kv_decode", "split_kv_decode.py"))
+
+
+def parse_target(s: str) -> GPUTarget:
+    backend, arch = s.split(":", 1)
+    if backend == "hip":
+        return GPUTarget("hip", arch, 64)
+    if backend == "cuda":
+        return GPUTarget("cuda", int(arch), 32)
+    raise ValueError(f"unknown target {s!r} (want hip:gfxNNN or cuda:NN)")
+
+
+def _source(fn, args: dict, constexprs: dict):
+    """Signature like the JIT would specialize: ints == 1 become constexpr, ints % 16 == 0 and
+    pointers get the divisibility-16 attribute."""
+    sig, consts, attrs = {}, dict(constexprs), {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            sig[name] = "constexpr"
+            continue
+        v = args[name]
+        if isinstance(v, str):                      # pointer type, e.g. "*bf16"
+            sig[name] = v
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, float):
+            sig[name] = "fp32"
+        elif v == 1:
+            sig[name] = "constexpr"
+            consts[name] = 1
+        else:
+            sig[name] = "i32"
+            if v % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return ASTSource(fn, sig, constexprs=consts, attrs=attrs)
+
+
+def _decode_spec(dec, kv: str, block_size: int, num_segments: int, is_hip: bool):
+    import torch
+    kv_dtype = torch.int8 if kv == "int8" else torch.bfloat16
+    tile_n, warps, stages = dec.default_launch_config(kv_dtype, HEAD, is_hip=is_hip)
+    elt = 1 if kv == "int8" else 2
+    dp = HEAD + 4 if kv == "int8" else HEAD
+    page = 2 * block_size * HKV * dp * (1 if kv == "int8" else 2) // elt   # in elements
+    ks_b = 2 * block_size * HKV * (HEAD + 4) // 4
+    max_blocks = 32768 // block_size + 1
+    S = num_segments
+    ptr_kv = "*i8" if kv == "int8" else "*bf16"
+    args = dict(
+        q_ptr="*bf16", k_ptr=ptr_kv, v_ptr=ptr_kv,
+        ks_ptr="*fp32" if kv == "int8" else ptr_kv, vs_ptr="*fp32" if kv == "int8" else ptr_kv,
+        bt_ptr="*i32", seq_lens_ptr="*i32", po_ptr="*fp32", pl_ptr="*fp32", out_ptr="*bf16",
+        scale_log2=0.09, num_segments=S,
+        sq_s=HQ * HEAD, sq_h=HEAD, sq_d=1,
+        sk_b=page, sk_o=HKV * HEAD, sk_h=HEAD, sk_d=1,
+        sv_b=page, sv_o=HKV * HEAD, sv_h=HEAD, sv_d=1,
+        sks_b=ks_b if kv == "int8" else 0, sks_h=block_size if kv == "int8" else 0,
+        sks_o=1 if kv == "int8" else 0,
+        svs_b=ks_b if kv == "int8" else 0, svs_h=block_size if kv == "int8" else 0,
+        svs_o=1 if kv == "int8" else 0,
+        sbt_s=max_blocks, sbt_b=1,
+        spo_s=HQ * S * HEAD, spo_h=S * HEAD, spo_g=HEAD, spo_d=1,
+        spl_s=HQ * S, spl_h=S, spl_g=1,
+        so_s=HQ * HEAD, so_h=HEAD, so_d=1,
+    )
+    # zero strides: the JIT does not specialize 0, mark them as plain ints
+    const = dict(QUERIES_PER_KV=HQ // HKV, BLOCK_M=16, HEAD_SIZE=HEAD, D_PAD=HEAD,
+                 BLOCK_SIZE=block_size, TILE_N=tile_n, KV_INT8=(kv == "int8"),
+                 DIRECT_OUT=(S == 1), IEEE=False)
+    return dec._split_kv_decode_kernel, args, const, warps, stages, dict(tile_n=tile_n)
+
+
+def _reduce_spec(dec, num_segments: int):
+    S = num_segments
+    s_pad = triton.next_power_of_2(S)
+    args = dict(po_ptr="*fp32", pl_ptr="*fp32", out_ptr="*bf16", num_segments=S,
+                spo_s=HQ * S * HEAD, spo_h=S * HEAD, spo_g=HEAD, spo_d=1,
+                spl_s=HQ * S, spl_h=S, spl_g=1, so_s=HQ * HEAD, so_h=HEAD, so_d=1)
+    const = dict(HEAD_SIZE=HEAD, S_PAD=s_pad, S_CHUNK=min(s_pad, 16), BLOCK_D=dec.REDUCE_BLOCK_D)
+    return dec._split_kv_reduce_kernel, args, const, 2, 1, {}
+
+
+def _write_spec(wr, block_size: int):
+    d_pad, block_h, warps = wr._write_launch_params(HKV, HEAD)
+    page = 2 * block_size * HKV * (HEAD + 4)
+    args = dict(key_ptr="*bf16", value_ptr="*bf16", k_data_ptr="*i8", v_data_ptr="*i8",
+                k_scale_ptr="*fp32", v_scale_ptr="*fp32", slot_ptr="*i64", num_heads=HKV,
+                # key/value are strided slices of a fused qkv projection (q 24*256 + k + v)
+                sk_t=(HQ + 2 * HKV) * HEAD, sk_h=HEAD, sk_d=1,
+                sv_t=(HQ + 2 * HKV) * HEAD, sv_h=HEAD, sv_d=1,
+                skd_b=page, skd_o=HKV * HEAD, skd_h=HEAD, skd_d=1,
+                svd_b=page, svd_o=HKV * HEAD, svd_h=HEAD, svd_d=1,
+                sks_b=page // 4, sks_h=block_size, sks_o=1,
+                svs_b=page // 4, svs_h=block_size, svs_o=1)
+    const = dict(BLOCK_SIZE=block_size, HEAD_SIZE=HEAD, D_PAD=d_pad, BLOCK_H=block_h,
+                 SCALE_FLOOR=wr.SCALE_FLOOR)
+    return wr._int8_kv_write_kernel, args, const, warps, 1, {}
+
+
+def specs(target: GPUTarget):
+    wr, dec = load_kernels()
+    hip = target.backend == "hip"
+    out = []
+    for kv, bs in (("bf16", 784), ("bf16", 16), ("int8", 1552), ("int8", 16)):
+        out.append((f"split_kv_decode[{kv},bs={bs},S=64]", _decode_spec(dec, kv, bs, 64, hip)))
+    out.append(("split_kv_decode[int8,bs=1552,S=1]", _decode_spec(dec, "int8", 1552, 1, hip)))
+    out.append(("split_kv_reduce[S=128]", _reduce_spec(dec, 128)))
+    for bs in (1552, 16):
+        out.append((f"int8_kv_write[bf16,bs={bs}]", _write_spec(wr, bs)))
+    return out
+
+
+_RE_AMD = {k: re.compile(rf"\.?{k}:\s*(\d+)") for k in
+           ("vgpr_count", "sgpr_count", "vgpr_spill_count", "sgpr_spill_count",
+            "agpr_count", "private_segment_fixed_size")}
+
+
+def _amd_stats(asm: str) -> dict:
+    st = {}
+    for k, r in _RE_AMD.items():
+        vals = [int(x) for x in r.findall(asm)]
+        if vals:
+            st[k] = max(vals)
+    # fall back to the comment lines ("; NumVgprs: 64", "; ScratchSize: 0")
+    for k, pat in (("vgpr_count", r";\s*NumVgprs:\s*(\d+)"), ("sgpr_count", r";\s*NumSgprs:\s*(\d+)"),
+                   ("scratch_bytes", r";\s*ScratchSize:\s*(\d+)")):
+        m = re.findall(pat, asm)
+        if m and k not in st:
+            st[k] = max(int(x) for x in m)
+    st["registers"] = st.get("vgpr_count")
+    st["spills"] = st.get("vgpr_spill_count", 0) + st.get("sgpr_spill_count", 0)
+    return st
+
+
+def _find_ptxas():
+    try:
+        from triton.backends.nvidia import compiler as nvc
+        p = nvc.get_ptxas().path if hasattr(nvc, "get_ptxas") else None
+        if p and os.path.exists(p):
+            return p
+    except Exception:
+        pass
+    cand = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if os.path.exists(cand):
+        return cand
+    for p in ("/usr/local/cuda/bin/ptxas", "/usr/local/bin/ptxas"):
+        if os.path.exists(p):
+            return p
+    return None
+
+
+def _cuda_stats(ptx: str, arch: int) -> dict:
+    st = {"local_in_ptx": bool(re.search(r"^\s*\.local\b", ptx, re.M))}
+    ptxas = _find_ptxas()
+    if ptxas:
+        with tempfile.TemporaryDirectory() as d:
+            src = os.path.join(d, "k.ptx")
+            open(src, "w").write(ptx)
+            sm = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+            r = subprocess.run([ptxas, f"-arch={sm}", "-v", src, "-o", os.path.join(d, "k.cubin")],
+                               capture_output=True, text=True)
+            info = r.stdout + r.stderr
+            st["ptxas_info"] = " ".join(l.strip() for l in info.splitlines() if "info" in l)[-600:]
+            m = re.search(r"Used (\d+) registers", info)
+            if m:
+                st["registers"] = int(m.group(1))
+            m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
+            if m:
+                st["spill_store_bytes"], st["spill_load_bytes"] = int(m.group(1)), int(m.group(2))
+                st["spills"] = st["spill_store_bytes"] + st["spill_load_bytes"]
+            m = re.search(r"(\d+) bytes stack frame", info)
+            if m:
+                st["stack_frame_bytes"] = int(m.group(1))
+    if "spills" not in st:
+        st["spills"] = 1 if st["local_in_ptx"] else 0
+        st["spill_source"] = ".local in PTX"
+    return st
+
+
+def compile_one(name, spec, target: GPUTarget) -> dict:
+    fn, args, const, warps, stages, extra = spec
+    t0 = time.time()
+    rec = {"kernel": name, "target": f"{target.backend}:{target.arch}", "num_warps": warps,
+           "num_stages": stages, **extra}
+    try:
+        src = _source(fn, args, const)
+        compiled = triton.compile(src, target=target,
+                                  options={"num_warps": warps, "num_stages": stages})
+        rec["shared_bytes"] = int(compiled.metadata.shared)
+        if target.backend == "hip":
+            rec.update(_amd_stats(compiled.asm.get("amdgcn", "")))
+        else:
+            rec.update(_cuda_stats(compiled.asm.get("ptx", ""), int(target.arch)))
+        problems = []
+        if rec["shared_bytes"] > LDS_LIMIT:
+            problems.append(f"shared memory {rec['shared_bytes']} B > {LDS_LIMIT} B")
+        if rec.get("spills", 0):
+            problems.append(f"register spills ({rec['spills']})")
+        rec["ok"] = not problems
+        rec["problems"] = problems
+    except Exception as e:  # a compile error is a failure for that kernel/target
+        rec["ok"] = False
+        rec["problems"] = [f"compile error: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"]
+    rec["compile_s"] = round(time.time() - t0, 2)
+    return rec
+
+
+def aot_compile_all(targets) -> list[dict]:
+    """Compile every representative kernel for every target ("hip:gfx90a", "cuda:90" or a
+    GPUTarget). Returns one dict per (kernel, target) with shared_bytes, registers, spills, ok."""
+    out = []
+    for t in targets:
+        tgt = parse_target(t) if isinstance(t, str) else t
+        for name, spec in specs(tgt):
+            out.append(compile_one(name, spec, tgt))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", action="append", default=[],
+                    help="hip:gfx90a, hip:gfx942, cuda:90 ... (repeatable)")
+    ap.add_argument("--json", help="write the records here")
+    a = ap.parse_args(argv)
+    targets = a.target or ["hip:gfx90a", "hip:gfx942", "cuda:90"]
+    recs = aot_compile_all(targets)
+    print(f"{'kernel':42s} {'target':12s} {'shared':>7s} {'regs':>5s} {'spills':>6s} {'s':>6s}  status")
+    for r in recs:
+        print(f"{r['kernel']:42s} {r['target']:12s} {r.get('shared_bytes', '-')!s:>7s} "
+              f"{r.get('registers', '-')!s:>5s} {r.get('spills', '-')!s:>6s} {r['compile_s']:6.1f}  "
+              f"{'ok' if r['ok'] else 'FAIL: ' + '; '.join(r['problems'])}")
+    if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump({"triton": triton.__version__, "lds_limit": LDS_LIMIT, "records": recs}, f, indent=1)
+    bad = [r for r in recs if not r["ok"]]
+    for r in bad:
+        print(f"AOT FAIL: {r['kernel']} on {r['target']}: {'; '.join(r['problems'])}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
