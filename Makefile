@@ -12,10 +12,12 @@ FORGE = PYTHONPATH=$(CURDIR)/scripts $(PY) -m forge
 BOOT = PYTHONPATH=$(CURDIR)/scripts python3 -m forge
 
 PROFILE ?= contest
+WHEEL_DEVICE ?= auto
+WARM_ARCH ?= gfx936
 export VLLM_SRC MAX_JOBS BASE_IMAGE DATA_DIR MODEL IMAGE
 
 .PHONY: help venv fetch tree patches-check patches-refresh patches-lint export wheel image image-rehearsal \
-        pin-base rehearsal kernels-check bench-kernels serve stop bench-all-tiers score compare sweep \
+        pin-base warm-kernels self-check rehearsal kernels-check bench-kernels serve stop bench-all-tiers score compare sweep \
         accuracy report gpu-bundle e2e-gpu test clean
 
 help: ## list the targets
@@ -43,10 +45,10 @@ export: ## patched tree as a tarball + one combined diff, for a scoring reposito
 	@$(FORGE) export
 
 wheel: ## vllm-0.18.1+forge.<hash> wheel from a clean copy of the tree (ROCm build on a DCU host)
-	@$(FORGE) wheel
+	@$(FORGE) wheel --device $(WHEEL_DEVICE)
 
-image: ## build the DCU image from Dockerfile.rocm (BuildKit or buildah)
-	@$(FORGE) image
+image: ## build the DCU image from Dockerfile.rocm (BuildKit or buildah); `make -n image` prints the command
+	+@$(FORGE) image $(if $(findstring n,$(firstword -$(MAKEFLAGS))),--dry-run)
 
 pin-base: ## record the digest of the pulled base image in configs/build.yaml
 	@$(FORGE) image --pin-base
@@ -56,6 +58,12 @@ image-rehearsal: venv ## build Dockerfile.rocm on a debootstrap stand-in base an
 
 rehearsal: venv ## full-compile rehearsal on any Linux box: fetch, tree, wheel, install, self-tests, AOT
 	@$(FORGE) rehearsal
+
+warm-kernels: ## (in the image) compile our Triton kernels for WARM_ARCH into TRITON_CACHE_DIR
+	@$(FORGE) warm-kernels --arch $(WARM_ARCH)
+
+self-check: ## (in the image) check that the installed vLLM is our wheel
+	@$(FORGE) self-check
 
 kernels-check: venv ## compile-check kernels/csrc (hipcc gfx90a, nvcc sm_90) and Triton AOT targets
 	@$(FORGE) kernels-check
