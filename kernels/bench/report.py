@@ -77,6 +77,13 @@ def markdown(res) -> str:
         det = {k: v for k, v in c.items() if k not in ("test", "rel_err", "ok", "tol")}
         err = c.get("rel_err", c.get("max_lsb_diff", c.get("bytes_differing")))
         L.append(f"| {c['test']} | {json.dumps(det)} | {err} | {c.get('ok')} |")
+    if res.get("decode_extra"):
+        L += ["", "## Other block sizes (batch 1)", "", "| kernel | kv | block | context | µs | frac copy BW |",
+              "|---|---|---:|---:|---:|---:|"]
+        for r in res["decode_extra"]:
+            if "us" in r:
+                L.append(f"| {r['kernel']} | {r['kv']} | {r['block']} | {r['context']} | {r['us']:.1f} | "
+                         f"{r['kv_bytes'] / (r['us'] * 1e-6) / bw:.2f} |")
     if res.get("sweep"):
         L += ["", "## Launch-config sweep (forge decode)", "", "| kv | batch | ctx | tile | warps | stages | S | µs |",
               "|---|---:|---:|---:|---:|---:|---:|---:|"]

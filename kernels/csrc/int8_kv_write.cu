@@ -88,8 +88,10 @@ __global__ void __launch_bounds__(FORGE_THREADS) int8_kv_write_kernel(const Writ
   const int64_t slot = p.slot_is_int64 ? static_cast<const int64_t*>(p.slot_mapping)[tok]
                                        : static_cast<int64_t>(static_cast<const int32_t*>(p.slot_mapping)[tok]);
   if (slot < 0) return;  // whole block exits together: no barrier is skipped by part of it
-  const int64_t blk = slot / p.block_size;
-  const int64_t off = slot % p.block_size;
+  // slots index tokens of the cache (num_blocks * block_size < 2^31): 32-bit division
+  const int32_t s32 = static_cast<int32_t>(slot);
+  const int64_t blk = s32 / p.block_size;
+  const int64_t off = s32 % p.block_size;
   const int64_t kbase = static_cast<int64_t>(tok) * p.sk_t + static_cast<int64_t>(h) * p.sk_h;
   const int64_t vbase = static_cast<int64_t>(tok) * p.sv_t + static_cast<int64_t>(h) * p.sv_h;
 
