@@ -1,0 +1,267 @@
+"""`forge bench-all-tiers`: the contest's three tiers through vLLM's own client (`vllm bench serve`)
+with the contest's options, one result file per tier in reports/runs/<run-id>/, resumable."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+from . import contest as contest_mod
+from . import paths, proc, runs, serve, synth, ui
+from .errors import ForgeError
+from .hashing import sha256_file
+
+CLIENT_ENV = "FORGE_BENCH_CLIENT"
+
+
+def client_launcher(arg: str | None) -> list[str]:
+    """How to start vLLM's CLI for `bench serve`: --client, $FORGE_BENCH_CLIENT, `vllm` on PATH,
+    or this Python's vllm module."""
+    cmd = arg or os.environ.get(CLIENT_ENV)
+    if cmd:
+        return shlex.split(cmd)
+    if shutil.which("vllm"):
+        return ["vllm"]
+    return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+
+
+def python_of(launcher: list[str]) -> str | None:
+    """The interpreter behind a launcher: `python -m ...` or a console script's #! line."""
+    exe = shutil.which(launcher[0]) or launcher[0]
+    if "python" in Path(exe).name:
+        return exe
+    try:
+        first = Path(exe).read_text(errors="replace").splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    return first[2:].strip().split()[0] if first.startswith("#!") else None
+
+
+def client_args(contest: dict, *, dataset: Path, num_prompts: int, model: str, host: str, port: int,
+                result_dir: Path, result_name: str) -> list[str]:
+    out = ["bench", "serve"]
+    for opt in contest["client"]["options"]:
+        out += opt
+    out += ["--dataset-path", str(dataset), "--num-prompts", str(num_prompts),
+            "--model", model, "--served-model-name", contest["server"]["served_model_name"],
+            "--host", host, "--port", str(port),
+            "--result-dir", str(result_dir), "--result-filename", result_name]
+    return out
+
+
+def result_path(rdir: Path, tier: str) -> Path:
+    return rdir / f"{tier}.json"
+
+
+def tier_done(rdir: Path, tier: str) -> bool:
+    p = result_path(rdir, tier)
+    if not p.is_file():
+        return False
+    try:
+        d = runs.read_json(p)
+    except ForgeError:
+        return False
+    return isinstance(d, dict) and "completed" in d
+
+
+def count_lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def failed_result(contest: dict, tier: str, n: int, reason: str) -> dict:
+    """A tier the server could not serve at all: every request failed. Same keys as a
+    `vllm bench serve` result, so scoring treats it like any other run of all-failed requests."""
+    return {"date": time.strftime("%Y%m%d-%H%M%S"), "backend": "openai-chat", "num_prompts": n,
+            "duration": 0.0, "completed": 0, "failed": n, "total_input_tokens": 0,
+            "total_output_tokens": 0, "request_throughput": 0.0, "output_throughput": 0.0,
+            "total_token_throughput": 0.0, "input_lens": [0] * n, "output_lens": [0] * n,
+            "ttfts": [0.0] * n, "itls": [[] for _ in range(n)], "start_times": [0.0] * n,
+            "generated_texts": [""] * n, "errors": [reason] * n,
+            "forge_synthesized": f"server unreachable; all {n} requests recorded as failed"}
+
+
+def _stop_stale_client(manifest: dict) -> None:
+    c = manifest.get("client_running")
+    if c and proc.process_start_time(c["pid"]) == c["start_time"]:
+        ui.warn(f"stopping a client left running by an interrupted run (pid {c['pid']})")
+        proc.stop_group(c["pgid"], grace_s=10)
+    manifest.pop("client_running", None)
+
+
+def _datasets(contest: dict, tiers: list[dict], data_dir: str | None, model: str | None, rdir: Path,
+              num_prompts: int | None, manifest: dict) -> dict:
+    out = {}
+    for t in tiers:
+        name = t["name"]
+        prev = manifest.get("datasets", {}).get(name)
+        if data_dir:
+            path = Path(data_dir) / t["file"]
+            if not path.is_file():
+                raise ForgeError(f"DATA_DIR {data_dir}: the tier file {t['file']} is missing",
+                                 hint="DATA_DIR must hold the official tier files; leave it unset for synthetic data")
+            n = num_prompts or t["num_prompts"] or count_lines(path)
+            out[name] = {"kind": "official", "path": str(path.resolve()), "num_prompts": n}
+        else:
+            path = rdir / "datasets" / f"{name}.jsonl"
+            n = num_prompts or t["synthetic_prompts"]
+            if not (prev and path.is_file() and prev.get("num_prompts") == n):
+                if not model:
+                    raise ForgeError("no model directory to build the synthetic tier prompts from",
+                                     hint="pass --model DIR (the served model), or DATA_DIR with the tier files")
+                with ui.step(f"synthetic dataset {name} ({n} prompts, {t['prompt_tokens'][0]}-{t['prompt_tokens'][1]} tokens)"):
+                    info = synth.build_tier(Path(model), t, n, path)
+                out[name] = {"kind": "synthetic", "path": str(path), "num_prompts": n,
+                             "prompt_tokens": info["prompt_tokens"], "tokenizer": str(model)}
+            else:
+                out[name] = prev
+        out[name]["sha256"] = sha256_file(Path(out[name]["path"]))
+        if prev and prev.get("sha256") not in (None, out[name]["sha256"]) and tier_done(rdir, name):
+            raise ForgeError(f"tier {name}: the dataset differs from the one run {rdir.name} was started with",
+                             hint="resume with the same DATA_DIR, or start a new run (omit --run-id)")
+    return out
+
+
+def run_tier(contest: dict, tier: dict, ds: dict, *, launcher: list[str], model: str, host: str, port: int,
+             rdir: Path, manifest: dict, health_url: str, poll_s: float = 15.0) -> str:
+    name = tier["name"]
+    final = result_path(rdir, name)
+    partial = rdir / f"{name}.client.json"
+    log = rdir / f"{name}.client.log"
+    for p in (partial,):
+        if p.exists():
+            p.unlink()
+    if not serve.health_ok(health_url):
+        ui.warn(f"tier {name}: the server does not answer {health_url}; its requests are recorded as failed")
+        runs.write_json(final, failed_result(contest, name, ds["num_prompts"], f"server not reachable at {health_url}"))
+        return "server-down"
+    cmd = launcher + client_args(contest, dataset=Path(ds["path"]), num_prompts=ds["num_prompts"], model=model,
+                                 host=host, port=port, result_dir=rdir, result_name=partial.name)
+    manifest.setdefault("client_commands", {})[name] = proc.fmt(cmd)
+    from .profiles import loopback_env
+    p = proc.start(cmd, log=log, env=loopback_env(), what="vllm bench serve",
+                   hint="install vLLM (our wheel) or pass --client")
+    manifest["client_running"] = {"pid": p.pid, "pgid": os.getpgid(p.pid),
+                                  "start_time": proc.process_start_time(p.pid), "tier": name}
+    runs.write_json(rdir / "manifest.json", manifest)
+    t0 = last = time.monotonic()
+    try:
+        while p.poll() is None:
+            time.sleep(0.2)
+            if time.monotonic() - last >= poll_s:
+                last = time.monotonic()
+                ui.info(f"tier {name}: running {last - t0:.0f}s (log: {paths.rel(log)})")
+    except BaseException:
+        proc.stop_group(manifest["client_running"]["pgid"], grace_s=5)
+        manifest.pop("client_running", None)
+        runs.write_json(rdir / "manifest.json", manifest)
+        raise
+    manifest.pop("client_running", None)
+    if p.returncode == 0 and partial.is_file():
+        os.replace(partial, final)
+        return "done"
+    if not serve.health_ok(health_url):
+        ui.warn(f"tier {name}: the client failed and the server is gone; its requests are recorded as failed")
+        runs.write_json(final, failed_result(contest, name, ds["num_prompts"],
+                                             f"server died; client exit {p.returncode}"))
+        return "server-died"
+    raise ForgeError(f"tier {name}: vllm bench serve failed (exit {p.returncode}) while the server is up\n"
+                     f"--- last lines of {paths.rel(log)} ---\n{proc.tail(log, 25)}",
+                     hint="finished tiers are kept; fix the cause and rerun with --run-id " + rdir.name)
+
+
+def cmd_bench(args) -> int:
+    contest = contest_mod.load_contest()
+    st = serve.running_server() if args.port is None else None
+    host = contest["server"]["host"]
+    port = args.port or (st["port"] if st else serve.LOCKED_PORT)
+    profile = (st or {}).get("profile") or args.profile
+    if st and args.profile and args.profile != st["profile"]:
+        ui.warn(f"the running server uses profile {st['profile']}, not {args.profile}; recording {st['profile']}")
+    model = args.model or (st or {}).get("model") or os.environ.get("MODEL") or None
+    if not model:
+        raise ForgeError("no model directory for the client's tokenizer",
+                         hint="pass --model DIR (or MODEL=DIR), or start the server with forge serve")
+    run_id = args.run_id or (st or {}).get("run_id") or runs.new_run_id(profile)
+    rdir = runs.run_dir(run_id)
+    mpath = rdir / "manifest.json"
+    manifest = runs.read_json(mpath) if mpath.is_file() else {}
+    _stop_stale_client(manifest)
+    tiers = contest["tiers"]
+    if args.tiers:
+        want = [x.strip() for x in args.tiers.split(",") if x.strip()]
+        unknown = [w for w in want if w not in contest_mod.tier_names(contest)]
+        if unknown:
+            raise ForgeError(f"unknown tier(s) {', '.join(unknown)}",
+                             hint=f"tiers: {', '.join(contest_mod.tier_names(contest))}")
+        tiers = [t for t in tiers if t["name"] in want]
+    data_dir = args.data_dir or os.environ.get("DATA_DIR") or None
+    serve_json = rdir / "serve.json"
+    launcher = client_launcher(args.client)
+    manifest.update({
+        "run_id": run_id, "profile": profile, "created": manifest.get("created") or runs.now_iso(),
+        "updated": runs.now_iso(), "git": runs.git_commit(),
+        "server": runs.read_json(serve_json) if serve_json.is_file() else {"host": host, "port": port,
+                                                                          "started_by_forge": False},
+        "scored_port": port == serve.LOCKED_PORT, "model": str(model), "device": runs.device_info(),
+        "client": proc.fmt(launcher + ["bench", "serve"]),
+    })
+    if "vllm" not in manifest:
+        manifest["vllm"] = runs.vllm_provenance(python_of(launcher))
+    manifest["datasets"] = _datasets(contest, tiers, data_dir, model, rdir, args.num_prompts, manifest)
+    manifest.setdefault("tiers", {})
+    runs.write_json(mpath, manifest)
+    health = f"http://{host}:{port}{contest['server']['health_path']}"
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        for i, t in enumerate(tiers, 1):
+            name = t["name"]
+            if tier_done(rdir, name):
+                ui.info(f"tier {name} ({i}/{len(tiers)}): already done in run {run_id}; kept")
+                continue
+            ds = manifest["datasets"][name]
+            with ui.step(f"tier {name} ({i}/{len(tiers)}): {ds['num_prompts']} {ds['kind']} prompts"):
+                t0 = time.monotonic()
+                status = run_tier(contest, t, ds, launcher=launcher, model=str(model), host=host, port=port,
+                                  rdir=rdir, manifest=manifest, health_url=health, poll_s=args.progress_every)
+                res = runs.read_json(result_path(rdir, name))
+                manifest["tiers"][name] = {"status": status, "seconds": round(time.monotonic() - t0, 1),
+                                           "finished": runs.now_iso(), "completed": res.get("completed"),
+                                           "failed": res.get("failed"),
+                                           "output_throughput": res.get("output_throughput")}
+                runs.write_json(mpath, manifest)
+                ui.info(f"tier {name}: {res.get('output_throughput', 0):.2f} output tok/s, "
+                        f"{res.get('completed')} completed, {res.get('failed')} failed")
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    print(rdir)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench-all-tiers", help="run the contest's tiers with `vllm bench serve` against the server",
+                       description="For each tier, run vLLM's own benchmark client with the contest's options "
+                                   "(configs/contest.yaml client.options) on the official tier file in DATA_DIR, "
+                                   "or on synthetic prompts of the tier's lengths built from the model's tokenizer. "
+                                   "Results go to reports/runs/<run-id>/<tier>.json with manifest.json. Rerunning "
+                                   "with the same --run-id keeps finished tiers and runs the rest.")
+    p.add_argument("--profile", default=None, help="profile label when the server was not started by forge serve")
+    p.add_argument("--run-id", help="run to write or resume (default: the running server's run, else a new one)")
+    p.add_argument("--model", help="model directory for the tokenizer (default: the running server's, or $MODEL)")
+    p.add_argument("--data-dir", help="folder with the official tier files (default: $DATA_DIR)")
+    p.add_argument("--tiers", help="comma-separated subset of tiers (default: all)")
+    p.add_argument("--num-prompts", type=int, help="prompts per tier (default: from configs/contest.yaml)")
+    p.add_argument("--client", help="command that runs vLLM's CLI (default: $FORGE_BENCH_CLIENT, `vllm`, or "
+                                    "this Python's vllm module); `bench serve ...` is appended")
+    p.add_argument("--port", type=int, default=None,
+                   help="server port when not started by forge serve (default: the running server's, else 8001)")
+    p.add_argument("--progress-every", type=float, default=30.0, help="seconds between progress lines")
+    p.set_defaults(func=cmd_bench)

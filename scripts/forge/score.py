@@ -1,0 +1,339 @@
+"""`forge score`: the contest's formula over a benchmark run (or what-if tok/s) against a baseline.
+
+Per tier: lift = tok_s / baseline_tok_s - 1; score = weight * (floor + gain * (1 - exp(-rate * lift))),
+zero when the tier's TTFT P99 exceeds ratio x the baseline's, when the pooled TPOT P99 exceeds
+ratio x the baseline's, or when completion is below min_completion. The total is multiplied by the
+accuracy factor when both the run and the baseline have accuracy results."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from . import contest as contest_mod
+from . import runs, ui
+from .errors import ForgeError
+
+
+# --- metrics from `vllm bench serve` result files ----------------------------------------------
+
+def percentile(values: list[float], q: float) -> float | None:
+    """numpy's default (linear) percentile, as `vllm bench serve` computes its own."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def request_tpots_ms(res: dict) -> list[float] | None:
+    """Per-request TPOT (ms) of the successful requests: time after the first token over the
+    remaining tokens, as vLLM's client defines it (needs --save-detailed)."""
+    if "itls" not in res or "output_lens" not in res:
+        return None
+    errors = res.get("errors") or [""] * len(res["output_lens"])
+    out = []
+    for itl, n, err in zip(res["itls"], res["output_lens"], errors):
+        if err or not n or n <= 1:
+            continue
+        out.append(1000.0 * sum(itl) / (n - 1))
+    return out
+
+
+def tier_metrics(res: dict, file: str) -> dict:
+    for key in ("completed", "failed", "output_throughput"):
+        if key not in res:
+            raise ForgeError(f"{file}: not a `vllm bench serve` result (no '{key}')",
+                             hint="results are written by forge bench-all-tiers")
+    total = res["completed"] + res["failed"]
+    return {
+        "tok_s": float(res["output_throughput"]),
+        "ttft_p99_ms": res.get("p99_ttft_ms") if res["completed"] else None,
+        "tpot_p99_ms": res.get("p99_tpot_ms") if res["completed"] else None,
+        "completed": res["completed"], "failed": res["failed"],
+        "completion": res["completed"] / total if total else 0.0,
+        "tpots_ms": request_tpots_ms(res),
+        "output_lens": res.get("output_lens"),
+        "synthesized": res.get("forge_synthesized"),
+    }
+
+
+def load_run(run: Path, contest: dict) -> dict:
+    """{tiers: {name: metrics}, tpot_p99_pooled_ms, accuracy, manifest}."""
+    tiers = {}
+    for name in contest_mod.tier_names(contest):
+        p = run / f"{name}.json"
+        if not p.is_file():
+            raise ForgeError(f"{run}: tier {name} has no result ({p.name})",
+                             hint=f"finish the run: forge bench-all-tiers --run-id {run.name}")
+        tiers[name] = tier_metrics(runs.read_json(p), str(p))
+    pooled = None
+    if all(t["tpots_ms"] is not None for t in tiers.values()):
+        pooled = percentile([x for t in tiers.values() for x in t["tpots_ms"]], 99)
+    else:
+        vals = [t["tpot_p99_ms"] for t in tiers.values() if t["tpot_p99_ms"] is not None]
+        pooled = max(vals) if vals else None
+    acc = runs.read_json(run / "accuracy.json") if (run / "accuracy.json").is_file() else None
+    man = runs.read_json(run / "manifest.json") if (run / "manifest.json").is_file() else {}
+    return {"tiers": tiers, "tpot_p99_pooled_ms": pooled, "accuracy": (acc or {}).get("scores"),
+            "manifest": man, "path": str(run)}
+
+
+def baseline_from_config(contest: dict, name: str | None = None) -> dict:
+    sets = contest["baselines"]["sets"]
+    name = name or contest["baselines"]["default"]
+    if name not in sets:
+        raise ForgeError(f"baseline {name!r} is not in configs/contest.yaml baselines.sets",
+                         hint=f"sets: {', '.join(sorted(sets))}")
+    s = sets[name]
+    return {"label": f"{name} (configs/contest.yaml)", "source": s["source"],
+            "tiers": {t: {"tok_s": s["tok_s"][t], "ttft_p99_ms": s["ttft_p99_ms"][t], "output_lens": None}
+                      for t in contest_mod.tier_names(contest)},
+            "tpot_p99_pooled_ms": s["tpot_p99_ms"], "accuracy": s["accuracy"] or None}
+
+
+def baseline_from_run(run: Path, contest: dict) -> dict:
+    r = load_run(run, contest)
+    return {"label": f"run {run.name}", "source": str(run), "tiers": r["tiers"],
+            "tpot_p99_pooled_ms": r["tpot_p99_pooled_ms"], "accuracy": r["accuracy"]}
+
+
+# --- the formula ---------------------------------------------------------------------------------
+
+def tier_score(sc: dict, weight: float, tok_s: float, base_tok_s: float) -> tuple[float, float]:
+    if base_tok_s <= 0:
+        raise ForgeError(f"baseline tok/s must be positive, got {base_tok_s}")
+    lift = tok_s / base_tok_s - 1.0
+    return lift, weight * (sc["floor"] + sc["gain"] * (1.0 - math.exp(-sc["rate"] * lift)))
+
+
+def accuracy_factor(sc: dict, ours: dict | None, base: dict | None) -> dict:
+    if not ours or not base:
+        missing = " and ".join(x for x, have in (("the run", ours), ("the baseline", base)) if not have)
+        return {"factor": 1.0, "applied": False, "note": f"no accuracy results for {missing}"}
+    common = sorted(set(ours) & set(base))
+    if not common:
+        return {"factor": 1.0, "applied": False, "note": "run and baseline share no accuracy task"}
+    mo = sum(ours[t] for t in common) / len(common)
+    mb = sum(base[t] for t in common) / len(common)
+    loss = (mb - mo) / mb if mb else 0.0
+    factor = 0.0
+    for step in sc["accuracy_factor"]:
+        if loss <= step["max_loss"]:
+            factor = step["factor"]
+            break
+    return {"factor": factor, "applied": True, "relative_loss": loss, "tasks": common,
+            "per_task_change": {t: (ours[t] - base[t]) / base[t] if base[t] else 0.0 for t in common},
+            "run_mean": mo, "baseline_mean": mb}
+
+
+def score(contest: dict, run: dict, base: dict) -> dict:
+    sc = contest["scoring"]
+    tiers_out = {}
+    pooled = run.get("tpot_p99_pooled_ms")
+    bpooled = base.get("tpot_p99_pooled_ms")
+    tpot_limit = sc["tpot_p99_max_ratio"] * bpooled if bpooled else None
+    tpot_ok = None if tpot_limit is None or pooled is None else pooled <= tpot_limit
+    if tpot_limit is not None and pooled is None:
+        tpot_ok = False if all(not t["completed"] for t in run["tiers"].values()) else None
+    total = 0.0
+    for t in contest["tiers"]:
+        name = t["name"]
+        m = run["tiers"][name]
+        b = base["tiers"][name]
+        lift, s = tier_score(sc, t["weight"], m["tok_s"], b["tok_s"])
+        ttft_limit = sc["ttft_p99_max_ratio"] * b["ttft_p99_ms"] if b.get("ttft_p99_ms") else None
+        ttft = m.get("ttft_p99_ms")
+        ttft_ok = None if ttft_limit is None or ttft is None else ttft <= ttft_limit
+        completion = m.get("completion", 1.0)
+        comp_ok = completion >= sc["min_completion"]
+        reasons = []
+        if ttft_ok is False:
+            reasons.append(f"TTFT P99 {ttft:.0f} ms > {ttft_limit:.0f} ms")
+        if tpot_ok is False:
+            reasons.append(f"pooled TPOT P99 {pooled:.2f} ms > {tpot_limit:.2f} ms" if pooled is not None
+                           else "no TPOT (no request completed)")
+        if not comp_ok:
+            reasons.append(f"completion {100 * completion:.1f} % < {100 * sc['min_completion']:.0f} %")
+        contribution = 0.0 if reasons else s
+        total += contribution
+        tiers_out[name] = {
+            "weight": t["weight"], "tok_s": m["tok_s"], "baseline_tok_s": b["tok_s"], "lift": lift,
+            "formula_score": s, "contribution": contribution, "zeroed_by": reasons,
+            "ttft_p99_ms": ttft, "ttft_p99_limit_ms": ttft_limit, "ttft_ok": ttft_ok,
+            "completion": completion, "completion_ok": comp_ok,
+            "completed": m.get("completed"), "failed": m.get("failed"),
+            "tpot_p99_ms": m.get("tpot_p99_ms"),
+        }
+    acc = accuracy_factor(sc, run.get("accuracy"), base.get("accuracy"))
+    final = total * acc["factor"]
+    dec = sc["display_decimals"]
+    shown = math.floor(final * 10 ** dec + 1e-9) / 10 ** dec
+    unchecked = [n for n, t in tiers_out.items() if t["ttft_ok"] is None]
+    return {"total": final, "total_before_accuracy": total, "display": f"{shown:.{dec}f}",
+            "tiers": tiers_out, "tpot_p99_pooled_ms": pooled, "tpot_p99_limit_ms": tpot_limit, "tpot_ok": tpot_ok,
+            "accuracy": acc, "baseline": {"label": base["label"], "source": base.get("source")},
+            "unchecked": {"ttft_tiers": unchecked, "tpot": tpot_ok is None}}
+
+
+def output_drift(run: dict, base: dict) -> dict:
+    """Per-request output-length differences against a baseline run: greedy decoding should give
+    the same lengths; a drift changes tok/s for reasons unrelated to speed."""
+    out = {}
+    for name, m in run["tiers"].items():
+        a, b = m.get("output_lens"), base["tiers"][name].get("output_lens")
+        if not a or not b:
+            continue
+        n = min(len(a), len(b))
+        diff = [i for i in range(n) if a[i] != b[i]]
+        out[name] = {"compared": n, "differ": len(diff), "requests": diff[:20],
+                     "total_run": sum(a[:n]), "total_baseline": sum(b[:n]),
+                     "count_mismatch": len(a) != len(b)}
+    return out
+
+
+# --- output -------------------------------------------------------------------------------------
+
+def _fmt(v: Any, spec: str = ".2f") -> str:
+    return "—" if v is None else format(v, spec)
+
+
+def _ok(v: bool | None) -> str:
+    return "unchecked" if v is None else ("ok" if v else "BREACH")
+
+
+def render_md(res: dict, run_path: str | None, drift: dict | None) -> str:
+    L = ["<!-- Generated by `forge score`; do not edit. -->", "",
+         f"# Contest score: {res['display']}", "",
+         f"- run: `{run_path or 'what-if'}`", f"- baseline: {res['baseline']['label']} — {res['baseline']['source']}",
+         f"- total {res['total']:.3f} = {res['total_before_accuracy']:.3f} × accuracy factor "
+         f"{res['accuracy']['factor']:.2f}" + ("" if res["accuracy"]["applied"] else f" ({res['accuracy']['note']})"),
+         "", "| tier | weight | tok/s | baseline | lift | formula | contribution | TTFT P99 ms | limit | completion | zeroed by |",
+         "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, t in res["tiers"].items():
+        L.append(f"| {name} | {t['weight']:.0f} | {t['tok_s']:.2f} | {t['baseline_tok_s']:.2f} | {100 * t['lift']:+.1f} % "
+                 f"| {t['formula_score']:.2f} | {t['contribution']:.2f} | {_fmt(t['ttft_p99_ms'], '.0f')} "
+                 f"| {_fmt(t['ttft_p99_limit_ms'], '.0f')} ({_ok(t['ttft_ok'])}) | {100 * t['completion']:.1f} % "
+                 f"| {'; '.join(t['zeroed_by']) or '—'} |")
+    L += ["", f"Pooled TPOT P99: {_fmt(res['tpot_p99_pooled_ms'])} ms, limit {_fmt(res['tpot_p99_limit_ms'])} ms "
+              f"({_ok(res['tpot_ok'])})."]
+    if res["unchecked"]["ttft_tiers"] or res["unchecked"]["tpot"]:
+        L.append("SLA checks marked unchecked lack a baseline value: score against a baseline run "
+                 "(`--baseline DIR`) to check them.")
+    if res["accuracy"]["applied"]:
+        L += ["", f"Accuracy: relative loss {100 * res['accuracy']['relative_loss']:.2f} % → factor "
+                  f"{res['accuracy']['factor']:.2f}. Per task: " +
+              ", ".join(f"{k} {100 * v:+.2f} %" for k, v in res["accuracy"]["per_task_change"].items())]
+    if drift:
+        L += ["", "## Output-length drift against the baseline run", "",
+              "| tier | requests compared | lengths differ | tokens run / baseline |", "|---|---|---|---|"]
+        for name, d in drift.items():
+            L.append(f"| {name} | {d['compared']} | {d['differ']}{' (counts differ)' if d['count_mismatch'] else ''} "
+                     f"| {d['total_run']} / {d['total_baseline']} |")
+        if any(d["differ"] for d in drift.values()):
+            L.append("\n**Warning:** greedy outputs changed length; tok/s differences include this drift.")
+    return "\n".join(L) + "\n"
+
+
+def chart(res: dict, path: Path) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        ui.warn("matplotlib is not installed; chart skipped (pip install matplotlib)")
+        return False
+    names = list(res["tiers"])
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    x = range(len(names))
+    ax = axes[0]
+    ax.bar([i - 0.2 for i in x], [res["tiers"][n]["tok_s"] for n in names], 0.4, label="run")
+    ax.bar([i + 0.2 for i in x], [res["tiers"][n]["baseline_tok_s"] for n in names], 0.4, label="baseline")
+    ax.set_xticks(list(x), names)
+    ax.set_ylabel("output tok/s")
+    ax.set_title("Throughput per tier")
+    ax.legend()
+    ax = axes[1]
+    ax.bar(list(x), [(res["tiers"][n]["ttft_p99_ms"] or 0) / 1000 for n in names], 0.5, label="TTFT P99")
+    for i, n in enumerate(names):
+        lim = res["tiers"][n]["ttft_p99_limit_ms"]
+        if lim:
+            ax.hlines(lim / 1000, i - 0.35, i + 0.35, colors="red", label="SLA (1.5× baseline)" if i == 0 else None)
+    ax.set_xticks(list(x), names)
+    ax.set_ylabel("s")
+    ax.set_title("TTFT P99 per tier")
+    ax.legend()
+    ax = axes[2]
+    ax.bar([0], [res["tpot_p99_pooled_ms"] or 0], 0.5, label="pooled TPOT P99")
+    if res["tpot_p99_limit_ms"]:
+        ax.axhline(res["tpot_p99_limit_ms"], color="red", label="SLA (1.5× baseline)")
+    ax.set_xticks([0], ["all tiers"])
+    ax.set_ylabel("ms")
+    ax.set_title("TPOT P99 (pooled)")
+    ax.legend()
+    fig.suptitle(f"score {res['display']} vs {res['baseline']['label']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def cmd_score(args) -> int:
+    contest = contest_mod.load_contest()
+    names = contest_mod.tier_names(contest)
+    if args.tok_s:
+        try:
+            vals = [float(x) for x in args.tok_s.split(",")]
+        except ValueError:
+            raise ForgeError(f"--tok-s {args.tok_s!r}: expected numbers separated by commas")
+        if len(vals) != len(names) or any(v < 0 for v in vals):
+            raise ForgeError(f"--tok-s needs {len(names)} non-negative values, one per tier ({', '.join(names)})")
+        base = baseline_from_config(contest, args.baseline_name)
+        run = {"tiers": {n: {"tok_s": v, "completion": 1.0} for n, v in zip(names, vals)}}
+        res = score(contest, run, base)
+        for n, t in res["tiers"].items():
+            print(f"{n:>7}: {t['tok_s']:.2f} tok/s vs {t['baseline_tok_s']:.2f} (lift {100 * t['lift']:+.1f} %) "
+                  f"-> {t['contribution']:.2f} / {t['weight']:.0f}")
+        print(f"total {res['display']}  (exact {res['total']:.4f}; throughput only, SLA and accuracy not applied)")
+        return 0
+    if not args.run:
+        raise ForgeError("nothing to score", hint="pass --run DIR (make score RUN=...) or --tok-s a,b,c")
+    rpath = runs.resolve_run(args.run)
+    run = load_run(rpath, contest)
+    drift = None
+    if args.baseline:
+        bpath = runs.resolve_run(args.baseline)
+        base = baseline_from_run(bpath, contest)
+        drift = output_drift(run, base)
+    else:
+        base = baseline_from_config(contest, args.baseline_name)
+    res = score(contest, run, base)
+    res["run"] = str(rpath)
+    res["output_drift"] = drift
+    runs.write_json(rpath / "score.json", res)
+    (rpath / "score.md").write_text(render_md(res, str(rpath), drift))
+    drew = chart(res, rpath / "score.png")
+    for n, t in res["tiers"].items():
+        flag = f"  ZERO: {'; '.join(t['zeroed_by'])}" if t["zeroed_by"] else ""
+        print(f"{n:>7}: {t['tok_s']:.2f} tok/s vs {t['baseline_tok_s']:.2f} -> {t['contribution']:.2f} / "
+              f"{t['weight']:.0f}{flag}")
+    if drift and any(d["differ"] for d in drift.values()):
+        ui.warn("output lengths differ from the baseline run: " +
+                ", ".join(f"{k} {d['differ']}/{d['compared']}" for k, d in drift.items() if d["differ"]))
+    print(f"total {res['display']}  (exact {res['total']:.4f}; baseline {res['baseline']['label']})")
+    ui.info(f"wrote {rpath / 'score.json'}, score.md" + (", score.png" if drew else ""))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("score", help="the contest score of a run (or of what-if tok/s) against a baseline",
+                       description="Apply the contest formula (configs/contest.yaml scoring) to a run's tier results. "
+                                   "Writes score.json, score.md and score.png into the run folder.")
+    p.add_argument("--run", help="run folder or run id under reports/runs/")
+    p.add_argument("--baseline", help="a baseline run folder (its tok/s, TTFT/TPOT P99, output lengths, accuracy)")
+    p.add_argument("--baseline-name", help="a baseline set from configs/contest.yaml (default: baselines.default)")
+    p.add_argument("--tok-s", help="what-if: comma-separated tok/s per tier, scored against the configured baseline")
+    p.set_defaults(func=cmd_score)
