@@ -78,7 +78,7 @@ stop: ## stop the server `make serve` started
 	@$(FORGE) stop
 
 bench-all-tiers: ## run the contest's three tiers against the running server
-	@$(FORGE) bench-all-tiers --profile $(PROFILE)
+	@$(FORGE) bench-all-tiers --profile $(PROFILE) $(if $(RUN),--run-id $(RUN))
 
 score: ## contest score of RUN (or TOK_S=a,b,c what-if) against BASELINE
 	@$(FORGE) score $(if $(RUN),--run $(RUN)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(TOK_S),--tok-s $(TOK_S))
@@ -90,7 +90,7 @@ sweep: ## serve + bench a list of profiles back to back (PROFILES="a b")
 	@$(FORGE) sweep $(PROFILES)
 
 accuracy: ## accuracy: official run_accuracy.sh (DATA_DIR) or our LongBench-format evaluator
-	@$(FORGE) accuracy
+	@$(FORGE) accuracy $(if $(RUN),--run-id $(RUN)) $(if $(BASELINE),--baseline $(BASELINE))
 
 report: ## regenerate reports/env-vars.md, optimization-plan.md, submission-readme.md
 	@$(FORGE) report --profile $(PROFILE)
