@@ -1,0 +1,82 @@
+"""Shared by the contest-loop tests: the forge CLI as a subprocess, the fake server on a free
+loopback port, the tiny model, and the fixture runs in tests/data/runs/."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SUPPORT = ROOT / "tests" / "support"
+DATA = ROOT / "tests" / "data"
+FIXTURE_RUNS = DATA / "runs"
+REHEARSAL_PY = ROOT / "build" / "rehearsal" / "venv" / "bin" / "python"
+
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(SUPPORT))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def forge_env(tmp: Path, **extra: str) -> dict:
+    env = dict(os.environ)
+    env.update({"PYTHONPATH": str(ROOT / "scripts"), "FORGE_RUNS_DIR": str(tmp / "runs"),
+                "FORGE_BUILD_DIR": str(tmp / "build"), "NO_PROXY": "127.0.0.1,localhost"})
+    env.pop("DATA_DIR", None)
+    env.pop("MODEL", None)
+    env.update(extra)
+    return env
+
+
+def forge(tmp: Path, *args: str, timeout: float = 120, env: dict | None = None, **extra) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "forge", *args], cwd=ROOT, env=env or forge_env(tmp, **extra),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def health(port: int) -> bool:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def fake_server(model: Path, port: int | None = None, **env: str):
+    """The fake server on a free loopback port; yields (port, process)."""
+    port = port or free_port()
+    penv = dict(os.environ)
+    penv.update({k: str(v) for k, v in env.items()})
+    p = subprocess.Popen([sys.executable, str(SUPPORT / "fakeserver.py"), "serve", str(model), "--port", str(port),
+                          "--served-model-name", "Qwen3.5-27B"], env=penv,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):  # bounded: 20 s
+            if health(port) or p.poll() is not None:
+                break
+            time.sleep(0.1)
+        yield port, p
+    finally:
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+
+
+def tiny_model(dest: Path) -> Path:
+    import tinymodel
+    return tinymodel.build(dest)

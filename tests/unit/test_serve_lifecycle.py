@@ -1,0 +1,136 @@
+"""forge serve / forge stop against the fake server started the way vLLM is (`... serve MODEL --port ...`):
+health wait, run folder, state, stopping only our process group, early-exit diagnosis."""
+
+import json
+import os
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
+from helpers import ROOT, SUPPORT, forge, free_port, health, tiny_model  # noqa: E402
+
+from forge import contest, profiles, serve  # noqa: E402
+
+FAKE = f"{sys.executable} {SUPPORT / 'fakeserver.py'}"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("model"))
+
+
+def test_dry_run_prints_the_checked_command(tmp_path, model):
+    r = forge(tmp_path, "serve", "--profile", "int8kv", "--model", str(model), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    line = next(l for l in r.stdout.splitlines() if "vllm serve" in l)
+    assert line.startswith("VLLM_FORGE_DECODE=0 ")
+    assert f"vllm serve {model} --port 8001 --max-model-len 32768 --served-model-name Qwen3.5-27B --kv-cache-dtype int8" in line
+    assert "NO_PROXY=" in line
+
+
+def test_forbidden_profile_is_refused_before_start(tmp_path, model, monkeypatch):
+    prof = tmp_path / "bad.yaml"
+    prof.write_text("description: x\noptions:\n  --max-num-seqs:\n    value: '4'\n    effect: more batching\n")
+    r = forge(tmp_path, "serve", "--profile", str(prof), "--model", str(model), "--dry-run")
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert "batch-scheduler options is forbidden" in r.stderr and "bad.yaml" in r.stderr
+
+
+def test_serve_health_stop_only_ours(tmp_path, model):
+    port = free_port()
+    r = forge(tmp_path, "serve", "--profile", "fast-decode", "--model", str(model), "--vllm", FAKE,
+              "--port", str(port), "--run-id", "s1", "--timeout", "30")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "s1"
+    assert health(port)
+    state = json.loads((tmp_path / "build" / "serve" / "server.json").read_text())
+    log = (tmp_path / "runs" / "s1" / "server.log").read_text()
+    assert "VLLM_FORGE_DECODE=1" in log                       # the profile's env reached the server
+    serve_json = json.loads((tmp_path / "runs" / "s1" / "serve.json").read_text())
+    assert serve_json["command"][:3] == ["vllm", "serve", str(model)] and serve_json["scored_port"] is False
+    # a second server is refused while ours runs
+    r2 = forge(tmp_path, "serve", "--profile", "upstream", "--model", str(model), "--vllm", FAKE, "--port", str(free_port()))
+    assert r2.returncode == 2 and "already running" in r2.stderr
+    r3 = forge(tmp_path, "stop")
+    assert r3.returncode == 0 and "terminated" in r3.stderr
+    for _ in range(50):
+        if not health(port):
+            break
+        time.sleep(0.1)
+    assert not health(port)
+    with pytest.raises(ProcessLookupError):
+        os.kill(state["pid"], 0)
+    assert forge(tmp_path, "stop").returncode == 0
+
+
+def test_stop_leaves_a_process_that_reused_the_pid_alone(tmp_path):
+    # state that names a live process (this test) but with another start time: not ours
+    st = tmp_path / "build" / "serve" / "server.json"
+    st.parent.mkdir(parents=True)
+    st.write_text(json.dumps({"pid": os.getpid(), "pgid": os.getpgid(0), "start_time": "1", "run_id": "x"}))
+    r = forge(tmp_path, "stop")
+    assert r.returncode == 0 and "already exited" in r.stderr
+    assert not st.exists()
+
+
+@pytest.mark.parametrize("message,cause", [
+    ("OSError: [Errno 98] Address already in use", "port 8001 is already in use"),
+    ("vllm serve: error: unrecognized arguments: --bogus", "rejected an option"),
+    ("torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB", "ran out of memory"),
+    ("OSError: /m does not appear to have a file named config.json", "model directory is missing"),
+])
+def test_early_exit_shows_log_tail_and_cause(tmp_path, model, message, cause):
+    r = forge(tmp_path, "serve", "--profile", "upstream", "--model", str(model), "--vllm", FAKE,
+              "--port", str(free_port()), "--timeout", "20", FAKE_FAIL_START=message)
+    assert r.returncode == 2
+    assert "exited (code 1) before it became ready" in r.stderr
+    assert message in r.stderr                      # the log tail
+    assert cause in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "build" / "serve" / "server.json").exists()
+
+
+def test_missing_model_and_busy_port(tmp_path, model):
+    r = forge(tmp_path, "serve", "--model", str(tmp_path / "nope"), "--vllm", FAKE, "--port", str(free_port()))
+    assert r.returncode == 2 and "no config.json" in r.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        r = forge(tmp_path, "serve", "--model", str(model), "--vllm", FAKE, "--port", str(port))
+    assert r.returncode == 2 and f"port {port}" in r.stderr and "already in use" in r.stderr
+
+
+def test_health_timeout_stops_the_server(tmp_path, model):
+    port = free_port()
+    r = forge(tmp_path, "serve", "--profile", "upstream", "--model", str(model), "--vllm", FAKE,
+              "--port", str(port), "--timeout", "1.5", FAKE_STARTUP_S="60")
+    assert r.returncode == 2 and "did not answer" in r.stderr
+    time.sleep(0.3)
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+
+
+def test_container_command_has_the_dcu_device_flags():
+    c = contest.load_contest()
+    r = profiles.render(profiles.load_profile("contest", c), "/models/q", c)
+    cmd = serve.launch_command(r, image="img@sha256:abc", vllm_cmd=None, port=8001, container="forge-x", shm_size="64g")
+    text = " ".join(cmd)
+    for flag in ("--device=/dev/kfd", "--device=/dev/mkfd", "--device=/dev/dri", "/opt/hyhal:/opt/hyhal:ro",
+                 "--group-add video", "--ipc=host", "--shm-size=64g", "-v /models/q:/models/q:ro",
+                 "-e VLLM_FORGE_DECODE=1", "-e NO_PROXY="):
+        assert flag in text
+    i = cmd.index("img@sha256:abc")
+    assert cmd[i + 1:i + 3] == ["vllm", "serve"] and cmd[i + 3:] == r["argv"][2:]
+
+
+def test_known_failure_patterns_are_distinct():
+    found = serve.diagnose("RuntimeError: Address already in use")
+    assert len(found) == 1 and "port" in found[0][0]
+    assert serve.diagnose("all good") == []
