@@ -78,7 +78,7 @@ def main() -> None:
     # per-request work: 40 ms to the first token and 4 ms per token (base); half of that (fast)
     one("base", {"FAKE_TTFT_MS": "40", "FAKE_TOKEN_MS": "4"}, args.client, model, out)
     one("fast", {"FAKE_TTFT_MS": "20", "FAKE_TOKEN_MS": "2"}, args.client, model, out)
-    # requests per tier: 1 ready check + 2 warm-ups + PROMPTS; die in request 2 of tier 2's main run
+    # FAKE_DIE_AFTER counts streamed chat requests (ready check, warm-ups, prompts): this lands in tier 2's main run
     die = (3 + PROMPTS) + 3 + 2
     one("died", {"FAKE_TTFT_MS": "20", "FAKE_TOKEN_MS": "2", "FAKE_DIE_AFTER": str(die)}, args.client, model, out)
     shutil.rmtree(model)

@@ -1,0 +1,37 @@
+"""A test double for `vllm bench serve` used only to exercise forge's tier loop (resume, kill,
+failure paths) quickly: it replays a real result file recorded by vLLM's client (tests/data/runs/)
+for the tier named by --dataset-path. The real client is exercised in tests/tree/.
+
+Environment: REPLAY_FROM (run folder with <tier>.json), REPLAY_LOG (append one line per call),
+REPLAY_HANG_TIER (sleep up to 60 s on that tier, to be interrupted), REPLAY_FAIL (exit 1, no file)."""
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+
+def opt(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+def main(argv):
+    assert argv[:2] == ["bench", "serve"], argv
+    tier = Path(opt(argv, "--dataset-path")).stem.replace("_throughput", "")
+    with open(os.environ["REPLAY_LOG"], "a") as f:
+        f.write(json.dumps({"tier": tier, "argv": argv}) + "\n")
+    if os.environ.get("REPLAY_HANG_TIER") == tier:
+        for _ in range(600):
+            time.sleep(0.1)
+    if os.environ.get("REPLAY_FAIL"):
+        print("replay: failing as told", file=sys.stderr)
+        return 1
+    out = Path(opt(argv, "--result-dir")) / opt(argv, "--result-filename")
+    shutil.copyfile(Path(os.environ["REPLAY_FROM"]) / f"{tier}.json", out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,150 @@
+"""forge bench-all-tiers: the client command, synthetic tier data, resume after a kill, and a server
+that is gone becoming failed requests. The client here replays results recorded by vLLM's real
+client (tests/data/runs/); tests/tree/test_bench_client.py runs the real client."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
+from helpers import FIXTURE_RUNS, ROOT, SUPPORT, fake_server, forge, forge_env, tiny_model  # noqa: E402
+
+from forge import bench, contest, synth  # noqa: E402
+
+REPLAY = f"{sys.executable} {SUPPORT / 'replayclient.py'}"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("model"))
+
+
+def test_client_args_are_the_contest_options(tmp_path):
+    c = contest.load_contest()
+    args = bench.client_args(c, dataset=Path("/d/8-16K.jsonl"), num_prompts=7, model="/m", host="127.0.0.1",
+                             port=8001, result_dir=tmp_path, result_name="8-16K.client.json")
+    text = " ".join(args)
+    assert args[:2] == ["bench", "serve"]
+    for piece in ("--backend openai-chat", "--endpoint /v1/chat/completions", "--dataset-name custom",
+                  "--max-concurrency 1", "--request-rate 1", "--temperature 0", "--disable-shuffle",
+                  "--custom-output-len 1024", "--num-warmups 2", "--save-detailed",
+                  "--percentile-metrics ttft,tpot,itl,e2el", "--metric-percentiles 50,95,99", "--save-result",
+                  "--dataset-path /d/8-16K.jsonl", "--num-prompts 7", "--served-model-name Qwen3.5-27B"):
+        assert piece in text
+
+
+def test_synthetic_prompts_fall_in_the_tier_range(tmp_path, model):
+    c = contest.load_contest()
+    tok = synth.Tok(model)
+    for t in c["tiers"]:
+        out = tmp_path / f"{t['name']}.jsonl"
+        info = synth.build_tier(model, t, 3, out)
+        lines = [json.loads(l) for l in out.read_text().splitlines()]
+        assert len(lines) == 3
+        lo, hi = t["prompt_tokens"]
+        for rec, n in zip(lines, info["prompt_tokens"]):
+            assert lo <= len(tok.encode(rec["prompt"])) == n <= hi
+        again = tmp_path / "again.jsonl"
+        synth.build_tier(model, t, 3, again)
+        assert again.read_bytes() == out.read_bytes()          # deterministic
+
+
+def _run_bench(tmp_path, port, model, *extra, env=None, wait=True):
+    cmd = [sys.executable, "-m", "forge", "bench-all-tiers", "--port", str(port), "--model", str(model),
+           "--num-prompts", "2", "--client", REPLAY, "--run-id", "r1", "--profile", "test", *extra]
+    if not wait:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_interrupted_run_resumes_without_redoing_finished_tiers(tmp_path, model):
+    log = tmp_path / "replay.log"
+    env = forge_env(tmp_path, REPLAY_FROM=str(FIXTURE_RUNS / "base"), REPLAY_LOG=str(log), REPLAY_HANG_TIER="8-16K")
+    run = tmp_path / "runs" / "r1"
+    with fake_server(model) as (port, _):
+        p = _run_bench(tmp_path, port, model, env=env, wait=False)
+        for _ in range(300):  # bounded: 30 s
+            m = run / "manifest.json"
+            if m.exists() and json.loads(m.read_text()).get("client_running", {}).get("tier") == "8-16K":
+                break
+            time.sleep(0.1)
+        client = json.loads((run / "manifest.json").read_text())["client_running"]
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 130, err
+        assert "finished stages are kept" in err
+        assert (run / "4-8K.json").is_file() and not (run / "8-16K.json").exists()
+        with pytest.raises(ProcessLookupError):   # the client was stopped with us
+            for _ in range(50):
+                os.kill(client["pid"], 0)
+                time.sleep(0.1)
+        first = (run / "4-8K.json").read_bytes()
+        mtime = (run / "4-8K.json").stat().st_mtime_ns
+        env.pop("REPLAY_HANG_TIER")
+        r = _run_bench(tmp_path, port, model, env=env)
+        assert r.returncode == 0, r.stderr
+    assert "tier 4-8K (1/3): already done" in r.stderr
+    calls = [json.loads(l)["tier"] for l in log.read_text().splitlines()]
+    assert calls == ["4-8K", "8-16K", "8-16K", "16-32K"]
+    assert (run / "4-8K.json").read_bytes() == first and (run / "4-8K.json").stat().st_mtime_ns == mtime
+    man = json.loads((run / "manifest.json").read_text())
+    assert set(man["tiers"]) == {"4-8K", "8-16K", "16-32K"} and "client_running" not in man
+    for name, ds in man["datasets"].items():
+        assert ds["kind"] == "synthetic"
+        assert ds["sha256"] == hashlib.sha256(Path(ds["path"]).read_bytes()).hexdigest()
+    assert man["git"]["commit"] and man["profile"] == "test" and man["scored_port"] is False
+
+
+def test_server_gone_becomes_failed_requests(tmp_path, model):
+    log = tmp_path / "replay.log"
+    env = forge_env(tmp_path, REPLAY_FROM=str(FIXTURE_RUNS / "base"), REPLAY_LOG=str(log), REPLAY_FAIL="1")
+    with fake_server(model) as (port, srv):
+        pass  # started and stopped: nothing listens on `port` any more
+    r = _run_bench(tmp_path, port, model, env=env)
+    assert r.returncode == 0, r.stderr
+    for t in ("4-8K", "8-16K", "16-32K"):
+        res = json.loads((tmp_path / "runs" / "r1" / f"{t}.json").read_text())
+        assert res["completed"] == 0 and res["failed"] == 2 and len(res["errors"]) == 2
+    assert not log.exists()           # no client was started against a dead server
+    s = forge(tmp_path, "score", "--run", str(tmp_path / "runs" / "r1"))
+    assert s.returncode == 0 and "total 0.0" in s.stdout
+
+
+def test_client_failure_with_server_up_is_an_error_and_keeps_nothing_half_done(tmp_path, model):
+    env = forge_env(tmp_path, REPLAY_FROM=str(FIXTURE_RUNS / "base"), REPLAY_LOG=str(tmp_path / "l"), REPLAY_FAIL="1")
+    with fake_server(model) as (port, _):
+        r = _run_bench(tmp_path, port, model, "--tiers", "4-8K", env=env)
+    assert r.returncode == 2
+    assert "vllm bench serve failed" in r.stderr and "replay: failing as told" in r.stderr
+    assert "--run-id r1" in r.stderr and not (tmp_path / "runs" / "r1" / "4-8K.json").exists()
+
+
+def test_official_data_dir_is_used_and_hashed(tmp_path, model):
+    data = tmp_path / "data"
+    data.mkdir()
+    for f in ("4-8K_throughput.jsonl", "8-16K_throughput.jsonl", "16-32K_throughput.jsonl"):
+        (data / f).write_text("".join(json.dumps({"prompt": f"w{i} w2 w3"}) + "\n" for i in range(5)))
+    log = tmp_path / "replay.log"
+    env = forge_env(tmp_path, REPLAY_FROM=str(FIXTURE_RUNS / "base"), REPLAY_LOG=str(log), DATA_DIR=str(data))
+    with fake_server(model) as (port, _):
+        cmd = [sys.executable, "-m", "forge", "bench-all-tiers", "--port", str(port), "--model", str(model),
+               "--client", REPLAY, "--run-id", "off"]
+        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    calls = [json.loads(l)["argv"] for l in log.read_text().splitlines()]
+    assert [a[a.index("--dataset-path") + 1] for a in calls] == [str(data / f) for f in
+                                                                  ("4-8K_throughput.jsonl", "8-16K_throughput.jsonl",
+                                                                   "16-32K_throughput.jsonl")]
+    assert all(a[a.index("--num-prompts") + 1] == "5" for a in calls)   # every prompt of the file
+    man = json.loads((tmp_path / "runs" / "off" / "manifest.json").read_text())
+    assert man["datasets"]["8-16K"]["kind"] == "official"
+    (data / "16-32K_throughput.jsonl").unlink()
+    r = subprocess.run(cmd[:-2] + ["--run-id", "off2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "16-32K_throughput.jsonl is missing" in r.stderr
