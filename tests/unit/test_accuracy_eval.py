@@ -1,0 +1,82 @@
+"""forge accuracy: LongBench metrics against hand-computed values, our evaluator against a server,
+the official script's output recorded, and A/B giving the contest's accuracy factor."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
+from helpers import fake_server, forge, tiny_model  # noqa: E402
+
+from forge import accuracy  # noqa: E402
+
+
+def test_qa_f1_hand_computed():
+    assert accuracy.qa_f1("The Eiffel Tower!", "eiffel tower") == 1.0
+    # pred tokens {paris, france}, truth {paris}: P = 1/2, R = 1 -> F1 = 2/3
+    assert accuracy.qa_f1("Paris, France", "Paris") == pytest.approx(2 / 3)
+    assert accuracy.qa_f1("London", "Paris") == 0.0
+
+
+def test_rouge_l_hand_computed():
+    pytest.importorskip("rouge_score")
+    # LCS of "a b c d" and "a c d e" is "a c d": P = R = 3/4
+    assert accuracy.rouge_l("alpha bravo charlie delta", "alpha charlie delta echo") == pytest.approx(0.75)
+
+
+def test_list_match():
+    assert accuracy.list_match("keys: apple, plum", ["apple", "pear", "plum"]) == pytest.approx(2 / 3)
+    assert accuracy.list_match("APPLE pear plum", "apple, pear, plum") == 1.0
+
+
+def test_evaluator_queries_the_server(tmp_path):
+    model = tiny_model(tmp_path / "model")
+    data = tmp_path / "acc"
+    data.mkdir()
+    recs = [{"context": "Answer key: Paris\nmore text", "input": "capital of France?", "answers": ["Paris"]},
+            {"context": "Answer key: Rome", "input": "capital of France?", "answers": ["Paris"]}]
+    (data / "hotpotqa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (data / "retrieval_multi_point.jsonl").write_text(
+        json.dumps({"context": "x", "input": "Answer key: apple plum", "answers": [["apple", "pear", "plum"]]}) + "\n")
+    with fake_server(model) as (port, _):
+        r = forge(tmp_path, "accuracy", "--data", str(data), "--port", str(port), "--run-id", "a1")
+    assert r.returncode == 0, r.stderr
+    out = json.loads((tmp_path / "runs" / "a1" / "accuracy.json").read_text())
+    assert out["mode"] == "forge"
+    assert out["scores"]["hotpotqa"] == pytest.approx(50.0)          # one exact, one wrong
+    assert out["scores"]["retrieval_multi_point"] == pytest.approx(200 / 3)
+
+
+def test_official_script_is_run_and_recorded(tmp_path):
+    model = tiny_model(tmp_path / "model")
+    data = tmp_path / "official"
+    data.mkdir()
+    (data / "run_accuracy.sh").write_text('echo "server at $HOST:$PORT"\necho "hotpotqa: 77.50"\n'
+                                          'echo "gov_report  score 31.2"\n')
+    with fake_server(model) as (port, _):
+        r = forge(tmp_path, "accuracy", "--port", str(port), "--run-id", "o1", DATA_DIR=str(data))
+    assert r.returncode == 0, r.stderr
+    out = json.loads((tmp_path / "runs" / "o1" / "accuracy.json").read_text())
+    assert out["mode"] == "official" and out["exit_code"] == 0
+    assert out["scores"] == {"hotpotqa": 77.5, "gov_report": 31.2}
+    assert f"127.0.0.1:{port}" in Path(out["log"]).read_text()
+
+
+def test_ab_gives_the_accuracy_factor(tmp_path):
+    for name, scores in (("a", {"hotpotqa": 80.0, "gov_report": 40.0}), ("b", {"hotpotqa": 78.0, "gov_report": 40.0})):
+        d = tmp_path / "runs" / name
+        d.mkdir(parents=True)
+        (d / "accuracy.json").write_text(json.dumps({"scores": scores}))
+    r = forge(tmp_path, "accuracy", "--a", str(tmp_path / "runs" / "a"), "--b", str(tmp_path / "runs" / "b"))
+    assert r.returncode == 0, r.stderr
+    # mean 60 -> 59: loss 1.67 % -> factor 0.97
+    assert "relative loss 1.67 %" in r.stdout and "accuracy factor 0.97" in r.stdout
+    assert "-2.50%" in r.stdout
+
+
+def test_no_server_is_a_clear_error(tmp_path):
+    from helpers import free_port
+    r = forge(tmp_path, "accuracy", "--data", str(tmp_path), "--port", str(free_port()))
+    assert r.returncode == 2 and "no server answers" in r.stderr
