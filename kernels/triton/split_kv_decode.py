@@ -21,7 +21,7 @@ Grid and work split
     depends on lengths, so the launch is CUDA-graph safe). Online softmax (base 2) over
     ``TILE_N``-token tiles; a segment writes its normalised partial output and its
     log-sum-exp; an empty segment writes ``lse = -inf``.
-    stage 2 ``(num_seqs, Hq, cdiv(D, 64))``: log-sum-exp merge of the S partials (segments with
+    stage 2 ``(num_seqs, Hq, cdiv(D, BLOCK_D))`` (BLOCK_D = 64..16 so S*BLOCK_D <= 4096): log-sum-exp merge of the S partials (segments with
     ``lse = -inf`` get weight 0 and are never read). With S == 1 stage 1 writes ``out`` directly.
     int8: K tiles are converted exactly to the query dtype, the K scale is folded into the scores
     (``s = (q . k_int) * k_scale[n] * sm_scale``) and the V scale into the probabilities
@@ -125,7 +125,11 @@ def _split_kv_decode_kernel(
         kbase = blk * sk_b + off * sk_o + kvh * sk_h                      # [TILE_N] int64
         k = tl.load(k_ptr + kbase[None, :] + d[:, None] * sk_d,
                     mask=dm[:, None] & tmask[None, :], other=0)            # [D_PAD, TILE_N]
-        s = _dot(q, k.to(q.dtype), IEEE)                                   # [BLOCK_M, TILE_N]
+        if IEEE:  # fp32 math (fp32 queries, or the CPU interpreter)
+            k = k.to(tl.float32)
+        else:     # exact for int8 (|x| <= 127) and a no-op for a 16-bit cache
+            k = k.to(q.dtype)
+        s = _dot(q, k, IEEE)                                               # [BLOCK_M, TILE_N]
         if KV_INT8:
             ksc = tl.load(ks_ptr + blk * sks_b + kvh * sks_h + off * sks_o, mask=tmask, other=0.0)
             s = s * (ksc * scale_log2)[None, :]
@@ -145,7 +149,11 @@ def _split_kv_decode_kernel(
         if KV_INT8:
             vsc = tl.load(vs_ptr + blk * svs_b + kvh * svs_h + off * svs_o, mask=tmask, other=0.0)
             p = p * vsc[None, :]
-        acc += _dot(p.to(q.dtype), v.to(q.dtype), IEEE)
+        if IEEE:
+            v = v.to(tl.float32)
+        else:
+            v = v.to(q.dtype)
+        acc += _dot(p.to(q.dtype), v, IEEE)
         m_i = m_new
 
     has = l_i > 0.0
@@ -169,7 +177,6 @@ def _split_kv_reduce_kernel(
     so_s, so_h, so_d,
     HEAD_SIZE: tl.constexpr,
     S_PAD: tl.constexpr,
-    S_CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
@@ -185,32 +192,36 @@ def _split_kv_reduce_kernel(
 
     d = db * BLOCK_D + tl.arange(0, BLOCK_D)
     dm = d < HEAD_SIZE
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    gc0 = tl.arange(0, S_CHUNK)
-    for c in range(0, num_segments, S_CHUNK):
-        gc = c + gc0
-        lc = tl.load(lse_row + gc * spl_g, mask=gc < num_segments, other=float("-inf"))
-        valid = lc > float("-inf")
-        wc = tl.where(valid, tl.exp2(lc - mx), 0.0)
-        po = tl.load(po_ptr + seq * spo_s + h * spo_h + gc[:, None] * spo_g + d[None, :] * spo_d,
-                     mask=valid[:, None] & dm[None, :], other=0.0)
-        acc += tl.sum(wc[:, None] * po, 0)
+    # all segments in one [S_PAD, BLOCK_D] tile: no serial chain of dependent loads
+    valid = lse > float("-inf")
+    po = tl.load(po_ptr + seq * spo_s + h * spo_h + g[:, None] * spo_g + d[None, :] * spo_d,
+                 mask=valid[:, None] & dm[None, :], other=0.0)
+    acc = tl.sum(w[:, None] * po, 0)
     res = acc / tl.where(wsum > 0.0, wsum, 1.0)
     tl.store(out_ptr + seq * so_s + h * so_h + d * so_d, res.to(out_ptr.dtype.element_ty), mask=dm)
+
+
+def reduce_tile(num_segments: int, head_size: int):
+    """(S_PAD, BLOCK_D) of the merge kernel: S_PAD * BLOCK_D <= 4096 fp32 per program."""
+    s_pad = triton.next_power_of_2(max(1, num_segments))
+    block_d = max(16, min(REDUCE_BLOCK_D, 4096 // s_pad, triton.next_power_of_2(head_size)))
+    return s_pad, block_d
 
 
 def choose_num_segments(num_compute_units: int, num_seqs: int, num_kv_heads: int,
                         max_context: int) -> int:
     """Segments per (sequence, KV head): a Python int, fixed per captured batch size.
 
-    Aims at >= 2 stage-1 programs per compute unit (``num_seqs * num_kv_heads * S >=
-    2 * CUs``), rounded up to a power of two, never more segments than ``max_context /
-    MIN_TOKENS_PER_SEGMENT`` and at most 256. E.g. 132 CUs, batch 1, 4 KV heads -> 128;
-    batch 8 -> 16; 60 CUs (a 60-CU DCU), batch 1 -> 32.
+    Aims at about 2 stage-1 programs per compute unit (``num_seqs * num_kv_heads * S ~
+    2 * CUs``), rounded to the nearest power of two (on a log scale), never more segments than
+    ``max_context / MIN_TOKENS_PER_SEGMENT`` and at most 256. E.g. 132 CUs, 4 KV heads:
+    batch 1 -> 64, batch 2 -> 32, batch 4 -> 16, batch 8 -> 8; a 60-CU DCU, batch 1 -> 32.
+    (Measured on an H200, batch 1, 32K: S=64 beat S=128 and S=256 for 32/64-token tiles.)
     """
     ncu = max(1, int(num_compute_units))
     work = max(1, int(num_seqs) * int(num_kv_heads))
-    s = triton.next_power_of_2(max(1, -(-2 * ncu // work)))
+    want = max(1.0, 2.0 * ncu / work)
+    s = 1 << max(0, round(math.log2(want)))
     cap = max(1, int(max_context) // MIN_TOKENS_PER_SEGMENT)
     cap = 1 << (cap.bit_length() - 1)  # power of two <= cap
     return int(max(1, min(s, cap, 256)))
@@ -236,7 +247,8 @@ def default_launch_config(kv_dtype: torch.dtype, head_dim: int, is_hip: bool | N
     if is_hip:
         # keep LDS < 64 KiB on gfx9 (checked by kernels/aot.py)
         return (32, 4, 1) if kv_dtype == torch.int8 else (16, 4, 1)
-    return (32, 4, 3) if kv_dtype == torch.int8 else (16, 4, 3)
+    # from the H200 sweep (reports/kernels/bench.json), among configs within 64 KiB shared memory
+    return (64, 4, 2) if kv_dtype == torch.int8 else (32, 4, 2)
 
 
 def split_kv_decode(q, key_cache, value_cache, block_table, seq_lens, scale, out, *,
@@ -298,10 +310,10 @@ def split_kv_decode(q, key_cache, value_cache, block_table, seq_lens, scale, out
         num_warps=num_warps, num_stages=num_stages,
     )
     if not direct:
-        s_pad = triton.next_power_of_2(S)
-        _split_kv_reduce_kernel[(num_seqs, num_q_heads, triton.cdiv(head_size, REDUCE_BLOCK_D))](
+        s_pad, block_d = reduce_tile(S, head_size)
+        _split_kv_reduce_kernel[(num_seqs, num_q_heads, triton.cdiv(head_size, block_d))](
             po, pl, out, S,
             *po.stride(), *pl.stride(), *out.stride(),
-            HEAD_SIZE=head_size, S_PAD=s_pad, S_CHUNK=min(s_pad, 16), BLOCK_D=REDUCE_BLOCK_D,
+            HEAD_SIZE=head_size, S_PAD=s_pad, BLOCK_D=block_d,
             num_warps=2,
         )

@@ -1,0 +1,163 @@
+"""Split-KV decode vs float64 references: bf16/int8 caches, ragged lengths, block sizes, segments."""
+import math
+
+import pytest
+import torch
+
+from conftest import ON_GPU
+from reference import decode_ref, make_block_table, rel_err
+
+D = 256
+
+
+def _setup(dev, kind, bs, lens, hq, hkv, gen, qdtype=torch.bfloat16, d=D, extra_blocks=3):
+    B = len(lens)
+    nb = sum(max(1, math.ceil(l / bs)) for l in lens) + extra_blocks
+    q = torch.randn(B, hq, d, generator=gen, device=dev).to(qdtype)
+    if kind == "int8":
+        kc = torch.randint(-127, 128, (nb, bs, hkv, d), generator=gen, device=dev, dtype=torch.int8)
+        vc = torch.randint(-127, 128, (nb, bs, hkv, d), generator=gen, device=dev, dtype=torch.int8)
+        # scales with a padded stride, as in the page tail layout
+        ks = (torch.rand(nb, hkv, bs + 8, generator=gen, device=dev) * 0.03 + 0.002)[..., :bs]
+        vs = (torch.rand(nb, hkv, bs + 8, generator=gen, device=dev) * 0.03 + 0.002)[..., :bs]
+    else:
+        full = torch.randn(nb, 2, bs, hkv, d, generator=gen, device=dev).to(torch.bfloat16)
+        kc, vc = full.unbind(1)  # strided planes of one (nb, 2, bs, H, D) cache
+        ks = vs = None
+    bt = make_block_table(B, lens, bs, nb, generator=torch.Generator().manual_seed(sum(lens)), device=dev)
+    sl = torch.tensor(lens, dtype=torch.int32, device=dev)
+    return q, kc, vc, ks, vs, bt, sl
+
+
+def _run(dec, q, kc, vc, ks, vs, bt, sl, S, dev, **kw):
+    B, hq, d = q.shape
+    out = torch.full((B, hq, d), float("nan"), dtype=q.dtype, device=dev)
+    ws = dec.decode_workspace(B, hq, d, S, dev)
+    ws[0].fill_(float("nan"))
+    ws[1].fill_(float("nan"))
+    dec.split_kv_decode(q, kc, vc, bt, sl, d ** -0.5, out, k_scale_cache=ks, v_scale_cache=vs,
+                        num_segments=S, workspace=ws, **kw)
+    if ON_GPU:
+        torch.cuda.synchronize()
+    assert torch.isfinite(out).all(), "unwritten or NaN output"
+    return out
+
+
+if ON_GPU:
+    BF16_CASES = [(16, [1, 17, 1000], 24, 4), (784, [1, 783, 785, 4097, 9000], 24, 4),
+                  (1552, [3100, 32768], 24, 4), (784, [32768] * 8, 24, 4)]
+else:
+    BF16_CASES = [(16, [1, 17, 45], 6, 1), (784, [5, 790], 6, 1), (1552, [1553], 6, 1),
+                  (784, [333, 1], 24, 4)]
+
+
+@pytest.mark.parametrize("bs,lens,hq,hkv", BF16_CASES)
+def test_bf16_cache(dec, dev, bs, lens, hq, hkv):
+    gen = torch.Generator(device=dev).manual_seed(bs + len(lens))
+    q, kc, vc, ks, vs, bt, sl = _setup(dev, "bf16", bs, lens, hq, hkv, gen)
+    ref = decode_ref(q, kc, vc, bt, sl, D ** -0.5)
+    ncu = torch.cuda.get_device_properties(0).multi_processor_count if ON_GPU else 8
+    for S in sorted({1, 3, dec.choose_num_segments(ncu, len(lens), hkv, 32768)}):
+        out = _run(dec, q, kc, vc, ks, vs, bt, sl, S, dev)
+        e = rel_err(out, ref)
+        assert e <= 1e-2, (S, e)
+
+
+def test_bf16_small_tile_path(dec, dev):
+    # TILE_N=16 divides every block size: the one-block-id-per-tile path
+    gen = torch.Generator(device=dev).manual_seed(5)
+    q, kc, vc, ks, vs, bt, sl = _setup(dev, "bf16", 784, [20, 801], 6, 1, gen)
+    ref = decode_ref(q, kc, vc, bt, sl, D ** -0.5)
+    out = _run(dec, q, kc, vc, ks, vs, bt, sl, 2, dev, tile_n=16, num_warps=4, num_stages=1)
+    assert rel_err(out, ref) <= 1e-2
+
+
+if ON_GPU:
+    INT8_CASES = [(1552, [17, 3100, 32768], 24, 4), (784, [1, 783, 785, 9000], 24, 4), (16, [5, 300], 24, 4)]
+else:
+    INT8_CASES = [(1552, [17, 1560], 6, 1), (16, [1, 33], 6, 1), (784, [100], 24, 4)]
+
+
+@pytest.mark.parametrize("bs,lens,hq,hkv", INT8_CASES)
+def test_int8_cache_vs_dequantized(dec, dev, bs, lens, hq, hkv):
+    gen = torch.Generator(device=dev).manual_seed(bs * 3 + len(lens))
+    for qdt, tol in ((torch.float32, 1e-3), (torch.bfloat16, 1e-2)):
+        q, kc, vc, ks, vs, bt, sl = _setup(dev, "int8", bs, lens, hq, hkv, gen, qdtype=qdt)
+        ref = decode_ref(q, kc, vc, bt, sl, D ** -0.5, ks, vs)
+        out = _run(dec, q, kc, vc, ks, vs, bt, sl, 4, dev)
+        e = rel_err(out, ref)
+        assert e <= tol, (qdt, e)
+
+
+def test_segment_count_independence(dec, dev):
+    gen = torch.Generator(device=dev).manual_seed(11)
+    lens = [700, 3, 1200] if not ON_GPU else [7000, 3, 32000]
+    q, kc, vc, ks, vs, bt, sl = _setup(dev, "int8", 16, lens, 6, 1, gen, qdtype=torch.float32)
+    outs = [_run(dec, q, kc, vc, ks, vs, bt, sl, S, dev) for S in (1, 2, 7, 16)]
+    for o in outs[1:]:
+        assert rel_err(o, outs[0]) <= 2e-6
+
+
+def test_empty_segments_and_short_sequences(dec, dev):
+    # seq_len 1 with 16 segments: 15 empty segments must be ignored by the merge
+    gen = torch.Generator(device=dev).manual_seed(2)
+    q, kc, vc, ks, vs, bt, sl = _setup(dev, "bf16", 16, [1, 2, 17], 6, 1, gen)
+    ref = decode_ref(q, kc, vc, bt, sl, D ** -0.5)
+    out = _run(dec, q, kc, vc, ks, vs, bt, sl, 16, dev)
+    assert rel_err(out, ref) <= 1e-2
+
+
+def _quantized_pair(wr, dev, bs, lens, hkv, gen, outlier):
+    nb = sum(math.ceil(l / bs) for l in lens) + 1
+    T = nb * bs
+    k = torch.randn(T, hkv, D, generator=gen, device=dev)
+    v = torch.randn(T, hkv, D, generator=gen, device=dev)
+    if outlier:
+        ch = torch.randperm(D, generator=torch.Generator().manual_seed(0))[:4].to(dev)
+        k[..., ch] *= torch.linspace(20, 50, 4, device=dev)
+    k, v = k.to(torch.bfloat16), v.to(torch.bfloat16)
+    cache = torch.empty(nb, 2, bs, hkv, D + 4, dtype=torch.int8, device=dev)
+    kd, vd, ks, vs = wr.int8_kv_views(cache, hkv, D)
+    wr.int8_kv_write(k, v, kd, vd, ks, vs, torch.arange(T, device=dev))
+    return k.view(nb, bs, hkv, D), v.view(nb, bs, hkv, D), kd, vd, ks, vs, nb
+
+
+@pytest.mark.parametrize("outlier", [False, True])
+def test_int8_vs_bf16_cache(wr, dec, dev, outlier):
+    """int8 end to end (quantize-on-write + decode) against attention on the bf16 cache."""
+    gen = torch.Generator(device=dev).manual_seed(21)
+    hq, hkv = (24, 4) if ON_GPU else (6, 1)
+    bs = 1552 if ON_GPU else 16
+    lens = [4000, 32768] if ON_GPU else [300, 64]
+    kb, vb, kd, vd, ks, vs, nb = _quantized_pair(wr, dev, bs, lens, hkv, gen, outlier)
+    bt = make_block_table(len(lens), lens, bs, nb, generator=torch.Generator().manual_seed(4), device=dev)
+    sl = torch.tensor(lens, dtype=torch.int32, device=dev)
+    # queries aligned with a few cached keys (peaked attention, as in real decoding) plus noise
+    idx = torch.randint(0, min(lens), (len(lens), hq), generator=torch.Generator().manual_seed(8))
+    q = torch.randn(len(lens), hq, D, generator=gen, device=dev)
+    for i in range(len(lens)):
+        for h in range(hq):
+            t = int(idx[i, h])
+            blk = int(bt[i, t // bs])
+            q[i, h] += 0.5 * kb[blk, t % bs, h // (hq // hkv)].float()
+    q = q.to(torch.bfloat16)
+    ref = decode_ref(q, kb, vb, bt, sl, D ** -0.5)
+    out = _run(dec, q, kd, vd, ks, vs, bt, sl, 4, dev)
+    e = rel_err(out, ref)
+    print(f"int8 vs bf16 cache, outlier keys={outlier}: rel err {e:.4g}")
+    if outlier:
+        assert math.isfinite(e)  # recorded, not judged (see reports/kernels)
+    else:
+        assert e <= 1e-2, e
+
+
+def test_choose_num_segments(dec):
+    assert dec.choose_num_segments(132, 1, 4, 32768) * 4 >= 132  # >= 1 program per CU, ~2
+    for ncu in (60, 64, 80, 104, 120, 132):
+        for b in (1, 2, 4, 8, 16, 32):
+            s = dec.choose_num_segments(ncu, b, 4, 32768)
+            assert isinstance(s, int) and 1 <= s <= 256 and s & (s - 1) == 0
+            assert b * 4 * s >= ncu or s == 256
+    assert dec.choose_num_segments(132, 1, 4, 40) <= 2
+    po, pl = dec.decode_workspace(8, 24, 256, 16, "cpu")
+    assert po.shape == (8, 24, 16, 256) and pl.shape == (8, 24, 16) and po.dtype == torch.float32
