@@ -81,6 +81,31 @@ def _slug(subject: str) -> str:
     return (s[:60].rstrip("_") or "patch") + ".patch"
 
 
+PATCH_AUTHOR = "From: dcu-forge <forge@localhost>"
+PATCH_DATE = "Date: Thu, 1 Jan 2026 00:00:00 +0000"
+
+
+def normalize_header(text: str) -> str:
+    """Patches carry the project's identity and a fixed date: re-exporting an unchanged commit
+    (after a rebase, on another machine) rewrites nothing, and no personal or machine identity
+    ends up in patches/."""
+    head, sep, rest = text.partition("\n\n")
+    out, skip = [], False
+    for line in head.split("\n"):
+        if skip and line.startswith((" ", "\t")):
+            continue
+        skip = False
+        if line.startswith("From: "):
+            out.append(PATCH_AUTHOR)
+            skip = True
+        elif line.startswith("Date: "):
+            out.append(PATCH_DATE)
+            skip = True
+        else:
+            out.append(line)
+    return "\n".join(out) + sep + rest
+
+
 def refresh(tree_dir: Path = TREE, patches_dir: Path = PATCHES) -> list[str]:
     """Write each commit after the overlay back to patches/, keeping names where the subject is unchanged."""
     if not (tree_dir / ".git").is_dir():
@@ -99,6 +124,7 @@ def refresh(tree_dir: Path = TREE, patches_dir: Path = PATCHES) -> list[str]:
     for sha in commits:
         text = tree.git_out(tree_dir, "format-patch", "-1", "--stdout", "--zero-commit", "--no-signature",
                             "--no-stat", "--full-index", sha) + "\n"
+        text = normalize_header(text)
         subject = tree.git_out(tree_dir, "log", "-1", "--format=%s", sha)
         name = old_subjects.get(subject) or _slug(subject)
         while name in used:

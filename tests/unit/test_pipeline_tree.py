@@ -152,3 +152,18 @@ def test_overlay_may_not_replace_upstream_files(env):
     (env["root"] / "kernels" / "overlay.yaml").write_text("files:\n  - src: kernels/k.py\n    dst: pkg/config.py\n")
     with pytest.raises(ForgeError, match="exists upstream"):
         tree.build_tree(env["tree"], patches_dir=env["pdir"])
+
+
+def test_refresh_normalizes_identity_and_date(env):
+    tree.build_tree(env["tree"], patches_dir=env["pdir"])
+    f = env["tree"] / "pkg" / "config.py"
+    f.write_text(f.read_text().replace("LINE_9 = 9", "LINE_9 = 99"))
+    tree.git(env["tree"], "commit", "-qam", "pkg: x\n\n" + REVIEW,
+             env={"GIT_AUTHOR_NAME": "Some Very Long Machine Identity Name That Folds",
+                  "GIT_AUTHOR_EMAIL": "someone@machine.example", "GIT_AUTHOR_DATE": "2030-05-05T05:05:05Z"})
+    patches.refresh(env["tree"], env["pdir"])
+    text = (env["pdir"] / "pkg_x.patch").read_text()
+    head = text.split("\n\n", 1)[0]
+    assert "machine.example" not in text and "Machine Identity" not in text
+    assert patches.PATCH_AUTHOR in head.splitlines() and patches.PATCH_DATE in head.splitlines()
+    assert patchfile.parse(env["pdir"] / "pkg_x.patch").subject == "pkg: x"
