@@ -72,7 +72,8 @@ def test_interrupted_run_resumes_without_redoing_finished_tiers(tmp_path, model)
         p = _run_bench(tmp_path, port, model, env=env, wait=False)
         for _ in range(300):  # bounded: 30 s
             m = run / "manifest.json"
-            if m.exists() and json.loads(m.read_text()).get("client_running", {}).get("tier") == "8-16K":
+            if m.exists() and json.loads(m.read_text()).get("client_running", {}).get("tier") == "8-16K" \
+                    and log.exists() and "8-16K" in log.read_text():   # the client is hanging in tier 2
                 break
             time.sleep(0.1)
         client = json.loads((run / "manifest.json").read_text())["client_running"]
