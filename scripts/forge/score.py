@@ -211,6 +211,7 @@ def render_md(res: dict, run_path: str | None, drift: dict | None) -> str:
          f"- run: `{run_path or 'what-if'}`", f"- baseline: {res['baseline']['label']} — {res['baseline']['source']}",
          f"- total {res['total']:.3f} = {res['total_before_accuracy']:.3f} × accuracy factor "
          f"{res['accuracy']['factor']:.2f}" + ("" if res["accuracy"]["applied"] else f" ({res['accuracy']['note']})"),
+         *([f"- note: {res['note']}"] if res.get("note") else []),
          "", "| tier | weight | tok/s | baseline | lift | formula | contribution | TTFT P99 ms | limit | completion | zeroed by |",
          "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, t in res["tiers"].items():
@@ -255,7 +256,7 @@ def chart(res: dict, path: Path) -> bool:
     ax.set_xticks(list(x), names)
     ax.set_ylabel("output tok/s")
     ax.set_title("Throughput per tier")
-    ax.legend()
+    ax.legend(loc="lower center", fontsize="small", framealpha=0.9)
     ax = axes[1]
     ax.bar(list(x), [(res["tiers"][n]["ttft_p99_ms"] or 0) / 1000 for n in names], 0.5, label="TTFT P99")
     for i, n in enumerate(names):
@@ -265,7 +266,7 @@ def chart(res: dict, path: Path) -> bool:
     ax.set_xticks(list(x), names)
     ax.set_ylabel("s")
     ax.set_title("TTFT P99 per tier")
-    ax.legend()
+    ax.legend(loc="lower center", fontsize="small", framealpha=0.9)
     ax = axes[2]
     ax.bar([0], [res["tpot_p99_pooled_ms"] or 0], 0.5, label="pooled TPOT P99")
     if res["tpot_p99_limit_ms"]:
@@ -273,7 +274,7 @@ def chart(res: dict, path: Path) -> bool:
     ax.set_xticks([0], ["all tiers"])
     ax.set_ylabel("ms")
     ax.set_title("TPOT P99 (pooled)")
-    ax.legend()
+    ax.legend(loc="lower center", fontsize="small", framealpha=0.9)
     fig.suptitle(f"score {res['display']} vs {res['baseline']['label']}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -313,6 +314,9 @@ def cmd_score(args) -> int:
     res = score(contest, run, base)
     res["run"] = str(rpath)
     res["output_drift"] = drift
+    if run["manifest"].get("scored_port") is False:
+        res["note"] = "the server did not listen on the locked port 8001 (testing run)"
+        ui.warn(f"run {rpath.name}: {res['note']}")
     runs.write_json(rpath / "score.json", res)
     (rpath / "score.md").write_text(render_md(res, str(rpath), drift))
     drew = chart(res, rpath / "score.png")
