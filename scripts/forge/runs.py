@@ -28,6 +28,7 @@ def new_run_id(profile: str | None) -> str:
 
 
 def run_dir(run_id: str, create: bool = True) -> Path:
+    run_id = Path(run_id).name if "/" in run_id else run_id
     if not _ID.match(run_id):
         raise ForgeError(f"run id {run_id!r} is not a plain name",
                          hint="use letters, digits, '.', '_' and '-' (e.g. 20260101-120000-contest)")
