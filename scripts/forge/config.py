@@ -145,6 +145,7 @@ BUILD_SCHEMA = {
     "wheel_local_tag": Field(str, doc="local version label: 0.18.1+<tag>.<series hash>"),
     "rehearsal": Field({
         "torch": Field(str, doc="pip requirement for the rehearsal venv's CPU torch"),
+        "extra_packages": Field(list, item=str, required=False, default=[]),
         "serve_help_must_contain": Field(list, item=str),
     }),
 }

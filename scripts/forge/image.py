@@ -69,7 +69,7 @@ def build_command(builder: str, tag: str, args: dict[str, str]) -> tuple[list[st
         return ["docker", "build", "-f", str(DOCKERFILE), "--target", "runtime", "-t", tag, *ba, str(ROOT)], \
             {"DOCKER_BUILDKIT": "1"}
     return ["buildah", "--storage-driver", os.environ.get("BUILDAH_STORAGE", "vfs"), "build",
-            "--isolation", "chroot", "--layers", "-f", str(DOCKERFILE), "--target", "runtime", "-t", tag, *ba,
+            "--isolation", "chroot", "-f", str(DOCKERFILE), "--target", "runtime", "-t", tag, *ba,
             str(ROOT)], {}
 
 
@@ -161,13 +161,16 @@ def cmd_self_check(args) -> int:
 
 # --- image rehearsal: the same Dockerfile on a debootstrap stand-in base -------------------------
 
+# what `import vllm` needs beyond torch (the vendor base has all of vLLM's dependencies), plus the
+# wheel build's tools
+STANDIN_PACKAGES = ["numpy", "pyyaml", "setuptools>=77.0.3,<81", "setuptools-scm>=8", "wheel", "packaging>=24.2", "jinja2",
+                    "regex"]
 STANDIN_SETUP = """set -e
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends python3 python3-pip python3-venv git make ca-certificates >/dev/null
 rm -f /usr/lib/python3*/EXTERNALLY-MANAGED
-python3 -m pip install -q --no-cache-dir /tmp/wheels/*.whl pyyaml 'setuptools>=77.0.3,<81' 'setuptools-scm>=8' wheel \
-    'packaging>=24.2' jinja2 regex
+python3 -m pip install -q --no-cache-dir --no-index --find-links /tmp/wheels /tmp/wheels/torch-*.whl -r /tmp/wheels/reqs
 apt-get clean; rm -rf /var/lib/apt/lists/* /tmp/wheels
 """
 
@@ -177,7 +180,7 @@ def make_standin(builder: str, torch_wheel: Path) -> str:
     work = CACHE / "standin"
     rootfs = work / "rootfs"
     stamp = work / "stamp"
-    key = f"{torch_wheel.name}\n{STANDIN_SETUP}"
+    key = f"{torch_wheel.name}\n{STANDIN_PACKAGES}\n{STANDIN_SETUP}"
     have = subprocess.run([*_builder_cmd(builder), "inspect", *(["--type", "image"] if builder == "buildah" else []),
                            STANDIN_TAG], capture_output=True).returncode == 0
     if have and stamp.is_file() and stamp.read_text() == key:
@@ -185,6 +188,7 @@ def make_standin(builder: str, torch_wheel: Path) -> str:
         return STANDIN_TAG
     if not shutil.which("debootstrap"):
         raise ForgeError("debootstrap is not installed", hint="apt-get install debootstrap")
+    _refuse_mounts(work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     log = work / "standin.log"
@@ -192,19 +196,20 @@ def make_standin(builder: str, torch_wheel: Path) -> str:
         proc.run(["debootstrap", "--variant=minbase", "bookworm", rootfs], log=log, what="debootstrap")
     # the chroot resolves names through the host's resolver config and reaches the same package sources
     shutil.copyfile("/etc/resolv.conf", rootfs / "etc" / "resolv.conf")
-    (rootfs / "tmp" / "wheels").mkdir(parents=True, exist_ok=True)
-    shutil.copy(torch_wheel, rootfs / "tmp" / "wheels")
-    for f in ("/etc/pip.conf",):
-        if Path(f).is_file():
-            shutil.copy(f, rootfs / "etc")
+    # Python packages are fetched here, with this machine's pip configuration, and installed offline
+    wheels = rootfs / "tmp" / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    shutil.copy(torch_wheel, wheels)
+    (wheels / "reqs").write_text("\n".join(STANDIN_PACKAGES) + "\n")
+    with ui.step("stand-in base: downloading wheels for Python 3.11"):
+        proc.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", "3.11",
+                  "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
+                  "--platform", "manylinux_2_28_x86_64", "--platform", "any", "-d", wheels,
+                  torch_wheel, *STANDIN_PACKAGES], log=log, what="pip download (stand-in base)")
     with ui.step("stand-in base: python3, pip, CPU torch"):
-        for m in ("proc", "dev"):
-            proc.run(["mount", "--bind", f"/{m}", rootfs / m], what=f"bind-mount /{m}")
-        try:
-            proc.run(["chroot", rootfs, "/bin/bash", "-c", STANDIN_SETUP], log=log, what="stand-in setup")
-        finally:
-            for m in ("dev", "proc"):
-                subprocess.run(["umount", "-l", str(rootfs / m)])
+        # no bind mounts: debootstrap made the device nodes the setup needs, and nothing of the host's
+        # /dev or /proc can be reached (or removed) through the rootfs
+        proc.run(["chroot", rootfs, "/bin/bash", "-c", STANDIN_SETUP], log=log, what="stand-in setup")
     tarball = work / "rootfs.tar"
     proc.run(["tar", "-C", rootfs, "-cf", tarball, "."], what="tar stand-in rootfs")
     shutil.rmtree(rootfs, ignore_errors=True)
@@ -212,10 +217,25 @@ def make_standin(builder: str, torch_wheel: Path) -> str:
         if builder == "docker":
             proc.run(["docker", "import", tarball, STANDIN_TAG], what="docker import")
         else:
-            proc.run([*_builder_cmd(builder), "import", tarball, STANDIN_TAG], what="buildah import")
+            ctr = proc.output([*_builder_cmd(builder), "from", "scratch"], what="buildah from scratch")
+            try:
+                proc.run([*_builder_cmd(builder), "add", ctr, tarball, "/"], what="buildah add rootfs")
+                proc.run([*_builder_cmd(builder), "commit", "-q", ctr, STANDIN_TAG], what="buildah commit")
+            finally:
+                subprocess.run([*_builder_cmd(builder), "rm", ctr], capture_output=True)
     tarball.unlink()
     stamp.write_text(key)
     return STANDIN_TAG
+
+
+def _refuse_mounts(path: Path) -> None:
+    """Never delete a folder that has something mounted below it."""
+    p = str(path.resolve())
+    with open("/proc/mounts") as f:
+        mounted = [line.split()[1] for line in f if line.split()[1].startswith(p + "/")]
+    if mounted:
+        raise ForgeError(f"{rel(path)} has mounts below it ({', '.join(mounted)}); not removing it",
+                         hint="umount them first")
 
 
 def _builder_cmd(builder: str) -> list[str]:

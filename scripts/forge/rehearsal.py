@@ -27,11 +27,11 @@ from .paths import BUILD, KERNELS, REPORTS, ROOT, rel
 VENV = BUILD / "rehearsal" / "venv"
 
 
-def ensure_venv(whl: Path, torch_spec: str, venv: Path = VENV) -> Path:
+def ensure_venv(whl: Path, torch_spec: str, venv: Path = VENV, extra: list[str] = ()) -> Path:
     """A venv holding CPU torch and the wheel (with its dependencies); rebuilt when either changes."""
     py = venv / "bin" / "python"
     marker = venv / ".forge-installed"
-    want = f"{torch_spec}\n{whl.name}\n{sha256_file(whl)}\n"
+    want = f"{torch_spec}\n{whl.name}\n{sha256_file(whl)}\n{' '.join(extra)}\n"
     if py.exists() and marker.is_file() and marker.read_text() == want:
         ui.info(f"{rel(venv)} already has {whl.name}")
         return py
@@ -47,7 +47,7 @@ def ensure_venv(whl: Path, torch_spec: str, venv: Path = VENV) -> Path:
         marker.write_text(f"{torch_spec}\n")
     ui.info(f"installing {whl.name} with its dependencies (log: {rel(log)})")
     proc.run([py, "-m", "pip", "install", "--force-reinstall", "--no-deps", whl], log=log, what="pip install wheel")
-    proc.run([py, "-m", "pip", "install", whl], log=log, what="pip install wheel dependencies",
+    proc.run([py, "-m", "pip", "install", whl, *extra], log=log, what="pip install wheel dependencies",
              hint=f"see {rel(log)}")
     marker.write_text(want)
     return py
@@ -120,7 +120,7 @@ def rehearse(report_dir: Path = REPORTS) -> dict:
     state = tree.read_state(tree.TREE)
     version = wheel.wheel_version(state, "empty")
     sh = provenance.series_hash(state)
-    py = Path(stage("venv + install", lambda: str(ensure_venv(whl, b["rehearsal"]["torch"]))))
+    py = Path(stage("venv + install", lambda: str(ensure_venv(whl, b["rehearsal"]["torch"], extra=b["rehearsal"]["extra_packages"]))))
     stage("import vllm", lambda: check_import(py, version, sh))
     stage("vllm serve --help", lambda: {"found": check_serve_help(py, b["rehearsal"]["serve_help_must_contain"])})
     work = BUILD / "rehearsal"

@@ -121,7 +121,8 @@ def launch_command(rendered: dict, *, image: str | None, vllm_cmd: str | None, p
                "-v", f"{model}:{model}:ro"]
         for k, v in rendered["env"].items():
             cmd += ["-e", f"{k}={v}"]
-        return cmd + [image, *argv]
+        # the image's own entrypoint is `forge serve --foreground`; here the rendered command runs as is
+        return cmd + ["--entrypoint", argv[0], image, *argv[1:]]
     return native_launcher(vllm_cmd) + argv[1:]
 
 
@@ -148,6 +149,12 @@ def cmd_serve(args) -> int:
             print(f"# launched as:\n{proc.fmt(cmd)}")
         return 0
 
+    if args.foreground:
+        # inside the image: the checked command replaces this process (PID 1 stays the server)
+        if image:
+            raise ForgeError("--foreground runs the server in this process; it cannot start an image")
+        ui.info(f"{env_text} {proc.fmt(cmd)}")
+        os.execvpe(cmd[0], cmd, {**os.environ, **rendered["env"]})
     if not image and not (model_path / "config.json").is_file():
         raise ForgeError(f"{model_path}: no config.json here; not a model directory",
                          hint="pass --model DIR with the model's config.json, tokenizer and weights")
@@ -267,6 +274,8 @@ def register(sub) -> None:
                                   "(default: `vllm` on PATH, else this Python's module)")
     p.add_argument("--port", type=int, default=None,
                    help="testing only: listen elsewhere than the locked 8001 (the run is marked unscored)")
+    p.add_argument("--foreground", action="store_true",
+                   help="exec the checked server command in this process (the image's entrypoint)")
     p.add_argument("--no-wait", action="store_true", help="return once started, without waiting for /health")
     p.set_defaults(func=cmd_serve)
     s = sub.add_parser("stop", help="stop the server `forge serve` started (and only that one)")

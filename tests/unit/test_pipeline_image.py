@@ -44,7 +44,7 @@ def test_every_run_calls_the_tool_or_pip():
 
 def test_source_stage_is_offline():
     text = DOCKERFILE.read_text()
-    assert "COPY .cache/forge/src/vllm-0.18.1.tar.gz" in text and "VLLM_SRC=" in text
+    assert "COPY . ." in text and "VLLM_SRC=/forge/.cache/forge/src/vllm-0.18.1.tar.gz" in text
     assert "!.cache/forge/src/vllm-0.18.1.tar.gz" in (ROOT / ".dockerignore").read_text()
 
 
@@ -61,7 +61,7 @@ def test_build_commands():
     assert cmd[:2] == ["docker", "build"] and env == {"DOCKER_BUILDKIT": "1"}
     assert "--target" in cmd and "runtime" in cmd and f"BASE_IMAGE=b@sha256:{'0' * 64}" in cmd
     cmd, env = image.build_command("buildah", "t:1", {})
-    assert cmd[0] == "buildah" and "--layers" in cmd and "chroot" in cmd
+    assert cmd[0] == "buildah" and "chroot" in cmd
 
 
 def test_unpinned_base_refused(monkeypatch):

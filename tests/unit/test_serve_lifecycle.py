@@ -127,10 +127,26 @@ def test_container_command_has_the_dcu_device_flags():
                  "-e VLLM_FORGE_DECODE=1", "-e NO_PROXY="):
         assert flag in text
     i = cmd.index("img@sha256:abc")
-    assert cmd[i + 1:i + 3] == ["vllm", "serve"] and cmd[i + 3:] == r["argv"][2:]
+    assert cmd[i - 2:i] == ["--entrypoint", "vllm"] and cmd[i + 1] == "serve" and cmd[i + 2:] == r["argv"][2:]
 
 
 def test_known_failure_patterns_are_distinct():
     found = serve.diagnose("RuntimeError: Address already in use")
     assert len(found) == 1 and "port" in found[0][0]
     assert serve.diagnose("all good") == []
+
+
+def test_foreground_execs_the_checked_command(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_exec(file, argv, env):
+        seen.update(file=file, argv=argv, env=env)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(serve.os, "execvpe", fake_exec)
+    from forge.cli import main
+    with pytest.raises(SystemExit):
+        main(["serve", "--foreground", "--profile", "int8kv", "--model", str(tmp_path), "--vllm", "vllm"])
+    assert seen["argv"][:3] == ["vllm", "serve", str(tmp_path.resolve())]
+    assert "--kv-cache-dtype" in seen["argv"] and seen["argv"][seen["argv"].index("--port") + 1] == "8001"
+    assert seen["env"]["NO_PROXY"]
