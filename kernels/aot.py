@@ -94,7 +94,8 @@ def _source(fn, args: dict, constexprs: dict):
     return ASTSource(fn, sig, constexprs=consts, attrs=attrs)
 
 
-def _decode_spec(dec, kv: str, block_size: int, num_segments: int, is_hip: bool):
+def _decode_spec(dec, kv: str, block_size: int, num_segments: int, is_hip: bool,
+                 fused: bool | None = None):
     import torch
     kv_dtype = torch.int8 if kv == "int8" else torch.bfloat16
     tile_n, warps, stages = dec.default_launch_config(kv_dtype, HEAD, is_hip=is_hip)
@@ -108,8 +109,8 @@ def _decode_spec(dec, kv: str, block_size: int, num_segments: int, is_hip: bool)
     args = dict(
         q_ptr="*bf16", k_ptr=ptr_kv, v_ptr=ptr_kv,
         ks_ptr="*fp32" if kv == "int8" else ptr_kv, vs_ptr="*fp32" if kv == "int8" else ptr_kv,
-        bt_ptr="*i32", seq_lens_ptr="*i32", po_ptr="*fp32", pl_ptr="*fp32", out_ptr="*bf16",
-        scale_log2=0.09, num_segments=S,
+        bt_ptr="*i32", seq_lens_ptr="*i32", po_ptr="*fp32", pl_ptr="*fp32", cnt_ptr="*i32",
+        out_ptr="*bf16", scale_log2=0.09, num_segments=S, min_seg=tile_n,
         sq_s=HQ * HEAD, sq_h=HEAD, sq_d=1,
         sk_b=page, sk_o=HKV * HEAD, sk_h=HEAD, sk_d=1,
         sv_b=page, sv_o=HKV * HEAD, sv_h=HEAD, sv_d=1,
@@ -119,13 +120,17 @@ def _decode_spec(dec, kv: str, block_size: int, num_segments: int, is_hip: bool)
         svs_o=1 if kv == "int8" else 0,
         sbt_s=max_blocks, sbt_b=1,
         spo_s=HQ * S * HEAD, spo_h=S * HEAD, spo_g=HEAD, spo_d=1,
-        spl_s=HQ * S, spl_h=S, spl_g=1,
+        spl_s=HQ * S, spl_h=S, spl_g=1, scnt_s=HQ,
         so_s=HQ * HEAD, so_h=HEAD, so_d=1,
     )
+    if fused is None:
+        fused = S <= dec.FUSE_MAX_SEGMENTS
+    s_pad, merge_d = dec.merge_tile(S, HEAD)
     # zero strides: the JIT does not specialize 0, mark them as plain ints
     const = dict(QUERIES_PER_KV=HQ // HKV, BLOCK_M=16, HEAD_SIZE=HEAD, D_PAD=HEAD,
                  BLOCK_SIZE=block_size, TILE_N=tile_n, KV_INT8=(kv == "int8"),
-                 DIRECT_OUT=(S == 1), IEEE=False)
+                 DIRECT_OUT=(S == 1), FUSED=(fused and S > 1), S_PAD=s_pad, MERGE_D=merge_d,
+                 IEEE=False)
     return dec._split_kv_decode_kernel, args, const, warps, stages, dict(tile_n=tile_n)
 
 
@@ -139,11 +144,12 @@ def _reduce_spec(dec, num_segments: int):
     return dec._split_kv_reduce_kernel, args, const, 2, 1, {}
 
 
-def _write_spec(wr, block_size: int):
-    d_pad, block_h, warps = wr._write_launch_params(HKV, HEAD)
+def _write_spec(wr, block_size: int, num_tokens: int = 1):
+    d_pad, block_h, block_t, warps = wr._write_launch_params(HKV, HEAD, num_tokens)
     page = 2 * block_size * HKV * (HEAD + 4)
     args = dict(key_ptr="*bf16", value_ptr="*bf16", k_data_ptr="*i8", v_data_ptr="*i8",
-                k_scale_ptr="*fp32", v_scale_ptr="*fp32", slot_ptr="*i64", num_heads=HKV,
+                k_scale_ptr="*fp32", v_scale_ptr="*fp32", slot_ptr="*i64",
+                num_tokens=num_tokens + 3, num_heads=HKV,
                 # key/value are strided slices of a fused qkv projection (q 24*256 + k + v)
                 sk_t=(HQ + 2 * HKV) * HEAD, sk_h=HEAD, sk_d=1,
                 sv_t=(HQ + 2 * HKV) * HEAD, sv_h=HEAD, sv_d=1,
@@ -152,7 +158,7 @@ def _write_spec(wr, block_size: int):
                 sks_b=page // 4, sks_h=block_size, sks_o=1,
                 svs_b=page // 4, svs_h=block_size, svs_o=1)
     const = dict(BLOCK_SIZE=block_size, HEAD_SIZE=HEAD, D_PAD=d_pad, BLOCK_H=block_h,
-                 SCALE_FLOOR=wr.SCALE_FLOOR)
+                 BLOCK_T=block_t, SCALE_FLOOR=wr.SCALE_FLOOR)
     return wr._int8_kv_write_kernel, args, const, warps, 1, {}
 
 
@@ -163,10 +169,13 @@ def specs(target: GPUTarget):
     for kv, bs in (("bf16", 784), ("bf16", 16), ("int8", 1552), ("int8", 16)):
         out.append((f"split_kv_decode[{kv},bs={bs},S=64]", _decode_spec(dec, kv, bs, 64, hip)))
     out.append(("split_kv_decode[int8,bs=1552,S=1]", _decode_spec(dec, "int8", 1552, 1, hip)))
+    for kv, bs in (("bf16", 784), ("int8", 1552)):
+        out.append((f"split_kv_decode[{kv},bs={bs},S=16,fused]", _decode_spec(dec, kv, bs, 16, hip)))
     out.append(("split_kv_reduce[S=64]", _reduce_spec(dec, 64)))
     out.append(("split_kv_reduce[S=256]", _reduce_spec(dec, 256)))
     for bs in (1552, 16):
         out.append((f"int8_kv_write[bf16,bs={bs}]", _write_spec(wr, bs)))
+    out.append(("int8_kv_write[bf16,bs=1552,prefill]", _write_spec(wr, 1552, 8192)))
     return out
 
 

@@ -190,7 +190,7 @@ def check_decode(results, up):
         for qdt in ((torch.bfloat16,) if kind == "bf16" else (torch.bfloat16, torch.float32)):
             q = torch.randn(B, HQ, D, dtype=qdt, device="cuda")
             ref = REF.decode_ref(q, pool["k"], pool["v"], bt, sl, SCALE, pool["ks"], pool["vs"])
-            for S in sorted({1, DEC.choose_num_segments(ncu, B, HKV, 32768), 128}):
+            for S in sorted({1, DEC.choose_num_segments(ncu, B, HKV, 32768), 32, 128}):
                 out = torch.full((B, HQ, D), float("nan"), dtype=qdt, device="cuda")
                 ws = DEC.decode_workspace(B, HQ, D, S, "cuda")
                 ws[0].fill_(float("nan"))
@@ -342,8 +342,12 @@ def kv_bytes(kind, B, L):
     return b
 
 
-def bench_point(kind, bs, B, L, cfgs, up, ncu, which=("forge", "unified", "grouped"), S_list=None):
-    """Time all requested kernels at one (kv kind, block, batch, context). Returns records."""
+def bench_point(kind, bs, B, L, cfgs, up, ncu, which=("forge", "unified", "grouped"), S_list=None,
+                dec=None, label="forge"):
+    """Time all requested kernels at one (kv kind, block, batch, context). Returns records.
+    ``cfgs``: (tile, warps, stages[, fused, min_segment_tokens]) tuples; ``dec``: the decode
+    module to time (default: the current one; e.g. a kept earlier version)."""
+    dec = dec or DEC
     recs = []
     nbps = math.ceil(L / bs)
     bpc = kv_bytes(kind, B, L)
@@ -357,20 +361,26 @@ def bench_point(kind, bs, B, L, cfgs, up, ncu, which=("forge", "unified", "group
     base = dict(kv=kind, block=bs, batch=B, context=L, rotation=R, kv_bytes=bpc)
     if "forge" in which:
         for cfg in cfgs:
-            tile, warps, stages = cfg
-            for S in (S_list or [DEC.choose_num_segments(ncu, B, HKV, 32768)]):
-                ws = DEC.decode_workspace(B, HQ, D, S, "cuda")
-                fns = [lambda r=r: DEC.split_kv_decode(
+            tile, warps, stages = cfg[:3]
+            extra = {}
+            if len(cfg) > 3 and cfg[3] is not None:
+                extra["fused"] = cfg[3]
+            if len(cfg) > 4 and cfg[4] is not None:
+                extra["min_segment_tokens"] = cfg[4]
+            for S in (S_list or [dec.choose_num_segments(ncu, B, HKV, 32768)]):
+                ws = dec.decode_workspace(B, HQ, D, S, "cuda")
+                fns = [lambda r=r: dec.split_kv_decode(
                     qs[r], pool["k"], pool["v"], bts[r], sl, SCALE, out, k_scale_cache=pool["ks"],
                     v_scale_cache=pool["vs"], num_segments=S, workspace=ws, tile_n=tile,
-                    num_warps=warps, num_stages=stages) for r in range(R)]
+                    num_warps=warps, num_stages=stages, **extra) for r in range(R)]
+                info = dict(base, kernel=label, tile=tile, warps=warps, stages=stages, S=S,
+                            fused=extra.get("fused", getattr(dec, "FUSE_MAX_SEGMENTS", 0) >= S > 1),
+                            min_seg=extra.get("min_segment_tokens"))
                 try:
                     med, lo, hi = time_graph(fns)
-                    recs.append(dict(base, kernel="forge", tile=tile, warps=warps, stages=stages,
-                                     S=S, us=med, us_min=lo, us_max=hi))
+                    recs.append(dict(info, us=med, us_min=lo, us_max=hi))
                 except Exception as e:
-                    recs.append(dict(base, kernel="forge", tile=tile, warps=warps, stages=stages,
-                                     S=S, error=f"{type(e).__name__}: {e}"[:300]))
+                    recs.append(dict(info, error=f"{type(e).__name__}: {e}"[:300]))
     if "unified" in which and kind == "bf16":
         fns = [lambda r=r: up.unified(qs[r], pool["k"], pool["v"], out, bts[r], sl, L)
                for r in range(R)]
@@ -396,10 +406,10 @@ def bench_point(kind, bs, B, L, cfgs, up, ncu, which=("forge", "unified", "group
     return recs
 
 
-def bench_write(cuda_write, copy_bw):
+def bench_write(cuda_write, copy_bw, extra_writers=()):
     recs = []
     bs = 1552
-    for name, fn in (("triton", WR.int8_kv_write), ("cuda", cuda_write)):
+    for name, fn in (("triton", WR.int8_kv_write), ("cuda", cuda_write), *extra_writers):
         if fn is None:
             continue
         # decode: 1 token into each of 16 layer caches, one graph

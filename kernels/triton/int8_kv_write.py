@@ -20,8 +20,9 @@ Quantization (symmetric, per (token, head) row of D elements)::
     q     = clamp(round_half_away_from_zero(x / scale), -127, 127)      (round to nearest)
     x    ~= q * scale,   |x - q * scale| <= scale / 2
 
-Kernel: grid ``(num_tokens, cdiv(H, BLOCK_H))``; one program loads the ``[BLOCK_H, D]`` rows of
-K and V of one token, reduces max|x| per row, writes ``2*BLOCK_H*D`` int8 + ``2*BLOCK_H`` fp32.
+Kernel: grid ``(cdiv(num_tokens, BLOCK_T), cdiv(H, BLOCK_H))``; one program loads the
+``[BLOCK_T * BLOCK_H, D]`` (token, head) rows of K and V, reduces max|x| per row, writes
+``2*BLOCK_T*BLOCK_H*D`` int8 + ``2*BLOCK_T*BLOCK_H`` fp32. BLOCK_T is 1 for decode and 4 for prefill.
 Bytes moved per token: read ``2*H*D*elt`` (4096 B for H=4, D=256, bf16), write ``2*H*(D+4)``
 (2080 B). Slots ``< 0`` (padding) are skipped and leave the cache untouched.
 CUDA-graph safe: no allocation, no host synchronisation, grid from Python ints only.
@@ -79,6 +80,7 @@ def _int8_kv_write_kernel(
     key_ptr, value_ptr,
     k_data_ptr, v_data_ptr, k_scale_ptr, v_scale_ptr,
     slot_ptr,
+    num_tokens,
     num_heads,
     sk_t, sk_h, sk_d,
     sv_t, sv_h, sv_d,
@@ -90,50 +92,68 @@ def _int8_kv_write_kernel(
     HEAD_SIZE: tl.constexpr,
     D_PAD: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr,
     SCALE_FLOOR: tl.constexpr,
 ):
-    tok = tl.program_id(0)
-    hb = tl.program_id(1)
-    slot = tl.load(slot_ptr + tok).to(tl.int64)
-    if slot >= 0:
-        blk = slot // BLOCK_SIZE
-        off = slot % BLOCK_SIZE
-        h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-        d = tl.arange(0, D_PAD)
-        hm = h < num_heads
-        m2 = hm[:, None] & (d[None, :] < HEAD_SIZE)
-        tok64 = tok.to(tl.int64)
+    # rows of the tile are (token, head) pairs: BLOCK_T tokens x BLOCK_H heads
+    ROWS: tl.constexpr = BLOCK_T * BLOCK_H
+    i = tl.arange(0, ROWS)
+    tok = tl.program_id(0) * BLOCK_T + i // BLOCK_H
+    h = tl.program_id(1) * BLOCK_H + i % BLOCK_H
+    d = tl.arange(0, D_PAD)
+    rm = (tok < num_tokens) & (h < num_heads)
+    m2 = rm[:, None] & (d[None, :] < HEAD_SIZE)
+    tok64 = tok.to(tl.int64)
+    # K/V loads do not wait for the slot: they only depend on the token index
+    k = tl.load(key_ptr + (tok64 * sk_t + h * sk_h)[:, None] + d[None, :] * sk_d,
+                mask=m2, other=0.0).to(tl.float32)
+    v = tl.load(value_ptr + (tok64 * sv_t + h * sv_h)[:, None] + d[None, :] * sv_d,
+                mask=m2, other=0.0).to(tl.float32)
+    slot = tl.load(slot_ptr + tok, mask=rm, other=-1).to(tl.int64)
+    kq, ks = _quant_rows(k, rm, SCALE_FLOOR)
+    vq, vs = _quant_rows(v, rm, SCALE_FLOOR)
+    ok = rm & (slot >= 0)           # slot < 0: padding, leave the cache untouched
+    slot = tl.where(ok, slot, 0)
+    blk = slot // BLOCK_SIZE
+    off = slot % BLOCK_SIZE
+    o2 = ok[:, None] & (d[None, :] < HEAD_SIZE)
+    tl.store(k_data_ptr + (blk * skd_b + off * skd_o + h * skd_h)[:, None] + d[None, :] * skd_d,
+             kq, mask=o2)
+    tl.store(v_data_ptr + (blk * svd_b + off * svd_o + h * svd_h)[:, None] + d[None, :] * svd_d,
+             vq, mask=o2)
+    tl.store(k_scale_ptr + blk * sks_b + h * sks_h + off * sks_o, ks, mask=ok)
+    tl.store(v_scale_ptr + blk * svs_b + h * svs_h + off * svs_o, vs, mask=ok)
 
-        k = tl.load(key_ptr + tok64 * sk_t + h[:, None] * sk_h + d[None, :] * sk_d,
-                    mask=m2, other=0.0).to(tl.float32)
-        v = tl.load(value_ptr + tok64 * sv_t + h[:, None] * sv_h + d[None, :] * sv_d,
-                    mask=m2, other=0.0).to(tl.float32)
-        kq, ks = _quant_rows(k, hm, SCALE_FLOOR)
-        vq, vs = _quant_rows(v, hm, SCALE_FLOOR)
 
-        tl.store(k_data_ptr + blk * skd_b + off * skd_o + h[:, None] * skd_h + d[None, :] * skd_d,
-                 kq, mask=m2)
-        tl.store(v_data_ptr + blk * svd_b + off * svd_o + h[:, None] * svd_h + d[None, :] * svd_d,
-                 vq, mask=m2)
-        tl.store(k_scale_ptr + blk * sks_b + h * sks_h + off * sks_o, ks, mask=hm)
-        tl.store(v_scale_ptr + blk * svs_b + h * svs_h + off * svs_o, vs, mask=hm)
+# Tokens per program when many tokens are written at once (prefill): fewer, larger programs.
+PREFILL_TOKENS_PER_PROGRAM = 4
+PREFILL_MIN_TOKENS = 256
 
 
-def _write_launch_params(num_heads: int, head_size: int):
+def _write_launch_params(num_heads: int, head_size: int, num_tokens: int = 1,
+                         tokens_per_program: int | None = None):
+    """(D_PAD, BLOCK_H, BLOCK_T, num_warps): BLOCK_T tokens x BLOCK_H heads per program."""
     d_pad = triton.next_power_of_2(head_size)
     block_h = min(triton.next_power_of_2(num_heads), max(1, 4096 // d_pad))
-    elems = block_h * d_pad
+    if tokens_per_program is None:
+        tokens_per_program = PREFILL_TOKENS_PER_PROGRAM if num_tokens >= PREFILL_MIN_TOKENS else 1
+    block_t = triton.next_power_of_2(max(1, int(tokens_per_program)))
+    elems = block_t * block_h * d_pad
     num_warps = 4 if elems <= 2048 else 8
-    return d_pad, block_h, num_warps
+    return d_pad, block_h, block_t, num_warps
 
 
-def int8_kv_write(key, value, k_data, v_data, k_scale, v_scale, slot_mapping) -> None:
+def int8_kv_write(key, value, k_data, v_data, k_scale, v_scale, slot_mapping, *,
+                  tokens_per_program=None) -> None:
     """Quantize ``key``/``value`` rows and store them (with their scales) at ``slot_mapping``.
 
     key/value: ``(num_tokens, H, D)`` bf16/fp16/fp32, any strides (last dim contiguous preferred).
     k_data/v_data: ``(nb, bs, H, D)`` int8; k_scale/v_scale: ``(nb, H, bs)`` fp32 (any strides,
     e.g. from :func:`int8_kv_views`). slot_mapping: ``(>=num_tokens,)`` int32/int64, ``slot =
-    block * bs + offset``, ``-1`` = skip. Grid ``(num_tokens, cdiv(H, BLOCK_H))``.
+    block * bs + offset``, ``-1`` = skip. Grid ``(cdiv(num_tokens, BLOCK_T), cdiv(H, BLOCK_H))``;
+    BLOCK_T (tokens per program) is 1 for a few tokens (decode) and
+    ``PREFILL_TOKENS_PER_PROGRAM`` from ``PREFILL_MIN_TOKENS`` tokens on (a Python-int choice, so a
+    captured graph keeps its grid).
     """
     num_tokens, num_heads, head_size = key.shape
     if num_tokens == 0:
@@ -143,16 +163,17 @@ def int8_kv_write(key, value, k_data, v_data, k_scale, v_scale, slot_mapping) ->
     assert k_scale.dtype == torch.float32 and v_scale.dtype == torch.float32
     assert k_data.shape[2] == num_heads and k_data.shape[3] == head_size, (k_data.shape, key.shape)
     block_size = k_data.shape[1]
-    d_pad, block_h, num_warps = _write_launch_params(num_heads, head_size)
-    grid = (num_tokens, triton.cdiv(num_heads, block_h))
+    d_pad, block_h, block_t, num_warps = _write_launch_params(num_heads, head_size, num_tokens,
+                                                              tokens_per_program)
+    grid = (triton.cdiv(num_tokens, block_t), triton.cdiv(num_heads, block_h))
     _int8_kv_write_kernel[grid](
         key, value, k_data, v_data, k_scale, v_scale, slot_mapping,
-        num_heads,
+        num_tokens, num_heads,
         *key.stride(), *value.stride(),
         *k_data.stride(), *v_data.stride(),
         *k_scale.stride(), *v_scale.stride(),
         BLOCK_SIZE=block_size, HEAD_SIZE=head_size, D_PAD=d_pad, BLOCK_H=block_h,
-        SCALE_FLOOR=SCALE_FLOOR,
+        BLOCK_T=block_t, SCALE_FLOOR=SCALE_FLOOR,
         num_warps=num_warps,
     )
 

@@ -63,9 +63,10 @@ def _dot(a, b, IEEE: tl.constexpr):
 @triton.jit
 def _split_kv_decode_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_lens_ptr,
-    po_ptr, pl_ptr, out_ptr,
+    po_ptr, pl_ptr, cnt_ptr, out_ptr,
     scale_log2,
     num_segments,
+    min_seg,
     sq_s, sq_h, sq_d,
     sk_b, sk_o, sk_h, sk_d,
     sv_b, sv_o, sv_h, sv_d,
@@ -74,6 +75,7 @@ def _split_kv_decode_kernel(
     sbt_s, sbt_b,
     spo_s, spo_h, spo_g, spo_d,
     spl_s, spl_h, spl_g,
+    scnt_s,
     so_s, so_h, so_d,
     QUERIES_PER_KV: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -83,6 +85,9 @@ def _split_kv_decode_kernel(
     TILE_N: tl.constexpr,
     KV_INT8: tl.constexpr,
     DIRECT_OUT: tl.constexpr,
+    FUSED: tl.constexpr,
+    S_PAD: tl.constexpr,
+    MERGE_D: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -90,7 +95,7 @@ def _split_kv_decode_kernel(
     seg = tl.program_id(2)
 
     seq_len = tl.load(seq_lens_ptr + seq)
-    per_seg = tl.cdiv(tl.cdiv(seq_len, num_segments), TILE_N) * TILE_N
+    per_seg = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_segments), TILE_N) * TILE_N, min_seg)
     start = seg * per_seg
     end = tl.minimum(start + per_seg, seq_len)
 
@@ -103,12 +108,29 @@ def _split_kv_decode_kernel(
 
     q = tl.load(q_ptr + seq64 * sq_s + qh[:, None] * sq_h + d[None, :] * sq_d,
                 mask=row_mask[:, None] & dm[None, :], other=0.0)
+    if IEEE:
+        op_ty = tl.float32
+    else:
+        op_ty = q.dtype
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
     n_off = tl.arange(0, TILE_N)
     bt_row = bt_ptr + seq64 * sbt_s
+    # int8 V is read as 32-bit words (4 channels each) and split into 4 byte planes: channel
+    # d = 4*w + j sits in plane j, column w. Each plane is a K-major-free [TILE_N, D/4] operand,
+    # so no byte-wise transposed shared-memory reads feed the P.V product.
+    DW: tl.constexpr = D_PAD // 4
+    w_off = tl.arange(0, DW)
+    wm = w_off < HEAD_SIZE // 4
+    if KV_INT8:
+        acc0 = tl.zeros([BLOCK_M, DW], tl.float32)
+        acc1 = tl.zeros([BLOCK_M, DW], tl.float32)
+        acc2 = tl.zeros([BLOCK_M, DW], tl.float32)
+        acc3 = tl.zeros([BLOCK_M, DW], tl.float32)
+        v32_ptr = v_ptr.to(tl.pointer_type(tl.int32))
+    else:
+        acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
 
     for t in range(start, end, TILE_N):
         tok = t + n_off
@@ -125,13 +147,18 @@ def _split_kv_decode_kernel(
         kbase = blk * sk_b + off * sk_o + kvh * sk_h                      # [TILE_N] int64
         k = tl.load(k_ptr + kbase[None, :] + d[:, None] * sk_d,
                     mask=dm[:, None] & tmask[None, :], other=0)            # [D_PAD, TILE_N]
-        if IEEE:  # fp32 math (fp32 queries, or the CPU interpreter)
-            k = k.to(tl.float32)
-        else:     # exact for int8 (|x| <= 127) and a no-op for a 16-bit cache
-            k = k.to(q.dtype)
-        s = _dot(q, k, IEEE)                                               # [BLOCK_M, TILE_N]
+        vbase = blk * sv_b + off * sv_o + kvh * sv_h
         if KV_INT8:
             ksc = tl.load(ks_ptr + blk * sks_b + kvh * sks_h + off * sks_o, mask=tmask, other=0.0)
+            vsc = tl.load(vs_ptr + blk * svs_b + kvh * svs_h + off * svs_o, mask=tmask, other=0.0)
+            vw = tl.load(v32_ptr + (vbase // 4)[:, None] + w_off[None, :],
+                         mask=tmask[:, None] & wm[None, :], other=0)      # [TILE_N, DW] int32
+        else:
+            v = tl.load(v_ptr + vbase[:, None] + d[None, :] * sv_d,
+                        mask=tmask[:, None] & dm[None, :], other=0)        # [TILE_N, D_PAD]
+        # exact for int8 (|x| <= 127) and a no-op for a 16-bit cache
+        s = _dot(q, k.to(op_ty), IEEE)                                     # [BLOCK_M, TILE_N]
+        if KV_INT8:
             s = s * (ksc * scale_log2)[None, :]
         else:
             s = s * scale_log2
@@ -141,31 +168,73 @@ def _split_kv_decode_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-
-        vbase = blk * sv_b + off * sv_o + kvh * sv_h
-        v = tl.load(v_ptr + vbase[:, None] + d[None, :] * sv_d,
-                    mask=tmask[:, None] & dm[None, :], other=0)            # [TILE_N, D_PAD]
         if KV_INT8:
-            vsc = tl.load(vs_ptr + blk * svs_b + kvh * svs_h + off * svs_o, mask=tmask, other=0.0)
-            p = p * vsc[None, :]
-        if IEEE:
-            v = v.to(tl.float32)
+            pv = (p * vsc[None, :]).to(op_ty)
+            acc0 = acc0 * alpha[:, None] + _dot(pv, ((vw << 24) >> 24).to(op_ty), IEEE)
+            acc1 = acc1 * alpha[:, None] + _dot(pv, ((vw << 16) >> 24).to(op_ty), IEEE)
+            acc2 = acc2 * alpha[:, None] + _dot(pv, ((vw << 8) >> 24).to(op_ty), IEEE)
+            acc3 = acc3 * alpha[:, None] + _dot(pv, (vw >> 24).to(op_ty), IEEE)
         else:
-            v = v.to(q.dtype)
-        acc += _dot(p.to(q.dtype), v, IEEE)
+            acc = acc * alpha[:, None] + _dot(p.to(op_ty), v.to(op_ty), IEEE)
         m_i = m_new
 
     has = l_i > 0.0
-    res = acc / tl.where(has, l_i, 1.0)[:, None]
+    inv_l = 1.0 / tl.where(has, l_i, 1.0)
+    rm2 = row_mask[:, None] & dm[None, :]
     if DIRECT_OUT:
-        tl.store(out_ptr + seq64 * so_s + qh[:, None] * so_h + d[None, :] * so_d,
-                 res.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dm[None, :])
+        obase = out_ptr + seq64 * so_s + qh[:, None] * so_h
+        oty = out_ptr.dtype.element_ty
+        if KV_INT8:
+            wm2 = row_mask[:, None] & wm[None, :]
+            tl.store(obase + (4 * w_off[None, :] + 0) * so_d, (acc0 * inv_l[:, None]).to(oty), mask=wm2)
+            tl.store(obase + (4 * w_off[None, :] + 1) * so_d, (acc1 * inv_l[:, None]).to(oty), mask=wm2)
+            tl.store(obase + (4 * w_off[None, :] + 2) * so_d, (acc2 * inv_l[:, None]).to(oty), mask=wm2)
+            tl.store(obase + (4 * w_off[None, :] + 3) * so_d, (acc3 * inv_l[:, None]).to(oty), mask=wm2)
+        else:
+            tl.store(obase + d[None, :] * so_d, (acc * inv_l[:, None]).to(oty), mask=rm2)
     else:
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-        tl.store(po_ptr + seq64 * spo_s + qh[:, None] * spo_h + seg * spo_g + d[None, :] * spo_d,
-                 res, mask=row_mask[:, None] & dm[None, :])
+        pbase = po_ptr + seq64 * spo_s + qh[:, None] * spo_h + seg * spo_g
+        if KV_INT8:
+            wm2 = row_mask[:, None] & wm[None, :]
+            tl.store(pbase + (4 * w_off[None, :] + 0) * spo_d, acc0 * inv_l[:, None], mask=wm2)
+            tl.store(pbase + (4 * w_off[None, :] + 1) * spo_d, acc1 * inv_l[:, None], mask=wm2)
+            tl.store(pbase + (4 * w_off[None, :] + 2) * spo_d, acc2 * inv_l[:, None], mask=wm2)
+            tl.store(pbase + (4 * w_off[None, :] + 3) * spo_d, acc3 * inv_l[:, None], mask=wm2)
+        else:
+            tl.store(pbase + d[None, :] * spo_d, acc * inv_l[:, None], mask=rm2)
         tl.store(pl_ptr + seq64 * spl_s + qh * spl_h + seg * spl_g, lse, mask=row_mask)
+        if FUSED:
+            # One launch: the last program of this (sequence, KV head) to finish merges the
+            # partials. All of this program's stores are ordered before the ticket (CTA barrier,
+            # then a gpu-scope acq_rel atomic); the winner reads the others' partials from L2.
+            tl.debug_barrier()
+            cnt = cnt_ptr + seq64 * scnt_s + kvh
+            ticket = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+            if ticket == num_segments - 1:
+                tl.store(cnt, 0)  # ready for the next launch (kernel boundary orders it)
+                g = tl.arange(0, S_PAD)
+                gm = g < num_segments
+                md = tl.arange(0, MERGE_D)
+                for r in tl.static_range(QUERIES_PER_KV):
+                    h = kvh * QUERIES_PER_KV + r
+                    lrow = tl.load(pl_ptr + seq64 * spl_s + h * spl_h + g * spl_g, mask=gm,
+                                   other=float("-inf"), cache_modifier=".cg")
+                    mx = tl.max(lrow, 0)
+                    mx = tl.where(mx > float("-inf"), mx, 0.0)
+                    valid = lrow > float("-inf")
+                    wgt = tl.where(valid, tl.exp2(lrow - mx), 0.0)
+                    wsum = tl.sum(wgt, 0)
+                    wgt = wgt / tl.where(wsum > 0.0, wsum, 1.0)
+                    for dc in tl.static_range(D_PAD // MERGE_D):
+                        dd = dc * MERGE_D + md
+                        ddm = dd < HEAD_SIZE
+                        po = tl.load(po_ptr + seq64 * spo_s + h * spo_h + g[:, None] * spo_g
+                                     + dd[None, :] * spo_d, mask=valid[:, None] & ddm[None, :],
+                                     other=0.0, cache_modifier=".cg")
+                        res = tl.sum(wgt[:, None] * po, 0)
+                        tl.store(out_ptr + seq64 * so_s + h * so_h + dd * so_d,
+                                 res.to(out_ptr.dtype.element_ty), mask=ddm)
 
 
 @triton.jit
@@ -229,15 +298,19 @@ def choose_num_segments(num_compute_units: int, num_seqs: int, num_kv_heads: int
 
 def decode_workspace(max_num_seqs: int, num_q_heads: int, head_dim: int, num_segments: int,
                      device) -> tuple:
-    """Preallocated fp32 scratch ``(partial_out (N, Hq, S, D), partial_lse (N, Hq, S))``.
+    """Preallocated scratch ``(partial_out (N, Hq, S, D) fp32, partial_lse (N, Hq, S) fp32,
+    tickets (N, Hq) int32)``.
 
-    Allocate once (e.g. in the metadata builder) for the largest batch that uses this S; the
-    kernels write every element they later read, so the contents need no initialisation.
+    Allocate once (e.g. in the metadata builder) for the largest batch that uses this S. The
+    kernels write every partial they later read, so those need no initialisation; ``tickets``
+    (the fused merge's arrival counters, one per (sequence, KV head)) start at zero and every
+    launch leaves them at zero again.
     """
     po = torch.empty((max_num_seqs, num_q_heads, num_segments, head_dim), dtype=torch.float32,
                      device=device)
     pl = torch.empty((max_num_seqs, num_q_heads, num_segments), dtype=torch.float32, device=device)
-    return po, pl
+    cnt = torch.zeros((max_num_seqs, num_q_heads), dtype=torch.int32, device=device)
+    return po, pl, cnt
 
 
 def default_launch_config(kv_dtype: torch.dtype, head_dim: int, is_hip: bool | None = None):
@@ -251,14 +324,30 @@ def default_launch_config(kv_dtype: torch.dtype, head_dim: int, is_hip: bool | N
     return (64, 4, 2) if kv_dtype == torch.int8 else (32, 4, 2)
 
 
+# Fused (one-launch) merge up to this many segments; above it the separate merge kernel, which
+# spreads the S partials over many programs, is faster (one program merges S * G rows).
+FUSE_MAX_SEGMENTS = 32
+
+
+def merge_tile(num_segments: int, head_size: int):
+    """(S_PAD, MERGE_D) of the fused merge: S_PAD * MERGE_D <= 4096 fp32 per step."""
+    s_pad = triton.next_power_of_2(max(1, num_segments))
+    d_pad = triton.next_power_of_2(head_size)
+    return s_pad, max(16, min(d_pad, 4096 // s_pad))
+
+
 def split_kv_decode(q, key_cache, value_cache, block_table, seq_lens, scale, out, *,
                     k_scale_cache=None, v_scale_cache=None, num_segments, workspace,
-                    tile_n=None, num_warps=None, num_stages=None) -> None:
+                    tile_n=None, num_warps=None, num_stages=None, fused=None,
+                    min_segment_tokens=None) -> None:
     """Decode attention of one query token per sequence over a paged KV cache.
 
     See the module docstring for layout, grid and bytes. ``scale`` is the softmax scale (a
     Python float); ``workspace`` comes from :func:`decode_workspace` with the same
     ``num_segments``; ``out`` may be any dtype/strides. No allocation, no host sync.
+    ``fused`` (default: ``num_segments <= FUSE_MAX_SEGMENTS``) merges the segments inside the
+    one launch; ``min_segment_tokens`` (default ``MIN_TOKENS_PER_SEGMENT``) is the shortest
+    segment, so short sequences use fewer segments.
     """
     num_seqs, num_q_heads, head_size = q.shape
     if num_seqs == 0:
@@ -272,6 +361,10 @@ def split_kv_decode(q, key_cache, value_cache, block_table, seq_lens, scale, out
         assert value_cache.dtype == torch.int8
         assert k_scale_cache is not None and v_scale_cache is not None
         assert k_scale_cache.dtype == torch.float32 and v_scale_cache.dtype == torch.float32
+        # V is read as 32-bit words
+        assert head_size % 4 == 0 and value_cache.stride(3) == 1 \
+            and all(x % 4 == 0 for x in value_cache.stride()[:3]) \
+            and value_cache.data_ptr() % 4 == 0, "int8 V rows must be 4-byte aligned"
         ks, vs = k_scale_cache, v_scale_cache
         ks_strides, vs_strides = k_scale_cache.stride(), v_scale_cache.stride()
     else:
@@ -279,7 +372,7 @@ def split_kv_decode(q, key_cache, value_cache, block_table, seq_lens, scale, out
         ks_strides = vs_strides = (0, 0, 0)
     S = int(num_segments)
     assert S >= 1
-    po, pl = workspace
+    po, pl = workspace[0], workspace[1]
     assert po.shape[0] >= num_seqs and po.shape[1] == num_q_heads and po.shape[2] == S \
         and po.shape[3] == head_size, (po.shape, num_seqs, num_q_heads, S, head_size)
     assert pl.shape[0] >= num_seqs and pl.shape[2] == S
@@ -292,24 +385,38 @@ def split_kv_decode(q, key_cache, value_cache, block_table, seq_lens, scale, out
     num_warps = num_warps or dw
     num_stages = num_stages or ds
     direct = S == 1
+    if fused is None:
+        fused = S <= FUSE_MAX_SEGMENTS
+    fused = bool(fused) and not direct
+    if fused:
+        assert len(workspace) >= 3, "the fused merge needs the tickets of decode_workspace()"
+        cnt = workspace[2]
+        assert cnt.dtype == torch.int32 and cnt.shape[0] >= num_seqs and cnt.shape[1] >= num_kv_heads
+        scnt = cnt.stride(0)
+    else:
+        cnt, scnt = pl, 0  # unused pointer
+    min_seg = MIN_TOKENS_PER_SEGMENT if min_segment_tokens is None else int(min_segment_tokens)
+    min_seg = max(tile_n, triton.cdiv(min_seg, tile_n) * tile_n)
+    s_pad, merge_d = merge_tile(S, head_size) if fused else (1, 16)  # no recompiles per S
 
     _split_kv_decode_kernel[(num_seqs, num_kv_heads, S)](
         q, key_cache, value_cache, ks, vs, block_table, seq_lens,
-        po, pl, out,
+        po, pl, cnt, out,
         float(scale) * LOG2E,
-        S,
+        S, min_seg,
         *q.stride(),
         *key_cache.stride(), *value_cache.stride(),
         *ks_strides, *vs_strides,
         *block_table.stride(),
-        *po.stride(), *pl.stride(),
+        *po.stride(), *pl.stride(), scnt,
         *out.stride(),
         QUERIES_PER_KV=g, BLOCK_M=block_m, HEAD_SIZE=head_size, D_PAD=d_pad,
         BLOCK_SIZE=block_size, TILE_N=tile_n, KV_INT8=kv_int8, DIRECT_OUT=direct,
+        FUSED=fused, S_PAD=s_pad, MERGE_D=merge_d,
         IEEE=(q.dtype == torch.float32) or _interpreting(),
         num_warps=num_warps, num_stages=num_stages,
     )
-    if not direct:
+    if not direct and not fused:
         s_pad, block_d = reduce_tile(S, head_size)
         _split_kv_reduce_kernel[(num_seqs, num_q_heads, triton.cdiv(head_size, block_d))](
             po, pl, out, S,

@@ -20,11 +20,13 @@ def _fused_qkv(T, dtype, dev, gen, hq=8):
     return qkv[:, hq:hq + H], qkv[:, hq + H:]
 
 
-@pytest.mark.parametrize("bs", [16, 784, 1552])
+@pytest.mark.parametrize("bs,tpp", [(16, None), (784, None), (1552, None), (16, 4), (1552, 3)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_write_matches_reference(wr, dev, bs, dtype):
+def test_write_matches_reference(wr, dev, bs, tpp, dtype):
+    # tpp: tokens per program (None: the launcher's choice; 3 rounds up to 4); T is odd so the
+    # last multi-token program is partial
     gen = torch.Generator(device=dev).manual_seed(bs + 7)
-    T = 300 if ON_GPU else 24
+    T = 301 if ON_GPU else 23
     nb = max(3, 2 * math.ceil(T / bs))
     key, value = _fused_qkv(T, dtype, dev, gen)
     assert not key.is_contiguous()
@@ -35,7 +37,7 @@ def test_write_matches_reference(wr, dev, bs, dtype):
     slots = torch.randperm(nb * bs, generator=torch.Generator().manual_seed(1))[:T].to(dev)
     slots[::5] = -1
     sm = slots.to(torch.int32) if dtype == torch.float16 else slots  # both index dtypes
-    wr.int8_kv_write(key, value, kd, vd, ks, vs, sm)
+    wr.int8_kv_write(key, value, kd, vd, ks, vs, sm, tokens_per_program=tpp)
     if ON_GPU:
         torch.cuda.synchronize()
     valid = slots >= 0
@@ -92,14 +94,21 @@ def test_rounding_is_to_nearest(wr, dev):
     assert not torch.equal(got, trunc)
 
 
-def test_all_slots_skipped_leave_cache_untouched(wr, dev):
+@pytest.mark.parametrize("tpp", [None, 4])
+def test_all_slots_skipped_leave_cache_untouched(wr, dev, tpp):
     gen = torch.Generator(device=dev).manual_seed(3)
     key, value = _fused_qkv(6, torch.bfloat16, dev, gen)
     cache = _cache(2, 16, dev, fill=0x55)
     before = cache.clone()
     views = wr.int8_kv_views(cache, H, D)
-    wr.int8_kv_write(key, value, *views, torch.full((6,), -1, dtype=torch.int64, device=dev))
+    wr.int8_kv_write(key, value, *views, torch.full((6,), -1, dtype=torch.int64, device=dev),
+                     tokens_per_program=tpp)
     assert torch.equal(cache, before)
+
+
+def test_launch_params_prefill_uses_several_tokens_per_program(wr):
+    assert wr._write_launch_params(4, 256, 1)[2] == 1          # decode: one token per program
+    assert wr._write_launch_params(4, 256, 8192)[2] == wr.PREFILL_TOKENS_PER_PROGRAM > 1
 
 
 def test_views_are_views_of_padded_pages(wr, dev):

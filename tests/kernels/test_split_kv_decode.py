@@ -159,5 +159,44 @@ def test_choose_num_segments(dec):
             assert isinstance(s, int) and 1 <= s <= 256 and s & (s - 1) == 0
             assert b * 4 * s >= ncu or s == 256
     assert dec.choose_num_segments(132, 1, 4, 40) <= 2
-    po, pl = dec.decode_workspace(8, 24, 256, 16, "cpu")
+    po, pl, cnt = dec.decode_workspace(8, 24, 256, 16, "cpu")
     assert po.shape == (8, 24, 16, 256) and pl.shape == (8, 24, 16) and po.dtype == torch.float32
+    assert cnt.dtype == torch.int32 and cnt.shape == (8, 24) and not cnt.any()
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8"])
+def test_fused_merge_matches_two_launch_and_resets_tickets(dec, dev, kind):
+    """One launch (last-arriving program merges) == stage 1 + merge kernel; the tickets are back
+    at zero after every launch, so a replayed launch (CUDA graph) merges again correctly."""
+    gen = torch.Generator(device=dev).manual_seed(31)
+    lens = [1, 250, 97] if not ON_GPU else [1, 7000, 32768]
+    q, kc, vc, ks, vs, bt, sl = _setup(dev, kind, 16, lens, 6, 1, gen, qdtype=torch.float32)
+    ref = decode_ref(q, kc, vc, bt, sl, D ** -0.5, ks, vs)
+    S = 8
+    outs = {}
+    for fused in (False, True):
+        ws = dec.decode_workspace(len(lens), 6, D, S, dev)
+        ws[0].fill_(float("nan"))
+        ws[1].fill_(float("nan"))
+        for rep in range(2):
+            out = torch.full_like(q, float("nan"))
+            dec.split_kv_decode(q, kc, vc, bt, sl, D ** -0.5, out, k_scale_cache=ks,
+                                v_scale_cache=vs, num_segments=S, workspace=ws, fused=fused)
+            if ON_GPU:
+                torch.cuda.synchronize()
+            assert torch.isfinite(out).all(), (fused, rep)
+            assert not ws[2].any(), "tickets not reset"
+            outs[(fused, rep)] = out
+    assert rel_err(outs[(True, 0)], ref) <= 1e-3
+    for k in outs:
+        assert rel_err(outs[k], outs[(False, 0)]) <= 2e-6, k
+
+
+def test_min_segment_tokens(dec, dev):
+    # long minimum segments: fewer, longer segments for short sequences, same result
+    gen = torch.Generator(device=dev).manual_seed(41)
+    q, kc, vc, ks, vs, bt, sl = _setup(dev, "int8", 16, [3, 130, 500], 6, 1, gen, qdtype=torch.float32)
+    ref = decode_ref(q, kc, vc, bt, sl, D ** -0.5, ks, vs)
+    for mst in (16, 48, 128, 1000):
+        out = _run(dec, q, kc, vc, ks, vs, bt, sl, 8, dev, min_segment_tokens=mst)
+        assert rel_err(out, ref) <= 1e-3, mst

@@ -1,0 +1,319 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Split-KV paged decode attention for GQA (bf16/fp16/fp32 or int8 KV cache).
+
+Self-contained: imports only torch and triton, so the same file runs standalone and when
+copied into vLLM as ``vllm/v1/attention/ops/forge_split_kv_decode.py``.
+
+Layout
+    q            (num_seqs, Hq, D)                one query token per sequence
+    key/value    (num_blocks, block_size, Hkv, D) paged cache (NHD), bf16/fp16/fp32 or int8;
+                 block_size is any multiple of 16 (784 and 1552 included), strides are free.
+    *_scale      (num_blocks, Hkv, block_size)    fp32, int8 only (e.g. the tail of each page,
+                 see ``forge_int8_kv_write.int8_kv_views``); dequantized x = q * scale.
+    block_table  (num_seqs, max_blocks) int32, seq_lens (num_seqs,) int32, out (num_seqs, Hq, D).
+
+Grid and work split
+    stage 1 ``(num_seqs, Hkv, S)``: one program per (sequence, KV head, segment). The
+    G = Hq/Hkv query heads sharing a KV head are packed as rows of one ``[BLOCK_M, D]`` tile
+    (BLOCK_M = max(16, next_pow2(G)), padded rows are zero), so every K/V tile is read once per
+    KV head. Segment ``s`` covers tokens ``[s*L, min((s+1)*L, seq_len))`` with
+    ``L = roundup(cdiv(seq_len, S), TILE_N)``, computed in-kernel from ``seq_lens`` (the grid never
+    depends on lengths, so the launch is CUDA-graph safe). Online softmax (base 2) over
+    ``TILE_N``-token tiles; a segment writes its normalised partial output and its
+    log-sum-exp; an empty segment writes ``lse = -inf``.
+    stage 2 ``(num_seqs, Hq, cdiv(D, BLOCK_D))`` (BLOCK_D = 64..16 so S*BLOCK_D <= 4096): log-sum-exp merge of the S partials (segments with
+    ``lse = -inf`` get weight 0 and are never read). With S == 1 stage 1 writes ``out`` directly.
+    int8: K tiles are converted exactly to the query dtype, the K scale is folded into the scores
+    (``s = (q . k_int) * k_scale[n] * sm_scale``) and the V scale into the probabilities
+    (``acc += (p * v_scale[n]) . v_int``; the normaliser uses the unscaled ``p``).
+
+Bytes moved (stage 1) per sequence: ``seq_len * Hkv * D * 2 * elt`` of K/V (+ ``seq_len * Hkv * 8``
+scale bytes for int8) + Q; stage 1 writes and stage 2 reads ``Hq * S * (D + 1) * 4`` bytes.
+Example: 32K context, Hkv=4, D=256: 128 MiB bf16, 64 MiB + 1 MiB int8.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+REDUCE_BLOCK_D = 64
+MIN_TOKENS_PER_SEGMENT = 16
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    # IEEE: fp32 operands with a full-precision product (no tf32). Under the CPU interpreter
+    # 16-bit operands are also upcast here (its bf16 dot is unreliable); values are the same.
+    if IEEE:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _split_kv_decode_kernel(
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_lens_ptr,
+    po_ptr, pl_ptr, out_ptr,
+    scale_log2,
+    num_segments,
+    sq_s, sq_h, sq_d,
+    sk_b, sk_o, sk_h, sk_d,
+    sv_b, sv_o, sv_h, sv_d,
+    sks_b, sks_h, sks_o,
+    svs_b, svs_h, svs_o,
+    sbt_s, sbt_b,
+    spo_s, spo_h, spo_g, spo_d,
+    spl_s, spl_h, spl_g,
+    so_s, so_h, so_d,
+    QUERIES_PER_KV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    KV_INT8: tl.constexpr,
+    DIRECT_OUT: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kvh = tl.program_id(1)
+    seg = tl.program_id(2)
+
+    seq_len = tl.load(seq_lens_ptr + seq)
+    per_seg = tl.cdiv(tl.cdiv(seq_len, num_segments), TILE_N) * TILE_N
+    start = seg * per_seg
+    end = tl.minimum(start + per_seg, seq_len)
+
+    rows = tl.arange(0, BLOCK_M)
+    row_mask = rows < QUERIES_PER_KV
+    qh = kvh * QUERIES_PER_KV + rows
+    d = tl.arange(0, D_PAD)
+    dm = d < HEAD_SIZE
+    seq64 = seq.to(tl.int64)
+
+    q = tl.load(q_ptr + seq64 * sq_s + qh[:, None] * sq_h + d[None, :] * sq_d,
+                mask=row_mask[:, None] & dm[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    n_off = tl.arange(0, TILE_N)
+    bt_row = bt_ptr + seq64 * sbt_s
+
+    for t in range(start, end, TILE_N):
+        tok = t + n_off
+        tmask = tok < end
+        if BLOCK_SIZE % TILE_N == 0:
+            # a tile never straddles a block: one block id per tile
+            blk = tl.load(bt_row + (t // BLOCK_SIZE) * sbt_b).to(tl.int64)
+            off = (t % BLOCK_SIZE) + n_off
+        else:
+            # larger tiles: gather the block id of every token
+            blk = tl.load(bt_row + (tok // BLOCK_SIZE) * sbt_b, mask=tmask, other=0).to(tl.int64)
+            off = tok % BLOCK_SIZE
+
+        kbase = blk * sk_b + off * sk_o + kvh * sk_h                      # [TILE_N] int64
+        k = tl.load(k_ptr + kbase[None, :] + d[:, None] * sk_d,
+                    mask=dm[:, None] & tmask[None, :], other=0)            # [D_PAD, TILE_N]
+        if IEEE:  # fp32 math (fp32 queries, or the CPU interpreter)
+            k = k.to(tl.float32)
+        else:     # exact for int8 (|x| <= 127) and a no-op for a 16-bit cache
+            k = k.to(q.dtype)
+        s = _dot(q, k, IEEE)                                               # [BLOCK_M, TILE_N]
+        if KV_INT8:
+            ksc = tl.load(ks_ptr + blk * sks_b + kvh * sks_h + off * sks_o, mask=tmask, other=0.0)
+            s = s * (ksc * scale_log2)[None, :]
+        else:
+            s = s * scale_log2
+        s = tl.where(tmask[None, :], s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+
+        vbase = blk * sv_b + off * sv_o + kvh * sv_h
+        v = tl.load(v_ptr + vbase[:, None] + d[None, :] * sv_d,
+                    mask=tmask[:, None] & dm[None, :], other=0)            # [TILE_N, D_PAD]
+        if KV_INT8:
+            vsc = tl.load(vs_ptr + blk * svs_b + kvh * svs_h + off * svs_o, mask=tmask, other=0.0)
+            p = p * vsc[None, :]
+        if IEEE:
+            v = v.to(tl.float32)
+        else:
+            v = v.to(q.dtype)
+        acc += _dot(p.to(q.dtype), v, IEEE)
+        m_i = m_new
+
+    has = l_i > 0.0
+    res = acc / tl.where(has, l_i, 1.0)[:, None]
+    if DIRECT_OUT:
+        tl.store(out_ptr + seq64 * so_s + qh[:, None] * so_h + d[None, :] * so_d,
+                 res.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dm[None, :])
+    else:
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        tl.store(po_ptr + seq64 * spo_s + qh[:, None] * spo_h + seg * spo_g + d[None, :] * spo_d,
+                 res, mask=row_mask[:, None] & dm[None, :])
+        tl.store(pl_ptr + seq64 * spl_s + qh * spl_h + seg * spl_g, lse, mask=row_mask)
+
+
+@triton.jit
+def _split_kv_reduce_kernel(
+    po_ptr, pl_ptr, out_ptr,
+    num_segments,
+    spo_s, spo_h, spo_g, spo_d,
+    spl_s, spl_h, spl_g,
+    so_s, so_h, so_d,
+    HEAD_SIZE: tl.constexpr,
+    S_PAD: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    db = tl.program_id(2)
+    g = tl.arange(0, S_PAD)
+    lse_row = pl_ptr + seq * spl_s + h * spl_h
+    lse = tl.load(lse_row + g * spl_g, mask=g < num_segments, other=float("-inf"))
+    mx = tl.max(lse, 0)
+    mx = tl.where(mx > float("-inf"), mx, 0.0)
+    w = tl.where(lse > float("-inf"), tl.exp2(lse - mx), 0.0)
+    wsum = tl.sum(w, 0)
+
+    d = db * BLOCK_D + tl.arange(0, BLOCK_D)
+    dm = d < HEAD_SIZE
+    # all segments in one [S_PAD, BLOCK_D] tile: no serial chain of dependent loads
+    valid = lse > float("-inf")
+    po = tl.load(po_ptr + seq * spo_s + h * spo_h + g[:, None] * spo_g + d[None, :] * spo_d,
+                 mask=valid[:, None] & dm[None, :], other=0.0)
+    acc = tl.sum(w[:, None] * po, 0)
+    res = acc / tl.where(wsum > 0.0, wsum, 1.0)
+    tl.store(out_ptr + seq * so_s + h * so_h + d * so_d, res.to(out_ptr.dtype.element_ty), mask=dm)
+
+
+def reduce_tile(num_segments: int, head_size: int):
+    """(S_PAD, BLOCK_D) of the merge kernel: S_PAD * BLOCK_D <= 4096 fp32 per program."""
+    s_pad = triton.next_power_of_2(max(1, num_segments))
+    block_d = max(16, min(REDUCE_BLOCK_D, 4096 // s_pad, triton.next_power_of_2(head_size)))
+    return s_pad, block_d
+
+
+def choose_num_segments(num_compute_units: int, num_seqs: int, num_kv_heads: int,
+                        max_context: int) -> int:
+    """Segments per (sequence, KV head): a Python int, fixed per captured batch size.
+
+    Aims at about 2 stage-1 programs per compute unit (``num_seqs * num_kv_heads * S ~
+    2 * CUs``), rounded to the nearest power of two (on a log scale), never more segments than
+    ``max_context / MIN_TOKENS_PER_SEGMENT`` and at most 256. E.g. 132 CUs, 4 KV heads:
+    batch 1 -> 64, batch 2 -> 32, batch 4 -> 16, batch 8 -> 8; a 60-CU DCU, batch 1 -> 32.
+    (Measured on an H200, batch 1, 32K: S=64 beat S=128 and S=256 for 32/64-token tiles.)
+    """
+    ncu = max(1, int(num_compute_units))
+    work = max(1, int(num_seqs) * int(num_kv_heads))
+    want = max(1.0, 2.0 * ncu / work)
+    s = 1 << max(0, round(math.log2(want)))
+    cap = max(1, int(max_context) // MIN_TOKENS_PER_SEGMENT)
+    cap = 1 << (cap.bit_length() - 1)  # power of two <= cap
+    return int(max(1, min(s, cap, 256)))
+
+
+def decode_workspace(max_num_seqs: int, num_q_heads: int, head_dim: int, num_segments: int,
+                     device) -> tuple:
+    """Preallocated fp32 scratch ``(partial_out (N, Hq, S, D), partial_lse (N, Hq, S))``.
+
+    Allocate once (e.g. in the metadata builder) for the largest batch that uses this S; the
+    kernels write every element they later read, so the contents need no initialisation.
+    """
+    po = torch.empty((max_num_seqs, num_q_heads, num_segments, head_dim), dtype=torch.float32,
+                     device=device)
+    pl = torch.empty((max_num_seqs, num_q_heads, num_segments), dtype=torch.float32, device=device)
+    return po, pl
+
+
+def default_launch_config(kv_dtype: torch.dtype, head_dim: int, is_hip: bool | None = None):
+    """(TILE_N, num_warps, num_stages) used when the caller passes none."""
+    if is_hip is None:
+        is_hip = getattr(torch.version, "hip", None) is not None
+    if is_hip:
+        # keep LDS < 64 KiB on gfx9 (checked by kernels/aot.py)
+        return (32, 4, 1) if kv_dtype == torch.int8 else (16, 4, 1)
+    # from the H200 sweep (reports/kernels/bench.json), among configs within 64 KiB shared memory
+    return (64, 4, 2) if kv_dtype == torch.int8 else (32, 4, 2)
+
+
+def split_kv_decode(q, key_cache, value_cache, block_table, seq_lens, scale, out, *,
+                    k_scale_cache=None, v_scale_cache=None, num_segments, workspace,
+                    tile_n=None, num_warps=None, num_stages=None) -> None:
+    """Decode attention of one query token per sequence over a paged KV cache.
+
+    See the module docstring for layout, grid and bytes. ``scale`` is the softmax scale (a
+    Python float); ``workspace`` comes from :func:`decode_workspace` with the same
+    ``num_segments``; ``out`` may be any dtype/strides. No allocation, no host sync.
+    """
+    num_seqs, num_q_heads, head_size = q.shape
+    if num_seqs == 0:
+        return
+    num_kv_heads = key_cache.shape[2]
+    block_size = key_cache.shape[1]
+    assert num_q_heads % num_kv_heads == 0
+    assert key_cache.shape[3] == head_size and value_cache.shape == key_cache.shape
+    kv_int8 = key_cache.dtype == torch.int8
+    if kv_int8:
+        assert value_cache.dtype == torch.int8
+        assert k_scale_cache is not None and v_scale_cache is not None
+        assert k_scale_cache.dtype == torch.float32 and v_scale_cache.dtype == torch.float32
+        ks, vs = k_scale_cache, v_scale_cache
+        ks_strides, vs_strides = k_scale_cache.stride(), v_scale_cache.stride()
+    else:
+        ks, vs = key_cache, value_cache  # unused pointers
+        ks_strides = vs_strides = (0, 0, 0)
+    S = int(num_segments)
+    assert S >= 1
+    po, pl = workspace
+    assert po.shape[0] >= num_seqs and po.shape[1] == num_q_heads and po.shape[2] == S \
+        and po.shape[3] == head_size, (po.shape, num_seqs, num_q_heads, S, head_size)
+    assert pl.shape[0] >= num_seqs and pl.shape[2] == S
+
+    g = num_q_heads // num_kv_heads
+    block_m = max(16, triton.next_power_of_2(g))
+    d_pad = triton.next_power_of_2(head_size)
+    dt, dw, ds = default_launch_config(key_cache.dtype, head_size)
+    tile_n = tile_n or dt
+    num_warps = num_warps or dw
+    num_stages = num_stages or ds
+    direct = S == 1
+
+    _split_kv_decode_kernel[(num_seqs, num_kv_heads, S)](
+        q, key_cache, value_cache, ks, vs, block_table, seq_lens,
+        po, pl, out,
+        float(scale) * LOG2E,
+        S,
+        *q.stride(),
+        *key_cache.stride(), *value_cache.stride(),
+        *ks_strides, *vs_strides,
+        *block_table.stride(),
+        *po.stride(), *pl.stride(),
+        *out.stride(),
+        QUERIES_PER_KV=g, BLOCK_M=block_m, HEAD_SIZE=head_size, D_PAD=d_pad,
+        BLOCK_SIZE=block_size, TILE_N=tile_n, KV_INT8=kv_int8, DIRECT_OUT=direct,
+        IEEE=(q.dtype == torch.float32) or _interpreting(),
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if not direct:
+        s_pad, block_d = reduce_tile(S, head_size)
+        _split_kv_reduce_kernel[(num_seqs, num_q_heads, triton.cdiv(head_size, block_d))](
+            po, pl, out, S,
+            *po.stride(), *pl.stride(), *out.stride(),
+            HEAD_SIZE=head_size, S_PAD=s_pad, BLOCK_D=block_d,
+            num_warps=2,
+        )
