@@ -166,9 +166,13 @@ extern "C" int forge_int8_kv_write_raw(const void* key, const void* value, void*
   return forge::launch(p, dtype, static_cast<forge_stream_t>(stream));
 }
 #else
+#if defined(FORGE_IN_VLLM)
+#include <torch/all.h>
+#else
 #include <torch/extension.h>
+#endif
 #include <c10/cuda/CUDAGuard.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 
 void forge_int8_kv_write(torch::Tensor key, torch::Tensor value, torch::Tensor k_data, torch::Tensor v_data,
                          torch::Tensor k_scale, torch::Tensor v_scale, torch::Tensor slot_mapping) {
@@ -199,11 +203,13 @@ void forge_int8_kv_write(torch::Tensor key, torch::Tensor value, torch::Tensor k
   p.svd_b = v_data.stride(0); p.svd_o = v_data.stride(1); p.svd_h = v_data.stride(2); p.svd_d = v_data.stride(3);
   p.sks_b = k_scale.stride(0); p.sks_h = k_scale.stride(1); p.sks_o = k_scale.stride(2);
   p.svs_b = v_scale.stride(0); p.svs_h = v_scale.stride(1); p.svs_o = v_scale.stride(2);
-  const int rc = forge::launch(p, dtype, at::cuda::getCurrentCUDAStream());
+  const int rc = forge::launch(p, dtype, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(rc == 0, "forge_int8_kv_write launch failed: ", rc);
 }
 
-#ifdef TORCH_EXTENSION_NAME
+// Built into vLLM's _C (csrc/forge/ via the overlay) the op is registered in torch_bindings.cpp and
+// FORGE_IN_VLLM is defined; a standalone torch extension gets its own pybind module.
+#if defined(TORCH_EXTENSION_NAME) && !defined(FORGE_IN_VLLM)
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forge_int8_kv_write", &forge_int8_kv_write, "int8 quantize-on-write into the paged KV cache");
 }

@@ -25,6 +25,17 @@ def _resource_lines(text: str) -> list[str]:
     return [l.strip() for l in text.splitlines() if keep.search(l)][:40]
 
 
+def torch_include_args(stub_dir: Path) -> list[str]:
+    """Include flags for compiling kernels/csrc the way vLLM's _C build does (FORGE_IN_VLLM), against
+    the project venv's torch headers. CPU torch wheels ship the CUDA headers but not the generated
+    c10/cuda/impl/cuda_cmake_macros.h, so an empty one is provided."""
+    import torch.utils.cpp_extension as ce
+    stub = stub_dir / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
+    stub.parent.mkdir(parents=True, exist_ok=True)
+    stub.write_text("#pragma once\n")
+    return [f"-I{p}" for p in ce.include_paths()] + [f"-I{stub_dir}"]
+
+
 def compile_csrc(out_dir: Path, strict: bool) -> list[dict]:
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
@@ -35,6 +46,13 @@ def compile_csrc(out_dir: Path, strict: bool) -> list[dict]:
                                              "-Rpass-analysis=kernel-resource-usage", "-o", obj, src],
          {"HIP_PLATFORM": "amd"}),
     ]
+    try:
+        inc = torch_include_args(out_dir / "stub-include")
+        compilers.append(("nvcc", "sm_90 (in vLLM's _C, torch headers)",
+                          lambda src, obj: ["nvcc", "-arch=sm_90", "-std=c++17", "-O3", "-c", "-DFORGE_IN_VLLM",
+                                            "-DTORCH_EXTENSION_NAME=_C", *inc, "-o", obj, src], {}))
+    except ImportError:
+        ui.warn("torch is not importable here: skipping the torch-extension compile of kernels/csrc")
     for src in sorted(CSRC.glob("*.cu")):
         for tool, arch, argv, env in compilers:
             rec = {"source": src.relative_to(KERNELS.parent).as_posix(), "compiler": tool, "arch": arch}
@@ -45,7 +63,7 @@ def compile_csrc(out_dir: Path, strict: bool) -> list[dict]:
                 ui.warn(f"{tool} not installed: skipping {rec['source']} for {arch}")
                 results.append({**rec, "ok": None, "skipped": f"{tool} not installed"})
                 continue
-            obj = out_dir / f"{src.stem}.{arch}.o"
+            obj = out_dir / f"{src.stem}.{arch.split()[0]}.{len(results)}.o"
             res = proc.run(argv(src, obj), env=env, capture=True, check=False, what=f"{tool} {arch}")
             text = (res.stdout or "") + (res.stderr or "")
             spills = [l for l in _resource_lines(text) if re.search(r"spill", l, re.I) and
