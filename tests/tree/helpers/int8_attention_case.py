@@ -112,12 +112,15 @@ def rel_err(out, ref):
 # Optional K outlier channels (x(1+OUTLIER) on 5 % of channels); off in the gates, where the
 # int8-vs-16-bit bound (1e-2) is specified for well-conditioned rows.
 OUTLIER = float(os.environ.get('FORGE_TEST_K_OUTLIER', '0'))
+# log-normal spread of per-token K/V magnitudes (makes per-token scales matter)
+MAG_SIGMA = float(os.environ.get('FORGE_TEST_MAG_SIGMA', '0.25'))
 
 
 def run_case(*, seq_lens, query_lens, block_size, num_q_heads=24, num_kv_heads=4, head_size=256,
              q_dtype=torch.float32, ref_cache_dtype=None, seed=0, device="cpu",
              seq_threshold_3D=None, num_segments=16, pad_tokens=3, impl_hook=None,
-             metadata_extra=None, return_outputs=False, run_unquantized=True):
+             metadata_extra=None, return_outputs=False, run_unquantized=True, builder=None,
+             forward_wrapper=None):
     """Returns dict(err_deq, err_unq, err_noscale, err_int8_vs_unq, nan, poisoned_slots_ok, ...)."""
     Backend, Impl, Meta, Spec, scale_bytes = _import_vllm()
     gen = torch.Generator().manual_seed(seed)
@@ -131,7 +134,7 @@ def run_case(*, seq_lens, query_lens, block_size, num_q_heads=24, num_kv_heads=4
     # channels like post-RoPE keys.
     # Token magnitudes vary (log-normal), so per-token scales matter.
     def tok_scale(L):
-        return torch.exp(0.5 * torch.randn(L, num_kv_heads, 1, generator=gen))
+        return torch.exp(MAG_SIGMA * torch.randn(L, num_kv_heads, 1, generator=gen))
 
     k_tok = [(torch.randn(L, num_kv_heads, head_size, generator=gen) * tok_scale(L) *
               (1 + OUTLIER * (torch.rand(head_size, generator=gen) > 0.95))).to(torch.bfloat16).float()
@@ -183,14 +186,31 @@ def run_case(*, seq_lens, query_lens, block_size, num_q_heads=24, num_kv_heads=4
             kc, vc = kv_cache.unbind(1)
             kc[sl // block_size, sl % block_size] = all_k[valid].to(elt_dtype)
             vc[sl // block_size, sl % block_size] = all_v[valid].to(elt_dtype)
-        md = build_metadata(Meta, seq_lens=seq_lens, query_lens=query_lens, block_table=bt,
-                            slot_mapping=new_slots, device=device,
-                            seq_threshold_3D=seq_threshold_3D, num_segments=num_segments,
-                            num_q_heads=num_q_heads, head_size=head_size, extra=metadata_extra)
+        if builder is not None:
+            # the real TritonAttentionMetadataBuilder (duck-typed CommonAttentionMetadata)
+            qsl = torch.zeros(num_seqs + 1, dtype=torch.int32)
+            qsl[1:] = torch.cumsum(torch.tensor(query_lens, dtype=torch.int32), 0)
+            common = types.SimpleNamespace(
+                num_actual_tokens=int(sum(query_lens)), max_query_len=int(max(query_lens)),
+                max_seq_len=int(max(seq_lens)), query_start_loc=qsl.to(device),
+                seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+                block_table_tensor=bt.to(device), slot_mapping=new_slots.to(device),
+                num_reqs=num_seqs)
+            md = builder.build(0, common)
+        else:
+            md = build_metadata(Meta, seq_lens=seq_lens, query_lens=query_lens, block_table=bt,
+                                slot_mapping=new_slots, device=device,
+                                seq_threshold_3D=seq_threshold_3D, num_segments=num_segments,
+                                num_q_heads=num_q_heads, head_size=head_size,
+                                extra=metadata_extra)
         qq = q.to(ref_cache_dtype if kv_dtype == "auto" else q_dtype).to(device)
         out = torch.full((qq.shape[0], num_q_heads, head_size), float("nan"), dtype=qq.dtype,
                          device=device)
-        impl.forward(layer, qq, None, None, kv_cache, md, output=out)
+        call = lambda: impl.forward(layer, qq, None, None, kv_cache, md, output=out)  # noqa: E731
+        if forward_wrapper is not None:
+            forward_wrapper(call, md)
+        else:
+            call()
         outs[kv_dtype] = out.float().cpu()
         if kv_dtype == "int8":
             k_data, v_data, k_sc, v_sc = impl._int8_kv_cache_views(kv_cache)
