@@ -170,7 +170,8 @@ def specs(target: GPUTarget):
         out.append((f"split_kv_decode[{kv},bs={bs},S=64]", _decode_spec(dec, kv, bs, 64, hip)))
     out.append(("split_kv_decode[int8,bs=1552,S=1]", _decode_spec(dec, "int8", 1552, 1, hip)))
     for kv, bs in (("bf16", 784), ("int8", 1552)):
-        out.append((f"split_kv_decode[{kv},bs={bs},S=16,fused]", _decode_spec(dec, kv, bs, 16, hip)))
+        out.append((f"split_kv_decode[{kv},bs={bs},S=16,fused]",
+                    _decode_spec(dec, kv, bs, 16, hip, fused=True)))
     out.append(("split_kv_reduce[S=64]", _reduce_spec(dec, 64)))
     out.append(("split_kv_reduce[S=256]", _reduce_spec(dec, 256)))
     for bs in (1552, 16):

@@ -190,19 +190,24 @@ def check_decode(results, up):
         for qdt in ((torch.bfloat16,) if kind == "bf16" else (torch.bfloat16, torch.float32)):
             q = torch.randn(B, HQ, D, dtype=qdt, device="cuda")
             ref = REF.decode_ref(q, pool["k"], pool["v"], bt, sl, SCALE, pool["ks"], pool["vs"])
-            for S in sorted({1, DEC.choose_num_segments(ncu, B, HKV, 32768), 32, 128}):
+            variants = [(S, None) for S in sorted({1, DEC.choose_num_segments(ncu, B, HKV, 32768), 128})]
+            variants.append((16, True))  # the opt-in one-launch merge
+            for S, fused in variants:
                 out = torch.full((B, HQ, D), float("nan"), dtype=qdt, device="cuda")
                 ws = DEC.decode_workspace(B, HQ, D, S, "cuda")
                 ws[0].fill_(float("nan"))
                 ws[1].fill_(float("nan"))
-                DEC.split_kv_decode(q, pool["k"], pool["v"], bt, sl, SCALE, out,
-                                    k_scale_cache=pool["ks"], v_scale_cache=pool["vs"],
-                                    num_segments=S, workspace=ws)
+                for _ in range(2 if fused else 1):  # twice: the tickets must be reset
+                    DEC.split_kv_decode(q, pool["k"], pool["v"], bt, sl, SCALE, out,
+                                        k_scale_cache=pool["ks"], v_scale_cache=pool["vs"],
+                                        num_segments=S, workspace=ws, fused=fused)
                 torch.cuda.synchronize()
                 e = REF.rel_err(out, ref)
                 tol = 1e-3 if qdt == torch.float32 else 1e-2
+                ok = e <= tol and not bool(ws[2].any())
                 results.append(dict(test="decode", kernel="forge", kv=kind, block=bs, lens=lens,
-                                    q=str(qdt).split(".")[-1], S=S, rel_err=e, tol=tol, ok=e <= tol))
+                                    q=str(qdt).split(".")[-1], S=S, fused=bool(fused), rel_err=e,
+                                    tol=tol, ok=ok))
             if kind == "bf16" and bs != 16 and qdt == torch.bfloat16:
                 out = torch.full((B, HQ, D), float("nan"), dtype=qdt, device="cuda")
                 up.unified(q, pool["k"], pool["v"], out, bt, sl, max(lens))
@@ -362,6 +367,10 @@ def bench_point(kind, bs, B, L, cfgs, up, ncu, which=("forge", "unified", "group
     if "forge" in which:
         for cfg in cfgs:
             tile, warps, stages = cfg[:3]
+            if tile is None:  # the launcher's own defaults, recorded
+                tile, warps, stages = dec.default_launch_config(
+                    torch.int8 if kind == "int8" else torch.bfloat16, D, is_hip=False,
+                    **({"num_seqs": B} if "num_seqs" in dec.default_launch_config.__code__.co_varnames else {}))
             extra = {}
             if len(cfg) > 3 and cfg[3] is not None:
                 extra["fused"] = cfg[3]
@@ -442,6 +451,10 @@ def bench_write(cuda_write, copy_bw, extra_writers=()):
 
 
 # ----------------------------------------------------------------------------- main
+MINI_SWEEP = [("bf16", 784, 8, 32768, [(32, 4, 2), (32, 4, 3), (64, 4, 2)], 16),
+              ("bf16", 784, 8, 1024, [(32, 4, 2), (32, 4, 3)], 16),
+              ("int8", 1552, 1, 32768, [(64, 8, 2), (64, 8, 3), (128, 8, 1), (64, 8, 2, True)], 64),
+              ("int8", 1552, 8, 1024, [(64, 8, 2), (64, 4, 2)], 16)]
 SWEEP_CFGS = [(16, 4, 2), (16, 4, 3), (16, 4, 4), (32, 4, 2), (32, 4, 3), (32, 8, 3), (64, 4, 2), (64, 8, 2)]
 
 
@@ -452,6 +465,8 @@ def main():
     ap.add_argument("--contexts", default="1024,2048,4096,8192,16384,32768")
     ap.add_argument("--batches", default="1,2,4,8")
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--mini-sweep", action="store_true",
+                    help="with --no-sweep: a few informational variants (not used for the table)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     t_start = time.time()
@@ -521,7 +536,18 @@ def main():
                 best[kind] = min(score, key=score.get)
             log(f"sweep {kind}: best (tile, warps, stages) = {best[kind]}")
             save()
-    res["chosen_config"] = {k: list(v) for k, v in best.items()}
+    if a.no_sweep:
+        # the table times the launcher's defaults (per batch size), as served
+        best = {"bf16": (None, None, None), "int8": (None, None, None)}
+        if a.mini_sweep:
+            for kind, bs, B, L, cfgs, S in MINI_SWEEP:
+                try:
+                    res["sweep"] += bench_point(kind, bs, B, L, cfgs, up, ncu, which=("forge",),
+                                                S_list=[S])
+                except Exception:
+                    res["errors"].append("mini sweep: " + traceback.format_exc()[-1500:])
+            save()
+    res["chosen_config"] = {k: ("launcher defaults" if v[0] is None else list(v)) for k, v in best.items()}
 
     ctxs = [int(x) for x in a.contexts.split(",")]
     batches = [int(x) for x in a.batches.split(",")]
@@ -542,7 +568,10 @@ def main():
                 res["errors"].append(f"extra {kind} bs={bs} L={L}: " + traceback.format_exc()[-1500:])
     save()
     try:
-        res["write"] = bench_write(cuda_write, res["copy_bw_Bps"])
+        res["write"] = bench_write(cuda_write, res["copy_bw_Bps"], extra_writers=[
+            (f"triton tpp{t} w{w}", (lambda t, w: lambda *x: WR.int8_kv_write(
+                *x, tokens_per_program=t, num_warps=w))(t, w)) for t, w in ((4, 4), (8, 8))]
+            if a.mini_sweep else ())
     except Exception:
         res["errors"].append("write bench: " + traceback.format_exc()[-1500:])
     res["wall_s"] = time.time() - t_start

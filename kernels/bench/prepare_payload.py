@@ -71,11 +71,12 @@ def main() -> int:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
                                 text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "kernels", "tests/kernels"],
-                               cwd=repo, capture_output=True, text=True).stdout.strip() != ""
+        st = subprocess.run(["git", "status", "--porcelain", "--", "kernels", "tests/kernels"],
+                            cwd=repo, capture_output=True, text=True).stdout
+        dirty_paths = [l[3:] for l in st.splitlines() if l.strip()]
     except OSError:
-        commit, dirty = "unknown", True
-    prov = {"git_commit": commit, "kernels_dirty": dirty,
+        commit, dirty_paths = "unknown", ["(git unavailable)"]
+    prov = {"git_commit": commit, "kernels_dirty": bool(dirty_paths), "dirty_paths": dirty_paths,
             "vllm_source": os.path.abspath(a.vllm_src), "vllm_version": "0.18.1",
             "vllm_files_sha256": hashes, "prepared": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     with open(os.path.join(out, "provenance.json"), "w") as f:

@@ -18,7 +18,8 @@ def _index(res):
 
 def provenance_lines(res):
     p = res.get("provenance", {})
-    return [f"- git commit: `{p.get('git_commit')}` (kernels dirty: {p.get('kernels_dirty')})",
+    return [f"- git commit: `{p.get('git_commit')}` (kernels dirty: {p.get('kernels_dirty')}"
+            + (f"; uncommitted: {', '.join(p['dirty_paths'])}" if p.get("dirty_paths") else "") + ")",
             f"- device: {p.get('device')} ({p.get('compute_units')} SMs), CUDA {p.get('cuda')}",
             f"- torch {p.get('torch')}, triton {p.get('triton')}, python {p.get('python')}",
             f"- date: {p.get('date')}",

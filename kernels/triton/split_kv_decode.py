@@ -44,6 +44,7 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 REDUCE_BLOCK_D = 64
 MIN_TOKENS_PER_SEGMENT = 16
+MAX_SEGMENTS = 64
 
 
 def _interpreting() -> bool:
@@ -281,19 +282,19 @@ def choose_num_segments(num_compute_units: int, num_seqs: int, num_kv_heads: int
                         max_context: int) -> int:
     """Segments per (sequence, KV head): a Python int, fixed per captured batch size.
 
-    Aims at about 2 stage-1 programs per compute unit (``num_seqs * num_kv_heads * S ~
-    2 * CUs``), rounded to the nearest power of two (on a log scale), never more segments than
-    ``max_context / MIN_TOKENS_PER_SEGMENT`` and at most 256. E.g. 132 CUs, 4 KV heads:
-    batch 1 -> 64, batch 2 -> 32, batch 4 -> 16, batch 8 -> 8; a 60-CU DCU, batch 1 -> 32.
-    (Measured on an H200, batch 1, 32K: S=64 beat S=128 and S=256 for 32/64-token tiles.)
+    ``S = next_pow2(2 * CUs / (num_seqs * num_kv_heads))`` (at least 2 stage-1 programs per
+    compute unit), at most ``MAX_SEGMENTS`` (64) and never more than
+    ``max_context / MIN_TOKENS_PER_SEGMENT``. E.g. 132 CUs, 4 KV heads: batch 1 -> 64, batch 2 ->
+    64, batch 4 -> 32, batch 8 -> 16; a 60-CU DCU, batch 1 -> 32. (H200 sweeps, 32K context:
+    batch 1 S=64 beat 128 and 256; batch 8 S=16 beat 8 and 32.)
     """
     ncu = max(1, int(num_compute_units))
     work = max(1, int(num_seqs) * int(num_kv_heads))
-    want = max(1.0, 2.0 * ncu / work)
-    s = 1 << max(0, round(math.log2(want)))
+    want = max(1, math.ceil(2.0 * ncu / work))
+    s = 1 << (want - 1).bit_length()
     cap = max(1, int(max_context) // MIN_TOKENS_PER_SEGMENT)
     cap = 1 << (cap.bit_length() - 1)  # power of two <= cap
-    return int(max(1, min(s, cap, 256)))
+    return int(max(1, min(s, cap, MAX_SEGMENTS)))
 
 
 def decode_workspace(max_num_seqs: int, num_q_heads: int, head_dim: int, num_segments: int,
@@ -313,20 +314,25 @@ def decode_workspace(max_num_seqs: int, num_q_heads: int, head_dim: int, num_seg
     return po, pl, cnt
 
 
-def default_launch_config(kv_dtype: torch.dtype, head_dim: int, is_hip: bool | None = None):
+def default_launch_config(kv_dtype: torch.dtype, head_dim: int, is_hip: bool | None = None,
+                          num_seqs: int | None = None):
     """(TILE_N, num_warps, num_stages) used when the caller passes none."""
     if is_hip is None:
         is_hip = getattr(torch.version, "hip", None) is not None
     if is_hip:
         # keep LDS < 64 KiB on gfx9 (checked by kernels/aot.py)
         return (32, 4, 1) if kv_dtype == torch.int8 else (16, 4, 1)
-    # from the H200 sweep (reports/kernels/bench.json), among configs within 64 KiB shared memory
-    return (64, 4, 2) if kv_dtype == torch.int8 else (32, 4, 2)
+    # H200 sweeps (reports/kernels/bench.json, sweep.json), configs within 64 KiB shared memory:
+    # int8 (64, 8, 2) was best at every measured point; bf16 3 stages at batch 1, 2 at batch 8
+    if kv_dtype == torch.int8:
+        return (64, 8, 2)
+    return (32, 4, 3) if (num_seqs is None or num_seqs < 4) else (32, 4, 2)
 
 
-# Fused (one-launch) merge up to this many segments; above it the separate merge kernel, which
-# spreads the S partials over many programs, is faster (one program merges S * G rows).
-FUSE_MAX_SEGMENTS = 32
+# Fused (one-launch) merge up to this many segments. Off by default: on the H200 the last-arriving
+# program's merge (one program reads S * G partial rows from L2, step by step) cost 3-11 us more
+# than the separate merge kernel at every measured point (kernels/NOTES.md); opt in with fused=True.
+FUSE_MAX_SEGMENTS = 0
 
 
 def merge_tile(num_segments: int, head_size: int):
@@ -380,7 +386,7 @@ def split_kv_decode(q, key_cache, value_cache, block_table, seq_lens, scale, out
     g = num_q_heads // num_kv_heads
     block_m = max(16, triton.next_power_of_2(g))
     d_pad = triton.next_power_of_2(head_size)
-    dt, dw, ds = default_launch_config(key_cache.dtype, head_size)
+    dt, dw, ds = default_launch_config(key_cache.dtype, head_size, num_seqs=num_seqs)
     tile_n = tile_n or dt
     num_warps = num_warps or dw
     num_stages = num_stages or ds
