@@ -137,7 +137,8 @@ def _diagnose(tree: Path, patch_path: Path, name: str, am_output: str) -> ForgeE
     for m in re.finditer(r"error: (.+?): (does not exist in index|No such file or directory|already exists in working directory)", text):
         problems.append(f"{m.group(1)}: {m.group(2)}")
     if not problems:
-        problems.append(text.strip().splitlines()[-1] if text.strip() else "git am failed")
+        errs = [l.strip() for l in text.splitlines() if l.strip().startswith(("error:", "fatal:", "Patch failed"))]
+        problems += errs or [l for l in text.strip().splitlines() if not l.startswith("hint:")][-5:] or ["git am failed"]
     return ForgeError(
         f"patch '{name}' ({patch.subject}) failed to apply:\n  " + "\n  ".join(dict.fromkeys(problems)) +
         f"\n  {rel(tree)} is left at the last good commit",
