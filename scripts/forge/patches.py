@@ -122,8 +122,9 @@ def refresh(tree_dir: Path = TREE, patches_dir: Path = PATCHES) -> list[str]:
     state = tree.read_state(tree_dir)
     state["patches"] = []
     for sha in commits:
-        text = tree.git_out(tree_dir, "format-patch", "-1", "--stdout", "--zero-commit", "--no-signature",
-                            "--no-stat", "--full-index", sha) + "\n"
+        # raw output: a context line of a blank line is a lone space that stripping would destroy
+        text = tree.git(tree_dir, "format-patch", "-1", "--stdout", "--zero-commit", "--no-signature",
+                        "--no-stat", "--full-index", sha, capture=True).stdout
         text = normalize_header(text)
         subject = tree.git_out(tree_dir, "log", "-1", "--format=%s", sha)
         name = old_subjects.get(subject) or _slug(subject)

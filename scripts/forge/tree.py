@@ -88,8 +88,8 @@ def series_inputs(patches_dir: Path = PATCHES) -> list[tuple[str, str]]:
 
 # --- building ---------------------------------------------------------------------------------
 
-def _commit_all(tree: Path, message: str) -> str:
-    git(tree, "add", "-A", "-f")
+def _commit_all(tree: Path, message: str, paths: list[str] | None = None) -> str:
+    git(tree, "add", "-f", *(["--", *paths] if paths else ["-A"]))
     git(tree, "commit", "-q", "--allow-empty", "--no-verify", "-m", message)
     return git_out(tree, "rev-parse", "HEAD")
 
@@ -119,8 +119,9 @@ def apply_overlay(tree: Path, entries: list[dict]) -> str:
                              hint="the overlay only adds files; change upstream files with a patch")
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / e["src"], dst)
+    # only the overlay's own files: nothing else lying in the work tree rides along
     sha = _commit_all(tree, "forge kernel overlay (kernels/overlay.yaml)\n\n" +
-                      "\n".join(f"{e['src']} -> {e['dst']}" for e in entries))
+                      "\n".join(f"{e['src']} -> {e['dst']}" for e in entries), [e["dst"] for e in entries])
     git(tree, "update-ref", OVERLAY_REF, sha)
     return sha
 
@@ -182,7 +183,11 @@ def build_tree(tree: Path = TREE, *, patches_dir: Path = PATCHES, force: bool = 
     ov_hash = overlay_hash(entries)
     series = series_inputs(patches_dir)
 
-    state = read_state(tree) if (tree / ".git").is_dir() else {}
+    exists = (tree / ".git").is_dir()
+    state = read_state(tree) if exists else {}
+    if exists and not state and not force:
+        raise ForgeError(f"{rel(tree)} exists but has no record of how it was built (.git/{STATE})",
+                         hint=f"move it away to keep its work, or rebuild it with `make tree FORCE=1`")
     if state and not force:
         check_clean(tree, state)
     elif state and force:

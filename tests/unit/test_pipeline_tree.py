@@ -167,3 +167,36 @@ def test_refresh_normalizes_identity_and_date(env):
     assert "machine.example" not in text and "Machine Identity" not in text
     assert patches.PATCH_AUTHOR in head.splitlines() and patches.PATCH_DATE in head.splitlines()
     assert patchfile.parse(env["pdir"] / "pkg_x.patch").subject == "pkg: x"
+
+
+def test_refresh_keeps_blank_context_lines(env):
+    tree.build_tree(env["tree"], patches_dir=env["pdir"])
+    f = env["tree"] / "pkg" / "config.py"
+    lines = f.read_text().splitlines(keepends=True)
+    lines.insert(10, "\n")                       # a blank line right after the change: last context line is " "
+    f.write_text("".join(lines))
+    tree.git(env["tree"], "commit", "-qam", "pkg: blank\n\n" + REVIEW)
+    f.write_text(f.read_text().replace("LINE_6 = 6", "LINE_6 = 66"))
+    tree.git(env["tree"], "commit", "-qam", "pkg: edit near blank\n\n" + REVIEW)
+    patches.refresh(env["tree"], env["pdir"])
+    other = env["tree"].parent / "other"
+    tree.build_tree(other, patches_dir=env["pdir"])
+    assert tree.git_out(other, "rev-parse", "HEAD^{tree}") == tree.git_out(env["tree"], "rev-parse", "HEAD^{tree}")
+
+
+def test_overlay_commit_takes_only_overlay_files(env):
+    tree.build_tree(env["tree"], patches_dir=env["pdir"])
+    (env["tree"] / "stray.egg-info").write_text("build output\n")
+    (env["root"] / "kernels" / "k.py").write_text("def kernel():\n    return 43\n")
+    tree.build_tree(env["tree"], patches_dir=env["pdir"])
+    files = tree.git_out(env["tree"], "show", "--name-only", "--format=", tree.OVERLAY_REF).split()
+    assert files == ["pkg/ops/k.py"]
+
+
+def test_tree_without_state_is_not_deleted(env):
+    env["tree"].mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(env["tree"])], check=True)
+    (env["tree"] / "precious.txt").write_text("work\n")
+    with pytest.raises(ForgeError, match="no record"):
+        tree.build_tree(env["tree"], patches_dir=env["pdir"])
+    assert (env["tree"] / "precious.txt").exists()
