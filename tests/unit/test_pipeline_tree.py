@@ -173,7 +173,7 @@ def test_refresh_keeps_blank_context_lines(env):
     tree.build_tree(env["tree"], patches_dir=env["pdir"])
     f = env["tree"] / "pkg" / "config.py"
     lines = f.read_text().splitlines(keepends=True)
-    lines.insert(10, "\n")                       # a blank line right after the change: last context line is " "
+    lines.insert(9, "\n")                        # the hunk's last context line is a blank line: " "
     f.write_text("".join(lines))
     tree.git(env["tree"], "commit", "-qam", "pkg: blank\n\n" + REVIEW)
     f.write_text(f.read_text().replace("LINE_6 = 6", "LINE_6 = 66"))
