@@ -146,6 +146,7 @@ BUILD_SCHEMA = {
     "rehearsal": Field({
         "torch": Field(str, doc="pip requirement for the rehearsal venv's CPU torch"),
         "extra_packages": Field(list, item=str, required=False, default=[]),
+        "standin_torch": Field(str, doc="pip requirement for the stand-in base's CPU torch (Python 3.11)"),
         "serve_help_must_contain": Field(list, item=str),
     }),
 }
