@@ -15,7 +15,9 @@
 //
 // Build modes
 //   torch extension (default): defines forge_int8_kv_write(key, value, k_data, v_data, k_scale, v_scale,
-//     slot_mapping); pybind module when TORCH_EXTENSION_NAME is defined.
+//     slot_mapping) (all torch::Tensor&, as vLLM's cache ops); registered as
+//     torch.ops._C_cache_ops.forge_int8_kv_write when built into vLLM's _C (FORGE_IN_VLLM), else a
+//     pybind module when TORCH_EXTENSION_NAME is defined.
 //   -DFORGE_STANDALONE: no torch headers; exports the C launcher forge_int8_kv_write_raw(...) for ctypes.
 // Portable CUDA C++: hipify-able, no inline PTX.
 
@@ -174,8 +176,8 @@ extern "C" int forge_int8_kv_write_raw(const void* key, const void* value, void*
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-void forge_int8_kv_write(torch::Tensor key, torch::Tensor value, torch::Tensor k_data, torch::Tensor v_data,
-                         torch::Tensor k_scale, torch::Tensor v_scale, torch::Tensor slot_mapping) {
+void forge_int8_kv_write(torch::Tensor& key, torch::Tensor& value, torch::Tensor& k_data, torch::Tensor& v_data,
+                         torch::Tensor& k_scale, torch::Tensor& v_scale, torch::Tensor& slot_mapping) {
   TORCH_CHECK(key.dim() == 3 && value.sizes() == key.sizes(), "key/value must be (T, H, D) and alike");
   TORCH_CHECK(k_data.scalar_type() == at::kChar && v_data.scalar_type() == at::kChar, "int8 data planes");
   TORCH_CHECK(k_scale.scalar_type() == at::kFloat && v_scale.scalar_type() == at::kFloat, "fp32 scales");

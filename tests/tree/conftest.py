@@ -9,15 +9,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-REHEARSAL_PY = ROOT / "build" / "rehearsal" / "venv" / "bin" / "python"
-TREE = ROOT / "build" / "vllm"
+BUILD = Path(os.environ.get("FORGE_BUILD_DIR", ROOT / "build"))     # as scripts/forge/paths.py
+REHEARSAL_PY = BUILD / "rehearsal" / "venv" / "bin" / "python"
+TREE = BUILD / "vllm"
 
 
 @pytest.fixture(scope="session")
 def vllm_python() -> Path:
     """The interpreter of the rehearsal venv, which has the patched vLLM installed."""
     if not REHEARSAL_PY.exists():
-        pytest.skip("build/rehearsal/venv is missing: run `make rehearsal` first")
+        pytest.skip(f"{REHEARSAL_PY} is missing: run `make rehearsal` first")
     return REHEARSAL_PY
 
 
@@ -40,5 +41,5 @@ def run_in_vllm(vllm_python):
 @pytest.fixture(scope="session")
 def patched_tree() -> Path:
     if not (TREE / ".git").is_dir():
-        pytest.skip("build/vllm is missing: run `make tree` first")
+        pytest.skip(f"{TREE} is missing: run `make tree` first")
     return TREE
