@@ -126,7 +126,35 @@ def make_case(torch, w, *, ctx, q_len, block_size, kv, q_dtype, gen, dev="cuda")
     return c
 
 
-def run_kernel(torch, u, c, out, *, three_d=False, bufs=None):
+class _Launch2D:
+    """Stand-in for kernel_unified_attention_2d that relaunches it with another tile/launch
+    config (BLOCK_M, TILE_SIZE, num_warps, num_stages) and the grid that goes with that BLOCK_M.
+    Used only by the variant sweep; the launcher's own choice is what the main bench times."""
+
+    def __init__(self, kernel, cfg, num_q_tokens):
+        self.kernel, self.cfg, self.n = kernel, cfg, num_q_tokens
+
+    def __getitem__(self, grid):
+        def launch(**kw):
+            c = self.cfg
+            for k in ("num_warps", "num_stages"):
+                kw.pop(k, None)
+            bm = c["BLOCK_M"]
+            bq = bm // kw["num_queries_per_kv"]
+            kw.update(BLOCK_M=bm, BLOCK_Q=bq, TILE_SIZE=c["TILE"])
+            g = (self.n // bq + kw["num_seqs"], grid[1])
+            return self.kernel[g](**kw, num_warps=c["warps"], num_stages=c["stages"])
+        return launch
+
+
+def run_kernel(torch, u, c, out, *, three_d=False, bufs=None, cfg=None):
+    if cfg is not None and not three_d:
+        real = u.kernel_unified_attention_2d
+        u.kernel_unified_attention_2d = _Launch2D(real, cfg, c["q"].shape[0])
+        try:
+            return run_kernel(torch, u, c, out, bufs=bufs)
+        finally:
+            u.kernel_unified_attention_2d = real
     kw = {}
     if three_d:
         kw = dict(seq_threshold_3D=8, num_par_softmax_segments=16, softmax_segm_output=bufs[0],
@@ -152,7 +180,27 @@ def ref_attn(torch, q, k, v, ctx, rows):
     return torch.einsum("hrk,khd->rhd", torch.softmax(s, -1), vv)
 
 
-def correctness(torch, w, u):
+# Launch-config variants of the 2D kernel for the sweep (--variants); None = the launcher's choice.
+# m16w4s3t32 is what upstream picks on CUDA (BLOCK_M 16 for 6 q heads per KV head, TILE 32,
+# Triton's default 4 warps / 3 stages).
+VARIANTS = {
+    "m16w4s3t32": dict(BLOCK_M=16, TILE=32, warps=4, stages=3),
+    "m64w8s1t32": dict(BLOCK_M=64, TILE=32, warps=8, stages=1),
+    "m64w8s2t32": dict(BLOCK_M=64, TILE=32, warps=8, stages=2),
+    "m64w8s2t16": dict(BLOCK_M=64, TILE=16, warps=8, stages=2),
+    "m64w8s2t64": dict(BLOCK_M=64, TILE=64, warps=8, stages=2),
+    "m64w8s1t64": dict(BLOCK_M=64, TILE=64, warps=8, stages=1),   # int8 prefill choice on CUDA
+}
+# (kv, block, variant) rows timed per history
+MAIN_ROWS = [("bf16", 784, None), ("int8", 1552, None), ("int8", 784, None)]
+SWEEP_ROWS = [("bf16", 784, None), ("int8", 1552, None)] + \
+    [("int8", 1552, v) for v in VARIANTS if v != "m16w4s3t32"] + \
+    [("bf16", 784, "m64w8s2t32"), ("bf16", 784, "m64w8s2t64")]
+
+
+def correctness(torch, w, u, cases=None, variants=(None,)):
+    """cases: None = all (decode 3D + prefill 2D, blocks 784/1552, fp16/bf16 queries), else a
+    list of (name, block, q dtype name). variants: 2D launch configs to check on each case."""
     res = []
     gen = torch.Generator().manual_seed(1234)
     bufs = (torch.empty(8, HQ, 16, D, device="cuda"), torch.empty(8, HQ, 16, device="cuda"),
@@ -162,6 +210,11 @@ def correctness(torch, w, u):
         for bs in (784, 1552):
             for q_dtype in (torch.float16, torch.bfloat16):
                 seed = int(torch.randint(0, 2**31, (1,), generator=gen))
+                rows = torch.randperm(q_len, generator=gen)[:64].cuda() if q_len > 64 else \
+                    torch.arange(q_len, device="cuda")
+                qn = str(q_dtype).split(".")[-1]
+                if cases is not None and (name, bs, qn) not in cases:
+                    continue
                 g1 = torch.Generator().manual_seed(seed)
                 c8 = make_case(torch, w, ctx=ctx, q_len=q_len, block_size=bs, kv="int8",
                                q_dtype=q_dtype, gen=g1)
@@ -169,85 +222,105 @@ def correctness(torch, w, u):
                 c16 = make_case(torch, w, ctx=ctx, q_len=q_len, block_size=bs, kv="fp16",
                                 q_dtype=q_dtype, gen=g2)
                 c16["q"] = c16["q"].to(torch.float16)
-                o8 = torch.full((q_len, HQ, D), float("nan"), dtype=q_dtype, device="cuda")
-                o16 = torch.full((q_len, HQ, D), float("nan"), dtype=torch.float16, device="cuda")
-                run_kernel(torch, u, c8, o8, three_d=three_d, bufs=bufs)
-                run_kernel(torch, u, c16, o16, three_d=three_d, bufs=bufs)
-                torch.cuda.synchronize()
-                rows = torch.randperm(q_len, generator=gen)[:64].cuda() if q_len > 64 else \
-                    torch.arange(q_len, device="cuda")
                 ref = ref_attn(torch, c8["q"], c8["k_deq"], c8["v_deq"], ctx, rows)
                 ref16 = ref_attn(torch, c8["q"], c8["k"].float(), c8["v"].float(), ctx, rows)
-                a, b = o8[rows].double(), o16[rows].double()
                 vmax = float(c8["v"].float().abs().max())
-                r = dict(case=name, block_size=bs, q_dtype=str(q_dtype).split(".")[-1],
-                         nan=bool(torch.isnan(o8).any() or torch.isnan(o16).any()),
-                         err_deq=float((a - ref).norm() / ref.norm()),
-                         err_fp16cache_vs_f64=float((b - ref16).norm() / ref16.norm()),
-                         err_int8_vs_fp16cache=float((a - b).abs().max()) / vmax,
-                         err_int8_vs_fp16cache_normrel=float((a - b).norm() / b.norm()))
-                gate = 1e-3 if q_dtype == torch.float16 else 1e-2
-                r["pass"] = (not r["nan"]) and r["err_deq"] <= gate and \
-                    r["err_int8_vs_fp16cache"] <= 1e-2
-                res.append(r)
-                print("CHECK", json.dumps(r), flush=True)
+                for var in variants:
+                    cfg = VARIANTS[var] if var else None
+                    o8 = torch.full((q_len, HQ, D), float("nan"), dtype=q_dtype, device="cuda")
+                    o16 = torch.full((q_len, HQ, D), float("nan"), dtype=torch.float16,
+                                     device="cuda")
+                    run_kernel(torch, u, c8, o8, three_d=three_d, bufs=bufs, cfg=cfg)
+                    run_kernel(torch, u, c16, o16, three_d=three_d, bufs=bufs, cfg=cfg)
+                    torch.cuda.synchronize()
+                    a, b = o8[rows].double(), o16[rows].double()
+                    r = dict(case=name, block_size=bs, q_dtype=qn, variant=var or "default",
+                             nan=bool(torch.isnan(o8).any() or torch.isnan(o16).any()),
+                             err_deq=float((a - ref).norm() / ref.norm()),
+                             err_fp16cache_vs_f64=float((b - ref16).norm() / ref16.norm()),
+                             err_int8_vs_fp16cache=float((a - b).abs().max()) / vmax,
+                             err_int8_vs_fp16cache_normrel=float((a - b).norm() / b.norm()))
+                    gate = 1e-3 if q_dtype == torch.float16 else 1e-2
+                    r["pass"] = (not r["nan"]) and r["err_deq"] <= gate and \
+                        r["err_int8_vs_fp16cache"] <= 1e-2
+                    res.append(r)
+                    print("CHECK", json.dumps(r), flush=True)
                 del c8, c16
     return res
 
 
-def bench(torch, w, u, reps=20, rot=4):
+def bench(torch, w, u, table=MAIN_ROWS, hists=(0, 8192, 16384, 28672), reps=20, rot=4):
+    """Time each (kv, block, variant) of `table` at each history. Caches and queries are made
+    once per (history, kv, block) and shared by that group's variants."""
     rows = []
     gen = torch.Generator().manual_seed(99)
-    for hist in (0, 8192, 16384, 28672):
+    for hist in hists:
         ctx = hist + 4096
-        for kv, bs in (("bf16", 784), ("int8", 1552), ("int8", 784)):
+        groups = {}
+        for kv, bs, var in table:
+            groups.setdefault((kv, bs), []).append(var)
+        order = []
+        for kv, bs, var in table:
+            if (kv, bs) not in [o[:2] for o in order]:
+                order.append((kv, bs))
+        results = {}
+        for kv, bs in order:
             cases = [make_case(torch, w, ctx=ctx, q_len=4096, block_size=bs, kv=kv,
                                q_dtype=torch.bfloat16, gen=gen) for _ in range(rot)]
             for c in cases:
                 c.pop("k_deq", None); c.pop("v_deq", None); c.pop("k"); c.pop("v")
             outs = [torch.empty(4096, HQ, D, dtype=torch.bfloat16, device="cuda") for _ in range(rot)]
-            for c, o in zip(cases, outs):      # compile + warm up
-                run_kernel(torch, u, c, o)
-            torch.cuda.synchronize()
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=s):
-                for c, o in zip(cases, outs):
-                    run_kernel(torch, u, c, o)
-            torch.cuda.synchronize()
-            g.replay(); torch.cuda.synchronize()
-            times = []
-            for _ in range(reps):
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record(); g.replay(); e1.record(); e1.synchronize()
-                times.append(e0.elapsed_time(e1) * 1000 / rot)
-            times.sort()
-            us = times[len(times) // 2]
-            flops = 4 * HQ * D * 4096 * (hist + 2048)      # causal: avg keys per query
-            row = dict(history=hist, chunk=4096, kv=kv, block_size=bs, us=round(us, 1),
-                       tflops=round(flops / us / 1e6, 1))
-            rows.append(row)
-            print("BENCH", json.dumps(row), flush=True)
-            del cases, outs, g
+            for var in groups[(kv, bs)]:
+                cfg = VARIANTS[var] if var else None
+                for c, o in zip(cases, outs):      # compile + warm up
+                    run_kernel(torch, u, c, o, cfg=cfg)
+                torch.cuda.synchronize()
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, stream=s):
+                    for c, o in zip(cases, outs):
+                        run_kernel(torch, u, c, o, cfg=cfg)
+                torch.cuda.synchronize()
+                g.replay(); torch.cuda.synchronize()
+                times = []
+                for _ in range(reps):
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record(); g.replay(); e1.record(); e1.synchronize()
+                    times.append(e0.elapsed_time(e1) * 1000 / rot)
+                times.sort()
+                us = times[len(times) // 2]
+                flops = 4 * HQ * D * 4096 * (hist + 2048)      # causal: avg keys per query
+                row = dict(history=hist, chunk=4096, kv=kv, block_size=bs,
+                           variant=var or "default", us=round(us, 1),
+                           tflops=round(flops / us / 1e6, 1),
+                           spread_pct=round(100 * (times[-1] - times[0]) / us, 1))
+                results[(kv, bs, var)] = row
+                print("BENCH", json.dumps(row), flush=True)
+                del g
+            del cases, outs
             torch.cuda.empty_cache()
+        rows += [results[t] for t in table]
     return rows
 
 
-def write_report(out, prov, env, checks, rows, cmd):
+def write_report(out, prov, env, checks, rows, cmd, reps=20):
     os.makedirs(out, exist_ok=True)
     slow = []
     for hist in sorted({r["history"] for r in rows}):
-        b = next(r for r in rows if r["history"] == hist and r["kv"] == "bf16")
+        b = next(r for r in rows if r["history"] == hist and r["kv"] == "bf16"
+                 and r.get("variant", "default") == "default")
         for r in rows:
-            if r["history"] == hist and r["kv"] == "int8":
+            if r["history"] == hist and r is not b:
                 r["vs_bf16_pct"] = round(100 * (r["us"] / b["us"] - 1), 1)
-                if r["block_size"] == 1552:
+                if r["kv"] == "int8" and r["block_size"] == 1552 and \
+                        r.get("variant", "default") == "default":
                     slow.append(r["vs_bf16_pct"])
     doc = dict(generated_by="kernels/bench/bench_unified_int8.py", command=cmd, provenance=prov,
                environment=env, correctness=checks, benchmark=rows,
                goal="int8 (block 1552) no more than 3 % slower than bf16 (block 784)",
-               goal_met=all(x <= 3.0 for x in slow), all_checks_pass=all(c["pass"] for c in checks))
+               goal_met=bool(slow) and all(x <= 3.0 for x in slow),
+               all_checks_pass=all(c["pass"] for c in checks), variants=VARIANTS)
     with open(os.path.join(out, "unified_int8.json"), "w") as f:
         json.dump(doc, f, indent=1)
     L = ["<!-- generated by kernels/bench/bench_unified_int8.py; do not edit -->",
@@ -256,21 +329,24 @@ def write_report(out, prov, env, checks, rows, cmd):
          f"- tree commit: `{prov.get('tree_commit')}` ({prov.get('tree_subject')}); repo commit `{prov.get('repo_commit')}`",
          f"- device: {env['device']}; torch {env['torch']}, triton {env['triton']}, Python {env['python']}; date {env['date']}",
          "", "## Correctness at real sizes (24 q / 4 kv heads, head_dim 256, 32K context)", "",
-         "| case | block | q dtype | rel. err vs f64 (dequantized) | fp16-cache kernel vs f64 | int8 vs fp16 cache, max abs / max abs(V) | same, norm-rel | pass |",
-         "|---|---|---|---|---|---|---|---|"]
+         "| case | block | q dtype | 2D launch | rel. err vs f64 (dequantized) | fp16-cache kernel vs f64 | int8 vs fp16 cache, max abs / max abs(V) | same, norm-rel | pass |",
+         "|---|---|---|---|---|---|---|---|---|"]
     for c in checks:
-        L.append(f"| {c['case']} | {c['block_size']} | {c['q_dtype']} | {c['err_deq']:.2e} | "
+        L.append(f"| {c['case']} | {c['block_size']} | {c['q_dtype']} | {c.get('variant', 'default')} | {c['err_deq']:.2e} | "
                  f"{c['err_fp16cache_vs_f64']:.2e} | {c['err_int8_vs_fp16cache']:.2e} | "
                  f"{c['err_int8_vs_fp16cache_normrel']:.2e} | {c['pass']} |")
     L += ["", "Gates: fp16 queries rel. err <= 1e-3 (bf16 queries: <= 1e-2, the bf16 output rounding "
           "alone is ~1e-3); int8 vs fp16 cache max abs error <= 1e-2 * max|V|.", "",
           "## Prefill: 2D kernel, 4096-token chunk over cached history (bf16 queries)", "",
-          "| history | kv | block | µs | TFLOP/s | vs bf16 |", "|---|---|---|---|---|---|"]
+          "2D launch: `default` = what unified_attention() picks; otherwise a forced config "
+          "(mBLOCK_M wWARPS sSTAGES tTILE, see VARIANTS in the script). vs bf16: against the "
+          "default bf16 row of the same history.", "",
+          "| history | kv | block | 2D launch | µs | TFLOP/s | vs bf16 |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        L.append(f"| {r['history']} | {r['kv']} | {r['block_size']} | {r['us']} | {r['tflops']} | "
+        L.append(f"| {r['history']} | {r['kv']} | {r['block_size']} | {r.get('variant', 'default')} | {r['us']} | {r['tflops']} | "
                  f"{('%+.1f %%' % r['vs_bf16_pct']) if 'vs_bf16_pct' in r else '—'} |")
     L += ["", f"Goal: {doc['goal']} — met: **{doc['goal_met']}**. "
-          "Timing: CUDA graph of 4 launches over 4 disjoint caches, median of 20 replays."]
+          f"Timing: CUDA graph of 4 launches over 4 disjoint caches, median of {reps} replays."]
     with open(os.path.join(out, "unified_int8.md"), "w") as f:
         f.write("\n".join(L) + "\n")
     print("\n".join(L))
@@ -282,6 +358,14 @@ def main():
     ap.add_argument("--payload")
     ap.add_argument("--out", default=".")
     ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--variants", action="store_true",
+                    help="time SWEEP_ROWS (forced 2D launch configs) instead of MAIN_ROWS, and "
+                         "check the prefill case at block 1552 (fp16 queries) for each variant")
+    ap.add_argument("--extra", action="append", default=[], metavar="KV:BLOCK:VARIANT",
+                    help="also time this row with a forced 2D launch config, e.g. "
+                         "bf16:784:m64w8s1t64 (bf16 with the int8 prefill tiles)")
+    ap.add_argument("--hists", default="0,8192,16384,28672")
+    ap.add_argument("--reps", type=int, default=20)
     a = ap.parse_args()
     if a.prepare:
         prepare(a.prepare)
@@ -296,15 +380,23 @@ def main():
     import traceback
     checks, rows = [], []
     try:
-        checks = [] if a.skip_check else correctness(torch, w, u)
+        if a.skip_check:
+            checks = []
+        elif a.variants:
+            checks = correctness(torch, w, u, cases=[("prefill_4k_over_28k_2d", 1552, "float16")],
+                                 variants=[None, "m64w8s2t32", "m64w8s2t64"])
+        else:
+            checks = correctness(torch, w, u)
     except Exception:
         traceback.print_exc()
         checks = [dict(case="crashed", block_size=0, q_dtype="-", nan=True, err_deq=float("nan"),
                        err_fp16cache_vs_f64=float("nan"), err_int8_vs_fp16cache=float("nan"),
                        err_int8_vs_fp16cache_normrel=float("nan"), **{"pass": False})]
     torch.cuda.empty_cache()
-    rows = bench(torch, w, u)
-    write_report(a.out, prov, env, checks, rows, "python3 " + " ".join(sys.argv))
+    table = SWEEP_ROWS if a.variants else MAIN_ROWS + [(e.split(":")[0], int(e.split(":")[1]), e.split(":")[2]) for e in a.extra]
+    hists = tuple(int(x) for x in a.hists.split(","))
+    rows = bench(torch, w, u, table=table, hists=hists, reps=a.reps)
+    write_report(a.out, prov, env, checks, rows, "python3 " + " ".join(sys.argv), reps=a.reps)
 
 
 if __name__ == "__main__":

@@ -24,9 +24,25 @@ SNIPPET = textwrap.dedent(
     os.environ["CUDA_VISIBLE_DEVICES"] = ""    # vLLM keeps Triton enabled with no GPU driver
     sys.path.insert(0, "tests/tree/helpers")
     from int8_attention_case import run_case
+    import vllm.v1.attention.ops.triton_unified_attention as ua
+    launches = []
+
+    class Spy:  # records the 2D kernel's tile choice (BLOCK_M, TILE_SIZE) per launch
+        def __init__(self, k):
+            self.k = k
+
+        def __getitem__(self, grid):
+            def go(*a, **kw):
+                launches.append(dict(kv_int8=bool(kw.get("KV_INT8")), BLOCK_M=kw.get("BLOCK_M"),
+                                     TILE_SIZE=kw.get("TILE_SIZE"), grid0=grid[0]))
+                return self.k[grid](*a, **kw)
+            return go
+
+    ua.kernel_unified_attention_2d = Spy(ua.kernel_unified_attention_2d)
     kw = {kwargs}
     kw.setdefault("run_unquantized", False)
     r = run_case(**kw)
+    r["launches_2d"] = launches
     print("JSON" + json.dumps(r))
     """
 )
@@ -44,7 +60,14 @@ CASES = [
      dict(seq_lens=[1570], query_lens=[12], block_size=1552, seed=4)),
     ("mixed_batch_block16", dict(seq_lens=[300, 140, 48], query_lens=[1, 16, 48], block_size=16,
                                  seed=5)),
+    # a prefill-sized chunk (>= 256 query tokens) takes the int8 prefill tiles (BLOCK_M 64,
+    # 10 tokens per program, last program partial); the chunk crosses a block boundary and a
+    # decode row shares the launch
+    ("long_chunk_mixed_block1552", dict(seq_lens=[1700, 400], query_lens=[300, 1],
+                                        block_size=1552, seed=6, run_unquantized=True)),
 ]
+# cases whose int8 2D launches must use the prefill tiles
+LONG_QUERY = {"long_chunk_mixed_block1552"}
 
 
 def _run(run_in_vllm, kwargs):
@@ -53,9 +76,14 @@ def _run(run_in_vllm, kwargs):
     return json.loads(line[4:])
 
 
-@pytest.mark.parametrize("kwargs", [c[1] for c in CASES], ids=[c[0] for c in CASES])
-def test_int8_unified_attention_matches_reference(run_in_vllm, kwargs):
+@pytest.mark.parametrize("case_id,kwargs", CASES, ids=[c[0] for c in CASES])
+def test_int8_unified_attention_matches_reference(run_in_vllm, case_id, kwargs):
     r = _run(run_in_vllm, kwargs)
+    int8_2d = [l for l in r["launches_2d"] if l["kv_int8"]]
+    if case_id in LONG_QUERY:
+        assert int8_2d and all(l["BLOCK_M"] == 64 for l in int8_2d), r["launches_2d"]
+    else:
+        assert all(l["BLOCK_M"] == 16 for l in int8_2d), r["launches_2d"]
     assert not r["nan"], r
     assert r["poison_kept"], r                       # slot -1 rows and unused blocks untouched
     assert r["err_deq"] <= 1e-3, r                   # kernel vs float64 on the cached int8 K/V
