@@ -37,7 +37,7 @@ def test_source_is_portable():
     src = open(SRC).read()
     for bad in ("asm(", "asm volatile", "__shfl", "warpSize", "__ballot"):
         assert bad not in src, bad
-    assert "void forge_int8_kv_write(torch::Tensor key" in src
+    assert "void forge_int8_kv_write(torch::Tensor& key" in src
     assert "FORGE_STANDALONE" in src
 
 
