@@ -39,6 +39,8 @@ REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 
 SHIM = {
     "vllm/__init__.py": "",
+    "vllm/envs.py": ("import os\n\nVLLM_FORGE_PREFILL_TILES = "
+                     "os.getenv('VLLM_FORGE_PREFILL_TILES', '1').lower() in ('true', '1')\n"),
     "vllm/logger.py": "import logging\n\ndef init_logger(name):\n    return logging.getLogger(name)\n",
     "vllm/platforms/__init__.py": (
         "import torch\n\nclass _P:\n    @staticmethod\n    def fp8_dtype():\n"
