@@ -81,9 +81,12 @@ def test_int8_unified_attention_matches_reference(run_in_vllm, case_id, kwargs):
     r = _run(run_in_vllm, kwargs)
     int8_2d = [l for l in r["launches_2d"] if l["kv_int8"]]
     if case_id in LONG_QUERY:
-        assert int8_2d and all(l["BLOCK_M"] == 64 for l in int8_2d), r["launches_2d"]
+        # prefill-sized queries: 64-row tiles for the int8 cache and (the unquantized run of the
+        # same case) for the 16-bit cache
+        assert int8_2d and all(l["BLOCK_M"] == 64 for l in r["launches_2d"]), r["launches_2d"]
+        assert any(not l["kv_int8"] for l in r["launches_2d"]), r["launches_2d"]
     else:
-        assert all(l["BLOCK_M"] == 16 for l in int8_2d), r["launches_2d"]
+        assert all(l["BLOCK_M"] == 16 for l in r["launches_2d"]), r["launches_2d"]
     assert not r["nan"], r
     assert r["poison_kept"], r                       # slot -1 rows and unused blocks untouched
     assert r["err_deq"] <= 1e-3, r                   # kernel vs float64 on the cached int8 K/V
@@ -93,3 +96,15 @@ def test_int8_unified_attention_matches_reference(run_in_vllm, case_id, kwargs):
     assert r["err_int8_vs_unq"] <= 1e-2, r
     assert r["err_int8_vs_unq_normrel"] <= 3e-2, r   # loose regression bound, see module doc
     assert r["err_mutant"] >= 0.1, r                 # ignoring per-token scales is detectable
+
+
+def test_prefill_tiles_switch_restores_upstream_launch_for_16bit(run_in_vllm):
+    """VLLM_FORGE_PREFILL_TILES=0: the 16-bit cache takes upstream's 16-row tiles again (int8 keeps
+    its own), with the same accuracy."""
+    kwargs = dict(CASES)["long_chunk_mixed_block1552"]
+    res = run_in_vllm(SNIPPET.replace("{kwargs}", repr(kwargs)), env={"VLLM_FORGE_PREFILL_TILES": "0"})
+    r = json.loads([l for l in res.stdout.splitlines() if l.startswith("JSON")][-1][4:])
+    bf16 = [l for l in r["launches_2d"] if not l["kv_int8"]]
+    assert bf16 and all(l["BLOCK_M"] == 16 for l in bf16), r["launches_2d"]
+    assert all(l["BLOCK_M"] == 64 for l in r["launches_2d"] if l["kv_int8"]), r["launches_2d"]
+    assert r["err_unq_kernel"] <= 1e-3 and r["err_deq"] <= 1e-3, r
