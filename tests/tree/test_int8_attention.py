@@ -16,6 +16,7 @@ import json
 import textwrap
 
 import pytest
+import torch
 
 SNIPPET = textwrap.dedent(
     """
@@ -23,6 +24,7 @@ SNIPPET = textwrap.dedent(
     os.environ["TRITON_INTERPRET"] = "1"       # before triton is imported
     os.environ["CUDA_VISIBLE_DEVICES"] = ""    # vLLM keeps Triton enabled with no GPU driver
     sys.path.insert(0, "tests/tree/helpers")
+    import torch
     from int8_attention_case import run_case
     import vllm.v1.attention.ops.triton_unified_attention as ua
     launches = []
@@ -66,8 +68,15 @@ CASES = [
     ("long_chunk_mixed_block1552", dict(seq_lens=[1700, 400], query_lens=[300, 1],
                                         block_size=1552, seed=6, run_unquantized=True)),
 ]
-# cases whose int8 2D launches must use the prefill tiles
-LONG_QUERY = {"long_chunk_mixed_block1552"}
+CASES.append(
+    # the same long-query launch with a 16-bit cache (the fp16 comparison run of this case goes
+    # through the 64-row tiles too); fp16 queries: the interpreter's 16-bit arithmetic is exact
+    # enough for the 1e-3 gates, bf16's would not be
+    ("long_chunk_fp16_block784", dict(seq_lens=[1000, 300], query_lens=[300, 1], block_size=784,
+                                      seed=7, run_unquantized=True, q_dtype=torch.float16)))
+# cases whose 2D launches must use the prefill tiles (int8, and 16-bit caches)
+LONG_QUERY = {"long_chunk_mixed_block1552", "long_chunk_fp16_block784"}
+SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
 
 def _run(run_in_vllm, kwargs):
@@ -81,10 +90,12 @@ def test_int8_unified_attention_matches_reference(run_in_vllm, case_id, kwargs):
     r = _run(run_in_vllm, kwargs)
     int8_2d = [l for l in r["launches_2d"] if l["kv_int8"]]
     if case_id in LONG_QUERY:
-        # prefill-sized queries: 64-row tiles for the int8 cache and (the unquantized run of the
-        # same case) for the 16-bit cache
-        assert int8_2d and all(l["BLOCK_M"] == 64 for l in r["launches_2d"]), r["launches_2d"]
-        assert any(not l["kv_int8"] for l in r["launches_2d"]), r["launches_2d"]
+        # prefill-sized queries: 64-row tiles for the int8 cache, and for the unquantized run of
+        # the same case when its cache is 16-bit (an fp32 cache keeps upstream's launch)
+        assert int8_2d and all(l["BLOCK_M"] == 64 for l in int8_2d), r["launches_2d"]
+        other = [l for l in r["launches_2d"] if not l["kv_int8"]]
+        sixteen = kwargs.get("q_dtype", torch.float32) in SIXTEEN_BIT
+        assert other and all(l["BLOCK_M"] == (64 if sixteen else 16) for l in other), r["launches_2d"]
     else:
         assert all(l["BLOCK_M"] == 16 for l in r["launches_2d"]), r["launches_2d"]
     assert not r["nan"], r
@@ -101,7 +112,7 @@ def test_int8_unified_attention_matches_reference(run_in_vllm, case_id, kwargs):
 def test_prefill_tiles_switch_restores_upstream_launch_for_16bit(run_in_vllm):
     """VLLM_FORGE_PREFILL_TILES=0: the 16-bit cache takes upstream's 16-row tiles again (int8 keeps
     its own), with the same accuracy."""
-    kwargs = dict(CASES)["long_chunk_mixed_block1552"]
+    kwargs = dict(CASES)["long_chunk_fp16_block784"]
     res = run_in_vllm(SNIPPET.replace("{kwargs}", repr(kwargs)), env={"VLLM_FORGE_PREFILL_TILES": "0"})
     r = json.loads([l for l in res.stdout.splitlines() if l.startswith("JSON")][-1][4:])
     bf16 = [l for l in r["launches_2d"] if not l["kv_int8"]]
