@@ -3,19 +3,11 @@ import importlib.util
 import os
 import sys
 
-import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    # must be set before triton is first imported
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from kernel_env import KDIR, ON_GPU, REPO  # noqa: E402,F401  (sets TRITON_INTERPRET before triton)
 
 import pytest  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
-KDIR = os.path.join(REPO, "kernels")
-sys.path.insert(0, HERE)
 
 
 def _load(name, rel):

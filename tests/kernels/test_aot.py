@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import KDIR
+from kernel_env import KDIR
 
 
 def _aot():

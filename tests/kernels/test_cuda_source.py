@@ -7,7 +7,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import KDIR, ON_GPU
+from kernel_env import KDIR, ON_GPU
 
 SRC = os.path.join(KDIR, "csrc", "int8_kv_write.cu")
 NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.path.exists("/usr/local/bin/nvcc") else None)

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from conftest import ON_GPU
+from kernel_env import ON_GPU
 from reference import quantize_ref
 
 H, D = 4, 256

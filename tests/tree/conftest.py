@@ -29,6 +29,10 @@ def run_in_vllm(vllm_python):
     def run(code: str, *, env: dict | None = None, timeout: float = 600, check: bool = True):
         full_env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", **(env or {})}
         full_env.pop("PYTHONPATH", None)
+        if "TRITON_INTERPRET" not in (env or {}):
+            # tests/kernels turns the interpreter on for the whole pytest process; a snippet
+            # asks for it explicitly (ahead-of-time compiles must not run interpreted)
+            full_env.pop("TRITON_INTERPRET", None)
         res = subprocess.run([str(vllm_python), "-c", code], capture_output=True, text=True,
                              env=full_env, timeout=timeout, cwd=ROOT)
         if check and res.returncode != 0:
