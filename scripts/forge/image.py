@@ -19,6 +19,7 @@ from .paths import BUILD, CACHE, CONFIGS, KERNELS, ROOT, rel
 
 DOCKERFILE = ROOT / "Dockerfile.rocm"
 STANDIN_TAG = "localhost/forge-standin-base:bookworm"
+REHEARSAL_TAG = "localhost/dcu-forge-rehearsal:latest"
 
 
 def pick_builder(pref: str = "auto") -> str:
@@ -238,6 +239,34 @@ def _refuse_mounts(path: Path) -> None:
                          hint="umount them first")
 
 
+def prune_rehearsal_leftovers(builder: str) -> dict:
+    """Remove what earlier rehearsals left behind: working containers of our two images or of an
+    untagged one (an interrupted build), then untagged images. Each rebuild moves the tag and leaves the
+    old image untagged; with buildah's vfs driver every one is a full copy of the root filesystem
+    (1.3 GB here), so without this the disk fills after a few runs."""
+    if builder != "buildah":
+        out = subprocess.run(["docker", "image", "prune", "-f", "--filter",
+                              "label=org.opencontainers.image.title=dcu-forge vLLM"], capture_output=True, text=True)
+        return {"docker image prune": out.returncode}
+    cmd = _builder_cmd(builder)
+    removed = []
+    ls = subprocess.run([*cmd, "containers", "--json"], capture_output=True, text=True)
+    try:
+        ctrs = json.loads(ls.stdout or "[]") or []
+    except ValueError:
+        ctrs = []
+    for c in ctrs:
+        image = c.get("imagename") or ""
+        if image in ("", "<none>") or image.split(":")[0] in (REHEARSAL_TAG.split(":")[0], STANDIN_TAG.split(":")[0]):
+            if subprocess.run([*cmd, "rm", c["id"]], capture_output=True).returncode == 0:
+                removed.append(c.get("containername") or c["id"][:12])
+    pr = subprocess.run([*cmd, "rmi", "--prune"], capture_output=True, text=True)
+    images = [x for x in pr.stdout.split() if x]
+    if removed or images:
+        ui.info(f"image rehearsal: removed {len(removed)} leftover container(s) and {len(images)} untagged image(s)")
+    return {"containers": len(removed), "images": len(images)}
+
+
 def _builder_cmd(builder: str) -> list[str]:
     if builder == "buildah":
         return ["buildah", "--storage-driver", os.environ.get("BUILDAH_STORAGE", "vfs")]
@@ -299,7 +328,8 @@ def _image_rehearsal(builder_pref: str, torch_wheel: str | None, rec: dict) -> d
     rec["base"] = base
     fetch.ensure_source()
     bargs = build_args(b, base, device="empty", warm_arch="gfx90a")
-    tag = "localhost/dcu-forge-rehearsal:latest"
+    tag = REHEARSAL_TAG
+    prune_rehearsal_leftovers(builder)
     rec["image"] = tag
     cmd, env = build_command(builder, tag, bargs)
     t0 = time.monotonic()
@@ -318,6 +348,7 @@ def _image_rehearsal(builder_pref: str, torch_wheel: str | None, rec: dict) -> d
             finally:
                 subprocess.run([*_builder_cmd(builder), "rm", ctr], capture_output=True)
     stages.append({"stage": "container self-check", "seconds": round(time.monotonic() - t0, 1)})
+    rec["pruned"] = prune_rehearsal_leftovers(builder)
     print(out)
     return {"self_check": out.strip().splitlines()[-1]}
 

@@ -12,11 +12,46 @@ import sys
 import shutil
 
 from . import image, rehearsal, ui
-from .paths import ROOT
+from .paths import BUILD, ROOT
+
+# What a fresh `make test` writes, measured on a fresh clone: the rehearsal venv (torch with its CUDA
+# libraries, vLLM's dependencies) about 6.5 GB, the image rehearsal with buildah's vfs driver up to about 11.6 GB while it builds (3.8 GB kept).
+NEED_GB = {"rehearsal": 7.0, "image": 12.0}
+
+
+def _existing(path) -> str:
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def free_gb(path) -> float:
+    return shutil.disk_usage(_existing(path)).free / 2**30
+
+
+def disk_preflight(with_image: bool) -> None:
+    need = NEED_GB["rehearsal"] if not (BUILD / "rehearsal" / "venv").is_dir() else 1.0
+    where = {str(BUILD): need}
+    if with_image:
+        root = "/var/lib/containers" if os.geteuid() == 0 else os.path.expanduser("~/.local/share/containers")
+        where[root] = where.get(root, 0) + NEED_GB["image"]
+    by_fs: dict[int, tuple[str, float]] = {}    # one file system holding both needs both
+    for path, gb in where.items():
+        dev = os.stat(_existing(path)).st_dev
+        first, total = by_fs.get(dev, (path, 0.0))
+        by_fs[dev] = (first, total + gb)
+    for path, gb in by_fs.values():
+        have = free_gb(path)
+        if have < gb:
+            ui.warn(f"{path}: {have:.1f} GB free, this run needs about {gb:.1f} GB; it may stop with "
+                    "'No space left on device'. Free space with `make clean` (build outputs) and "
+                    "`buildah --storage-driver vfs rmi --prune` (untagged images)")
 
 
 def cmd_test(args) -> int:
     if not args.no_rehearsal:
+        disk_preflight(with_image=not args.no_image and bool(shutil.which("buildah")))
         rehearsal.rehearse()
         if args.no_image:
             ui.warn("image rehearsal skipped (--no-image)")
