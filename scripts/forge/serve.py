@@ -140,7 +140,6 @@ def cmd_serve(args) -> int:
     container = f"forge-serve-{run_id}".lower()
     cmd = launch_command(rendered, image=image, vllm_cmd=args.vllm, port=port,
                          container=container, shm_size=args.shm_size)
-    scored = port == LOCKED_PORT
     env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in rendered["env"].items())
     if args.dry_run:
         print(f"# profile {prof['name']} ({' -> '.join(prof['chain'])}): checked against configs/contest.yaml")
@@ -155,9 +154,6 @@ def cmd_serve(args) -> int:
             raise ForgeError("--foreground runs the server in this process; it cannot start an image")
         ui.info(f"{env_text} {proc.fmt(cmd)}")
         os.execvpe(cmd[0], cmd, {**os.environ, **rendered["env"]})
-    if not image and not (model_path / "config.json").is_file():
-        raise ForgeError(f"{model_path}: no config.json here; not a model directory",
-                         hint="pass --model DIR with the model's config.json, tokenizer and weights")
     if not image and args.vllm is None and not shutil.which("vllm"):
         probe = proc.run([sys.executable, "-c", "import vllm"], check=False, capture=True)
         if probe.returncode != 0:
@@ -167,42 +163,71 @@ def cmd_serve(args) -> int:
     if st:
         raise ForgeError(f"a server started by forge is already running (pid {st['pid']}, run {st['run_id']})",
                          hint="forge stop (make stop) first")
+    state = start_server(prof, model_path, contest=contest, port=port, run_id=run_id, image=image,
+                         vllm_cmd=args.vllm, shm_size=args.shm_size, wait=not args.no_wait,
+                         timeout=args.timeout)
+    if state.get("ready"):
+        ui.info(f"server ready on http://{state['host']}:{port} (run {run_id}); `forge stop` ends it")
+    print(run_id)
+    return 0
+
+
+def start_server(prof: dict, model_path: Path, *, contest: dict, port: int, run_id: str,
+                 image: str | None = None, vllm_cmd: str | None = None, shm_size: str = "64g",
+                 wait: bool = True, timeout: float = 1800, state_file: Path | None = None,
+                 harness_args: list[str] | None = None, extra_env: dict[str, str] | None = None) -> dict:
+    """Start one server for a loaded profile (the command checked against the contest rules), record
+    it in `state_file` (default: the one `forge stop` reads) and, with `wait`, return once /health
+    answers. `harness_args`/`extra_env` are the GPU harness's additions (random weights and the like):
+    they are appended after the check, recorded, and mark the run as not comparable to a scored one."""
+    state_file = state_file or STATE
+    rendered = profiles.render(prof, str(model_path), contest)
+    container = f"forge-serve-{run_id}".lower()
+    cmd = launch_command(rendered, image=image, vllm_cmd=vllm_cmd, port=port,
+                         container=container, shm_size=shm_size) + list(harness_args or [])
+    env = {**rendered["env"], **(extra_env or {})}
+    scored = port == LOCKED_PORT and not harness_args
+    if not image and not (model_path / "config.json").is_file():
+        raise ForgeError(f"{model_path}: no config.json here; not a model directory",
+                         hint="pass --model DIR with the model's config.json, tokenizer and weights")
     host = contest["server"]["host"]
     if port_open(host, port):
         raise ForgeError(f"port {port} on {host} is already in use by another process",
                          hint="stop it first (find it with `ss -ltnp | grep :%d`)" % port)
-
     rdir = runs.run_dir(run_id)
     log = rdir / "server.log"
     runs.write_json(rdir / "serve.json", {
         "profile": prof["name"], "profile_chain": prof["chain"], "description": prof["description"],
         "model": str(model_path), "image": image, "command": rendered["argv"], "launch": cmd,
         "env": rendered["env"], "port": port, "scored_port": scored, "started": runs.now_iso(),
+        **({"harness_args": list(harness_args), "harness_env": dict(extra_env or {})} if harness_args else {}),
     })
-    if not scored:
+    if harness_args:
+        ui.info(f"harness server (not a scored run): {proc.fmt(harness_args)}")
+    elif not scored:
         ui.warn(f"port {port} instead of the locked {LOCKED_PORT}: results of this server are not comparable to a scored run")
+    env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in rendered["env"].items())
     ui.info(f"starting profile {prof['name']} (run {run_id}); log: {paths.rel(log)}")
     ui.info(f"{env_text} {proc.fmt(rendered['argv'])}")
-    p = proc.start(cmd, log=log, env=rendered["env"], what="server",
+    p = proc.start(cmd, log=log, env=env, what="server",
                    hint="install docker" if image else "install our vLLM wheel")
     state = {"pid": p.pid, "pgid": os.getpgid(p.pid), "start_time": proc.process_start_time(p.pid),
              "run_id": run_id, "run_dir": str(rdir), "log": str(log), "profile": prof["name"],
              "model": str(model_path), "image": image, "container": container if image else None,
              "host": host, "port": port, "health": contest["server"]["health_path"],
-             "served_model_name": contest["server"]["served_model_name"], "started": runs.now_iso()}
-    STATE.parent.mkdir(parents=True, exist_ok=True)
-    runs.write_json(STATE, state)
-    if args.no_wait:
-        print(run_id)
-        return 0
-    try:
-        wait_healthy(p, state, timeout=args.timeout)
-    except BaseException:
-        _stop_state(state, quiet=True)
-        raise
-    ui.info(f"server ready on http://{host}:{port} (run {run_id}); `forge stop` ends it")
-    print(run_id)
-    return 0
+             "served_model_name": contest["server"]["served_model_name"], "started": runs.now_iso(),
+             "state_file": str(state_file)}
+    state_file.parent.mkdir(parents=True, exist_ok=True)
+    runs.write_json(state_file, state)
+    state["popen"] = p
+    if wait:
+        try:
+            wait_healthy(p, state, timeout=timeout)
+        except BaseException:
+            stop_server(state, quiet=True)
+            raise
+        state["ready"] = True
+    return state
 
 
 def wait_healthy(p, state: dict, timeout: float) -> None:
@@ -231,14 +256,18 @@ def wait_healthy(p, state: dict, timeout: float) -> None:
         time.sleep(0.5)
 
 
-def _stop_state(st: dict, quiet: bool = False) -> str:
+def stop_server(st: dict, quiet: bool = False) -> str:
+    """Stop the server `st` describes (its whole process group) and drop its state file."""
     if st.get("container") and shutil.which("docker"):
         proc.run(["docker", "stop", "-t", "30", st["container"]], check=False, capture=True, timeout=60)
     how = "already gone"
     if proc.process_start_time(st["pid"]) == st["start_time"]:
         how = proc.stop_group(st["pgid"])
-    if STATE.is_file():
-        STATE.unlink()
+    if st.get("popen") is not None:
+        st["popen"].poll()              # reap our own child
+    sf = Path(st.get("state_file") or STATE)
+    if sf.is_file():
+        sf.unlink()
     if not quiet:
         ui.info(f"server pid {st['pid']} (run {st['run_id']}): {how}")
     return how
@@ -253,7 +282,7 @@ def cmd_stop(args) -> int:
         STATE.unlink()
         ui.info(f"the recorded server (pid {st['pid']}, run {st['run_id']}) has already exited; state cleared")
         return 0
-    _stop_state(st)
+    stop_server(st)
     return 0
 
 
