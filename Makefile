@@ -1,6 +1,6 @@
 # dcu-forge: the front door. Every target calls the tool (scripts/forge); `make help` lists them.
 # Variables: PY (python to run the tool), PROFILE, MODEL, IMAGE, RUN, BASELINE, A, B, DATA_DIR,
-# TOK_S, VLLM_SRC, MAX_JOBS, BASE_IMAGE.
+# TOK_S, VLLM_SRC, MAX_JOBS, BASE_IMAGE, E2E_ARGS.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -95,11 +95,11 @@ accuracy: ## accuracy: official run_accuracy.sh (DATA_DIR) or our LongBench-form
 report: ## regenerate reports/env-vars.md, optimization-plan.md, submission-readme.md
 	@$(FORGE) report --profile $(PROFILE)
 
-gpu-bundle: ## bundle for the GPU machine end-to-end run
+gpu-bundle: ## build/gpu-bundle: patched vLLM (harness build), extra wheels, model dir, manifest
 	@$(FORGE) gpu-bundle
 
-e2e-gpu: ## end-to-end run on the GPU machine (installs the bundle, serves, benches, scores)
-	@$(FORGE) e2e-gpu
+e2e-gpu: ## on a GPU machine: install the bundle, serve the profiles side by side, plumbing, tiers, fault, score (E2E_ARGS=...)
+	@$(FORGE) e2e-gpu $(E2E_ARGS)
 
 test: venv ## what CI runs: unit tests, patches-check, rehearsal, kernel and tree tests
 	@$(FORGE) test

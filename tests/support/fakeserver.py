@@ -11,6 +11,8 @@ max_completion_tokens (or FAKE_OUTPUT_TOKENS). Behaviour for tests, from the env
   FAKE_OUTPUT_TOKENS cap on reply length (default: as requested)
   FAKE_DIE_AFTER     exit the whole process in the middle of streaming chat request number N
   FAKE_FAIL_START    print this text and exit with code 1 instead of serving
+  FAKE_GARBAGE_PORT  on this port, /v1/completions logprobs are NaN; FAKE_COLLAPSE_PORT: on this
+                     port, one token repeated; FAKE_LOGPROB_SHIFT: added to each chosen token's logprob
 Non-streaming chat replies answer accuracy prompts: the text after the last "Answer key:" in the
 prompt (up to the line end), else the first ten words of the streamed reply.
 """
@@ -81,9 +83,42 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 
+    def _completion(self, body: dict) -> None:
+        """Non-streaming /v1/completions with OpenAI-style logprobs (top-k per position)."""
+        if body.get("model") != self.server.served_name:
+            return self._json(404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}})
+        prompt = body.get("prompt") or ""
+        n_out = int(body.get("max_tokens") or 16)
+        words = reply_words(prompt, n_out)
+        if os.environ.get("FAKE_COLLAPSE_PORT") == str(self.server.server_address[1]):
+            words = [words[0]] * n_out
+        shift = float(os.environ.get("FAKE_LOGPROB_SHIFT", "0"))
+        k = int(body.get("logprobs") or 0)
+        lp = None
+        if k:
+            tops, own = [], []
+            for w in words:
+                top = {w: -12.40 + shift}
+                for j in range(1, k):
+                    top[f"w{(int(w[1:]) + j) % VOCAB}"] = -12.40 - 0.01 * j
+                if os.environ.get("FAKE_GARBAGE_PORT") == str(self.server.server_address[1]):
+                    top = {t: float("nan") for t in top}
+                tops.append(top)
+                own.append(top[w])
+            lp = {"tokens": words, "token_logprobs": own, "top_logprobs": tops}
+        n_in = len(prompt.split())
+        text = " " + " ".join(words)
+        # json.dumps writes NaN for float('nan'), as vLLM's server does
+        return self._json(200, {"id": "cmpl-fake", "object": "text_completion", "model": body["model"],
+                                "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": "length"}],
+                                "usage": {"prompt_tokens": n_in, "completion_tokens": n_out,
+                                          "total_tokens": n_in + n_out}})
+
     def do_POST(self):
         n = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(n) or b"{}")
+        if self.path == "/v1/completions":
+            return self._completion(body)
         if self.path != "/v1/chat/completions":
             return self._json(404, {"error": "not found"})
         if time.monotonic() < STATE["ready_at"]:

@@ -28,6 +28,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port_pair() -> int:
+    """A port p with p and p+1 both free (servers of one e2e run take consecutive ports)."""
+    for _ in range(100):
+        p = free_port()
+        if port_free(p + 1):
+            return p
+    raise RuntimeError("no two consecutive free ports")
+
+
 def forge_env(tmp: Path, **extra: str) -> dict:
     env = dict(os.environ)
     env.update({"PYTHONPATH": str(ROOT / "scripts"), "FORGE_RUNS_DIR": str(tmp / "runs"),

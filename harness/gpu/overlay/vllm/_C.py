@@ -1,0 +1,156 @@
+"""GPU-harness stand-in for vLLM's compiled extension `vllm._C` (NOT part of the product).
+
+The end-to-end harness runs the patched pure-Python vLLM on a GPU machine whose torch differs
+from the one vLLM's csrc is built for, and which has no toolchain to build it. This module
+registers, in plain torch, the `torch.ops._C` operators that the serve path of Qwen3.5 with the
+harness flags reaches (see harness/gpu/README.md), so the server starts and serves. Every server of
+one harness run uses this same module, so profiles are compared on equal terms; absolute numbers
+are below those of a real build.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+_lib = torch.library.Library("_C", "FRAGMENT")
+
+
+def _op(schema: str, fn, key: str = "CompositeExplicitAutograd") -> None:
+    name = schema.split("(", 1)[0]
+    _lib.define(schema)
+    _lib.impl(name, fn, key)
+
+
+# --- capability queries read at start-up: the stand-in has none of the CUTLASS kernels -----------
+for _q in ("cutlass_scaled_mm_supports_fp8", "cutlass_scaled_mm_supports_block_fp8",
+           "cutlass_group_gemm_supported", "cutlass_scaled_mm_supports_fp4"):
+    _op(f"{_q}(int cuda_device_capability) -> bool", lambda cap: False)
+
+
+# --- activations (SiluAndMul and friends look their op up at construction) -----------------------
+def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    d = x.shape[-1] // 2
+    return x[..., :d], x[..., d:]
+
+
+def _silu_and_mul(out, x):
+    a, b = _halves(x)
+    out.copy_(F.silu(a) * b)
+
+
+def _mul_and_silu(out, x):
+    a, b = _halves(x)
+    out.copy_(a * F.silu(b))
+
+
+def _gelu_and_mul(out, x):
+    a, b = _halves(x)
+    out.copy_(F.gelu(a) * b)
+
+
+def _gelu_tanh_and_mul(out, x):
+    a, b = _halves(x)
+    out.copy_(F.gelu(a, approximate="tanh") * b)
+
+
+def _fatrelu_and_mul(out, x, threshold):
+    a, b = _halves(x)
+    out.copy_(torch.where(a > threshold, a, torch.zeros_like(a)) * b)
+
+
+_op("silu_and_mul(Tensor! result, Tensor input) -> ()", _silu_and_mul)
+_op("mul_and_silu(Tensor! out, Tensor input) -> ()", _mul_and_silu)
+_op("gelu_and_mul(Tensor! out, Tensor input) -> ()", _gelu_and_mul)
+_op("gelu_tanh_and_mul(Tensor! out, Tensor input) -> ()", _gelu_tanh_and_mul)
+_op("fatrelu_and_mul(Tensor! out, Tensor input, float threshold) -> ()", _fatrelu_and_mul)
+_op("gelu_new(Tensor! out, Tensor input) -> ()", lambda out, x: out.copy_(F.gelu(x, approximate="tanh")))
+_op("gelu_fast(Tensor! out, Tensor input) -> ()", lambda out, x: out.copy_(F.gelu(x, approximate="tanh")))
+_op("gelu_quick(Tensor! out, Tensor input) -> ()", lambda out, x: out.copy_(x * torch.sigmoid(1.702 * x)))
+
+
+# --- normalization -------------------------------------------------------------------------------
+def _rms(xf: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype) -> torch.Tensor:
+    # as vLLM's RMSNorm.forward_static (and its CUDA kernel): fp32 statistics, the normalized value
+    # cast back to the input dtype, then scaled by the weight
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return y.to(dtype) * weight
+
+
+def _rms_norm(out, x, weight, eps):
+    out.copy_(_rms(x.to(torch.float32), weight, eps, x.dtype))
+
+
+def _fused_add_rms_norm(x, residual, weight, eps):
+    s = x.to(torch.float32) + residual
+    residual.copy_(s.to(x.dtype))
+    x.copy_(_rms(s, weight, eps, x.dtype))
+
+
+_op("rms_norm(Tensor! result, Tensor input, Tensor weight, float epsilon) -> ()", _rms_norm)
+_op("fused_add_rms_norm(Tensor! input, Tensor! residual, Tensor weight, float epsilon) -> ()",
+    _fused_add_rms_norm)
+
+
+# --- rotary embedding (in place on query/key; rotary_dim = the cache's last dimension) ------------
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
+    cos = cos.unsqueeze(-2).to(x.dtype)
+    sin = sin.unsqueeze(-2).to(x.dtype)
+    if is_neox:
+        x1, x2 = _halves(x)
+    else:
+        x1, x2 = x[..., ::2], x[..., 1::2]
+    o1 = x1 * cos - x2 * sin
+    o2 = x2 * cos + x1 * sin
+    if is_neox:
+        return torch.cat((o1, o2), dim=-1)
+    return torch.stack((o1, o2), dim=-1).flatten(-2)
+
+
+def _rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
+    pos = positions.flatten()
+    n = pos.shape[0]
+    cos, sin = cos_sin_cache.index_select(0, pos).chunk(2, dim=-1)
+    rot = cos_sin_cache.shape[-1]
+    for t in (query, key):
+        if t is None:
+            continue
+        v = t.view(n, -1, head_size)
+        v[..., :rot] = _rotate(v[..., :rot], cos, sin, is_neox)
+
+
+_op("rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, "
+    "Tensor cos_sin_cache, bool is_neox) -> ()", _rotary_embedding)
+
+
+# --- sampling ------------------------------------------------------------------------------------
+def _apply_repetition_penalties(logits, prompt_mask, output_mask, penalties):
+    p = penalties.unsqueeze(1).expand_as(logits)
+    p = torch.where(prompt_mask | output_mask, p, torch.ones_like(p))
+    logits.mul_(torch.where(logits > 0, 1.0 / p, p))
+
+
+_op("apply_repetition_penalties_(Tensor! logits, Tensor prompt_mask, Tensor output_mask, "
+    "Tensor repetition_penalties) -> ()", _apply_repetition_penalties)
+
+
+# --- CUDA graph capture keeps weak references to its outputs; an alias is enough here ------------
+_op("weak_ref_tensor(Tensor(a) input) -> Tensor(a)", lambda x: x.view_as(x))
+
+
+# --- the FLA/GDN Triton kernels use TMA descriptors on Hopper, which need a Triton allocator -----
+def _set_triton_allocator() -> None:
+    try:
+        import triton
+    except ImportError:
+        return
+    if not hasattr(triton, "set_allocator"):
+        return
+
+    def alloc(size: int, alignment: int, stream):
+        return torch.empty(size, device="cuda", dtype=torch.int8)
+
+    triton.set_allocator(alloc)
+
+
+_set_triton_allocator()

@@ -1,0 +1,718 @@
+"""`forge e2e-gpu`: the end-to-end run on a GPU machine, from the bundle `make gpu-bundle` built.
+
+One invocation: verify and install the bundle (harness build of the patched vLLM, extra wheels, model
+directory), start each profile's server through the same code as `forge serve` (the profile's checked
+command plus the harness's arguments: random weights, TRITON_ATTN, graph settings), all servers side
+by side on the one GPU, then:
+  1. warm each server (the first request compiles the Triton kernels; not measured);
+  2. plumbing check: greedy completions of the same prompts from the first profile and from the
+     reference profile (same random weights), compared token by token and by first-token logprobs;
+  3. rounds of the contest's tiers through `vllm bench serve` (the project's bench loop), one prompt
+     per tier and profile per round, tiers and profiles interleaved so every profile sees the same
+     conditions; rounds continue while the deadline allows;
+  4. fault check: the reference server is killed in the middle of a tier; the loop records the
+     failed requests and the score marks the tier failed;
+  5. per-profile results (rounds merged per tier), a proxy score of every profile against the
+     reference measured in the same run (reference = 60.0), and summary.{md,json}.
+Results land in --out (default reports/e2e/<date>-<device>/); --pack FILE rewrites a .tar.gz of it
+after every step, so a run cut short still returns what it finished.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+import math
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from . import bench, gpu_bundle, paths, profiles, runs, score, serve, synth, ui
+from . import contest as contest_mod
+from .errors import ForgeError
+
+DEFAULT_TIER_ORDER = ["16-32K", "8-16K", "4-8K"]   # the largest expected change first
+WARM_PROMPT_TOKENS = 9000                          # one full 8192-token prefill chunk and a ragged one
+PLUMBING_PROMPT_TOKENS = [1000, 4000, 12000]
+PLUMBING_MAX_TOKENS = 32
+FIRST_PORT = serve.LOCKED_PORT
+
+
+# --- small HTTP client (no proxies: loopback only) --------------------------------------------------
+
+def post_json(url: str, body: dict, timeout: float) -> dict:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with opener.open(req, timeout=timeout) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raise ForgeError(f"{url}: HTTP {e.code}: {e.read()[:500].decode(errors='replace')}")
+    except (urllib.error.URLError, OSError) as e:
+        raise ForgeError(f"{url}: {e}")
+
+
+def complete(state: dict, prompt: str, max_tokens: int, *, logprobs: int | None = None,
+             timeout: float = 600) -> dict:
+    body = {"model": state["served_model_name"], "prompt": prompt, "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True}
+    if logprobs:
+        body["logprobs"] = logprobs
+    return post_json(f"http://{state['host']}:{state['port']}/v1/completions", body, timeout)
+
+
+# --- merging rounds ----------------------------------------------------------------------------------
+
+def _pct(values: list[float], q: float) -> float | None:
+    return score.percentile(values, q) if values else None
+
+
+def merge_results(parts: list[dict]) -> dict:
+    """One tier result from several `vllm bench serve` results of the same tier (one per round):
+    per-request lists concatenated, counts and durations summed, throughput and percentiles
+    recomputed (at concurrency 1 the rounds are back to back, so tok/s = tokens / summed duration)."""
+    if not parts:
+        raise ForgeError("no tier results to merge")
+    lists = ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors", "start_times")
+    out: dict = {"forge_merged_rounds": len(parts)}
+    for k in lists:
+        if all(k in p for p in parts):
+            out[k] = [x for p in parts for x in p[k]]
+    for k in ("completed", "failed", "num_prompts", "total_input_tokens", "total_output_tokens", "duration"):
+        out[k] = sum(p.get(k) or 0 for p in parts)
+    dur = out["duration"]
+    out["output_throughput"] = out["total_output_tokens"] / dur if dur > 0 else 0.0
+    out["request_throughput"] = out["completed"] / dur if dur > 0 else 0.0
+    out["total_token_throughput"] = (out["total_input_tokens"] + out["total_output_tokens"]) / dur if dur > 0 else 0.0
+    ok = [i for i, e in enumerate(out.get("errors") or []) if not e] if "errors" in out else []
+    ttfts_ms = [1000.0 * out["ttfts"][i] for i in ok] if "ttfts" in out else []
+    tpots = score.request_tpots_ms(out) or []
+    for name, vals in (("ttft", ttfts_ms), ("tpot", tpots)):
+        for q in (50, 95, 99):
+            out[f"p{q}_{name}_ms"] = _pct(vals, q)
+        out[f"mean_{name}_ms"] = sum(vals) / len(vals) if vals else None
+    synth_notes = [p["forge_synthesized"] for p in parts if p.get("forge_synthesized")]
+    if synth_notes:
+        out["forge_synthesized"] = "; ".join(synth_notes)
+    return out
+
+
+# --- plumbing ----------------------------------------------------------------------------------------
+
+def _choice(resp: dict) -> dict:
+    ch = (resp.get("choices") or [{}])[0]
+    lp = ch.get("logprobs") or {}
+    return {"text": ch.get("text", ""), "tokens": lp.get("tokens") or [],
+            "token_logprobs": lp.get("token_logprobs") or [], "top": lp.get("top_logprobs") or []}
+
+
+def compare_outputs(ref: dict, test: dict) -> dict:
+    """Greedy outputs of two servers with the same weights: where the token streams part, and how far
+    the first token's top logprobs moved, against their own spread."""
+    rt, tt = ref["tokens"], test["tokens"]
+    same = 0
+    for a, b in zip(rt, tt):
+        if a != b:
+            break
+        same += 1
+    vals = [x for x in test["token_logprobs"] if x is not None]
+    finite = all(math.isfinite(x) for x in vals) and all(
+        math.isfinite(v) for d in test["top"] if d for v in d.values())
+    r0 = ref["top"][0] if ref["top"] else {}
+    t0 = test["top"][0] if test["top"] else {}
+    common = sorted(set(r0) & set(t0))
+    diffs = [abs(r0[k] - t0[k]) for k in common]
+    spread = (max(r0.values()) - min(r0.values())) if len(r0) > 1 else None
+    collapse_test = len(tt) > 4 and len(set(tt)) == 1
+    collapse_ref = len(rt) > 4 and len(set(rt)) == 1
+    gross = []
+    if not tt:
+        gross.append("no tokens")
+    if not finite:
+        gross.append("non-finite logprobs")
+    if collapse_test and not collapse_ref:
+        gross.append("one token repeated throughout (the reference does not)")
+    if r0 and t0 and not common:
+        gross.append("first-token top candidates share nothing with the reference")
+    return {"tokens": len(tt), "same_prefix": same, "identical": rt == tt,
+            "first_token_same": bool(rt and tt and rt[0] == tt[0]),
+            "top_common": len(common), "top_k": len(r0),
+            "max_abs_logprob_diff": max(diffs) if diffs else None,
+            "ref_top_spread": spread, "finite": finite, "gross": gross}
+
+
+def plumbing(test: dict, ref: dict, prompts: list[str]) -> dict:
+    rows = []
+    for p in prompts:
+        a = _choice(complete(ref, p, PLUMBING_MAX_TOKENS, logprobs=5))
+        b = _choice(complete(test, p, PLUMBING_MAX_TOKENS, logprobs=5))
+        row = compare_outputs(a, b)
+        row["prompt_words"] = len(p.split())
+        row["ref_text"], row["test_text"] = a["text"][:200], b["text"][:200]
+        rows.append(row)
+    failed = [r for r in rows if r["gross"]]
+    return {"test": test["profile"], "reference": ref["profile"], "max_tokens": PLUMBING_MAX_TOKENS,
+            "prompts": rows, "ok": not failed,
+            "verdict": "no gross mismatch" if not failed else
+            "; ".join(f"{r['prompt_words']} words: {', '.join(r['gross'])}" for r in failed)}
+
+
+# --- server log facts -------------------------------------------------------------------------------
+
+LOG_FACTS = {
+    "attention_block_size": r"[Ss]etting attention block size to (\d+) tokens",
+    "kv_cache_tokens": r"GPU KV cache size: ([\d,]+) tokens",
+    "kv_cache_dtype": r"kv_cache_dtype=(\w+)",
+    "graph_capture_s": r"Graph capturing finished in ([\d.]+) secs",
+}
+
+
+def log_facts(log: Path) -> dict:
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    out = {}
+    for k, pat in LOG_FACTS.items():
+        m = re.search(pat, text)
+        if m:
+            out[k] = m.group(1).replace(",", "")
+    errs = [ln for ln in text.splitlines() if re.search(r"Traceback|ERROR|Error:", ln)]
+    out["error_lines"] = errs[:10]
+    return out
+
+
+def trim_log(src: Path, dst: Path, head: int = 150, tail: int = 250) -> None:
+    lines = src.read_text(errors="replace").splitlines() if src.is_file() else []
+    if len(lines) > head + tail:
+        lines = lines[:head] + [f"... [{len(lines) - head - tail} lines trimmed by forge e2e-gpu] ..."] + lines[-tail:]
+    dst.write_text("\n".join(lines) + "\n")
+
+
+# --- the run ------------------------------------------------------------------------------------------
+
+class Run:
+    def __init__(self, args):
+        self.args = args
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + args.deadline_s
+        self.contest = contest_mod.load_contest()
+        self.h = gpu_bundle.harness_config()
+        self.out = Path(args.out) if args.out else default_out()
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.summary: dict = {"started": runs.now_iso(), "command": " ".join(["forge e2e-gpu", *sys.argv[2:]]),
+                              "git": runs.git_commit(), "steps": [], "skipped": [], "harness": {}}
+        self.servers: dict[str, dict] = {}
+        self.lock = threading.RLock()     # the warm-up thread reports steps too
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def step(self, name: str, **detail) -> None:
+        with self.lock:
+            rec = {"step": name, "at_s": round(time.monotonic() - self.t0, 1), **detail}
+            self.summary["steps"].append(rec)
+            ui.info(f"e2e [{rec['at_s']:.0f}s, {self.left():.0f}s left]: {name}")
+            self.save()
+
+    def save(self) -> None:
+        with self.lock:
+            runs.write_json(self.out / "summary.json", self.summary)
+            if self.args.pack:
+                pack(self.out, Path(self.args.pack), self.servers)
+
+
+def default_out() -> Path:
+    dev = runs.device_info()
+    name = "cpu"
+    for tool in ("nvidia-smi", "hy-smi", "rocm-smi"):
+        if dev.get(tool):
+            name = dev[tool].strip().splitlines()[0].split(",")[0]
+            break
+    slug = re.sub(r"[^a-z0-9]+", "", name.lower().replace("nvidia", "")) or "device"
+    return paths.REPORTS / "e2e" / f"{dt.date.today().isoformat()}-{slug[:16]}"
+
+
+def pack(out: Path, dest: Path, servers: dict) -> None:
+    """A .tar.gz of the results folder (server logs trimmed, datasets left out), written atomically."""
+    (out / "logs").mkdir(exist_ok=True)
+    for name, st in servers.items():
+        trim_log(Path(st["log"]), out / "logs" / f"server-{name}.log")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(".part")
+    with tarfile.open(tmp, "w:gz") as tf:
+        for p in sorted(out.rglob("*")):
+            rel = p.relative_to(out)
+            if p.is_file() and rel.parts[0] != "datasets" and p.name != "server.log":
+                tf.add(p, arcname=str(Path(out.name) / rel))
+    os.replace(tmp, dest)
+
+
+def install_bundle(bundle: Path, site: Path) -> dict:
+    man = gpu_bundle.verify_bundle(bundle)
+    marker = site / ".forge-bundle"
+    if marker.is_file() and marker.read_text() == man["vllm_wheel"]:
+        ui.info(f"bundle already installed in {site}")
+    else:
+        shutil.rmtree(site, ignore_errors=True)
+        wheels = sorted(str(p) for p in (bundle / "wheels").glob("*.whl"))
+        with ui.step(f"installing {len(wheels)} wheels into {site}"):
+            r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                                "--no-cache-dir", "--target", str(site), *wheels], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise ForgeError(f"pip could not install the bundle:\n{r.stderr[-2000:]}",
+                                 hint="the bundle is built for Python " + man.get("python", "?"))
+        marker.write_text(man["vllm_wheel"])
+    return man
+
+
+def python_env(site: Path | None) -> None:
+    """Children (servers, the bench client) import the bundle's vLLM first."""
+    if site:
+        old = os.environ.get("PYTHONPATH", "")
+        os.environ["PYTHONPATH"] = str(site) + (os.pathsep + old if old else "")
+
+
+def versions(py: str) -> dict:
+    code = ("import json,sys\nout={'python':sys.version.split()[0]}\n"
+            "for m in ('torch','triton','vllm','transformers'):\n"
+            "  try:\n    out[m]=__import__(m).__version__\n  except Exception as e:\n    out[m]=f'unavailable: {e}'\n"
+            "try:\n  import torch\n  out['device']=torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'\n"
+            "except Exception:\n  pass\nprint(json.dumps(out))")
+    r = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=300)
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"error": r.stderr[-500:]}
+
+
+def harness_contest(contest: dict) -> dict:
+    """The contest's client options with the harness's two time savers: no warm-up requests and no
+    initial test request (each costs a full 1024-token request per tier; the servers are warmed
+    once, before any tier)."""
+    c = json.loads(json.dumps(contest))
+    opts = []
+    for o in c["client"]["options"]:
+        if o[0] == "--num-warmups":
+            o = ["--num-warmups", "0"]
+        opts.append(o)
+    opts.append(["--ready-check-timeout-sec", "0"])
+    c["client"]["options"] = opts
+    return c
+
+
+def harness_args(h: dict, extra: list[str]) -> list[str]:
+    out = [x for a in h["server_args"] for x in a]
+    out += ["--gpu-memory-utilization", str(h["gpu_memory_utilization"])]
+    return out + extra
+
+
+def build_datasets(run: Run, model: Path, n: int) -> dict[str, list[Path]]:
+    """The same synthetic prompts for every profile: per tier, one file per round (one prompt each)."""
+    ddir = run.out / "datasets"
+    per_round: dict[str, list[Path]] = {}
+    for t in run.contest["tiers"]:
+        full = ddir / f"{t['name']}.jsonl"
+        info = synth.build_tier(model, t, n, full)
+        lines = full.read_text().splitlines()
+        per_round[t["name"]] = []
+        for r, line in enumerate(lines, 1):
+            p = ddir / f"r{r}" / f"{t['name']}.jsonl"
+            p.parent.mkdir(exist_ok=True)
+            p.write_text(line + "\n")
+            per_round[t["name"]].append(p)
+        run.summary.setdefault("datasets", {})[t["name"]] = {"prompt_tokens": info["prompt_tokens"],
+                                                            "seed": info["seed"]}
+    return per_round
+
+
+def synthetic_prompt(model: Path, n_tokens: int, seed: str) -> str:
+    tok = synth.Tok(model)
+    text, _ = synth.make_prompt(tok, synth.word_pool(tok), n_tokens, random.Random(seed))
+    return text
+
+
+def start_all(run: Run, model: Path, names: list[str], site: Path | None) -> list[str]:
+    """Start the servers side by side; returns the profiles whose server came up. The first one
+    starts alone (its memory profile must not see another process allocating); the others start
+    while it compiles its kernels on its first request."""
+    args = run.args
+    extra_env = {"VLLM_LOGGING_LEVEL": "INFO"}
+    if args.triton_cache:
+        extra_env["TRITON_CACHE_DIR"] = args.triton_cache
+    hargs = harness_args(run.h, args.server_arg or [])
+    live: list[str] = []
+    waited: set[str] = set()
+    warm_thread = None
+    for i, name in enumerate(names):
+        prof = profiles.load_profile(name, run.contest)
+        st = guarded(run, name, functools.partial(
+            serve.start_server, prof, model, contest=run.contest, port=args.first_port + i, run_id=name,
+            vllm_cmd=args.vllm, wait=False, state_file=run.out / "state" / f"{name}.json",
+            harness_args=hargs, extra_env=extra_env))
+        if st is None:
+            continue
+        st["t_start"] = time.monotonic()
+        run.servers[name] = st
+        if warm_thread is None:           # no server is up yet: this one starts alone
+            waited.add(name)
+            if guarded(run, name, wait_ready, run, name):
+                live.append(name)
+                warm_thread = threading.Thread(target=guarded, args=(run, name, warm, run, name, model), daemon=True)
+                warm_thread.start()
+    for name in names:
+        if name in run.servers and name not in waited:
+            waited.add(name)
+            if guarded(run, name, wait_ready, run, name):
+                live.append(name)
+    if warm_thread is not None:
+        warm_thread.join()
+    for name in live[1:]:
+        guarded(run, name, warm, run, name, model)
+    return [n for n in names if n in live]
+
+
+def guarded(run: Run, name: str, fn, *a):
+    """Run one step for server `name`; a failure is recorded against that server (its log is kept)
+    and the run goes on with the others."""
+    try:
+        return fn(*a)
+    except ForgeError as e:
+        with run.lock:
+            run.summary.setdefault("server_errors", {}).setdefault(name, []).append(e.message[-3000:])
+            what = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "step")
+            run.step(f"server {name}: {what} failed", error=e.message[-500:])
+        return None
+
+
+def wait_ready(run: Run, name: str) -> bool:
+    st = run.servers[name]
+    serve.wait_healthy(st["popen"], st, timeout=max(60.0, run.left()))
+    st["ready_s"] = round(time.monotonic() - st["t_start"], 1)
+    run.step(f"server {name} ready", seconds=st["ready_s"], port=st["port"], **log_facts(Path(st["log"])))
+    return True
+
+
+def warm(run: Run, name: str, model: Path) -> None:
+    st = run.servers[name]
+    t = time.monotonic()
+    prompt = synthetic_prompt(model, WARM_PROMPT_TOKENS, "warm")
+    complete(st, prompt, 16, timeout=max(60.0, run.left()))
+    st["warm_s"] = round(time.monotonic() - t, 1)
+    run.step(f"server {name} warmed (first request: Triton compile and autotune)", seconds=st["warm_s"])
+
+
+def bench_rounds(run: Run, names: list[str], model: Path, datasets: dict[str, list[Path]]) -> dict:
+    """Rounds of (tier, profile) pairs; returns {profile: {tier: [round result files]}}."""
+    contest_h = harness_contest(run.contest)
+    tiers = {t["name"]: t for t in run.contest["tiers"]}
+    order = [t for t in (run.args.tier_order or DEFAULT_TIER_ORDER) if t in tiers]
+    launcher = bench.client_launcher(run.args.client)
+    done: dict[str, dict[str, list[Path]]] = {n: {t: [] for t in order} for n in names}
+    est = {t: None for t in order}
+    reserve = run.args.reserve_s
+    n_rounds = max(len(v) for v in datasets.values())
+    for r in range(1, n_rounds + 1):
+        for tname in order:
+            for name in names:
+                st = run.servers[name]
+                guess = est[tname] or (60.0 + tiers[tname]["prompt_tokens"][1] / 2000.0)
+                if run.left() - reserve < guess:
+                    run.summary["skipped"].append(f"round {r} tier {tname} profile {name}: "
+                                                  f"{run.left():.0f}s left, needs ~{guess:.0f}s + {reserve:.0f}s reserve")
+                    continue
+                rdir = runs.run_dir(name) / "rounds" / f"r{r}"
+                rdir.mkdir(parents=True, exist_ok=True)
+                man = {"run_id": f"{name}-r{r}", "profile": name, "round": r}
+                ds = {"kind": "synthetic", "path": str(datasets[tname][r - 1]), "num_prompts": 1}
+                t = time.monotonic()
+                status = guarded(run, name, functools.partial(
+                    bench.run_tier, contest_h, tiers[tname], ds, launcher=launcher, model=str(model), host=st["host"],
+                    port=st["port"], rdir=rdir, manifest=man, poll_s=30,
+                    health_url=f"http://{st['host']}:{st['port']}{st['health']}"))
+                took = time.monotonic() - t
+                if status is None:
+                    continue
+                est[tname] = max(est[tname] or 0.0, took)
+                res = runs.read_json(bench.result_path(rdir, tname))
+                done[name][tname].append(bench.result_path(rdir, tname))
+                run.step(f"round {r} tier {tname} {name}: {res.get('output_throughput', 0):.2f} tok/s",
+                         status=status, seconds=round(took, 1), completed=res.get("completed"),
+                         failed=res.get("failed"), ttft_ms=res.get("p99_ttft_ms"), tpot_ms=res.get("p99_tpot_ms"))
+    return done
+
+
+def finish_runs(run: Run, names: list[str], done: dict) -> dict[str, Path]:
+    """Merge each profile's rounds into reports-style run folders (one <tier>.json per tier)."""
+    out = {}
+    for name in names:
+        rdir = runs.run_dir(name)
+        for tname, files in done[name].items():
+            if files:
+                runs.write_json(bench.result_path(rdir, tname), merge_results([runs.read_json(f) for f in files]))
+        st = run.servers[name]
+        runs.write_json(rdir / "manifest.json", {
+            "run_id": name, "profile": name, "harness": True, "model": st["model"],
+            "server": runs.read_json(rdir / "serve.json"), "git": runs.git_commit(), "device": runs.device_info(),
+            "client": "vllm bench serve (contest options; --num-warmups 0, --ready-check-timeout-sec 0)",
+            "rounds": {t: [str(f.relative_to(rdir)) for f in fs] for t, fs in done[name].items()}})
+        out[name] = rdir
+    return out
+
+
+def scores(run: Run, run_dirs: dict[str, Path], ref: str) -> dict:
+    tiers = contest_mod.tier_names(run.contest)
+    complete_runs = {n: d for n, d in run_dirs.items() if all(bench.result_path(d, t).is_file() for t in tiers)}
+    out = {}
+    if ref not in complete_runs:
+        run.summary["score_note"] = f"no proxy score: the reference {ref} lacks a result for some tier"
+        return out
+    base = score.baseline_from_run(complete_runs[ref], run.contest)
+    base["label"] = f"{ref} measured in this run (H200 proxy: {ref} = 60.0)"
+    for name, d in complete_runs.items():
+        res = score.score(run.contest, score.load_run(d, run.contest), base)
+        runs.write_json(d / "score.json", res)
+        (d / "score.md").write_text(score.render_md(res, str(d.relative_to(run.out)), None))
+        out[name] = res
+    return out
+
+
+def fault_check(run: Run, name: str, model: Path, datasets: dict) -> dict:
+    """Kill `name`'s server while a tier's request is in flight, then let the loop go on."""
+    st = run.servers[name]
+    contest_h = harness_contest(run.contest)
+    tiers = run.contest["tiers"]
+    rid = f"fault-{name}"
+    rdir = runs.run_dir(rid)
+    man = {"run_id": rid, "profile": name, "fault_check": True}
+    launcher = bench.client_launcher(run.args.client)
+    health = f"http://{st['host']}:{st['port']}{st['health']}"
+    statuses = {}
+
+    server_log = Path(st["log"])
+    posts_before = server_log.read_text(errors="replace").count("POST /v1/chat/completions")
+
+    def killer():
+        # wait until the server has taken the tier's request (its access log shows the POST), then
+        # kill the server's whole process group while the reply is streaming
+        t = time.monotonic()
+        while time.monotonic() - t < 60:
+            if server_log.read_text(errors="replace").count("POST /v1/chat/completions") > posts_before:
+                break
+            time.sleep(0.2)
+        time.sleep(run.args.fault_delay_s)
+        os.killpg(st["pgid"], 9)
+        statuses["killed_at_s"] = round(time.monotonic() - t, 1)
+
+    k = threading.Thread(target=killer, daemon=True)
+    k.start()
+    for t in tiers:
+        ds = {"kind": "synthetic", "path": str(datasets[t["name"]][0]), "num_prompts": 1}
+        statuses[t["name"]] = bench.run_tier(contest_h, t, ds, launcher=launcher, model=str(model), host=st["host"],
+                                             port=st["port"], rdir=rdir, manifest=man, health_url=health, poll_s=30)
+    k.join(timeout=5)
+    st["popen"].poll()
+    res = {t["name"]: runs.read_json(bench.result_path(rdir, t["name"])) for t in tiers}
+    ref_dir = runs.run_dir(name)
+    verdict = {}
+    if all(bench.result_path(ref_dir, t["name"]).is_file() for t in tiers):
+        base = score.baseline_from_run(ref_dir, run.contest)
+        sc = score.score(run.contest, score.load_run(rdir, run.contest), base)
+        runs.write_json(rdir / "score.json", sc)
+        verdict = {n: {"contribution": t["contribution"], "zeroed_by": t["zeroed_by"]} for n, t in sc["tiers"].items()}
+    return {"server": name, "statuses": statuses,
+            "failed": {n: r.get("failed") for n, r in res.items()},
+            "completed": {n: r.get("completed") for n, r in res.items()},
+            "score": verdict,
+            "ok": all((r.get("failed") or 0) >= 1 and not r.get("completed") for r in res.values())
+            and (not verdict or all(v["contribution"] == 0 for v in verdict.values()))}
+
+
+def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
+    s = run.summary
+    v = s.get("versions", {})
+    # a copy of the repository without .git (as sent to a GPU machine) knows its commit from the bundle
+    commit, dirty, where = s["git"].get("commit"), s["git"].get("dirty"), "this checkout"
+    if not commit:
+        fb = (s.get("bundle") or {}).get("forge") or {}
+        commit, dirty, where = fb.get("commit"), fb.get("dirty"), "as recorded in the bundle"
+    L = ["<!-- generated by `forge e2e-gpu` (scripts/forge/e2e.py); do not edit -->",
+         f"# End-to-end run: {', '.join(names)} on {v.get('device', '?')}", "",
+         f"- started {s['started']}, {s.get('seconds', '?')} s; command: `{s['command']}`",
+         f"- forge commit `{(commit or '?')[:12]}`{' (dirty)' if dirty else ''} ({where}); "
+         f"bundle vLLM `{s.get('bundle', {}).get('version', '?')}`",
+         f"- Python {v.get('python')}, torch {v.get('torch')}, triton {v.get('triton')}, "
+         f"transformers {v.get('transformers')}",
+         "- harness, not a contest run: random weights (`--load-format dummy`), plain-torch stand-ins for "
+         "vLLM's compiled ops, client without warm-up/test requests (servers warmed once before the tiers); "
+         "compare profiles only within this run.", ""]
+    L += ["## Servers", "", "| profile | ready s | first request s | attention block | KV cache tokens | errors in log |",
+          "|---|---|---|---|---|---|"]
+    for n in names:
+        st = run.servers.get(n, {})
+        f = log_facts(Path(st["log"])) if st.get("log") else {}
+        L.append(f"| {n} | {st.get('ready_s', '—')} | {st.get('warm_s', '—')} | {f.get('attention_block_size', '—')} "
+                 f"| {f.get('kv_cache_tokens', '—')} | {len(f.get('error_lines', []))} |")
+    L += ["", "## Tiers (output tok/s, concurrency 1, 1024 output tokens)", "",
+          "| tier | " + " | ".join(names) + " | best vs " + ref + " | TTFT P99 ms | TPOT P99 ms | prompts |",
+          "|---|" + "---|" * len(names) + "---|---|---|---|"]
+    for t in contest_mod.tier_names(run.contest):
+        cells, tok = [], {}
+        ttft, tpot, nprompt = [], [], []
+        for n in names:
+            p = bench.result_path(runs.run_dir(n), t)
+            if p.is_file():
+                r = runs.read_json(p)
+                tok[n] = r.get("output_throughput") or 0.0
+                cells.append(f"{tok[n]:.2f}" + (f" ({r['failed']} failed)" if r.get("failed") else ""))
+                ttft.append(f"{n}: {score._fmt(r.get('p99_ttft_ms'), '.0f')}")
+                tpot.append(f"{n}: {score._fmt(r.get('p99_tpot_ms'))}")
+                nprompt.append(str(r.get("completed", 0) + r.get("failed", 0)))
+            else:
+                cells.append("—")
+        best = max((x for x in tok.items() if x[0] != ref), key=lambda x: x[1], default=None)
+        lift = f"{best[0]} {100 * (best[1] / tok[ref] - 1):+.1f} %" if best and tok.get(ref) else "—"
+        L.append(f"| {t} | " + " | ".join(cells) + f" | {lift} | {'; '.join(ttft)} | {'; '.join(tpot)} | "
+                 f"{'/'.join(nprompt) or '—'} |")
+    L += ["", "## Proxy score (same-run reference = 60.0)", ""]
+    if scored:
+        for n, r in scored.items():
+            L.append(f"- {n}: **{r['display']}** (pooled TPOT P99 {score._fmt(r['tpot_p99_pooled_ms'])} ms)")
+    else:
+        L.append(f"- not computed: {s.get('score_note', 'tiers missing')}")
+    if s.get("plumbing"):
+        p = s["plumbing"]
+        L += ["", f"## Plumbing check: {p['test']} vs {p['reference']} (greedy, {p['max_tokens']} tokens)", "",
+              f"Verdict: **{p['verdict']}**", "",
+              "| prompt words | identical | same prefix | first token same | top-5 common | max Δ logprob | ref top-5 spread |",
+              "|---|---|---|---|---|---|---|"]
+        for r in p["prompts"]:
+            L.append(f"| {r['prompt_words']} | {r['identical']} | {r['same_prefix']}/{r['tokens']} | "
+                     f"{r['first_token_same']} | {r['top_common']}/{r['top_k']} | "
+                     f"{score._fmt(r['max_abs_logprob_diff'], '.4f')} | {score._fmt(r['ref_top_spread'], '.4f')} |")
+    if s.get("fault"):
+        f = s["fault"]
+        L += ["", f"## Fault check ({f['server']} killed mid-tier)", "",
+              f"Result: **{'as intended' if f['ok'] else 'NOT as intended'}** — statuses {f['statuses']}; "
+              f"failed {f['failed']}; score contributions "
+              f"{ {n: v['contribution'] for n, v in f['score'].items()} if f['score'] else 'not scored'}"]
+    if s.get("server_errors"):
+        L += ["", "## Server errors", ""]
+        for n, errs in s["server_errors"].items():
+            L += [f"### {n}", "", "```", errs[-1][-2500:], "```", ""]
+    if s["skipped"]:
+        L += ["", "## Left out", ""] + [f"- {x}" for x in s["skipped"]]
+    if s.get("error"):
+        L += ["", "## Error", "", "```", s["error"], "```"]
+    return "\n".join(L) + "\n"
+
+
+def cmd_e2e(args) -> int:
+    run = Run(args)
+    names = args.profiles.split(",") if args.profiles else list(run.h["profiles"])
+    ref = args.reference or ("upstream" if "upstream" in names else names[-1])
+    if ref not in names:
+        raise ForgeError(f"the reference profile {ref} is not among the profiles {names}",
+                         hint="add it to --profiles")
+    os.environ["FORGE_RUNS_DIR"] = str(run.out / "runs")
+    (run.out / "logs").mkdir(exist_ok=True)
+    site = None
+    if args.bundle:
+        bundle = Path(args.bundle)
+        site = Path(args.site)
+        man = install_bundle(bundle, site)
+        run.summary["bundle"] = {"version": man["version"], "wheel": man["vllm_wheel"], "forge": man.get("forge")}
+        model = Path(args.model) if args.model else bundle / "model"
+    else:
+        if not args.model:
+            raise ForgeError("--model is needed when no --bundle is given")
+        model = Path(args.model)
+    python_env(site)
+    args.vllm = args.vllm or f"{sys.executable} -m vllm.entrypoints.cli.main"
+    vt = threading.Thread(target=lambda: run.summary.__setitem__("versions", versions(sys.executable)), daemon=True)
+    vt.start()
+    run.summary["profiles"] = names
+    run.summary["reference"] = ref
+    run.step("bundle installed" if site else "using the installed vLLM", model=str(model))
+    scored: dict = {}
+    try:
+        datasets = build_datasets(run, model, args.num_prompts)
+        run.step("synthetic tier prompts built", prompts_per_tier=args.num_prompts)
+        live = start_all(run, model, names, site)
+        if not live:
+            raise ForgeError("no server came up; see summary.json server_errors and logs/")
+        if live != names:
+            run.summary["skipped"].append(f"profiles whose server did not come up: "
+                                          f"{', '.join(n for n in names if n not in live)}")
+        if not args.no_plumbing and names[0] != ref and names[0] in live and ref in live:
+            prompts = [synthetic_prompt(model, n, f"plumbing{n}") for n in PLUMBING_PROMPT_TOKENS]
+            pl = guarded(run, names[0], plumbing, run.servers[names[0]], run.servers[ref], prompts)
+            if pl is not None:
+                run.summary["plumbing"] = pl
+                run.step("plumbing check", verdict=pl["verdict"])
+        done = bench_rounds(run, live, model, datasets)
+        run_dirs = finish_runs(run, live, done)
+        scored = scores(run, run_dirs, ref)
+        run.summary["scores"] = {n: {"display": r["display"], "total": r["total"],
+                                     "tiers": {t: {"tok_s": v["tok_s"], "lift": v["lift"]} for t, v in r["tiers"].items()}}
+                                 for n, r in scored.items()}
+        run.step("scored", scores={n: r["display"] for n, r in scored.items()})
+        if not args.no_fault and ref in live:
+            if run.left() > 20:
+                fc = guarded(run, ref, fault_check, run, ref, model, datasets)
+                if fc is not None:
+                    run.summary["fault"] = fc
+                    run.step("fault check", ok=fc["ok"])
+            else:
+                run.summary["skipped"].append(f"fault check: {run.left():.0f}s left")
+    except (ForgeError, KeyboardInterrupt) as e:
+        run.summary["error"] = getattr(e, "message", None) or repr(e)
+        raise
+    finally:
+        vt.join(timeout=60)
+        for name, st in run.servers.items():
+            trim_log(Path(st["log"]), run.out / "logs" / f"server-{name}.log")
+            run.summary.setdefault("server_facts", {})[name] = log_facts(Path(st["log"]))
+            if st["popen"].poll() is None:
+                serve.stop_server(st, quiet=True)
+        run.summary["seconds"] = round(time.monotonic() - run.t0, 1)
+        (run.out / "summary.md").write_text(render_summary(run, names, scored, ref))
+        run.save()
+        ui.info(f"results: {run.out}")
+    return 0 if not run.summary.get("plumbing") or run.summary["plumbing"]["ok"] else 1
+
+
+def register(sub) -> None:
+    p = sub.add_parser("e2e-gpu", help="the end-to-end run on a GPU machine (serve, bench, plumbing, fault, score)",
+                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    p.add_argument("--bundle", default=str(gpu_bundle.BUNDLE),
+                   help="the bundle from `make gpu-bundle` (default build/gpu-bundle); '' uses the installed vLLM")
+    p.add_argument("--site", default="/tmp/forge-e2e-site", help="where the bundle's wheels are installed")
+    p.add_argument("--model", help="model directory (default: the bundle's)")
+    p.add_argument("--profiles", help="comma-separated profiles (default: harness/gpu/harness.yaml profiles)")
+    p.add_argument("--reference", help="the profile scored as 60.0 (default: upstream)")
+    p.add_argument("--num-prompts", type=int, default=2, help="prompts per tier, one per round (default 2)")
+    p.add_argument("--tier-order", type=lambda s: s.split(","), help="tiers in the order they run (default: "
+                                                                   + ",".join(DEFAULT_TIER_ORDER) + ")")
+    p.add_argument("--deadline-s", type=float, default=560.0,
+                   help="stop starting new tier rounds so the run ends within this many seconds (default 560)")
+    p.add_argument("--reserve-s", type=float, default=25.0, help="seconds kept for the fault check and the reports")
+    p.add_argument("--out", help="results folder (default: reports/e2e/<date>-<device>/)")
+    p.add_argument("--pack", help="also keep a .tar.gz of the results here, rewritten after every step")
+    p.add_argument("--vllm", help="how to start vLLM (default: this Python's vllm.entrypoints.cli.main)")
+    p.add_argument("--client", help="command for `vllm bench serve` (default: as forge bench-all-tiers)")
+    p.add_argument("--server-arg", action="append", help="one more server argument (repeatable)")
+    p.add_argument("--triton-cache", help="TRITON_CACHE_DIR shared by the servers")
+    p.add_argument("--first-port", type=int, default=FIRST_PORT,
+                   help=f"port of the first profile's server; the others follow (default {FIRST_PORT})")
+    p.add_argument("--fault-delay-s", type=float, default=3.0, help="seconds into the request before the kill")
+    p.add_argument("--no-plumbing", action="store_true")
+    p.add_argument("--no-fault", action="store_true")
+    p.set_defaults(func=cmd_e2e)

@@ -1,0 +1,140 @@
+"""The GPU end-to-end harness against the patched tree and vLLM's own code (rehearsal venv):
+the harness patches apply on top of the product series and the overlay only adds files; the plain-torch
+stand-ins for `vllm._C` compute what vLLM's own native implementations compute (float64 references,
+fresh random inputs, partial rotary as in Qwen3.5); and a whole `forge e2e-gpu` run with vLLM's real
+benchmark client against two fake servers, fault check included."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+
+from forge import gpu_bundle, wheel  # noqa: E402
+
+STANDIN = ROOT / "harness" / "gpu" / "overlay" / "vllm" / "_C.py"
+
+
+def test_harness_applies_on_the_patched_tree_and_only_adds_files(patched_tree, tmp_path):
+    src = tmp_path / "src"
+    wheel.clean_copy(patched_tree, src)
+    applied = gpu_bundle.apply_harness(src)
+    assert [a for a in applied if a.endswith(".patch")] == [p.name for p in gpu_bundle.harness_patches()]
+    assert "vllm/_C.py" in applied
+    for f in ("vllm/vllm_flash_attn/__init__.py", "vllm/v1/structured_output/backend_xgrammar.py",
+              "vllm/v1/structured_output/backend_guidance.py", "vllm/entrypoints/openai/chat_completion/serving.py"):
+        compile((src / f).read_text(), f, "exec")
+    assert "raise ImportError" not in (src / "vllm/vllm_flash_attn/__init__.py").read_text()
+    # a second application must refuse (the overlay file exists now), naming the file
+    from forge.errors import ForgeError
+    with pytest.raises(ForgeError):
+        gpu_bundle.apply_harness(src)
+
+
+def test_harness_patches_never_touch_forbidden_paths():
+    import fnmatch
+    import re
+    from forge import contest
+    c = contest.load_contest()
+    for p in gpu_bundle.harness_patches():
+        files = re.findall(r"^diff --git a/(\S+) b/", p.read_text(), flags=re.M)
+        assert files, p.name
+        for f in files:
+            for rule in c["forbidden_paths"]:
+                assert not fnmatch.fnmatch(f, rule["glob"]), (p.name, f, rule)
+
+
+STANDIN_CHECK = r'''
+import importlib.util, json, torch
+spec = importlib.util.spec_from_file_location("standin_C", {standin!r})
+m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+from vllm.model_executor.layers.layernorm import RMSNorm
+torch.manual_seed(1234)
+out = {{}}
+# rotary: Qwen3.5 full-attention layers rotate 64 of 256 dims (partial_rotary_factor 0.25)
+for is_neox in (True, False):
+    for head, rot, nq, nk, T in ((256, 64, 24, 4, 37), (128, 128, 3, 1, 5)):
+        pos = torch.randint(0, 4000, (T,))
+        cache = torch.randn(4096, rot, dtype=torch.float64)
+        q = torch.randn(T, nq * head, dtype=torch.float64)
+        k = torch.randn(T, nk * head, dtype=torch.float64)
+        rq, rk = RotaryEmbedding.forward_static(pos, q.clone(), k.clone(), head, rot, cache, is_neox)
+        q2, k2 = q.clone(), k.clone()
+        torch.ops._C.rotary_embedding(pos, q2, k2, head, cache, is_neox)
+        out[f"rope_{{is_neox}}_{{head}}"] = max((q2 - rq).abs().max().item(), (k2 - rk).abs().max().item())
+        out[f"rope_moved_{{is_neox}}_{{head}}"] = (q2 - q).abs().max().item()
+# rms_norm / fused_add_rms_norm against vLLM's RMSNorm.forward_static
+w = torch.randn(5120, dtype=torch.float64)
+x = torch.randn(7, 5120, dtype=torch.float64); res = torch.randn(7, 5120, dtype=torch.float64)
+ref = RMSNorm.forward_static(x.clone(), 1e-6, 5120, torch.float64, w)
+y = torch.full_like(x, float("nan"))
+torch.ops._C.rms_norm(y, x, w, 1e-6)
+out["rms"] = (y - ref).abs().max().item()
+ref_o, ref_r = RMSNorm.forward_static(x.clone(), 1e-6, 5120, torch.float64, w, res.clone())
+x2, r2 = x.clone(), res.clone()
+torch.ops._C.fused_add_rms_norm(x2, r2, w, 1e-6)
+out["fused_out"] = (x2 - ref_o).abs().max().item()
+out["fused_res"] = (r2 - ref_r).abs().max().item()
+# silu_and_mul: SiluAndMul.forward_native
+from vllm.model_executor.layers.activation import SiluAndMul
+a = torch.randn(5, 2 * 17408, dtype=torch.float64)
+o = torch.full((5, 17408), float("nan"), dtype=torch.float64)
+torch.ops._C.silu_and_mul(o, a)
+out["silu"] = (o - SiluAndMul.forward_native(a)).abs().max().item()
+print(json.dumps(out))
+'''
+
+
+def test_standin_ops_match_vllms_native_implementations(run_in_vllm):
+    r = run_in_vllm(STANDIN_CHECK.format(standin=str(STANDIN)))
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    for k, v in out.items():
+        if k.startswith("rope_moved"):
+            assert v > 0.1, (k, v)             # the op did change the tensors in place
+        else:
+            assert v < 1e-12, (k, v)
+
+
+@pytest.fixture(scope="module")
+def client(vllm_python):
+    r = subprocess.run([str(vllm_python), "-c", "import pandas, vllm.benchmarks.serve"], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip("the rehearsal venv cannot run `vllm bench serve`: " + r.stderr.strip().splitlines()[-1])
+    return f"{vllm_python} -m vllm.entrypoints.cli.main"
+
+
+def test_e2e_with_the_real_client_and_a_server_killed_mid_tier(tmp_path, client):
+    """Two fake servers, vLLM's own `vllm bench serve`, one prompt per tier, then the fault check
+    kills the reference server while its reply streams: that tier's request is recorded failed,
+    the tiers after it find no server, and the score zeroes them."""
+    from helpers import forge_env, free_port_pair
+    p = free_port_pair()
+    model = tmp_path / "model"
+    gpu_bundle.write_model_dir(gpu_bundle.harness_config(), model)
+    # replies of 1024 tokens at 4 ms: 4 s of streaming, so the kill lands mid-reply
+    env = forge_env(tmp_path, FAKE_TOKEN_MS="4")
+    fake = f"{sys.executable} {ROOT / 'tests' / 'support' / 'fakeserver.py'}"
+    r = subprocess.run([sys.executable, "-m", "forge", "e2e-gpu", "--bundle", "", "--model", str(model),
+                        "--vllm", fake, "--client", client, "--first-port", str(p), "--out", str(tmp_path / "out"),
+                        "--num-prompts", "1", "--fault-delay-s", "1"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert s["scores"]["upstream"]["display"] == "60.0"
+    for prof in ("fast-int8", "upstream"):
+        for t in ("4-8K", "8-16K", "16-32K"):
+            res = json.loads((tmp_path / "out" / "runs" / prof / f"{t}.json").read_text())
+            assert res["completed"] == 1 and res["failed"] == 0 and res["total_output_tokens"] == 1024
+    f = s["fault"]
+    assert f["ok"], f
+    assert f["failed"] == {"4-8K": 1, "8-16K": 1, "16-32K": 1}
+    assert f["statuses"]["8-16K"] == "server-down" and f["statuses"]["16-32K"] == "server-down"
+    assert all(v["contribution"] == 0 for v in f["score"].values())
+    assert "as intended" in (tmp_path / "out" / "summary.md").read_text()

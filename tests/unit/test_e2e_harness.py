@@ -1,0 +1,233 @@
+"""The GPU end-to-end harness on a CPU box: the bundle's pieces (tokenizer, manifest), merging of
+tier rounds checked against vLLM's own result arithmetic, the plumbing comparison's verdicts, and
+whole `forge e2e-gpu` runs against two fake servers (the client replays results recorded by vLLM's
+real client; tests/tree/test_e2e_gpu_flow.py runs the real client and the fault check)."""
+
+import json
+import math
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
+from helpers import FIXTURE_RUNS, ROOT, SUPPORT, forge_env, free_port_pair, health  # noqa: E402
+
+from forge import contest, e2e, gpu_bundle  # noqa: E402
+from forge.errors import ForgeError  # noqa: E402
+
+FAKE = f"{sys.executable} {SUPPORT / 'fakeserver.py'}"
+REPLAY = f"{sys.executable} {SUPPORT / 'replayclient.py'}"
+
+
+# --- bundle pieces ----------------------------------------------------------------------------------
+
+def test_tokenizer_has_the_models_vocabulary_and_counts_words(tmp_path):
+    from tokenizers import Tokenizer
+    files = gpu_bundle.tokenizer_files(5003, 4001)
+    for name, body in files.items():
+        (tmp_path / name).write_text(body)
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert tok.get_vocab_size() == 5003
+    assert tok.token_to_id(gpu_bundle.EOS_TEXT) == 4001
+    assert tok.id_to_token(4000) == "w4000" and tok.id_to_token(4002) == "w4002"
+    text = "w17 w4000   w2\nw5002 w9"
+    ids = tok.encode(text, add_special_tokens=False).ids
+    assert ids == [17, 4000, 2, 5002, 9]
+    assert tok.decode(ids) == "w17 w4000 w2 w5002 w9"
+    with pytest.raises(ForgeError):
+        gpu_bundle.tokenizer_files(100, 100)
+
+
+def test_bundle_manifest_catches_a_changed_or_missing_file(tmp_path):
+    b = tmp_path / "bundle"
+    (b / "wheels").mkdir(parents=True)
+    (b / "wheels" / "a.whl").write_bytes(b"one")
+    (b / "model").mkdir()
+    (b / "model" / "config.json").write_text("{}")
+    from forge.hashing import sha256_file
+    files = {p.relative_to(b).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+             for p in b.rglob("*") if p.is_file()}
+    (b / "manifest.json").write_text(json.dumps({"files": files, "vllm_wheel": "a.whl"}))
+    assert gpu_bundle.verify_bundle(b)["vllm_wheel"] == "a.whl"
+    (b / "wheels" / "a.whl").write_bytes(b"two")
+    with pytest.raises(ForgeError, match=r"wheels/a.whl \(sha256 differs\)"):
+        gpu_bundle.verify_bundle(b)
+    (b / "model" / "config.json").unlink()
+    with pytest.raises(ForgeError, match=r"model/config.json \(missing\)"):
+        gpu_bundle.verify_bundle(b)
+
+
+def test_harness_config_is_checked(tmp_path):
+    h = gpu_bundle.harness_config()
+    assert "upstream" in h["profiles"] and h["max_bundle_mib"] < 64
+    bad = tmp_path / "h.yaml"
+    bad.write_text((gpu_bundle.HARNESS / "harness.yaml").read_text().replace("pydantic==2.12.5", "pydantic>=2"))
+    with pytest.raises(ForgeError, match=r"wheels.*not an exact pin"):
+        gpu_bundle.harness_config(bad)
+
+
+def test_harness_args_keep_the_contest_client_but_drop_warmups():
+    c = contest.load_contest()
+    h = e2e.harness_contest(c)
+    opts = dict((o[0], o[1] if len(o) > 1 else None) for o in h["client"]["options"])
+    assert opts["--num-warmups"] == "0" and opts["--ready-check-timeout-sec"] == "0"
+    orig = dict((o[0], o[1] if len(o) > 1 else None) for o in c["client"]["options"])
+    assert orig["--num-warmups"] == "2"                      # the contest's own set is untouched
+    for k in ("--custom-output-len", "--max-concurrency", "--temperature", "--backend", "--endpoint"):
+        assert opts[k] == orig[k]
+
+
+# --- merging rounds --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tier", ["4-8K", "8-16K", "16-32K"])
+def test_merging_one_result_reproduces_vllms_own_numbers(tier):
+    """vLLM's client computed these fields itself; recomputing them from its per-request lists
+    must agree (this is what merging several rounds relies on)."""
+    res = json.loads((FIXTURE_RUNS / "base" / f"{tier}.json").read_text())
+    m = e2e.merge_results([res])
+    assert m["completed"] == res["completed"] and m["failed"] == res["failed"]
+    assert m["output_throughput"] == pytest.approx(res["output_throughput"], rel=1e-9)
+    for k in ("p50_ttft_ms", "p99_ttft_ms", "mean_ttft_ms"):
+        assert m[k] == pytest.approx(res[k], rel=1e-6), k
+    # vLLM's TPOT uses each request's end-to-end latency, which the result file does not keep; the
+    # per-request token gaps it does keep give the same figure up to the last chunk's timing
+    for k in ("p50_tpot_ms", "p99_tpot_ms", "mean_tpot_ms"):
+        assert m[k] == pytest.approx(res[k], rel=0.01), k
+
+
+def test_merging_rounds_sums_tokens_over_time_and_pools_requests():
+    a = json.loads((FIXTURE_RUNS / "base" / "8-16K.json").read_text())
+    b = json.loads((FIXTURE_RUNS / "fast" / "8-16K.json").read_text())
+    m = e2e.merge_results([a, b])
+    assert m["forge_merged_rounds"] == 2
+    assert m["completed"] == a["completed"] + b["completed"]
+    assert m["output_throughput"] == pytest.approx(
+        (a["total_output_tokens"] + b["total_output_tokens"]) / (a["duration"] + b["duration"]))
+    assert len(m["ttfts"]) == len(a["ttfts"]) + len(b["ttfts"])
+    lo, hi = sorted([a["output_throughput"], b["output_throughput"]])
+    assert lo <= m["output_throughput"] <= hi
+    assert max(a["p99_ttft_ms"], b["p99_ttft_ms"]) >= m["p99_ttft_ms"] >= min(a["p50_ttft_ms"], b["p50_ttft_ms"])
+
+
+def test_merging_keeps_failed_requests_failed():
+    ok = json.loads((FIXTURE_RUNS / "base" / "8-16K.json").read_text())
+    died = json.loads((FIXTURE_RUNS / "died" / "8-16K.json").read_text())       # 3 completed, 1 failed
+    m = e2e.merge_results([ok, died])
+    assert m["failed"] == ok["failed"] + died["failed"] == 1
+    assert m["completed"] == ok["completed"] + died["completed"]
+    assert sum(1 for e in m["errors"] if e) == 1
+    # the failed request's TTFT is not pooled into the percentiles
+    good = [1000 * t for t, e in zip(m["ttfts"], m["errors"]) if not e]
+    assert max(good) >= m["p99_ttft_ms"] >= min(good)
+    gone = json.loads((FIXTURE_RUNS / "died" / "16-32K.json").read_text())     # server unreachable
+    g = e2e.merge_results([gone])
+    assert g["completed"] == 0 and g["output_throughput"] == 0.0 and g["p99_ttft_ms"] is None
+    assert "unreachable" in g["forge_synthesized"]
+
+
+# --- plumbing verdicts -----------------------------------------------------------------------------
+
+def _out(tokens, first_top, lp=-12.4):
+    return {"tokens": tokens, "token_logprobs": [lp] * len(tokens), "top": [first_top] + [{}] * (len(tokens) - 1)}
+
+
+def test_plumbing_accepts_small_logprob_noise():
+    top = {"w1": -12.40, "w2": -12.41, "w3": -12.42}
+    ref = _out(["w1", "w5", "w9", "w2", "w7", "w8"], top)
+    test = _out(["w1", "w5", "w9", "w3", "w3", "w3"], {k: v + 0.002 for k, v in top.items()})
+    r = e2e.compare_outputs(ref, test)
+    assert r["gross"] == [] and r["same_prefix"] == 3 and r["first_token_same"]
+    assert r["max_abs_logprob_diff"] == pytest.approx(0.002) and r["top_common"] == 3
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("nan", "non-finite"), ("collapse", "repeated"), ("disjoint", "share nothing"), ("empty", "no tokens")])
+def test_plumbing_flags_gross_mismatches(case, needle):
+    top = {"w1": -12.40, "w2": -12.41}
+    ref = _out(["w1", "w2", "w3", "w4", "w5", "w6"], top)
+    test = {
+        "nan": _out(["w1", "w2", "w3", "w4", "w5", "w6"], {"w1": math.nan, "w2": -12.41}, lp=math.nan),
+        "collapse": _out(["w1"] * 6, top),
+        "disjoint": _out(["w8", "w2", "w3", "w4", "w5", "w6"], {"w8": -12.4, "w9": -12.5}),
+        "empty": {"tokens": [], "token_logprobs": [], "top": []},
+    }[case]
+    r = e2e.compare_outputs(ref, test)
+    assert any(needle in g for g in r["gross"]), r["gross"]
+
+
+# --- whole runs against fake servers -------------------------------------------------------------
+
+def _e2e(tmp_path, *extra, env_extra=None, timeout=300):
+    port = free_port_pair()
+    env = forge_env(tmp_path, REPLAY_FROM=str(FIXTURE_RUNS / "base"), REPLAY_LOG=str(tmp_path / "replay.log"),
+                    **(env_extra or {}))
+    from forge import gpu_bundle as gb
+    model = tmp_path / "model"
+    gb.write_model_dir({"model": {"config": "configs/models/qwen3.5-27b/config.json", "vocab_size": 248320,
+                                  "eos_token_id": 248044}}, model)
+    cmd = [sys.executable, "-m", "forge", "e2e-gpu", "--bundle", "", "--model", str(model), "--vllm", FAKE,
+           "--client", REPLAY, "--first-port", str(port), "--out", str(tmp_path / "out"),
+           "--pack", str(tmp_path / "pack" / "e2e.tgz"), "--num-prompts", "1", *extra]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return r, port, tmp_path / "out"
+
+
+def test_e2e_run_scores_every_profile_against_the_same_run_reference(tmp_path):
+    r, port, out = _e2e(tmp_path, "--no-fault")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["profiles"] == ["fast-int8", "upstream"] and s["reference"] == "upstream"
+    assert s["scores"]["upstream"]["display"] == "60.0"
+    assert set(s["scores"]) == {"fast-int8", "upstream"}
+    assert s["plumbing"]["ok"] and len(s["plumbing"]["prompts"]) == len(e2e.PLUMBING_PROMPT_TOKENS)
+    # every (tier, profile) ran once, and each profile's server got its own profile's command
+    calls = [json.loads(x) for x in (tmp_path / "replay.log").read_text().splitlines()]
+    assert len(calls) == 6
+    ports = {c["argv"][c["argv"].index("--port") + 1] for c in calls}
+    assert ports == {str(port), str(port + 1)}
+    for c in calls:
+        a = c["argv"]
+        assert a[a.index("--num-warmups") + 1] == "0" and a[a.index("--custom-output-len") + 1] == "1024"
+    serve_int8 = json.loads((out / "runs" / "fast-int8" / "serve.json").read_text())
+    assert "--kv-cache-dtype" in serve_int8["command"] and serve_int8["scored_port"] is False
+    assert serve_int8["harness_args"][:2] == ["--load-format", "dummy"]
+    up = json.loads((out / "runs" / "upstream" / "serve.json").read_text())
+    assert up["env"]["VLLM_FORGE_DECODE"] == "0" and "--kv-cache-dtype" not in up["command"]
+    md = (out / "summary.md").read_text()
+    assert "| 16-32K |" in md and "Proxy score" in md
+    # the servers are gone and the pack holds the results without the datasets
+    assert not health(port) and not health(port + 1)
+    names = tarfile.open(tmp_path / "pack" / "e2e.tgz").getnames()
+    assert "out/summary.md" in names and "out/runs/upstream/score.json" in names
+    assert not any("/datasets/" in n for n in names) and not any(n.endswith("/server.log") for n in names)
+
+
+def test_e2e_plumbing_failure_is_reported_and_fails_the_run(tmp_path):
+    # the first profile's server answers with NaN logprobs; its port is the run's first port
+    p = free_port_pair()
+    env = forge_env(tmp_path, REPLAY_FROM=str(FIXTURE_RUNS / "base"), REPLAY_LOG=str(tmp_path / "replay.log"),
+                    FAKE_GARBAGE_PORT=str(p))
+    model = tmp_path / "model"
+    gpu_bundle.write_model_dir(gpu_bundle.harness_config(), model)
+    r = subprocess.run([sys.executable, "-m", "forge", "e2e-gpu", "--bundle", "", "--model", str(model),
+                        "--vllm", FAKE, "--client", REPLAY, "--first-port", str(p), "--out", str(tmp_path / "out"),
+                        "--num-prompts", "1", "--no-fault", "--tier-order", "4-8K"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert not s["plumbing"]["ok"] and "non-finite" in s["plumbing"]["verdict"]
+    # only one tier ran: no proxy score, and the summary says why
+    assert "scores" not in s or not s["scores"]
+    assert "lacks a result" in s["score_note"]
+    assert "Plumbing check" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_e2e_deadline_leaves_rounds_out_and_says_so(tmp_path):
+    r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--deadline-s", "30", "--reserve-s", "0")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["skipped"] and all("left, needs" in x for x in s["skipped"])
+    assert "Left out" in (out / "summary.md").read_text()
