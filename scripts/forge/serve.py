@@ -208,7 +208,7 @@ def start_server(prof: dict, model_path: Path, *, contest: dict, port: int, run_
         ui.warn(f"port {port} instead of the locked {LOCKED_PORT}: results of this server are not comparable to a scored run")
     env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in rendered["env"].items())
     ui.info(f"starting profile {prof['name']} (run {run_id}); log: {paths.rel(log)}")
-    ui.info(f"{env_text} {proc.fmt(rendered['argv'])}")
+    ui.info(f"{env_text} {proc.fmt(cmd)}")
     p = proc.start(cmd, log=log, env=env, what="server",
                    hint="install docker" if image else "install our vLLM wheel")
     state = {"pid": p.pid, "pgid": os.getpgid(p.pid), "start_time": proc.process_start_time(p.pid),
