@@ -11,6 +11,7 @@ lists every file with its sha256; `forge e2e-gpu` verifies it before installing.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -76,13 +77,22 @@ def harness_hash() -> str:
 def apply_harness(src: Path) -> list[str]:
     """Apply the harness patches and overlay to an exported tree; names what it applied."""
     done = []
+    # `git apply` inside some repository's work tree (build/ is inside this one) silently skips
+    # paths outside the current directory; stop its repository discovery at `src`
+    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(Path(src).resolve().parent)}
     for p in harness_patches():
-        r = subprocess.run(["git", "apply", "--check", str(p)], cwd=src, capture_output=True, text=True)
+        r = subprocess.run(["git", "apply", "--check", str(p)], cwd=src, capture_output=True, text=True, env=env)
         if r.returncode != 0:
             raise ForgeError(f"harness patch {rel(p)} does not apply to the patched tree:\n{r.stderr.strip()}",
                              hint="the product series changed the lines it touches: update the harness patch "
                                   "against build/vllm (harness/gpu/README.md says how)")
-        proc.run(["git", "apply", str(p)], cwd=src, what=f"git apply {p.name}")
+        subprocess.run(["git", "apply", str(p)], cwd=src, capture_output=True, text=True, env=env)
+        # proof that it landed: the reverse must apply now
+        r = subprocess.run(["git", "apply", "--reverse", "--check", str(p)], cwd=src, capture_output=True,
+                           text=True, env=env)
+        if r.returncode != 0:
+            raise ForgeError(f"harness patch {rel(p)} did not take effect in {src}:\n{r.stderr.strip()}",
+                             hint="check git's repository discovery around the build folder")
         done.append(p.name)
     for p, dst in overlay_files():
         target = src / dst
@@ -105,10 +115,7 @@ def build_bundle_wheel(out_dir: Path) -> tuple[Path, dict]:
     state = tree.build_tree(TREE)
     hh = harness_hash()
     version = bundle_version(state, hh)
-    have = sorted(out_dir.glob(f"vllm-{version}-*.whl"))
-    if have:
-        ui.info(f"{rel(have[0])} is up to date")
-        return have[0], {"version": version, "harness_hash": hh, "series_hash": provenance.series_hash(state)}
+    # always rebuilt (about 10 s): the harness hash covers harness/gpu, not the code that applies it
     work = BUILD / "gpu-bundle-work"
     src = work / "src"
     ui.info(f"clean copy of {rel(TREE)} HEAD -> {rel(src)}")

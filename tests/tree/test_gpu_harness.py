@@ -22,7 +22,9 @@ STANDIN = ROOT / "harness" / "gpu" / "overlay" / "vllm" / "_C.py"
 
 
 def test_harness_applies_on_the_patched_tree_and_only_adds_files(patched_tree, tmp_path):
-    src = tmp_path / "src"
+    # the bundle is built inside this repository's build/: the source copy sits in someone's work tree
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    src = tmp_path / "build" / "src"
     wheel.clean_copy(patched_tree, src)
     applied = gpu_bundle.apply_harness(src)
     assert [a for a in applied if a.endswith(".patch")] == [p.name for p in gpu_bundle.harness_patches()]
@@ -31,6 +33,10 @@ def test_harness_applies_on_the_patched_tree_and_only_adds_files(patched_tree, t
               "vllm/v1/structured_output/backend_guidance.py", "vllm/entrypoints/openai/chat_completion/serving.py"):
         compile((src / f).read_text(), f, "exec")
     assert "raise ImportError" not in (src / "vllm/vllm_flash_attn/__init__.py").read_text()
+    for f in ("backend_xgrammar.py", "backend_guidance.py"):
+        assert "from __future__ import annotations" in (src / "vllm/v1/structured_output" / f).read_text()
+    assert "except ImportError:  # GPU harness" in \
+        (src / "vllm/entrypoints/openai/chat_completion/serving.py").read_text()
     # a second application must refuse (the overlay file exists now), naming the file
     from forge.errors import ForgeError
     with pytest.raises(ForgeError):
