@@ -40,6 +40,7 @@ from pathlib import Path
 from . import bench, gpu_bundle, paths, profiles, runs, score, serve, synth, ui
 from . import contest as contest_mod
 from .errors import ForgeError
+from .hashing import sha256_file
 
 DEFAULT_TIER_ORDER = ["16-32K", "8-16K", "4-8K"]   # the largest expected change first
 WARM_PROMPT_TOKENS = 9000                          # one full 8192-token prefill chunk and a ragged one
@@ -177,6 +178,10 @@ LOG_FACTS = {
 }
 
 
+# logged as errors by vLLM but expected in the harness (the flash-attention probe; no extension shipped)
+HARMLESS_LOG_LINES = ("Cannot use FA version",)
+
+
 def log_facts(log: Path) -> dict:
     text = log.read_text(errors="replace") if log.is_file() else ""
     out = {}
@@ -184,7 +189,9 @@ def log_facts(log: Path) -> dict:
         m = re.search(pat, text)
         if m:
             out[k] = m.group(1).replace(",", "")
-    errs = [ln for ln in text.splitlines() if re.search(r"Traceback|ERROR|Error:", ln)]
+    errs = [ln for ln in text.splitlines()
+            if (re.search(r"Traceback|\bERROR\b", ln) or re.match(r"\s*[\w.]+(Error|Exception)\b", ln))
+            and not any(h in ln for h in HARMLESS_LOG_LINES)]
     out["error_lines"] = errs[:10]
     return out
 
@@ -211,6 +218,17 @@ class Run:
                               "git": runs.git_commit(), "steps": [], "skipped": [], "harness": {}}
         self.servers: dict[str, dict] = {}
         self.lock = threading.RLock()     # the warm-up thread reports steps too
+        prev_path = self.out / "summary.json"
+        if prev_path.is_file():
+            # resuming this folder: keep what earlier invocations did (finished rounds are kept too)
+            prev = runs.read_json(prev_path)
+            earlier = prev.pop("earlier_invocations", [])
+            self.summary["earlier_invocations"] = earlier + [
+                {k: prev.get(k) for k in ("started", "command", "seconds", "steps", "skipped", "server_facts",
+                                          "server_errors", "error", "git", "bundle", "versions")}]
+            for k in ("plumbing", "fault"):
+                if prev.get(k) and prev[k].get("ok"):
+                    self.summary[k] = {**prev[k], "from_earlier_invocation": prev.get("started")}
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -430,7 +448,18 @@ def bench_rounds(run: Run, names: list[str], model: Path, datasets: dict[str, li
                     continue
                 rdir = runs.run_dir(name) / "rounds" / f"r{r}"
                 rdir.mkdir(parents=True, exist_ok=True)
-                man = {"run_id": f"{name}-r{r}", "profile": name, "round": r}
+                sha = sha256_file(datasets[tname][r - 1])
+                # one manifest per round folder, shared by its tiers
+                prev = runs.read_json(rdir / "manifest.json") if (rdir / "manifest.json").is_file() else {}
+                if bench.tier_done(rdir, tname):
+                    if prev.get("dataset_sha256", {}).get(tname) != sha:
+                        raise ForgeError(f"{rdir}: an earlier invocation ran tier {tname} on other prompts",
+                                         hint="give a new --out folder, or the same --num-prompts as before")
+                    done[name][tname].append(bench.result_path(rdir, tname))
+                    run.step(f"round {r} tier {tname} {name}: kept from an earlier invocation")
+                    continue
+                man = {**prev, "run_id": f"{name}-r{r}", "profile": name, "round": r,
+                       "dataset_sha256": {**prev.get("dataset_sha256", {}), tname: sha}}
                 ds = {"kind": "synthetic", "path": str(datasets[tname][r - 1]), "num_prompts": 1}
                 t = time.monotonic()
                 status = guarded(run, name, functools.partial(
@@ -553,7 +582,10 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
          "- harness, not a contest run: random weights (`--load-format dummy`), plain-torch stand-ins for "
          "vLLM's compiled ops, client without warm-up/test requests (servers warmed once before the tiers); "
          "compare profiles only within this run.", ""]
-    L += ["## Servers", "", "| profile | ready s | first request s | attention block | KV cache tokens | errors in log |",
+    for e in s.get("earlier_invocations", []):
+        L.append(f"- earlier invocation in this folder: started {e.get('started')}, {e.get('seconds')} s "
+                 f"(its steps are in summary.json)")
+    L += ["", "## Servers", "", "| profile | ready s | first request s | attention block | KV cache tokens | errors in log |",
           "|---|---|---|---|---|---|"]
     for n in names:
         st = run.servers.get(n, {})
@@ -589,7 +621,8 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
         L.append(f"- not computed: {s.get('score_note', 'tiers missing')}")
     if s.get("plumbing"):
         p = s["plumbing"]
-        L += ["", f"## Plumbing check: {p['test']} vs {p['reference']} (greedy, {p['max_tokens']} tokens)", "",
+        L += ["", f"## Plumbing check: {p['test']} vs {p['reference']} (greedy, {p['max_tokens']} tokens)"
+              + (f" — from the invocation of {p['from_earlier_invocation']}" if p.get("from_earlier_invocation") else ""), "",
               f"Verdict: **{p['verdict']}**", "",
               "| prompt words | identical | same prefix | first token same | top-5 common | max Δ logprob | ref top-5 spread |",
               "|---|---|---|---|---|---|---|"]
@@ -599,7 +632,8 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
                      f"{score._fmt(r['max_abs_logprob_diff'], '.4f')} | {score._fmt(r['ref_top_spread'], '.4f')} |")
     if s.get("fault"):
         f = s["fault"]
-        L += ["", f"## Fault check ({f['server']} killed mid-tier)", "",
+        L += ["", f"## Fault check ({f['server']} killed mid-tier)"
+              + (f" — from the invocation of {f['from_earlier_invocation']}" if f.get("from_earlier_invocation") else ""), "",
               f"Result: **{'as intended' if f['ok'] else 'NOT as intended'}** — statuses {f['statuses']}; "
               f"failed {f['failed']}; score contributions "
               f"{ {n: v['contribution'] for n, v in f['score'].items()} if f['score'] else 'not scored'}"]
@@ -651,7 +685,9 @@ def cmd_e2e(args) -> int:
         if live != names:
             run.summary["skipped"].append(f"profiles whose server did not come up: "
                                           f"{', '.join(n for n in names if n not in live)}")
-        if not args.no_plumbing and names[0] != ref and names[0] in live and ref in live:
+        if run.summary.get("plumbing"):
+            run.step("plumbing check: kept from an earlier invocation")
+        elif not args.no_plumbing and names[0] != ref and names[0] in live and ref in live:
             prompts = [synthetic_prompt(model, n, f"plumbing{n}") for n in PLUMBING_PROMPT_TOKENS]
             pl = guarded(run, names[0], plumbing, run.servers[names[0]], run.servers[ref], prompts)
             if pl is not None:
@@ -664,7 +700,9 @@ def cmd_e2e(args) -> int:
                                      "tiers": {t: {"tok_s": v["tok_s"], "lift": v["lift"]} for t, v in r["tiers"].items()}}
                                  for n, r in scored.items()}
         run.step("scored", scores={n: r["display"] for n, r in scored.items()})
-        if not args.no_fault and ref in live:
+        if run.summary.get("fault"):
+            run.step("fault check: kept from an earlier invocation")
+        elif not args.no_fault and ref in live:
             if run.left() > 20:
                 fc = guarded(run, ref, fault_check, run, ref, model, datasets)
                 if fc is not None:

@@ -231,3 +231,51 @@ def test_e2e_deadline_leaves_rounds_out_and_says_so(tmp_path):
     s = json.loads((out / "summary.json").read_text())
     assert s["skipped"] and all("left, needs" in x for x in s["skipped"])
     assert "Left out" in (out / "summary.md").read_text()
+
+
+def test_e2e_resumes_its_folder_keeping_finished_rounds(tmp_path):
+    r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--tier-order", "4-8K")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    first = [json.loads(x)["tier"] for x in (tmp_path / "replay.log").read_text().splitlines()]
+    assert first == ["4-8K", "4-8K"]
+    r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    calls = [json.loads(x)["tier"] for x in (tmp_path / "replay.log").read_text().splitlines()]
+    assert sorted(calls[2:]) == ["16-32K", "16-32K", "8-16K", "8-16K"]       # 4-8K was not run again
+    s = json.loads((out / "summary.json").read_text())
+    assert len(s["earlier_invocations"]) == 1
+    assert any("kept from an earlier invocation" in x["step"] for x in s["steps"])
+    assert s["scores"]["upstream"]["display"] == "60.0"
+    # other prompts (another --num-prompts) cannot be mixed into the same folder
+    r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--num-prompts", "2")
+    assert r.returncode != 0 and "other prompts" in (r.stdout + r.stderr)
+
+
+# --- parsers on the real run's files (reports/e2e/2026-11-30-h200: vLLM 0.18.1 patched, H200) -----
+
+REAL = ROOT / "reports" / "e2e" / "2026-11-30-h200"
+
+
+def test_log_facts_read_the_real_server_logs():
+    """Values as printed by the real servers (see the log lines quoted in reports/e2e/README.md)."""
+    int8 = e2e.log_facts(REAL / "logs" / "server-fast-int8.log")
+    bf16 = e2e.log_facts(REAL / "logs" / "server-upstream.log")
+    assert (int8["attention_block_size"], int8["kv_cache_tokens"]) == ("1552", "58976")
+    assert (bf16["attention_block_size"], bf16["kv_cache_tokens"]) == ("784", "30576")
+    # the flash-attention probe's ERROR lines are expected in the harness and not counted
+    text = (REAL / "logs" / "server-fast-int8.log").read_text()
+    assert "Cannot use FA version" in text and int8["error_lines"] == []
+
+
+def test_score_reads_the_real_fault_run_as_failed_tiers():
+    from forge import score
+    c = contest.load_contest()
+    run = score.load_run(REAL / "runs" / "fault-upstream", c)
+    for name, t in run["tiers"].items():
+        assert t["completed"] == 0 and t["failed"] == 1 and t["completion"] == 0.0, name
+    killed = json.loads((REAL / "runs" / "fault-upstream" / "4-8K.json").read_text())
+    assert "forge_synthesized" not in killed          # written by vLLM's client itself
+    assert killed["errors"][0]                          # the client's own error text for the cut request
+    base = score.baseline_from_config(c)
+    res = score.score(c, run, base)
+    assert res["total"] == 0.0 and all("completion" in " ".join(t["zeroed_by"]) for t in res["tiers"].values())
