@@ -128,7 +128,9 @@ def _datasets(contest: dict, tiers: list[dict], data_dir: str | None, model: str
 
 
 def run_tier(contest: dict, tier: dict, ds: dict, *, launcher: list[str], model: str, host: str, port: int,
-             rdir: Path, manifest: dict, health_url: str, poll_s: float = 15.0) -> str:
+             rdir: Path, manifest: dict, health_url: str, poll_s: float = 15.0, runner=None) -> str:
+    """One tier through vLLM's client. `runner(argv, log) -> exit code`, when given, runs the client
+    invocation `argv` (from "bench serve" on) itself, e.g. in a long-lived client process."""
     name = tier["name"]
     final = result_path(rdir, name)
     partial = rdir / f"{name}.client.json"
@@ -140,9 +142,14 @@ def run_tier(contest: dict, tier: dict, ds: dict, *, launcher: list[str], model:
         ui.warn(f"tier {name}: the server does not answer {health_url}; its requests are recorded as failed")
         runs.write_json(final, failed_result(contest, name, ds["num_prompts"], f"server not reachable at {health_url}"))
         return "server-down"
-    cmd = launcher + client_args(contest, dataset=Path(ds["path"]), num_prompts=ds["num_prompts"], model=model,
-                                 host=host, port=port, result_dir=rdir, result_name=partial.name)
+    argv = client_args(contest, dataset=Path(ds["path"]), num_prompts=ds["num_prompts"], model=model,
+                       host=host, port=port, result_dir=rdir, result_name=partial.name)
+    cmd = launcher + argv
     manifest.setdefault("client_commands", {})[name] = proc.fmt(cmd)
+    if runner is not None:
+        runs.write_json(rdir / "manifest.json", manifest)
+        rc = runner(argv, log)
+        return _tier_outcome(contest, name, ds, rc, partial, final, log, rdir, health_url)
     from .profiles import loopback_env
     p = proc.start(cmd, log=log, env=loopback_env(), what="vllm bench serve",
                    hint="install vLLM (our wheel) or pass --client")
@@ -162,15 +169,20 @@ def run_tier(contest: dict, tier: dict, ds: dict, *, launcher: list[str], model:
         runs.write_json(rdir / "manifest.json", manifest)
         raise
     manifest.pop("client_running", None)
-    if p.returncode == 0 and partial.is_file():
+    return _tier_outcome(contest, name, ds, p.returncode, partial, final, log, rdir, health_url)
+
+
+def _tier_outcome(contest: dict, name: str, ds: dict, rc: int, partial: Path, final: Path, log: Path, rdir: Path,
+                  health_url: str) -> str:
+    if rc == 0 and partial.is_file():
         os.replace(partial, final)
         return "done"
     if not serve.health_ok(health_url):
         ui.warn(f"tier {name}: the client failed and the server is gone; its requests are recorded as failed")
         runs.write_json(final, failed_result(contest, name, ds["num_prompts"],
-                                             f"server died; client exit {p.returncode}"))
+                                             f"server died; client exit {rc}"))
         return "server-died"
-    raise ForgeError(f"tier {name}: vllm bench serve failed (exit {p.returncode}) while the server is up\n"
+    raise ForgeError(f"tier {name}: vllm bench serve failed (exit {rc}) while the server is up\n"
                      f"--- last lines of {paths.rel(log)} ---\n{proc.tail(log, 25)}",
                      hint="finished tiers are kept; fix the cause and rerun with --run-id " + rdir.name)
 

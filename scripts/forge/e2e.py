@@ -72,6 +72,95 @@ def complete(state: dict, prompt: str, max_tokens: int, *, logprobs: int | None 
     return post_json(f"http://{state['host']}:{state['port']}/v1/completions", body, timeout)
 
 
+# --- vLLM's client, imported once ------------------------------------------------------------------
+
+class ClientWorker:
+    """scripts/forge/benchworker.py under `python`: one process runs every tier's `vllm bench serve`
+    (vLLM's own parser and main), so the client's imports are paid once, not per tier."""
+
+    def __init__(self, python: str, log: Path, timeout: float = 300):
+        import queue
+        from .benchworker import MARKER
+        self.marker = MARKER
+        self.log = log
+        self.lines: "queue.Queue[str | None]" = queue.Queue()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(paths.ROOT / "scripts") + os.pathsep + env.get("PYTHONPATH", "")
+        self.err = open(log, "a")
+        self.p = subprocess.Popen([python, "-m", "forge.benchworker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=self.err, text=True, env=env, start_new_session=True)
+        threading.Thread(target=self._read, daemon=True).start()
+        if self._reply(timeout) is None:
+            self.close()
+            raise ForgeError(f"the benchmark client worker did not start\n{proc_tail(log)}",
+                             hint="its log says why; --client-per-tier runs a fresh client per tier instead")
+
+    def _read(self) -> None:
+        for line in self.p.stdout:
+            if line.startswith(self.marker):
+                self.lines.put(line[len(self.marker):])
+            else:
+                self.err.write(line)
+                self.err.flush()
+        self.lines.put(None)
+
+    def _reply(self, timeout: float) -> dict | None:
+        import queue
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        return json.loads(line) if line else None
+
+    def run(self, argv: list[str], log: Path, timeout: float = 1800) -> int:
+        if self.p.poll() is not None:
+            return 1
+        self.p.stdin.write(json.dumps({"argv": argv, "log": str(log)}) + "\n")
+        self.p.stdin.flush()
+        r = self._reply(timeout)
+        if r is None:                     # hung or died: never reuse it
+            self.close()
+            return 1
+        return int(r.get("rc", 1))
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            try:
+                self.p.stdin.close()
+                self.p.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                os.killpg(self.p.pid, 9)
+                self.p.wait()
+
+
+def proc_tail(log: Path, n: int = 30) -> str:
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    return "\n".join(lines[-n:])
+
+
+def client_runner(run: "Run"):
+    """How tiers run their client: a worker process when the client is this vLLM's own CLI module,
+    else (a custom --client, or --client-per-tier) a fresh process per tier."""
+    if run.args.client_per_tier:
+        return None
+    launcher = bench.client_launcher(run.args.client)
+    if launcher[1:] != ["-m", "vllm.entrypoints.cli.main"]:
+        return None
+    pre = getattr(run, "worker_thread", None)
+    if pre is not None and pre is not threading.current_thread():
+        pre.join()                        # the worker started early, while the servers started
+        run.worker_thread = None
+    if getattr(run, "worker", None) is None or run.worker.p.poll() is not None:
+        run.worker = ClientWorker(launcher[0], run.out / "logs" / "bench-worker.log")
+
+    def runner(argv: list[str], log: Path) -> int:
+        w = run.worker
+        if w.p.poll() is not None:
+            run.worker = w = ClientWorker(launcher[0], run.out / "logs" / "bench-worker.log")
+        return w.run(argv, log, timeout=max(60.0, run.left() + 60))
+    return runner
+
+
 # --- merging rounds ----------------------------------------------------------------------------------
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -433,6 +522,7 @@ def bench_rounds(run: Run, names: list[str], model: Path, datasets: dict[str, li
     tiers = {t["name"]: t for t in run.contest["tiers"]}
     order = [t for t in (run.args.tier_order or DEFAULT_TIER_ORDER) if t in tiers]
     launcher = bench.client_launcher(run.args.client)
+    runner = client_runner(run)
     done: dict[str, dict[str, list[Path]]] = {n: {t: [] for t in order} for n in names}
     est = {t: None for t in order}
     reserve = run.args.reserve_s
@@ -464,7 +554,7 @@ def bench_rounds(run: Run, names: list[str], model: Path, datasets: dict[str, li
                 t = time.monotonic()
                 status = guarded(run, name, functools.partial(
                     bench.run_tier, contest_h, tiers[tname], ds, launcher=launcher, model=str(model), host=st["host"],
-                    port=st["port"], rdir=rdir, manifest=man, poll_s=30,
+                    port=st["port"], rdir=rdir, manifest=man, poll_s=30, runner=runner,
                     health_url=f"http://{st['host']}:{st['port']}{st['health']}"))
                 took = time.monotonic() - t
                 if status is None:
@@ -545,7 +635,8 @@ def fault_check(run: Run, name: str, model: Path, datasets: dict) -> dict:
     for t in tiers:
         ds = {"kind": "synthetic", "path": str(datasets[t["name"]][0]), "num_prompts": 1}
         statuses[t["name"]] = bench.run_tier(contest_h, t, ds, launcher=launcher, model=str(model), host=st["host"],
-                                             port=st["port"], rdir=rdir, manifest=man, health_url=health, poll_s=30)
+                                             port=st["port"], rdir=rdir, manifest=man, health_url=health, poll_s=30,
+                                             runner=client_runner(run))
     k.join(timeout=5)
     st["popen"].poll()
     res = {t["name"]: runs.read_json(bench.result_path(rdir, t["name"])) for t in tiers}
@@ -580,7 +671,8 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
          f"- Python {v.get('python')}, torch {v.get('torch')}, triton {v.get('triton')}, "
          f"transformers {v.get('transformers')}",
          "- harness, not a contest run: random weights (`--load-format dummy`), plain-torch stand-ins for "
-         "vLLM's compiled ops, client without warm-up/test requests (servers warmed once before the tiers); "
+         "vLLM's compiled ops, client without warm-up/test requests (servers warmed once before the tiers; "
+         "vLLM's own client code, run for all tiers in one process unless --client-per-tier); "
          "compare profiles only within this run.", ""]
     for e in s.get("earlier_invocations", []):
         L.append(f"- earlier invocation in this folder: started {e.get('started')}, {e.get('seconds')} s "
@@ -679,6 +771,9 @@ def cmd_e2e(args) -> int:
     try:
         datasets = build_datasets(run, model, args.num_prompts)
         run.step("synthetic tier prompts built", prompts_per_tier=args.num_prompts)
+        # import vLLM's client while the servers start (about 20 s on a GPU machine)
+        run.worker_thread = threading.Thread(target=guarded, args=(run, "client", client_runner, run), daemon=True)
+        run.worker_thread.start()
         live = start_all(run, model, names, site)
         if not live:
             raise ForgeError("no server came up; see summary.json server_errors and logs/")
@@ -714,6 +809,8 @@ def cmd_e2e(args) -> int:
         run.summary["error"] = getattr(e, "message", None) or repr(e)
         raise
     finally:
+        if getattr(run, "worker", None) is not None:
+            run.worker.close()
         vt.join(timeout=60)
         for name, st in run.servers.items():
             trim_log(Path(st["log"]), run.out / "logs" / f"server-{name}.log")
@@ -751,6 +848,8 @@ def register(sub) -> None:
     p.add_argument("--first-port", type=int, default=FIRST_PORT,
                    help=f"port of the first profile's server; the others follow (default {FIRST_PORT})")
     p.add_argument("--fault-delay-s", type=float, default=3.0, help="seconds into the request before the kill")
+    p.add_argument("--client-per-tier", action="store_true",
+                   help="start a fresh `vllm bench serve` per tier instead of one client process for all")
     p.add_argument("--no-plumbing", action="store_true")
     p.add_argument("--no-fault", action="store_true")
     p.set_defaults(func=cmd_e2e)

@@ -138,6 +138,9 @@ def test_e2e_with_the_real_client_and_a_server_killed_mid_tier(tmp_path, client)
         for t in ("4-8K", "8-16K", "16-32K"):
             res = json.loads((tmp_path / "out" / "runs" / prof / f"{t}.json").read_text())
             assert res["completed"] == 1 and res["failed"] == 0 and res["total_output_tokens"] == 1024
+    # every tier ran in the one long-lived client process (vLLM's own parser and main)
+    log = (tmp_path / "out" / "runs" / "upstream" / "rounds" / "r1" / "8-16K.client.log").read_text()
+    assert "forge bench worker" in log.splitlines()[0] and "Serving Benchmark Result" in log
     f = s["fault"]
     assert f["ok"], f
     assert f["failed"] == {"4-8K": 1, "8-16K": 1, "16-32K": 1}
