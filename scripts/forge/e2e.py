@@ -27,6 +27,7 @@ import math
 import os
 import random
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -454,7 +455,8 @@ def start_all(run: Run, model: Path, names: list[str], site: Path | None) -> lis
     extra_env = {"VLLM_LOGGING_LEVEL": "INFO"}
     if args.triton_cache:
         extra_env["TRITON_CACHE_DIR"] = args.triton_cache
-    hargs = harness_args(run.h, args.server_arg or [])
+    hargs = harness_args(run.h, [*(args.server_arg or []), *shlex.split(args.server_args or "")])
+    run.summary["harness"] = {"server_args": hargs, "env": extra_env}
     live: list[str] = []
     waited: set[str] = set()
     warm_thread = None
@@ -843,7 +845,10 @@ def register(sub) -> None:
     p.add_argument("--pack", help="also keep a .tar.gz of the results here, rewritten after every step")
     p.add_argument("--vllm", help="how to start vLLM (default: this Python's vllm.entrypoints.cli.main)")
     p.add_argument("--client", help="command for `vllm bench serve` (default: as forge bench-all-tiers)")
-    p.add_argument("--server-arg", action="append", help="one more server argument (repeatable)")
+    p.add_argument("--server-arg", action="append", help="one more server argument (repeatable; "
+                                                            "write --server-arg=--opt for options)")
+    p.add_argument("--server-args", help="more server arguments as one shell-quoted string, e.g. "
+                                         "--server-args='--tensor-parallel-size 2 --disable-custom-all-reduce'")
     p.add_argument("--triton-cache", help="TRITON_CACHE_DIR shared by the servers")
     p.add_argument("--first-port", type=int, default=FIRST_PORT,
                    help=f"port of the first profile's server; the others follow (default {FIRST_PORT})")

@@ -176,10 +176,11 @@ def _e2e(tmp_path, *extra, env_extra=None, timeout=300):
 
 
 def test_e2e_run_scores_every_profile_against_the_same_run_reference(tmp_path):
-    r, port, out = _e2e(tmp_path, "--no-fault")
+    r, port, out = _e2e(tmp_path, "--no-fault", "--server-args=--seed 7 --enforce-eager")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())
     assert s["profiles"] == ["fast-int8", "upstream"] and s["reference"] == "upstream"
+    assert s["harness"]["server_args"][-3:] == ["--seed", "7", "--enforce-eager"]
     assert s["scores"]["upstream"]["display"] == "60.0"
     assert set(s["scores"]) == {"fast-int8", "upstream"}
     assert s["plumbing"]["ok"] and len(s["plumbing"]["prompts"]) == len(e2e.PLUMBING_PROMPT_TOKENS)
