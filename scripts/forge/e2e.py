@@ -301,7 +301,7 @@ class Run:
         self.t0 = time.monotonic()
         self.deadline = self.t0 + args.deadline_s
         self.contest = contest_mod.load_contest()
-        self.h = gpu_bundle.harness_config()
+        self.h = gpu_bundle.harness_config(Path(args.harness) if args.harness else None)
         self.out = Path(args.out) if args.out else default_out()
         self.out.mkdir(parents=True, exist_ok=True)
         self.summary: dict = {"started": runs.now_iso(), "command": " ".join(["forge e2e-gpu", *sys.argv[2:]]),
@@ -419,6 +419,8 @@ def harness_contest(contest: dict) -> dict:
 def harness_args(h: dict, extra: list[str]) -> list[str]:
     out = [x for a in h["server_args"] for x in a]
     out += ["--gpu-memory-utilization", str(h["gpu_memory_utilization"])]
+    if h.get("kv_cache_memory_bytes"):
+        out += ["--kv-cache-memory-bytes", str(h["kv_cache_memory_bytes"])]
     return out + extra
 
 
@@ -448,28 +450,19 @@ def synthetic_prompt(model: Path, n_tokens: int, seed: str) -> str:
 
 
 def start_all(run: Run, model: Path, names: list[str], site: Path | None) -> list[str]:
-    """Start the servers side by side; returns the profiles whose server came up. The first one
-    starts alone (its memory profile must not see another process allocating); the others start
-    while it compiles its kernels on its first request."""
-    args = run.args
-    extra_env = {"VLLM_LOGGING_LEVEL": "INFO"}
-    if args.triton_cache:
-        extra_env["TRITON_CACHE_DIR"] = args.triton_cache
-    hargs = harness_args(run.h, [*(args.server_arg or []), *shlex.split(args.server_args or "")])
-    run.summary["harness"] = {"server_args": hargs, "env": extra_env}
+    """Start the servers side by side; returns the profiles whose server came up. With a fixed
+    KV-cache size (no memory profiling) they all start at once and warm up together; otherwise the
+    first starts alone (its memory profile must not see another process allocating) and the others
+    start while it compiles its kernels on its first request."""
+    if run.h.get("kv_cache_memory_bytes"):
+        return start_all_at_once(run, model, names)
     live: list[str] = []
     waited: set[str] = set()
     warm_thread = None
     for i, name in enumerate(names):
-        prof = profiles.load_profile(name, run.contest)
-        st = guarded(run, name, functools.partial(
-            serve.start_server, prof, model, contest=run.contest, port=args.first_port + i, run_id=name,
-            vllm_cmd=args.vllm, wait=False, state_file=run.out / "state" / f"{name}.json",
-            harness_args=hargs, extra_env=extra_env))
+        st = _launch(run, model, name, i)
         if st is None:
             continue
-        st["t_start"] = time.monotonic()
-        run.servers[name] = st
         if warm_thread is None:           # no server is up yet: this one starts alone
             waited.add(name)
             if guarded(run, name, wait_ready, run, name):
@@ -486,6 +479,36 @@ def start_all(run: Run, model: Path, names: list[str], site: Path | None) -> lis
     for name in live[1:]:
         guarded(run, name, warm, run, name, model)
     return [n for n in names if n in live]
+
+
+def _launch(run: Run, model: Path, name: str, i: int) -> dict | None:
+    args = run.args
+    extra_env = {"VLLM_LOGGING_LEVEL": "INFO"}
+    if args.triton_cache:
+        extra_env["TRITON_CACHE_DIR"] = args.triton_cache
+    hargs = harness_args(run.h, [*(args.server_arg or []), *shlex.split(args.server_args or "")])
+    run.summary["harness"] = {"server_args": hargs, "env": extra_env}
+    prof = profiles.load_profile(name, run.contest)
+    st = guarded(run, name, functools.partial(
+        serve.start_server, prof, model, contest=run.contest, port=args.first_port + i, run_id=name,
+        vllm_cmd=args.vllm, wait=False, state_file=run.out / "state" / f"{name}.json",
+        harness_args=hargs, extra_env=extra_env))
+    if st is not None:
+        st["t_start"] = time.monotonic()
+        run.servers[name] = st
+    return st
+
+
+def start_all_at_once(run: Run, model: Path, names: list[str]) -> list[str]:
+    for i, name in enumerate(names):
+        _launch(run, model, name, i)
+    live = [n for n in names if n in run.servers and guarded(run, n, wait_ready, run, n)]
+    threads = [threading.Thread(target=guarded, args=(run, n, warm, run, n, model), daemon=True) for n in live]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return live
 
 
 def guarded(run: Run, name: str, fn, *a):
@@ -832,6 +855,7 @@ def register(sub) -> None:
     p.add_argument("--bundle", default=str(gpu_bundle.BUNDLE),
                    help="the bundle from `make gpu-bundle` (default build/gpu-bundle); '' uses the installed vLLM")
     p.add_argument("--site", default="/tmp/forge-e2e-site", help="where the bundle's wheels are installed")
+    p.add_argument("--harness", help="harness settings (default: harness/gpu/harness.yaml)")
     p.add_argument("--model", help="model directory (default: the bundle's)")
     p.add_argument("--profiles", help="comma-separated profiles (default: harness/gpu/harness.yaml profiles)")
     p.add_argument("--reference", help="the profile scored as 60.0 (default: upstream)")

@@ -33,6 +33,7 @@ SCHEMA = {
                            "eos_token_id": config.Field(int)}),
     "server_args": config.Field(list),
     "gpu_memory_utilization": config.Field(float),
+    "kv_cache_memory_bytes": config.Field(int, required=False, default=None),
     "profiles": config.Field(list, item=str),
     "max_bundle_mib": config.Field(int),
 }

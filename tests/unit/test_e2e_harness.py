@@ -280,3 +280,23 @@ def test_score_reads_the_real_fault_run_as_failed_tiers():
     base = score.baseline_from_config(c)
     res = score.score(c, run, base)
     assert res["total"] == 0.0 and all("completion" in " ".join(t["zeroed_by"]) for t in res["tiers"].values())
+
+
+@pytest.mark.parametrize("fixed_kv", [True, False])
+def test_servers_start_together_only_with_a_fixed_kv_cache_size(tmp_path, fixed_kv):
+    """vLLM sizes its KV cache by profiling the card's memory, which counts another process's
+    allocations as its own: without a fixed size the second server may start only once the first
+    is up. Each fake server takes 2 s to become healthy."""
+    h = tmp_path / "harness.yaml"
+    text = (gpu_bundle.HARNESS / "harness.yaml").read_text()
+    if not fixed_kv:
+        text = text.replace("kv_cache_memory_bytes: 8589934592", "kv_cache_memory_bytes: null")
+    h.write_text(text)
+    r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--tier-order", "4-8K", "--harness", str(h),
+                        env_extra={"FAKE_STARTUP_S": "2"})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    ready = {x["step"].split()[1]: x["at_s"] for x in s["steps"] if x["step"].endswith(" ready")}
+    gap = ready["upstream"] - ready["fast-int8"]
+    assert (gap < 1.0) if fixed_kv else (gap >= 1.8), ready
+    assert ("--kv-cache-memory-bytes" in s["harness"]["server_args"]) == fixed_kv
