@@ -44,7 +44,8 @@ def main() -> int:
                 add_cli_args(parser)
                 bench_main(parser.parse_args(argv[2:]))
             except SystemExit as e:                     # argparse errors and explicit exits
-                reply = {"rc": e.code if isinstance(e.code, int) and e.code else 1, "error": str(e.code)}
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                reply = {"rc": code} if code == 0 else {"rc": code, "error": str(e.code)}
             except BaseException as e:                  # the client failed: report, stay alive
                 traceback.print_exc()
                 reply = {"rc": 1, "error": f"{type(e).__name__}: {e}"}

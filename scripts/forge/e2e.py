@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import http.client
 import json
 import math
 import os
@@ -38,7 +39,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from . import bench, gpu_bundle, paths, profiles, runs, score, serve, synth, ui
+from . import bench, gpu_bundle, paths, proc, profiles, runs, score, serve, synth, ui
 from . import contest as contest_mod
 from .errors import ForgeError
 from .hashing import sha256_file
@@ -60,8 +61,8 @@ def post_json(url: str, body: dict, timeout: float) -> dict:
             return json.loads(r.read())
     except urllib.error.HTTPError as e:
         raise ForgeError(f"{url}: HTTP {e.code}: {e.read()[:500].decode(errors='replace')}")
-    except (urllib.error.URLError, OSError) as e:
-        raise ForgeError(f"{url}: {e}")
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
+        raise ForgeError(f"{url}: {type(e).__name__}: {e}")
 
 
 def complete(state: dict, prompt: str, max_tokens: int, *, logprobs: int | None = None,
@@ -116,8 +117,12 @@ class ClientWorker:
     def run(self, argv: list[str], log: Path, timeout: float = 1800) -> int:
         if self.p.poll() is not None:
             return 1
-        self.p.stdin.write(json.dumps({"argv": argv, "log": str(log)}) + "\n")
-        self.p.stdin.flush()
+        try:
+            self.p.stdin.write(json.dumps({"argv": argv, "log": str(log)}) + "\n")
+            self.p.stdin.flush()
+        except OSError:
+            self.close()
+            return 1
         r = self._reply(timeout)
         if r is None:                     # hung or died: never reuse it
             self.close()
@@ -151,14 +156,24 @@ def client_runner(run: "Run"):
     if pre is not None and pre is not threading.current_thread():
         pre.join()                        # the worker started early, while the servers started
         run.worker_thread = None
+    if getattr(run, "worker_failed", False):
+        return None
     if getattr(run, "worker", None) is None or run.worker.p.poll() is not None:
-        run.worker = ClientWorker(launcher[0], run.out / "logs" / "bench-worker.log")
+        try:
+            run.worker = ClientWorker(launcher[0], run.out / "logs" / "bench-worker.log")
+        except ForgeError as e:
+            run.worker_failed = True
+            run.summary["skipped"].append(f"client worker: {e.message.splitlines()[0]}; a client per tier instead")
+            return None
 
     def runner(argv: list[str], log: Path) -> int:
         w = run.worker
         if w.p.poll() is not None:
-            run.worker = w = ClientWorker(launcher[0], run.out / "logs" / "bench-worker.log")
-        return w.run(argv, log, timeout=max(60.0, run.left() + 60))
+            try:
+                run.worker = w = ClientWorker(launcher[0], run.out / "logs" / "bench-worker.log")
+            except ForgeError:
+                return 1
+        return w.run(argv, log, timeout=max(5.0, run.left()))
     return runner
 
 
@@ -242,11 +257,11 @@ def compare_outputs(ref: dict, test: dict) -> dict:
             "ref_top_spread": spread, "finite": finite, "gross": gross}
 
 
-def plumbing(test: dict, ref: dict, prompts: list[str]) -> dict:
+def plumbing(test: dict, ref: dict, prompts: list[str], left=lambda: 600.0) -> dict:
     rows = []
     for p in prompts:
-        a = _choice(complete(ref, p, PLUMBING_MAX_TOKENS, logprobs=5))
-        b = _choice(complete(test, p, PLUMBING_MAX_TOKENS, logprobs=5))
+        a = _choice(complete(ref, p, PLUMBING_MAX_TOKENS, logprobs=5, timeout=max(5.0, left())))
+        b = _choice(complete(test, p, PLUMBING_MAX_TOKENS, logprobs=5, timeout=max(5.0, left())))
         row = compare_outputs(a, b)
         row["prompt_words"] = len(p.split())
         row["ref_text"], row["test_text"] = a["text"][:200], b["text"][:200]
@@ -331,20 +346,25 @@ class Run:
             self.save()
 
     def save(self) -> None:
+        """summary.json and summary.md as they stand, and the pack: after every step, so a run cut
+        short by the machine's limit still returns them."""
         with self.lock:
             runs.write_json(self.out / "summary.json", self.summary)
+            names, scored, ref = getattr(self, "final", None) or (
+                self.summary.get("profiles") or [], {}, self.summary.get("reference") or "upstream")
+            try:
+                (self.out / "summary.md").write_text(render_summary(self, names, scored, ref))
+            except Exception as e:        # the summary must never stop the run
+                ui.warn(f"summary.md not written: {type(e).__name__}: {e}")
             if self.args.pack:
-                pack(self.out, Path(self.args.pack), self.servers)
+                try:
+                    pack(self.out, Path(self.args.pack), self.servers)
+                except OSError as e:
+                    ui.warn(f"pack not written: {e}")
 
 
 def default_out() -> Path:
-    dev = runs.device_info()
-    name = "cpu"
-    for tool in ("nvidia-smi", "hy-smi", "rocm-smi"):
-        if dev.get(tool):
-            name = dev[tool].strip().splitlines()[0].split(",")[0]
-            break
-    slug = re.sub(r"[^a-z0-9]+", "", name.lower().replace("nvidia", "")) or "device"
+    slug = re.sub(r"[^a-z0-9]+", "", device_name().lower().replace("nvidia", "")) or "device"
     return paths.REPORTS / "e2e" / f"{dt.date.today().isoformat()}-{slug[:16]}"
 
 
@@ -366,18 +386,19 @@ def pack(out: Path, dest: Path, servers: dict) -> None:
 def install_bundle(bundle: Path, site: Path) -> dict:
     man = gpu_bundle.verify_bundle(bundle)
     marker = site / ".forge-bundle"
-    if marker.is_file() and marker.read_text() == man["vllm_wheel"]:
+    wheels = sorted(str(bundle / n) for n in man["files"] if n.startswith("wheels/") and n.endswith(".whl"))
+    key = json.dumps({n: e["sha256"] for n, e in man["files"].items() if n.startswith("wheels/")}, sort_keys=True)
+    if marker.is_file() and marker.read_text() == key:
         ui.info(f"bundle already installed in {site}")
     else:
         shutil.rmtree(site, ignore_errors=True)
-        wheels = sorted(str(p) for p in (bundle / "wheels").glob("*.whl"))
         with ui.step(f"installing {len(wheels)} wheels into {site}"):
             r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                                 "--no-cache-dir", "--target", str(site), *wheels], capture_output=True, text=True)
             if r.returncode != 0:
                 raise ForgeError(f"pip could not install the bundle:\n{r.stderr[-2000:]}",
                                  hint="the bundle is built for Python " + man.get("python", "?"))
-        marker.write_text(man["vllm_wheel"])
+        marker.write_text(key)
     return man
 
 
@@ -486,7 +507,7 @@ def _launch(run: Run, model: Path, name: str, i: int) -> dict | None:
     extra_env = {"VLLM_LOGGING_LEVEL": "INFO"}
     if args.triton_cache:
         extra_env["TRITON_CACHE_DIR"] = args.triton_cache
-    hargs = harness_args(run.h, [*(args.server_arg or []), *shlex.split(args.server_args or "")])
+    hargs = run.hargs
     run.summary["harness"] = {"server_args": hargs, "env": extra_env}
     prof = profiles.load_profile(name, run.contest)
     st = guarded(run, name, functools.partial(
@@ -516,17 +537,18 @@ def guarded(run: Run, name: str, fn, *a):
     and the run goes on with the others."""
     try:
         return fn(*a)
-    except ForgeError as e:
+    except Exception as e:            # recorded against the server; KeyboardInterrupt still ends the run
+        msg = e.message if isinstance(e, ForgeError) else f"{type(e).__name__}: {e}"
         with run.lock:
-            run.summary.setdefault("server_errors", {}).setdefault(name, []).append(e.message[-3000:])
+            run.summary.setdefault("server_errors", {}).setdefault(name, []).append(msg[-3000:])
             what = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "step")
-            run.step(f"server {name}: {what} failed", error=e.message[-500:])
+            run.step(f"server {name}: {what} failed", error=msg[-500:])
         return None
 
 
 def wait_ready(run: Run, name: str) -> bool:
     st = run.servers[name]
-    serve.wait_healthy(st["popen"], st, timeout=max(60.0, run.left()))
+    serve.wait_healthy(st["popen"], st, timeout=max(5.0, run.left()))
     st["ready_s"] = round(time.monotonic() - st["t_start"], 1)
     run.step(f"server {name} ready", seconds=st["ready_s"], port=st["port"], **log_facts(Path(st["log"])))
     return True
@@ -536,45 +558,78 @@ def warm(run: Run, name: str, model: Path) -> None:
     st = run.servers[name]
     t = time.monotonic()
     prompt = synthetic_prompt(model, WARM_PROMPT_TOKENS, "warm")
-    complete(st, prompt, 16, timeout=max(60.0, run.left()))
+    complete(st, prompt, 16, timeout=max(5.0, run.left()))
     st["warm_s"] = round(time.monotonic() - t, 1)
     run.step(f"server {name} warmed (first request: Triton compile and autotune)", seconds=st["warm_s"])
 
 
+def round_identity(run: Run, dataset: Path) -> dict:
+    """What makes two results of one (round, tier) comparable across invocations of one folder."""
+    return {"dataset_sha256": sha256_file(dataset), **run.identity}
+
+
+def kept_round(run: Run, rdir: Path, tname: str, ident: dict) -> bool:
+    """A finished round from an earlier invocation is kept when it was measured (not recorded as
+    failed for a missing server) with the same prompts, bundle, server arguments and device."""
+    if not bench.tier_done(rdir, tname):
+        return False
+    if runs.read_json(bench.result_path(rdir, tname)).get("forge_synthesized"):
+        return False
+    idf = rdir / f"{tname}.identity.json"
+    prev = runs.read_json(idf) if idf.is_file() else None
+    if prev != ident:
+        words = {"dataset_sha256": "prompts", "bundle_wheel_sha256": "bundle", "server_args": "server arguments",
+                 "device": "device"}
+        diff = sorted(words.get(k, k) for k in set(ident) | set(prev or {}) if (prev or {}).get(k) != ident.get(k))
+        raise ForgeError(f"{rdir}: an earlier invocation ran tier {tname} on other {', '.join(diff) or 'settings'}",
+                         hint="give a new --out folder, or the same bundle, --num-prompts and server arguments")
+    return True
+
+
+def check_resume(run: Run, names: list[str], datasets: dict[str, list[Path]]) -> None:
+    """Refuse, before any server starts, a folder whose finished rounds are not comparable."""
+    for name in names:
+        for tname, files in datasets.items():
+            for r, ds in enumerate(files, 1):
+                kept_round(run, runs.run_dir(name, create=False) / "rounds" / f"r{r}", tname, round_identity(run, ds))
+
+
 def bench_rounds(run: Run, names: list[str], model: Path, datasets: dict[str, list[Path]]) -> dict:
-    """Rounds of (tier, profile) pairs; returns {profile: {tier: [round result files]}}."""
+    """Rounds of (tier, profile) pairs, interleaved; returns {profile: {tier: {round: result file}}}.
+    A (round, tier) is started for every profile or for none, so the profiles are compared on the
+    same prompts."""
     contest_h = harness_contest(run.contest)
     tiers = {t["name"]: t for t in run.contest["tiers"]}
     order = [t for t in (run.args.tier_order or DEFAULT_TIER_ORDER) if t in tiers]
     launcher = bench.client_launcher(run.args.client)
     runner = client_runner(run)
-    done: dict[str, dict[str, list[Path]]] = {n: {t: [] for t in order} for n in names}
+    done: dict[str, dict[str, dict[int, Path]]] = {n: {t: {} for t in order} for n in names}
     est = {t: None for t in order}
     reserve = run.args.reserve_s
     n_rounds = max(len(v) for v in datasets.values())
     for r in range(1, n_rounds + 1):
         for tname in order:
+            ident = round_identity(run, datasets[tname][r - 1])
+            todo = []
             for name in names:
-                st = run.servers[name]
-                guess = est[tname] or (60.0 + tiers[tname]["prompt_tokens"][1] / 2000.0)
-                if run.left() - reserve < guess:
-                    run.summary["skipped"].append(f"round {r} tier {tname} profile {name}: "
-                                                  f"{run.left():.0f}s left, needs ~{guess:.0f}s + {reserve:.0f}s reserve")
-                    continue
                 rdir = runs.run_dir(name) / "rounds" / f"r{r}"
                 rdir.mkdir(parents=True, exist_ok=True)
-                sha = sha256_file(datasets[tname][r - 1])
-                # one manifest per round folder, shared by its tiers
-                prev = runs.read_json(rdir / "manifest.json") if (rdir / "manifest.json").is_file() else {}
-                if bench.tier_done(rdir, tname):
-                    if prev.get("dataset_sha256", {}).get(tname) != sha:
-                        raise ForgeError(f"{rdir}: an earlier invocation ran tier {tname} on other prompts",
-                                         hint="give a new --out folder, or the same --num-prompts as before")
-                    done[name][tname].append(bench.result_path(rdir, tname))
+                if kept_round(run, rdir, tname, ident):
+                    done[name][tname][r] = bench.result_path(rdir, tname)
                     run.step(f"round {r} tier {tname} {name}: kept from an earlier invocation")
-                    continue
-                man = {**prev, "run_id": f"{name}-r{r}", "profile": name, "round": r,
-                       "dataset_sha256": {**prev.get("dataset_sha256", {}), tname: sha}}
+                else:
+                    todo.append((name, rdir))
+            if not todo:
+                continue
+            guess = (est[tname] or (60.0 + tiers[tname]["prompt_tokens"][1] / 2000.0)) * len(todo)
+            if run.left() - reserve < guess:
+                run.summary["skipped"].append(f"round {r} tier {tname} ({', '.join(n for n, _ in todo)}): "
+                                              f"{run.left():.0f}s left, needs ~{guess:.0f}s + {reserve:.0f}s reserve")
+                continue
+            for name, rdir in todo:
+                st = run.servers[name]
+                runs.write_json(rdir / f"{tname}.identity.json", ident)
+                man = {"run_id": f"{name}-r{r}", "profile": name, "round": r, **run.identity}
                 ds = {"kind": "synthetic", "path": str(datasets[tname][r - 1]), "num_prompts": 1}
                 t = time.monotonic()
                 status = guarded(run, name, functools.partial(
@@ -586,7 +641,7 @@ def bench_rounds(run: Run, names: list[str], model: Path, datasets: dict[str, li
                     continue
                 est[tname] = max(est[tname] or 0.0, took)
                 res = runs.read_json(bench.result_path(rdir, tname))
-                done[name][tname].append(bench.result_path(rdir, tname))
+                done[name][tname][r] = bench.result_path(rdir, tname)
                 run.step(f"round {r} tier {tname} {name}: {res.get('output_throughput', 0):.2f} tok/s",
                          status=status, seconds=round(took, 1), completed=res.get("completed"),
                          failed=res.get("failed"), ttft_ms=res.get("p99_ttft_ms"), tpot_ms=res.get("p99_tpot_ms"))
@@ -594,19 +649,31 @@ def bench_rounds(run: Run, names: list[str], model: Path, datasets: dict[str, li
 
 
 def finish_runs(run: Run, names: list[str], done: dict) -> dict[str, Path]:
-    """Merge each profile's rounds into reports-style run folders (one <tier>.json per tier)."""
+    """Merge each profile's rounds into reports-style run folders (one <tier>.json per tier), over the
+    rounds every profile has for that tier: the profiles' figures then cover the same prompts."""
     out = {}
     for name in names:
         rdir = runs.run_dir(name)
-        for tname, files in done[name].items():
-            if files:
-                runs.write_json(bench.result_path(rdir, tname), merge_results([runs.read_json(f) for f in files]))
-        st = run.servers[name]
+        used = {}
+        for tname in done[name]:
+            common = sorted(set.intersection(*(set(done[n][tname]) for n in names)))
+            used[tname] = common
+            final = bench.result_path(rdir, tname)
+            if common:
+                runs.write_json(final, merge_results([runs.read_json(done[name][tname][r]) for r in common]))
+            elif final.is_file():
+                final.unlink()            # a merge from an earlier invocation that no longer holds
+            extra = sorted(set(done[name][tname]) - set(common))
+            if extra:
+                run.summary["skipped"].append(f"{name} tier {tname}: round(s) {extra} left out of the merge "
+                                              "(not every profile has them)")
+        st = run.servers.get(name, {})
         runs.write_json(rdir / "manifest.json", {
-            "run_id": name, "profile": name, "harness": True, "model": st["model"],
-            "server": runs.read_json(rdir / "serve.json"), "git": runs.git_commit(), "device": runs.device_info(),
+            "run_id": name, "profile": name, "harness": True, "model": st.get("model"),
+            "server": runs.read_json(rdir / "serve.json") if (rdir / "serve.json").is_file() else None,
+            "git": runs.git_commit(), "device": runs.device_info(), **run.identity,
             "client": "vllm bench serve (contest options; --num-warmups 0, --ready-check-timeout-sec 0)",
-            "rounds": {t: [str(f.relative_to(rdir)) for f in fs] for t, fs in done[name].items()}})
+            "rounds": {t: [f"rounds/r{r}/{t}.json" for r in used[t]] for t in used}})
         out[name] = rdir
     return out
 
@@ -620,6 +687,11 @@ def scores(run: Run, run_dirs: dict[str, Path], ref: str) -> dict:
         return out
     base = score.baseline_from_run(complete_runs[ref], run.contest)
     base["label"] = f"{ref} measured in this run (H200 proxy: {ref} = 60.0)"
+    dead = [t for t, m in base["tiers"].items() if not m["tok_s"] > 0]
+    if dead:
+        run.summary["score_note"] = (f"no proxy score: the reference {ref} served nothing in tier(s) "
+                                     f"{', '.join(dead)} (see its server log)")
+        return out
     for name, d in complete_runs.items():
         res = score.score(run.contest, score.load_run(d, run.contest), base)
         runs.write_json(d / "score.json", res)
@@ -629,55 +701,71 @@ def scores(run: Run, run_dirs: dict[str, Path], ref: str) -> dict:
 
 
 def fault_check(run: Run, name: str, model: Path, datasets: dict) -> dict:
-    """Kill `name`'s server while a tier's request is in flight, then let the loop go on."""
+    """Kill `name`'s server while a tier's request is in flight, then let the loop go on: the killed
+    request must be recorded failed, the tiers after it failed without waiting, and the score must
+    zero them all."""
     st = run.servers[name]
+    health = f"http://{st['host']}:{st['port']}{st['health']}"
+    if not serve.health_ok(health):
+        raise ForgeError(f"fault check: the {name} server was already down before the check")
     contest_h = harness_contest(run.contest)
     tiers = run.contest["tiers"]
     rid = f"fault-{name}"
     rdir = runs.run_dir(rid)
+    for old in rdir.glob("*.json"):
+        old.unlink()
     man = {"run_id": rid, "profile": name, "fault_check": True}
     launcher = bench.client_launcher(run.args.client)
-    health = f"http://{st['host']}:{st['port']}{st['health']}"
-    statuses = {}
-
+    statuses: dict = {}
     server_log = Path(st["log"])
     posts_before = server_log.read_text(errors="replace").count("POST /v1/chat/completions")
+    stop = threading.Event()
 
     def killer():
         # wait until the server has taken the tier's request (its access log shows the POST), then
         # kill the server's whole process group while the reply is streaming
         t = time.monotonic()
-        while time.monotonic() - t < 60:
+        while time.monotonic() - t < 60 and not stop.is_set():
             if server_log.read_text(errors="replace").count("POST /v1/chat/completions") > posts_before:
                 break
             time.sleep(0.2)
-        time.sleep(run.args.fault_delay_s)
-        os.killpg(st["pgid"], 9)
-        statuses["killed_at_s"] = round(time.monotonic() - t, 1)
+        if stop.wait(run.args.fault_delay_s):
+            return
+        if proc.process_start_time(st["pid"]) == st["start_time"]:      # still our server
+            os.killpg(st["pgid"], 9)
+            statuses["killed_at_s"] = round(time.monotonic() - t, 1)
 
     k = threading.Thread(target=killer, daemon=True)
     k.start()
-    for t in tiers:
-        ds = {"kind": "synthetic", "path": str(datasets[t["name"]][0]), "num_prompts": 1}
-        statuses[t["name"]] = bench.run_tier(contest_h, t, ds, launcher=launcher, model=str(model), host=st["host"],
-                                             port=st["port"], rdir=rdir, manifest=man, health_url=health, poll_s=30,
-                                             runner=client_runner(run))
-    k.join(timeout=5)
+    try:
+        for t in tiers:
+            ds = {"kind": "synthetic", "path": str(datasets[t["name"]][0]), "num_prompts": 1}
+            statuses[t["name"]] = bench.run_tier(contest_h, t, ds, launcher=launcher, model=str(model),
+                                                 host=st["host"], port=st["port"], rdir=rdir, manifest=man,
+                                                 health_url=health, poll_s=30, runner=client_runner(run))
+    finally:
+        stop.set()
+        k.join(timeout=5)
     st["popen"].poll()
     res = {t["name"]: runs.read_json(bench.result_path(rdir, t["name"])) for t in tiers}
     ref_dir = runs.run_dir(name)
     verdict = {}
     if all(bench.result_path(ref_dir, t["name"]).is_file() for t in tiers):
         base = score.baseline_from_run(ref_dir, run.contest)
-        sc = score.score(run.contest, score.load_run(rdir, run.contest), base)
-        runs.write_json(rdir / "score.json", sc)
-        verdict = {n: {"contribution": t["contribution"], "zeroed_by": t["zeroed_by"]} for n, t in sc["tiers"].items()}
+        if all(m["tok_s"] > 0 for m in base["tiers"].values()):
+            sc = score.score(run.contest, score.load_run(rdir, run.contest), base)
+            runs.write_json(rdir / "score.json", sc)
+            verdict = {n: {"contribution": t["contribution"], "zeroed_by": t["zeroed_by"]}
+                       for n, t in sc["tiers"].items()}
+    first = tiers[0]["name"]
+    ok = ("killed_at_s" in statuses and statuses[first] in ("done", "server-died")
+          and all((r.get("failed") or 0) >= 1 and not r.get("completed") for r in res.values())
+          and all(statuses[t["name"]] == "server-down" for t in tiers[1:])
+          and (not verdict or all(v["contribution"] == 0 for v in verdict.values())))
     return {"server": name, "statuses": statuses,
             "failed": {n: r.get("failed") for n, r in res.items()},
             "completed": {n: r.get("completed") for n, r in res.items()},
-            "score": verdict,
-            "ok": all((r.get("failed") or 0) >= 1 and not r.get("completed") for r in res.values())
-            and (not verdict or all(v["contribution"] == 0 for v in verdict.values()))}
+            "score": verdict, "ok": ok}
 
 
 def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
@@ -765,7 +853,48 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
     return "\n".join(L) + "\n"
 
 
+FAULT_NEED_S = 40.0        # client start, a request cut after a few seconds, two failed tiers
+
+
+def stop_stale_servers(out: Path) -> None:
+    """Servers an interrupted invocation of this folder left running (a killed run cannot stop
+    them: they run in their own sessions) would hold the GPU and the ports."""
+    for sf in sorted((out / "state").glob("*.json")):
+        try:
+            st = runs.read_json(sf)
+        except ForgeError:
+            sf.unlink()
+            continue
+        if proc.process_start_time(st["pid"]) == st["start_time"]:
+            ui.warn(f"stopping the {st.get('profile')} server an earlier invocation left running (pid {st['pid']})")
+            serve.stop_server(st, quiet=True)
+        sf.unlink(missing_ok=True)
+
+
+def stop_all(servers: dict) -> None:
+    """Stop the servers at once (each gets a short grace), so the end of a run stays short."""
+    def stop(st):
+        if proc.process_start_time(st["pid"]) == st["start_time"]:
+            proc.stop_group(st["pgid"], grace_s=5)
+        st["popen"].poll()
+        Path(st["state_file"]).unlink(missing_ok=True)
+    ts = [threading.Thread(target=stop, args=(st,)) for st in servers.values()]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def device_name() -> str:
+    dev = runs.device_info()
+    for tool in ("nvidia-smi", "hy-smi", "rocm-smi"):
+        if dev.get(tool):
+            return dev[tool].strip().splitlines()[0].split(",")[0].strip()
+    return "cpu"
+
+
 def cmd_e2e(args) -> int:
+    import signal
     run = Run(args)
     names = args.profiles.split(",") if args.profiles else list(run.h["profiles"])
     ref = args.reference or ("upstream" if "upstream" in names else names[-1])
@@ -774,12 +903,16 @@ def cmd_e2e(args) -> int:
                          hint="add it to --profiles")
     os.environ["FORGE_RUNS_DIR"] = str(run.out / "runs")
     (run.out / "logs").mkdir(exist_ok=True)
+    stop_stale_servers(run.out)
     site = None
+    wheel_sha = None
     if args.bundle:
         bundle = Path(args.bundle)
         site = Path(args.site)
         man = install_bundle(bundle, site)
-        run.summary["bundle"] = {"version": man["version"], "wheel": man["vllm_wheel"], "forge": man.get("forge")}
+        wheel_sha = man["files"][f"wheels/{man['vllm_wheel']}"]["sha256"]
+        run.summary["bundle"] = {"version": man["version"], "wheel": man["vllm_wheel"], "wheel_sha256": wheel_sha,
+                                 "forge": man.get("forge")}
         model = Path(args.model) if args.model else bundle / "model"
     else:
         if not args.model:
@@ -787,14 +920,26 @@ def cmd_e2e(args) -> int:
         model = Path(args.model)
     python_env(site)
     args.vllm = args.vllm or f"{sys.executable} -m vllm.entrypoints.cli.main"
-    vt = threading.Thread(target=lambda: run.summary.__setitem__("versions", versions(sys.executable)), daemon=True)
+    run.hargs = harness_args(run.h, [*(args.server_arg or []), *shlex.split(args.server_args or "")])
+    run.identity = {"bundle_wheel_sha256": wheel_sha, "server_args": run.hargs, "device": device_name()}
+
+    def record_versions():
+        v = versions(sys.executable)
+        with run.lock:
+            run.summary["versions"] = v
+    vt = threading.Thread(target=record_versions, daemon=True)
     vt.start()
     run.summary["profiles"] = names
     run.summary["reference"] = ref
     run.step("bundle installed" if site else "using the installed vLLM", model=str(model))
     scored: dict = {}
+
+    def on_term(signum, frame):            # a machine's time limit: end like an interrupt, servers included
+        raise KeyboardInterrupt
+    old_term = signal.signal(signal.SIGTERM, on_term)
     try:
         datasets = build_datasets(run, model, args.num_prompts)
+        check_resume(run, names, datasets)
         run.step("synthetic tier prompts built", prompts_per_tier=args.num_prompts)
         # import vLLM's client while the servers start (about 20 s on a GPU machine)
         run.worker_thread = threading.Thread(target=guarded, args=(run, "client", client_runner, run), daemon=True)
@@ -809,7 +954,7 @@ def cmd_e2e(args) -> int:
             run.step("plumbing check: kept from an earlier invocation")
         elif not args.no_plumbing and names[0] != ref and names[0] in live and ref in live:
             prompts = [synthetic_prompt(model, n, f"plumbing{n}") for n in PLUMBING_PROMPT_TOKENS]
-            pl = guarded(run, names[0], plumbing, run.servers[names[0]], run.servers[ref], prompts)
+            pl = guarded(run, names[0], plumbing, run.servers[names[0]], run.servers[ref], prompts, run.left)
             if pl is not None:
                 run.summary["plumbing"] = pl
                 run.step("plumbing check", verdict=pl["verdict"])
@@ -823,27 +968,26 @@ def cmd_e2e(args) -> int:
         if run.summary.get("fault"):
             run.step("fault check: kept from an earlier invocation")
         elif not args.no_fault and ref in live:
-            if run.left() > 20:
+            if run.left() >= FAULT_NEED_S:
                 fc = guarded(run, ref, fault_check, run, ref, model, datasets)
                 if fc is not None:
                     run.summary["fault"] = fc
                     run.step("fault check", ok=fc["ok"])
             else:
-                run.summary["skipped"].append(f"fault check: {run.left():.0f}s left")
+                run.summary["skipped"].append(f"fault check: {run.left():.0f}s left, needs ~{FAULT_NEED_S:.0f}s")
     except (ForgeError, KeyboardInterrupt) as e:
-        run.summary["error"] = getattr(e, "message", None) or repr(e)
+        run.summary["error"] = getattr(e, "message", None) or "interrupted (SIGTERM or Ctrl-C)"
         raise
     finally:
+        signal.signal(signal.SIGTERM, old_term)
+        stop_all(run.servers)
         if getattr(run, "worker", None) is not None:
             run.worker.close()
-        vt.join(timeout=60)
+        vt.join(timeout=10)
         for name, st in run.servers.items():
-            trim_log(Path(st["log"]), run.out / "logs" / f"server-{name}.log")
             run.summary.setdefault("server_facts", {})[name] = log_facts(Path(st["log"]))
-            if st["popen"].poll() is None:
-                serve.stop_server(st, quiet=True)
         run.summary["seconds"] = round(time.monotonic() - run.t0, 1)
-        (run.out / "summary.md").write_text(render_summary(run, names, scored, ref))
+        run.final = (names, scored, ref)
         run.save()
         ui.info(f"results: {run.out}")
     return 0 if not run.summary.get("plumbing") or run.summary["plumbing"]["ok"] else 1
@@ -864,7 +1008,8 @@ def register(sub) -> None:
                                                                    + ",".join(DEFAULT_TIER_ORDER) + ")")
     p.add_argument("--deadline-s", type=float, default=560.0,
                    help="stop starting new tier rounds so the run ends within this many seconds (default 560)")
-    p.add_argument("--reserve-s", type=float, default=25.0, help="seconds kept for the fault check and the reports")
+    p.add_argument("--reserve-s", type=float, default=45.0,
+                   help="seconds kept after the tier rounds for the fault check and the reports (default 45)")
     p.add_argument("--out", help="results folder (default: reports/e2e/<date>-<device>/)")
     p.add_argument("--pack", help="also keep a .tar.gz of the results here, rewritten after every step")
     p.add_argument("--vllm", help="how to start vLLM (default: this Python's vllm.entrypoints.cli.main)")

@@ -2,7 +2,8 @@
 failure paths) quickly: it replays a real result file recorded by vLLM's client (tests/data/runs/)
 for the tier named by --dataset-path. The real client is exercised in tests/tree/.
 
-Environment: REPLAY_FROM (run folder with <tier>.json), REPLAY_LOG (append one line per call),
+Environment: REPLAY_FROM (run folder with <tier>.json; REPLAY_FROM_<port> for a server on that
+port), REPLAY_LOG (append one line per call),
 REPLAY_HANG_TIER (sleep up to 60 s on that tier, to be interrupted), REPLAY_FAIL (exit 1, no file)."""
 
 import json
@@ -29,7 +30,8 @@ def main(argv):
         print("replay: failing as told", file=sys.stderr)
         return 1
     out = Path(opt(argv, "--result-dir")) / opt(argv, "--result-filename")
-    shutil.copyfile(Path(os.environ["REPLAY_FROM"]) / f"{tier}.json", out)
+    src = os.environ.get(f"REPLAY_FROM_{opt(argv, '--port')}") or os.environ["REPLAY_FROM"]
+    shutil.copyfile(Path(src) / f"{tier}.json", out)
     return 0
 
 

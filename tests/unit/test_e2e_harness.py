@@ -1,7 +1,7 @@
 """The GPU end-to-end harness on a CPU box: the bundle's pieces (tokenizer, manifest), merging of
 tier rounds checked against vLLM's own result arithmetic, the plumbing comparison's verdicts, and
 whole `forge e2e-gpu` runs against two fake servers (the client replays results recorded by vLLM's
-real client; tests/tree/test_e2e_gpu_flow.py runs the real client and the fault check)."""
+real client; tests/tree/test_gpu_harness.py runs the real client and the fault check)."""
 
 import json
 import math
@@ -161,9 +161,10 @@ def test_plumbing_flags_gross_mismatches(case, needle):
 # --- whole runs against fake servers -------------------------------------------------------------
 
 def _e2e(tmp_path, *extra, env_extra=None, timeout=300):
+    """fast-int8's server (first port) replays the `fast` recording, upstream's the `base` one."""
     port = free_port_pair()
     env = forge_env(tmp_path, REPLAY_FROM=str(FIXTURE_RUNS / "base"), REPLAY_LOG=str(tmp_path / "replay.log"),
-                    **(env_extra or {}))
+                    **{f"REPLAY_FROM_{port}": str(FIXTURE_RUNS / "fast")}, **(env_extra or {}))
     from forge import gpu_bundle as gb
     model = tmp_path / "model"
     gb.write_model_dir({"model": {"config": "configs/models/qwen3.5-27b/config.json", "vocab_size": 248320,
@@ -183,6 +184,17 @@ def test_e2e_run_scores_every_profile_against_the_same_run_reference(tmp_path):
     assert s["harness"]["server_args"][-3:] == ["--seed", "7", "--enforce-eager"]
     assert s["scores"]["upstream"]["display"] == "60.0"
     assert set(s["scores"]) == {"fast-int8", "upstream"}
+    # fast-int8's proxy score is the score of what its server measured against what upstream's did
+    from forge import score
+    c = contest.load_contest()
+    expect = score.score(c, score.load_run(FIXTURE_RUNS / "fast", c),
+                         score.baseline_from_run(FIXTURE_RUNS / "base", c))
+    assert s["scores"]["fast-int8"]["total"] == pytest.approx(expect["total"], rel=1e-9)
+    assert s["scores"]["fast-int8"]["display"] != "60.0"
+    for t in ("4-8K", "8-16K", "16-32K"):
+        got = json.loads((out / "runs" / "fast-int8" / f"{t}.json").read_text())
+        rec = json.loads((FIXTURE_RUNS / "fast" / f"{t}.json").read_text())
+        assert got["output_throughput"] == pytest.approx(rec["output_throughput"])
     assert s["plumbing"]["ok"] and len(s["plumbing"]["prompts"]) == len(e2e.PLUMBING_PROMPT_TOKENS)
     # every (tier, profile) ran once, and each profile's server got its own profile's command
     calls = [json.loads(x) for x in (tmp_path / "replay.log").read_text().splitlines()]
@@ -300,3 +312,35 @@ def test_servers_start_together_only_with_a_fixed_kv_cache_size(tmp_path, fixed_
     gap = ready["upstream"] - ready["fast-int8"]
     assert (gap < 1.0) if fixed_kv else (gap >= 1.8), ready
     assert ("--kv-cache-memory-bytes" in s["harness"]["server_args"]) == fixed_kv
+
+
+def test_e2e_reruns_a_round_that_was_recorded_as_failed_for_a_missing_server(tmp_path):
+    r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--tier-order", "4-8K")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    # as if upstream's server had been gone in that round: the loop records such a tier as failed
+    from forge import bench
+    res = out / "runs" / "upstream" / "rounds" / "r1" / "4-8K.json"
+    res.write_text(json.dumps(bench.failed_result(contest.load_contest(), "4-8K", 1, "server not reachable")))
+    r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--tier-order", "4-8K")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    calls = [json.loads(x) for x in (tmp_path / "replay.log").read_text().splitlines()]
+    assert len(calls) == 3                      # the failed round ran again; fast-int8's was kept
+    again = json.loads(res.read_text())
+    assert "forge_synthesized" not in again
+    assert again["completed"] == json.loads((FIXTURE_RUNS / "base" / "4-8K.json").read_text())["completed"]
+
+
+def test_a_reference_that_served_nothing_gives_no_score_but_a_reason(tmp_path):
+    import shutil
+    import types
+    from forge import bench
+    c = contest.load_contest()
+    dirs = {}
+    for name, src in (("fast-int8", "fast"), ("upstream", "died")):
+        dirs[name] = tmp_path / name
+        shutil.copytree(FIXTURE_RUNS / src, dirs[name])
+    assert json.loads((dirs["upstream"] / "16-32K.json").read_text())["completed"] == 0
+    run = types.SimpleNamespace(contest=c, summary={}, out=tmp_path)
+    assert e2e.scores(run, dirs, "upstream") == {}
+    assert "served nothing in tier(s) 16-32K" in run.summary["score_note"]
+    assert bench.result_path(dirs["fast-int8"], "4-8K").is_file()
