@@ -176,3 +176,27 @@ def test_e2e_with_the_real_client_and_a_server_killed_mid_tier(tmp_path, client)
     assert f["statuses"]["8-16K"] == "server-down" and f["statuses"]["16-32K"] == "server-down"
     assert all(v["contribution"] == 0 for v in f["score"].values())
     assert "as intended" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_gpu_bundle_builds_with_the_harness_in_its_wheel(patched_tree, tmp_path):
+    """`forge gpu-bundle` end to end (pip fetches the pinned wheels through its own configuration):
+    the wheel carries the stand-in and every harness patch, the manifest verifies, the size fits."""
+    import zipfile
+    out = tmp_path / "bundle"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "scripts")}
+    r = subprocess.run([sys.executable, "-m", "forge", "gpu-bundle", "--out", str(out)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    man = gpu_bundle.verify_bundle(out)
+    assert ".gpuharness." in man["version"] and not man["version"].endswith(".cpu")
+    z = zipfile.ZipFile(out / "wheels" / man["vllm_wheel"])
+    assert "vllm/_C.py" in z.namelist()
+    assert b"from __future__ import annotations  # GPU harness" in \
+        z.read("vllm/v1/structured_output/backend_guidance.py")
+    assert b"raise ImportError" not in z.read("vllm/vllm_flash_attn/__init__.py")
+    assert b"except ImportError:  # GPU harness" in z.read("vllm/entrypoints/openai/chat_completion/serving.py")
+    h = gpu_bundle.harness_config()
+    wheels = [n for n in man["files"] if n.startswith("wheels/")]
+    assert len(wheels) == len(h["wheels"]) + 1
+    assert man["total_bytes"] < h["max_bundle_mib"] * 2**20
+    assert json.loads((out / "model" / "config.json").read_text())["text_config"]["vocab_size"] == 248320
