@@ -621,7 +621,8 @@ def bench_rounds(run: Run, names: list[str], model: Path, datasets: dict[str, li
                     todo.append((name, rdir))
             if not todo:
                 continue
-            guess = (est[tname] or (60.0 + tiers[tname]["prompt_tokens"][1] / 2000.0)) * len(todo)
+            # before a tier's first measurement: 1024 tokens at ~25 ms, the prefill, the client's turn
+            guess = (est[tname] or (30.0 + tiers[tname]["prompt_tokens"][1] / 4000.0)) * len(todo)
             if run.left() - reserve < guess:
                 run.summary["skipped"].append(f"round {r} tier {tname} ({', '.join(n for n, _ in todo)}): "
                                               f"{run.left():.0f}s left, needs ~{guess:.0f}s + {reserve:.0f}s reserve")
