@@ -874,12 +874,7 @@ def stop_stale_servers(out: Path) -> None:
 
 def stop_all(servers: dict) -> None:
     """Stop the servers at once (each gets a short grace), so the end of a run stays short."""
-    def stop(st):
-        if proc.process_start_time(st["pid"]) == st["start_time"]:
-            proc.stop_group(st["pgid"], grace_s=5)
-        st["popen"].poll()
-        Path(st["state_file"]).unlink(missing_ok=True)
-    ts = [threading.Thread(target=stop, args=(st,)) for st in servers.values()]
+    ts = [threading.Thread(target=serve.stop_server, args=(st, True, 5.0)) for st in servers.values()]
     for t in ts:
         t.start()
     for t in ts:

@@ -256,13 +256,15 @@ def wait_healthy(p, state: dict, timeout: float) -> None:
         time.sleep(0.5)
 
 
-def stop_server(st: dict, quiet: bool = False) -> str:
-    """Stop the server `st` describes (its whole process group) and drop its state file."""
+def stop_server(st: dict, quiet: bool = False, grace_s: float = 30.0) -> str:
+    """Stop the server `st` describes (its whole process group; SIGKILL after `grace_s`) and drop
+    its state file."""
     if st.get("container") and shutil.which("docker"):
-        proc.run(["docker", "stop", "-t", "30", st["container"]], check=False, capture=True, timeout=60)
+        proc.run(["docker", "stop", "-t", str(int(grace_s)), st["container"]], check=False, capture=True,
+                 timeout=grace_s + 30)
     how = "already gone"
     if proc.process_start_time(st["pid"]) == st["start_time"]:
-        how = proc.stop_group(st["pgid"])
+        how = proc.stop_group(st["pgid"], grace_s=grace_s)
     if st.get("popen") is not None:
         st["popen"].poll()              # reap our own child
     sf = Path(st.get("state_file") or STATE)
