@@ -15,7 +15,12 @@ from .errors import ForgeError
 def _side(paths: list[str], contest: dict) -> list[dict]:
     if not paths:
         raise ForgeError("each side needs at least one run", hint="forge compare --a RUN [RUN...] --b RUN [RUN...]")
-    return [score.load_run(runs.resolve_run(p), contest) for p in paths]
+    side = [score.load_run(runs.resolve_run(p), contest, partial=True) for p in paths]
+    for r in side:
+        if not r["tiers"]:
+            raise ForgeError(f"{r['path']}: no tier results (<tier>.json) in this run folder",
+                             hint="give a run folder that bench-all-tiers (or e2e-gpu) wrote")
+    return side
 
 
 def _metric_rows(contest: dict, side: list[dict]) -> dict[str, list[float | None]]:
@@ -25,6 +30,8 @@ def _metric_rows(contest: dict, side: list[dict]) -> dict[str, list[float | None
         for name, m in r["tiers"].items():
             rows.setdefault(f"{name} tok/s", []).append(m["tok_s"])
             rows.setdefault(f"{name} TTFT P99 ms", []).append(m["ttft_p99_ms"])
+        if r["missing"]:                 # pooled TPOT and score need every tier: rows from complete runs only
+            continue
         rows.setdefault("pooled TPOT P99 ms", []).append(r["tpot_p99_pooled_ms"])
         rows.setdefault("score (default baseline)", []).append(score.score(contest, r, base)["total"])
     return rows
@@ -46,7 +53,7 @@ def delta(a: list[float], b: list[float], noise_pct: float) -> dict:
         how = f"2 × std. error from {len(a)}+{len(b)} runs"
     d = mb - ma
     return {"a": ma, "b": mb, "delta": d, "rel": d / ma if ma else None, "band": band, "band_from": how,
-            "within_noise": abs(d) <= band}
+            "within_noise": abs(d) <= band, "n_a": len(a), "n_b": len(b)}
 
 
 def compare(contest: dict, a_runs: list[dict], b_runs: list[dict], noise_pct: float) -> dict:
@@ -63,11 +70,13 @@ def compare(contest: dict, a_runs: list[dict], b_runs: list[dict], noise_pct: fl
 def cmd_compare(args) -> int:
     contest = contest_mod.load_contest()
     res = compare(contest, _side(args.a, contest), _side(args.b, contest), args.noise_pct)
-    print(f"{'metric':<26} {'A':>10} {'B':>10} {'B-A':>10} {'rel':>8} {'band':>9}  verdict")
+    print(f"{'metric':<26} {'A':>10} {'B':>10} {'B-A':>10} {'rel':>8} {'band':>9} {'runs':>5}  verdict")
     for key, d in res.items():
         rel = f"{100 * d['rel']:+.1f}%" if d["rel"] is not None else "—"
         verdict = "within noise" if d["within_noise"] else ("B higher" if d["delta"] > 0 else "B lower")
-        print(f"{key:<26} {d['a']:>10.2f} {d['b']:>10.2f} {d['delta']:>+10.2f} {rel:>8} {d['band']:>9.2f}  {verdict}")
+        n = f"{d['n_a']}+{d['n_b']}"
+        print(f"{key:<26} {d['a']:>10.2f} {d['b']:>10.2f} {d['delta']:>+10.2f} {rel:>8} {d['band']:>9.2f} {n:>5}"
+              f"  {verdict}")
     bands = {d["band_from"] for d in res.values()}
     print(f"noise band: {'; '.join(sorted(bands))}")
     return 0

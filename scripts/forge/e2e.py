@@ -44,6 +44,9 @@ from . import contest as contest_mod
 from .errors import ForgeError
 from .hashing import sha256_file
 
+TRITON_PART_MIB = 15      # the parts of a packed Triton cache (what comes back from a machine per file)
+TRITON_PARTS = "triton-cache.tgz"
+CLIENT_TURN_S = 5.0       # a tier's client overhead over the bench's own duration (start, dataset, JSON)
 DEFAULT_TIER_ORDER = ["16-32K", "8-16K", "4-8K"]   # the largest expected change first
 WARM_PROMPT_TOKENS = 9000                          # one full 8192-token prefill chunk and a ragged one
 PLUMBING_PROMPT_TOKENS = [1000, 4000, 12000]
@@ -383,6 +386,71 @@ def pack(out: Path, dest: Path, servers: dict) -> None:
     os.replace(tmp, dest)
 
 
+def triton_parts(src: Path) -> list[Path]:
+    return sorted(src.glob(f"{TRITON_PARTS}.[0-9][0-9]"))
+
+
+def seed_triton_cache(src: Path, cache: Path) -> dict:
+    """Unpack the parts `pack_triton_cache` wrote into the (new) cache directory. Kernels are keyed
+    by source, options and device, so a cache from another machine of the same kind is reused and
+    anything else is simply compiled again."""
+    parts = triton_parts(src)
+    if not parts:
+        raise ForgeError(f"--triton-cache-from {src}: no {TRITON_PARTS}.NN parts there",
+                         hint="give the folder an earlier run's --triton-cache-pack wrote, or leave the option out")
+    cache.mkdir(parents=True, exist_ok=True)
+    import io
+
+    class _Joined(io.RawIOBase):            # the parts read as one stream, without a joined copy on disk
+        def __init__(self, files):
+            self.files, self.cur = list(files), None
+
+        def readable(self):
+            return True
+
+        def readinto(self, b):
+            while True:
+                if self.cur is None:
+                    if not self.files:
+                        return 0
+                    self.cur = open(self.files.pop(0), "rb")
+                n = self.cur.readinto(b)
+                if n:
+                    return n
+                self.cur.close()
+                self.cur = None
+    n = 0
+    with tarfile.open(fileobj=io.BufferedReader(_Joined(parts)), mode="r|gz") as tf:
+        for m in tf:
+            if not (m.isfile() or m.isdir()) or m.name.startswith("/") or ".." in Path(m.name).parts:
+                continue                       # only plain files and folders inside the cache
+            tf.extract(m, cache, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+            n += m.isfile()
+    return {"from": str(src), "parts": len(parts), "files": n}
+
+
+def pack_triton_cache(cache: Path, dest: Path, part_mib: float = TRITON_PART_MIB) -> dict:
+    """The cache directory as a .tar.gz cut into parts of at most part_mib MiB (DIR/triton-cache.tgz.00,
+    .01, ...); earlier parts in DIR are replaced."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for old in triton_parts(dest):
+        old.unlink()
+    tmp = dest / f".{TRITON_PARTS}.part"
+    with tarfile.open(tmp, "w:gz") as tf:
+        for p in sorted(cache.rglob("*")):
+            if p.is_file():
+                tf.add(p, arcname=str(p.relative_to(cache)))
+    size = tmp.stat().st_size
+    step = max(1, int(part_mib * 1024 * 1024))
+    k = 0
+    with open(tmp, "rb") as f:
+        while chunk := f.read(step):
+            (dest / f"{TRITON_PARTS}.{k:02d}").write_bytes(chunk)
+            k += 1
+    tmp.unlink()
+    return {"to": str(dest), "parts": k, "mib": round(size / 2**20, 1)}
+
+
 def install_bundle(bundle: Path, site: Path) -> dict:
     man = gpu_bundle.verify_bundle(bundle)
     marker = site / ".forge-bundle"
@@ -616,12 +684,17 @@ def bench_rounds(run: Run, names: list[str], model: Path, datasets: dict[str, li
                 rdir.mkdir(parents=True, exist_ok=True)
                 if kept_round(run, rdir, tname, ident):
                     done[name][tname][r] = bench.result_path(rdir, tname)
+                    # what it took then is the best guess for this tier's later rounds
+                    dur = runs.read_json(done[name][tname][r]).get("duration")
+                    if isinstance(dur, (int, float)):
+                        est[tname] = max(est[tname] or 0.0, dur + CLIENT_TURN_S)
                     run.step(f"round {r} tier {tname} {name}: kept from an earlier invocation")
                 else:
                     todo.append((name, rdir))
             if not todo:
                 continue
-            # before a tier's first measurement: 1024 tokens at ~25 ms, the prefill, the client's turn
+            # before a tier's first measurement (here or in a kept round): 1024 tokens at ~25 ms, the
+            # prefill, the client's turn
             guess = (est[tname] or (30.0 + tiers[tname]["prompt_tokens"][1] / 4000.0)) * len(todo)
             if run.left() - reserve < guess:
                 run.summary["skipped"].append(f"round {r} tier {tname} ({', '.join(n for n, _ in todo)}): "
@@ -918,6 +991,12 @@ def cmd_e2e(args) -> int:
     args.vllm = args.vllm or f"{sys.executable} -m vllm.entrypoints.cli.main"
     run.hargs = harness_args(run.h, [*(args.server_arg or []), *shlex.split(args.server_args or "")])
     run.identity = {"bundle_wheel_sha256": wheel_sha, "server_args": run.hargs, "device": device_name()}
+    if (args.triton_cache_from or args.triton_cache_pack) and not args.triton_cache:
+        args.triton_cache = "/tmp/forge-triton"
+    if args.triton_cache_from:
+        seeded = seed_triton_cache(Path(args.triton_cache_from), Path(args.triton_cache))
+        run.summary["triton_cache"] = {"seeded": seeded}
+        run.step("Triton cache seeded", **seeded)
 
     def record_versions():
         v = versions(sys.executable)
@@ -977,6 +1056,13 @@ def cmd_e2e(args) -> int:
     finally:
         signal.signal(signal.SIGTERM, old_term)
         stop_all(run.servers)
+        if args.triton_cache_pack and args.triton_cache and Path(args.triton_cache).is_dir():
+            try:
+                packed = pack_triton_cache(Path(args.triton_cache), Path(args.triton_cache_pack))
+                run.summary.setdefault("triton_cache", {})["packed"] = packed
+                ui.info(f"Triton cache packed: {packed['mib']} MiB in {packed['parts']} parts under {packed['to']}")
+            except OSError as e:
+                ui.warn(f"Triton cache not packed: {e}")
         if getattr(run, "worker", None) is not None:
             run.worker.close()
         vt.join(timeout=10)
@@ -1004,8 +1090,9 @@ def register(sub) -> None:
                                                                    + ",".join(DEFAULT_TIER_ORDER) + ")")
     p.add_argument("--deadline-s", type=float, default=560.0,
                    help="stop starting new tier rounds so the run ends within this many seconds (default 560)")
-    p.add_argument("--reserve-s", type=float, default=45.0,
-                   help="seconds kept after the tier rounds for the fault check and the reports (default 45)")
+    p.add_argument("--reserve-s", type=float, default=15.0,
+                   help="seconds kept after the tier rounds for stopping the servers and writing the reports "
+                        "(default 15; the fault check has its own estimate)")
     p.add_argument("--out", help="results folder (default: reports/e2e/<date>-<device>/)")
     p.add_argument("--pack", help="also keep a .tar.gz of the results here, rewritten after every step")
     p.add_argument("--vllm", help="how to start vLLM (default: this Python's vllm.entrypoints.cli.main)")
@@ -1014,7 +1101,14 @@ def register(sub) -> None:
                                                             "write --server-arg=--opt for options)")
     p.add_argument("--server-args", help="more server arguments as one shell-quoted string, e.g. "
                                          "--server-args='--tensor-parallel-size 2 --disable-custom-all-reduce'")
-    p.add_argument("--triton-cache", help="TRITON_CACHE_DIR shared by the servers")
+    p.add_argument("--triton-cache", help="TRITON_CACHE_DIR shared by the servers (default /tmp/forge-triton "
+                                          "when --triton-cache-from or --triton-cache-pack is given)")
+    p.add_argument("--triton-cache-from", metavar="DIR",
+                   help="seed the Triton cache from the parts an earlier run wrote with --triton-cache-pack "
+                        "(DIR/triton-cache.tgz.*): a fresh machine then skips most of the kernel compiles")
+    p.add_argument("--triton-cache-pack", metavar="DIR",
+                   help="at the end, write the Triton cache to DIR/triton-cache.tgz.NN in parts of at most "
+                        f"{TRITON_PART_MIB} MiB, for --triton-cache-from on the next machine")
     p.add_argument("--first-port", type=int, default=FIRST_PORT,
                    help=f"port of the first profile's server; the others follow (default {FIRST_PORT})")
     p.add_argument("--fault-delay-s", type=float, default=3.0, help="seconds into the request before the kill")

@@ -61,17 +61,24 @@ def tier_metrics(res: dict, file: str) -> dict:
     }
 
 
-def load_run(run: Path, contest: dict) -> dict:
-    """{tiers: {name: metrics}, tpot_p99_pooled_ms, accuracy, manifest}."""
+def load_run(run: Path, contest: dict, partial: bool = False) -> dict:
+    """{tiers: {name: metrics}, tpot_p99_pooled_ms, accuracy, manifest, missing}. A tier without a
+    result is an error, or with partial=True listed in `missing` (no pooled TPOT then)."""
     tiers = {}
+    missing = []
     for name in contest_mod.tier_names(contest):
         p = run / f"{name}.json"
         if not p.is_file():
+            if partial:
+                missing.append(name)
+                continue
             raise ForgeError(f"{run}: tier {name} has no result ({p.name})",
                              hint=f"finish the run: forge bench-all-tiers --run-id {run.name}")
         tiers[name] = tier_metrics(runs.read_json(p), str(p))
     pooled = None
-    if all(t["tpots_ms"] is not None for t in tiers.values()):
+    if missing:
+        pass
+    elif all(t["tpots_ms"] is not None for t in tiers.values()):
         pooled = percentile([x for t in tiers.values() for x in t["tpots_ms"]], 99)
     else:
         vals = [t["tpot_p99_ms"] for t in tiers.values() if t["tpot_p99_ms"] is not None]
@@ -79,7 +86,7 @@ def load_run(run: Path, contest: dict) -> dict:
     acc = runs.read_json(run / "accuracy.json") if (run / "accuracy.json").is_file() else None
     man = runs.read_json(run / "manifest.json") if (run / "manifest.json").is_file() else {}
     return {"tiers": tiers, "tpot_p99_pooled_ms": pooled, "accuracy": (acc or {}).get("scores"),
-            "manifest": man, "path": str(run)}
+            "manifest": man, "path": str(run), "missing": missing}
 
 
 def baseline_from_config(contest: dict, name: str | None = None) -> dict:

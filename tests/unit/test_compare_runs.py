@@ -39,3 +39,18 @@ def test_cli_on_recorded_runs(tmp_path):
 def test_missing_run_is_a_clear_error(tmp_path):
     r = forge(tmp_path, "compare", "--a", str(tmp_path / "nope"), "--b", str(FIXTURE_RUNS / "base"))
     assert r.returncode == 2 and "not found" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_runs_missing_a_tier_count_only_where_they_have_it(tmp_path):
+    part = tmp_path / "part"
+    shutil.copytree(FIXTURE_RUNS / "fast", part)
+    (part / "4-8K.json").unlink()
+    r = forge(tmp_path, "compare", "--a", str(FIXTURE_RUNS / "base"), "--b", str(FIXTURE_RUNS / "fast"), str(part))
+    assert r.returncode == 0, r.stderr
+    rows = {" ".join(l.split()[:2]): l.split() for l in r.stdout.splitlines()[1:-1]}
+    assert rows["4-8K tok/s"][-3] == "1+1" and rows["8-16K tok/s"][-3] == "1+2"
+    assert rows["pooled TPOT"][-3] == "1+1"          # pooled TPOT and score: complete runs only
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = forge(tmp_path, "compare", "--a", str(empty), "--b", str(FIXTURE_RUNS / "base"))
+    assert r.returncode == 2 and "no tier results" in r.stderr and "Traceback" not in r.stderr
