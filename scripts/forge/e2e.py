@@ -767,10 +767,9 @@ def scores(run: Run, run_dirs: dict[str, Path], ref: str) -> dict:
                                      f"{', '.join(dead)} (see its server log)")
         return out
     for name, d in complete_runs.items():
-        res = score.score(run.contest, score.load_run(d, run.contest), base)
-        runs.write_json(d / "score.json", res)
-        (d / "score.md").write_text(score.render_md(res, str(d.relative_to(run.out)), None))
-        out[name] = res
+        loaded = score.load_run(d, run.contest)
+        drift = score.output_drift(loaded, base) if name != ref else None
+        out[name], _ = score.write_report(run.contest, d, loaded, base, drift, shown=str(d.relative_to(run.out)))
     return out
 
 

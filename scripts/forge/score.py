@@ -289,6 +289,21 @@ def chart(res: dict, path: Path) -> bool:
     return True
 
 
+def write_report(contest: dict, rpath: Path, run: dict, base: dict, drift: dict | None,
+                 shown: str | None = None) -> tuple[dict, bool]:
+    """Score a loaded run and write score.json, score.md and score.png into its folder; returns the
+    result and whether the chart was drawn."""
+    res = score(contest, run, base)
+    res["run"] = str(rpath)
+    res["output_drift"] = drift
+    if run["manifest"].get("scored_port") is False:
+        res["note"] = "the server did not listen on the locked port 8001 (testing run)"
+        ui.warn(f"run {rpath.name}: {res['note']}")
+    runs.write_json(rpath / "score.json", res)
+    (rpath / "score.md").write_text(render_md(res, shown or str(rpath), drift))
+    return res, chart(res, rpath / "score.png")
+
+
 def cmd_score(args) -> int:
     contest = contest_mod.load_contest()
     names = contest_mod.tier_names(contest)
@@ -318,15 +333,7 @@ def cmd_score(args) -> int:
         drift = output_drift(run, base)
     else:
         base = baseline_from_config(contest, args.baseline_name)
-    res = score(contest, run, base)
-    res["run"] = str(rpath)
-    res["output_drift"] = drift
-    if run["manifest"].get("scored_port") is False:
-        res["note"] = "the server did not listen on the locked port 8001 (testing run)"
-        ui.warn(f"run {rpath.name}: {res['note']}")
-    runs.write_json(rpath / "score.json", res)
-    (rpath / "score.md").write_text(render_md(res, str(rpath), drift))
-    drew = chart(res, rpath / "score.png")
+    res, drew = write_report(contest, rpath, run, base, drift)
     for n, t in res["tiers"].items():
         flag = f"  ZERO: {'; '.join(t['zeroed_by'])}" if t["zeroed_by"] else ""
         print(f"{n:>7}: {t['tok_s']:.2f} tok/s vs {t['baseline_tok_s']:.2f} -> {t['contribution']:.2f} / "

@@ -191,6 +191,11 @@ def test_e2e_run_scores_every_profile_against_the_same_run_reference(tmp_path):
                          score.baseline_from_run(FIXTURE_RUNS / "base", c))
     assert s["scores"]["fast-int8"]["total"] == pytest.approx(expect["total"], rel=1e-9)
     assert s["scores"]["fast-int8"]["display"] != "60.0"
+    # the same report as `forge score --run ... --baseline ...`: output-length drift against the reference
+    rec = json.loads((out / "runs" / "fast-int8" / "score.json").read_text())
+    assert set(rec["output_drift"]) == {"4-8K", "8-16K", "16-32K"}
+    assert "Output-length drift" in (out / "runs" / "fast-int8" / "score.md").read_text()
+    assert json.loads((out / "runs" / "upstream" / "score.json").read_text())["output_drift"] is None
     for t in ("4-8K", "8-16K", "16-32K"):
         got = json.loads((out / "runs" / "fast-int8" / f"{t}.json").read_text())
         rec = json.loads((FIXTURE_RUNS / "fast" / f"{t}.json").read_text())
@@ -474,3 +479,20 @@ def test_compare_on_the_real_repeats():
     d = compare.compare(c, ups, best, noise_pct=3)["16-32K tok/s"]
     assert not d["within_noise"] and d["delta"] > 0 and (d["n_a"], d["n_b"]) == (4, 2)
     assert "pooled TPOT P99 ms" not in compare.compare(c, ups[1::2], best[1:], noise_pct=3)
+
+
+def test_make_score_on_a_real_run_folder(tmp_path):
+    """`forge score --run … --baseline …` (make score RUN=… BASELINE=…) on the H200 files: the proxy
+    total recorded there, and no output-length drift (1024 tokens every request, as the client asks)."""
+    import shutil
+    from helpers import forge
+    src = E2E / "2026-11-30-h200-fast-int8" / "runs"
+    for name in ("fast-int8", "upstream"):
+        shutil.copytree(src / name, tmp_path / name)
+    r = forge(tmp_path, "score", "--run", str(tmp_path / "fast-int8"), "--baseline", str(tmp_path / "upstream"))
+    assert r.returncode == 0, r.stderr
+    rec = json.loads((src / "fast-int8" / "score.json").read_text())
+    res = json.loads((tmp_path / "fast-int8" / "score.json").read_text())
+    assert res["display"] == rec["display"] and res["total"] == pytest.approx(rec["total"], rel=1e-12)
+    assert all(d["differ"] == 0 and d["total_run"] == 1024 * d["compared"] for d in res["output_drift"].values())
+    assert f"total {rec['display']}" in r.stdout
