@@ -56,20 +56,26 @@ def delta(a: list[float], b: list[float], noise_pct: float) -> dict:
             "within_noise": abs(d) <= band, "n_a": len(a), "n_b": len(b)}
 
 
-def compare(contest: dict, a_runs: list[dict], b_runs: list[dict], noise_pct: float) -> dict:
+def compare(contest: dict, a_runs: list[dict], b_runs: list[dict], noise_pct: float,
+            uncompared: list[str] | None = None) -> dict:
+    """Per metric, the delta of side B against side A; metrics without a value on one side are
+    appended to `uncompared` (as 'metric (no run on side X)')."""
     ra, rb = _metric_rows(contest, a_runs), _metric_rows(contest, b_runs)
     out = {}
-    for key in ra:
-        av = [x for x in ra[key] if x is not None]
+    for key in dict.fromkeys([*ra, *rb]):
+        av = [x for x in ra.get(key, []) if x is not None]
         bv = [x for x in rb.get(key, []) if x is not None]
         if av and bv:
             out[key] = delta(av, bv, noise_pct)
+        elif uncompared is not None:
+            uncompared.append(f"{key} (no run on side {'A' if not av else 'B'})")
     return out
 
 
 def cmd_compare(args) -> int:
     contest = contest_mod.load_contest()
-    res = compare(contest, _side(args.a, contest), _side(args.b, contest), args.noise_pct)
+    skipped: list[str] = []
+    res = compare(contest, _side(args.a, contest), _side(args.b, contest), args.noise_pct, skipped)
     print(f"{'metric':<26} {'A':>10} {'B':>10} {'B-A':>10} {'rel':>8} {'band':>9} {'runs':>5}  verdict")
     for key, d in res.items():
         rel = f"{100 * d['rel']:+.1f}%" if d["rel"] is not None else "—"
@@ -79,6 +85,8 @@ def cmd_compare(args) -> int:
               f"  {verdict}")
     bands = {d["band_from"] for d in res.values()}
     print(f"noise band: {'; '.join(sorted(bands))}")
+    if skipped:
+        print(f"not compared: {'; '.join(skipped)}")
     return 0
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import http.client
+import io
 import json
 import math
 import os
@@ -33,10 +34,12 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
+import zlib
 from pathlib import Path
 
 from . import bench, gpu_bundle, paths, proc, profiles, runs, score, serve, synth, ui
@@ -46,6 +49,7 @@ from .hashing import sha256_file
 
 TRITON_PART_MIB = 15      # the parts of a packed Triton cache (what comes back from a machine per file)
 TRITON_PARTS = "triton-cache.tgz"
+TRITON_MANIFEST = "triton-cache.json"
 CLIENT_TURN_S = 5.0       # a tier's client overhead over the bench's own duration (start, dataset, JSON)
 DEFAULT_TIER_ORDER = ["16-32K", "8-16K", "4-8K"]   # the largest expected change first
 WARM_PROMPT_TOKENS = 9000                          # one full 8192-token prefill chunk and a ragged one
@@ -371,84 +375,126 @@ def default_out() -> Path:
     return paths.REPORTS / "e2e" / f"{dt.date.today().isoformat()}-{slug[:16]}"
 
 
+def _write_tgz(dest: Path, files: list[tuple[Path, str]], level: int = 9) -> None:
+    """A .tar.gz of (file, name in the archive) pairs, written to a temporary name and renamed."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.part")
+    try:
+        with tarfile.open(tmp, "w:gz", compresslevel=level) as tf:
+            for path, arcname in files:
+                tf.add(path, arcname=arcname)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def pack(out: Path, dest: Path, servers: dict) -> None:
     """A .tar.gz of the results folder (server logs trimmed, datasets left out), written atomically."""
     (out / "logs").mkdir(exist_ok=True)
     for name, st in servers.items():
         trim_log(Path(st["log"]), out / "logs" / f"server-{name}.log")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(".part")
-    with tarfile.open(tmp, "w:gz") as tf:
-        for p in sorted(out.rglob("*")):
-            rel = p.relative_to(out)
-            if p.is_file() and rel.parts[0] != "datasets" and p.name != "server.log":
-                tf.add(p, arcname=str(Path(out.name) / rel))
-    os.replace(tmp, dest)
+    _write_tgz(dest, [(p, str(Path(out.name) / p.relative_to(out))) for p in sorted(out.rglob("*"))
+                      if p.is_file() and p.relative_to(out).parts[0] != "datasets" and p.name != "server.log"])
 
 
-def triton_parts(src: Path) -> list[Path]:
-    return sorted(src.glob(f"{TRITON_PARTS}.[0-9][0-9]"))
+class _JoinedParts(io.RawIOBase):
+    """Files read one after the other as one stream (a cut archive without a joined copy on disk)."""
+
+    def __init__(self, files: list[Path]):
+        super().__init__()
+        self.files, self.cur = list(files), None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while True:
+            if self.cur is None:
+                if not self.files:
+                    return 0
+                self.cur = open(self.files.pop(0), "rb")
+            n = self.cur.readinto(b)
+            if n:
+                return n
+            self.cur.close()
+            self.cur = None
+
+    def close(self) -> None:
+        if self.cur is not None:
+            self.cur.close()
+            self.cur = None
+        super().close()
 
 
 def seed_triton_cache(src: Path, cache: Path) -> dict:
-    """Unpack the parts `pack_triton_cache` wrote into the (new) cache directory. Kernels are keyed
-    by source, options and device, so a cache from another machine of the same kind is reused and
-    anything else is simply compiled again."""
-    parts = triton_parts(src)
-    if not parts:
-        raise ForgeError(f"--triton-cache-from {src}: no {TRITON_PARTS}.NN parts there",
-                         hint="give the folder an earlier run's --triton-cache-pack wrote, or leave the option out")
+    """Unpack the parts `pack_triton_cache` wrote (checked against their manifest) into the cache
+    directory. Kernels are keyed by source, options and device, so a cache from another machine of the
+    same kind is reused and anything else is compiled again. A damaged or incomplete set is skipped with
+    a warning (the cache only saves time); a folder without parts is an error (a wrong path)."""
+    man_path = src / TRITON_MANIFEST
+    if not man_path.is_file():
+        raise ForgeError(f"--triton-cache-from {src}: no {TRITON_MANIFEST} there",
+                         hint="give the folder an earlier run's --triton-cache-pack wrote (its parts and "
+                              f"{TRITON_MANIFEST}), or leave the option out")
+    man = runs.read_json(man_path)
+    parts = [src / x["name"] for x in man.get("parts", [])]
+    bad = [p.name for p, x in zip(parts, man.get("parts", []))
+           if not p.is_file() or p.stat().st_size != x.get("bytes") or sha256_file(p) != x.get("sha256")]
+    if bad or not parts:
+        ui.warn(f"Triton cache parts in {src} do not match {TRITON_MANIFEST} ({', '.join(bad) or 'no parts'}); "
+                "starting with an empty cache")
+        return {"from": str(src), "skipped": f"parts missing or changed: {', '.join(bad) or 'none listed'}"}
     cache.mkdir(parents=True, exist_ok=True)
-    import io
-
-    class _Joined(io.RawIOBase):            # the parts read as one stream, without a joined copy on disk
-        def __init__(self, files):
-            self.files, self.cur = list(files), None
-
-        def readable(self):
-            return True
-
-        def readinto(self, b):
-            while True:
-                if self.cur is None:
-                    if not self.files:
-                        return 0
-                    self.cur = open(self.files.pop(0), "rb")
-                n = self.cur.readinto(b)
-                if n:
-                    return n
-                self.cur.close()
-                self.cur = None
+    tmp = Path(tempfile.mkdtemp(prefix=".seed-", dir=cache))
     n = 0
-    with tarfile.open(fileobj=io.BufferedReader(_Joined(parts)), mode="r|gz") as tf:
-        for m in tf:
-            if not (m.isfile() or m.isdir()) or m.name.startswith("/") or ".." in Path(m.name).parts:
-                continue                       # only plain files and folders inside the cache
-            tf.extract(m, cache, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-            n += m.isfile()
+    try:
+        with _JoinedParts(parts) as raw, tarfile.open(fileobj=io.BufferedReader(raw), mode="r|gz") as tf:
+            for m in tf:
+                if not (m.isfile() or m.isdir()) or m.name.startswith("/") or ".." in Path(m.name).parts:
+                    continue                   # only plain files and folders inside the cache
+                tf.extract(m, tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+                n += m.isfile()
+        for entry in tmp.iterdir():            # complete: move into place (what is there already stays)
+            if not (cache / entry.name).exists():
+                os.replace(entry, cache / entry.name)
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
+        ui.warn(f"Triton cache parts in {src} could not be unpacked ({type(e).__name__}: {e}); "
+                "starting with an empty cache")
+        return {"from": str(src), "skipped": f"{type(e).__name__}: {e}"}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return {"from": str(src), "parts": len(parts), "files": n}
 
 
 def pack_triton_cache(cache: Path, dest: Path, part_mib: float = TRITON_PART_MIB) -> dict:
-    """The cache directory as a .tar.gz cut into parts of at most part_mib MiB (DIR/triton-cache.tgz.00,
-    .01, ...); earlier parts in DIR are replaced."""
+    """The cache directory as a .tar.gz cut into parts of at most part_mib MiB (DIR/triton-cache.tgz.000,
+    .001, ...) plus DIR/triton-cache.json (the parts, their sizes and sha256). The archive is complete
+    before any earlier pack in DIR is replaced."""
     dest.mkdir(parents=True, exist_ok=True)
-    for old in triton_parts(dest):
-        old.unlink()
-    tmp = dest / f".{TRITON_PARTS}.part"
-    with tarfile.open(tmp, "w:gz") as tf:
-        for p in sorted(cache.rglob("*")):
-            if p.is_file():
-                tf.add(p, arcname=str(p.relative_to(cache)))
-    size = tmp.stat().st_size
+    whole = dest / f".{TRITON_PARTS}.whole"
+    _write_tgz(whole, [(p, str(p.relative_to(cache))) for p in sorted(cache.rglob("*")) if p.is_file()], level=6)
     step = max(1, int(part_mib * 1024 * 1024))
-    k = 0
-    with open(tmp, "rb") as f:
-        while chunk := f.read(step):
-            (dest / f"{TRITON_PARTS}.{k:02d}").write_bytes(chunk)
-            k += 1
-    tmp.unlink()
-    return {"to": str(dest), "parts": k, "mib": round(size / 2**20, 1)}
+    made = []
+    try:
+        with open(whole, "rb") as f:
+            while chunk := f.read(step):
+                tmp = dest / f".{TRITON_PARTS}.{len(made):03d}.part"
+                tmp.write_bytes(chunk)
+                made.append(tmp)
+        size = whole.stat().st_size
+        for old in dest.glob(f"{TRITON_PARTS}.*"):
+            old.unlink()
+        parts = []
+        for i, tmp in enumerate(made):
+            final = dest / f"{TRITON_PARTS}.{i:03d}"
+            os.replace(tmp, final)
+            parts.append({"name": final.name, "bytes": final.stat().st_size, "sha256": sha256_file(final)})
+        runs.write_json(dest / TRITON_MANIFEST, {"parts": parts, "bytes": size, "from": str(cache)})
+    finally:
+        whole.unlink(missing_ok=True)
+        for tmp in made:
+            tmp.unlink(missing_ok=True)
+    return {"to": str(dest), "parts": len(parts), "mib": round(size / 2**20, 1)}
 
 
 def install_bundle(bundle: Path, site: Path) -> dict:
@@ -662,6 +708,13 @@ def check_resume(run: Run, names: list[str], datasets: dict[str, list[Path]]) ->
                 kept_round(run, runs.run_dir(name, create=False) / "rounds" / f"r{r}", tname, round_identity(run, ds))
 
 
+def rounds_reserve(args, summary: dict, live: list[str]) -> float:
+    """Seconds the tier rounds leave before the deadline: --reserve-s, plus the fault check's need
+    while it is still to run (not --no-fault, not kept from an earlier invocation, reference up)."""
+    pending = not args.no_fault and not summary.get("fault") and summary.get("reference") in live
+    return args.reserve_s + (FAULT_NEED_S if pending else 0.0)
+
+
 def bench_rounds(run: Run, names: list[str], model: Path, datasets: dict[str, list[Path]]) -> dict:
     """Rounds of (tier, profile) pairs, interleaved; returns {profile: {tier: {round: result file}}}.
     A (round, tier) is started for every profile or for none, so the profiles are compared on the
@@ -673,7 +726,7 @@ def bench_rounds(run: Run, names: list[str], model: Path, datasets: dict[str, li
     runner = client_runner(run)
     done: dict[str, dict[str, dict[int, Path]]] = {n: {t: {} for t in order} for n in names}
     est = {t: None for t in order}
-    reserve = run.args.reserve_s
+    reserve = rounds_reserve(run.args, run.summary, names)
     n_rounds = max(len(v) for v in datasets.values())
     for r in range(1, n_rounds + 1):
         for tname in order:
@@ -684,10 +737,11 @@ def bench_rounds(run: Run, names: list[str], model: Path, datasets: dict[str, li
                 rdir.mkdir(parents=True, exist_ok=True)
                 if kept_round(run, rdir, tname, ident):
                     done[name][tname][r] = bench.result_path(rdir, tname)
-                    # what it took then is the best guess for this tier's later rounds
-                    dur = runs.read_json(done[name][tname][r]).get("duration")
-                    if isinstance(dur, (int, float)):
-                        est[tname] = max(est[tname] or 0.0, dur + CLIENT_TURN_S)
+                    # what a served round took then is the best guess for this tier's later rounds
+                    kept = runs.read_json(done[name][tname][r])
+                    if kept.get("completed") and not kept.get("failed") and \
+                            isinstance(kept.get("duration"), (int, float)):
+                        est[tname] = max(est[tname] or 0.0, kept["duration"] + CLIENT_TURN_S)
                     run.step(f"round {r} tier {tname} {name}: kept from an earlier invocation")
                 else:
                     todo.append((name, rdir))
@@ -995,7 +1049,7 @@ def cmd_e2e(args) -> int:
     if args.triton_cache_from:
         seeded = seed_triton_cache(Path(args.triton_cache_from), Path(args.triton_cache))
         run.summary["triton_cache"] = {"seeded": seeded}
-        run.step("Triton cache seeded", **seeded)
+        run.step("Triton cache seeded" if "skipped" not in seeded else "Triton cache not seeded", **seeded)
 
     def record_versions():
         v = versions(sys.executable)
@@ -1055,13 +1109,6 @@ def cmd_e2e(args) -> int:
     finally:
         signal.signal(signal.SIGTERM, old_term)
         stop_all(run.servers)
-        if args.triton_cache_pack and args.triton_cache and Path(args.triton_cache).is_dir():
-            try:
-                packed = pack_triton_cache(Path(args.triton_cache), Path(args.triton_cache_pack))
-                run.summary.setdefault("triton_cache", {})["packed"] = packed
-                ui.info(f"Triton cache packed: {packed['mib']} MiB in {packed['parts']} parts under {packed['to']}")
-            except OSError as e:
-                ui.warn(f"Triton cache not packed: {e}")
         if getattr(run, "worker", None) is not None:
             run.worker.close()
         vt.join(timeout=10)
@@ -1070,6 +1117,14 @@ def cmd_e2e(args) -> int:
         run.summary["seconds"] = round(time.monotonic() - run.t0, 1)
         run.final = (names, scored, ref)
         run.save()
+        if args.triton_cache_pack and args.triton_cache and Path(args.triton_cache).is_dir():
+            try:                               # after the results are saved: packing only saves time later
+                packed = pack_triton_cache(Path(args.triton_cache), Path(args.triton_cache_pack))
+                run.summary.setdefault("triton_cache", {})["packed"] = packed
+                ui.info(f"Triton cache packed: {packed['mib']} MiB in {packed['parts']} parts under {packed['to']}")
+                run.save()
+            except Exception as e:
+                ui.warn(f"Triton cache not packed: {type(e).__name__}: {e}")
         ui.info(f"results: {run.out}")
     return 0 if not run.summary.get("plumbing") or run.summary["plumbing"]["ok"] else 1
 
@@ -1091,7 +1146,7 @@ def register(sub) -> None:
                    help="stop starting new tier rounds so the run ends within this many seconds (default 560)")
     p.add_argument("--reserve-s", type=float, default=15.0,
                    help="seconds kept after the tier rounds for stopping the servers and writing the reports "
-                        "(default 15; the fault check has its own estimate)")
+                        f"(default 15; {FAULT_NEED_S:.0f} s more while the fault check is still to run)")
     p.add_argument("--out", help="results folder (default: reports/e2e/<date>-<device>/)")
     p.add_argument("--pack", help="also keep a .tar.gz of the results here, rewritten after every step")
     p.add_argument("--vllm", help="how to start vLLM (default: this Python's vllm.entrypoints.cli.main)")
@@ -1104,10 +1159,12 @@ def register(sub) -> None:
                                           "when --triton-cache-from or --triton-cache-pack is given)")
     p.add_argument("--triton-cache-from", metavar="DIR",
                    help="seed the Triton cache from the parts an earlier run wrote with --triton-cache-pack "
-                        "(DIR/triton-cache.tgz.*): a fresh machine then skips most of the kernel compiles")
+                        "(DIR/triton-cache.json and its parts): a fresh machine then skips the kernel compiles "
+                        "that run made")
     p.add_argument("--triton-cache-pack", metavar="DIR",
                    help="at the end, write the Triton cache to DIR/triton-cache.tgz.NN in parts of at most "
-                        f"{TRITON_PART_MIB} MiB, for --triton-cache-from on the next machine")
+                        f"{TRITON_PART_MIB} MiB plus DIR/{TRITON_MANIFEST}, for --triton-cache-from on the "
+                        "next machine")
     p.add_argument("--first-port", type=int, default=FIRST_PORT,
                    help=f"port of the first profile's server; the others follow (default {FIRST_PORT})")
     p.add_argument("--fault-delay-s", type=float, default=3.0, help="seconds into the request before the kill")

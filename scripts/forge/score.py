@@ -75,12 +75,10 @@ def load_run(run: Path, contest: dict, partial: bool = False) -> dict:
             raise ForgeError(f"{run}: tier {name} has no result ({p.name})",
                              hint=f"finish the run: forge bench-all-tiers --run-id {run.name}")
         tiers[name] = tier_metrics(runs.read_json(p), str(p))
-    pooled = None
-    if missing:
-        pass
-    elif all(t["tpots_ms"] is not None for t in tiers.values()):
+    pooled = None                              # pooled over all tiers: none while one is missing
+    if not missing and all(t["tpots_ms"] is not None for t in tiers.values()):
         pooled = percentile([x for t in tiers.values() for x in t["tpots_ms"]], 99)
-    else:
+    elif not missing:
         vals = [t["tpot_p99_ms"] for t in tiers.values() if t["tpot_p99_ms"] is not None]
         pooled = max(vals) if vals else None
     acc = runs.read_json(run / "accuracy.json") if (run / "accuracy.json").is_file() else None

@@ -50,6 +50,11 @@ def test_runs_missing_a_tier_count_only_where_they_have_it(tmp_path):
     rows = {" ".join(l.split()[:2]): l.split() for l in r.stdout.splitlines()[1:-1]}
     assert rows["4-8K tok/s"][-3] == "1+1" and rows["8-16K tok/s"][-3] == "1+2"
     assert rows["pooled TPOT"][-3] == "1+1"          # pooled TPOT and score: complete runs only
+    r = forge(tmp_path, "compare", "--a", str(part), "--b", str(FIXTURE_RUNS / "base"))
+    assert r.returncode == 0, r.stderr
+    last = r.stdout.splitlines()[-1]
+    assert last.startswith("not compared:") and "4-8K tok/s (no run on side A)" in last
+    assert "pooled TPOT P99 ms (no run on side A)" in last and "8-16K" not in last
     empty = tmp_path / "empty"
     empty.mkdir()
     r = forge(tmp_path, "compare", "--a", str(empty), "--b", str(FIXTURE_RUNS / "base"))

@@ -353,31 +353,56 @@ def test_a_reference_that_served_nothing_gives_no_score_but_a_reason(tmp_path):
 
 # --- Triton cache carried between machines ----------------------------------------------------------
 
-def test_triton_cache_packs_into_parts_and_seeds_a_fresh_cache(tmp_path):
+def _random_cache(root: Path, n: int = 6) -> dict:
     import os
-    cache = tmp_path / "cache"
     files = {}
-    for i in range(6):                                  # incompressible, so the parts really split
-        d = cache / f"{os.urandom(4).hex()}"
+    for i in range(n):                                  # incompressible, so the parts really split
+        d = root / os.urandom(4).hex()
         d.mkdir(parents=True)
-        files[d.name + "/k.cubin"] = os.urandom(7000 + 997 * i)
-        (d / "k.cubin").write_bytes(files[d.name + "/k.cubin"])
+        files[f"{d.name}/k.cubin"] = os.urandom(7000 + 997 * i)
+        (d / "k.cubin").write_bytes(files[f"{d.name}/k.cubin"])
+    return files
+
+
+def test_triton_cache_packs_into_parts_and_seeds_a_fresh_cache(tmp_path):
+    files = _random_cache(tmp_path / "cache")
     out = tmp_path / "out"
     out.mkdir()
-    (out / f"{e2e.TRITON_PARTS}.07").write_bytes(b"stale part of an earlier pack")
-    info = e2e.pack_triton_cache(cache, out, part_mib=16 / 1024)   # 16 KiB parts
-    parts = e2e.triton_parts(out)
-    assert info["parts"] == len(parts) >= 3
-    assert all(p.stat().st_size <= 16 * 1024 for p in parts)
-    assert not (out / f"{e2e.TRITON_PARTS}.07").exists() or len(parts) > 7
+    (out / f"{e2e.TRITON_PARTS}.117").write_bytes(b"stale part of an earlier, larger pack")
+    info = e2e.pack_triton_cache(tmp_path / "cache", out, part_mib=16 / 1024)   # 16 KiB parts
+    man = json.loads((out / e2e.TRITON_MANIFEST).read_text())
+    parts = sorted(out.glob(f"{e2e.TRITON_PARTS}.*"))
+    assert info["parts"] == len(parts) == len(man["parts"]) >= 3
+    assert [p.name for p in parts] == [x["name"] for x in man["parts"]]       # the stale part is gone
+    assert all(p.stat().st_size <= 16 * 1024 for p in parts) and not list(out.glob(".*"))
     fresh = tmp_path / "fresh"
+    (fresh / "kept").mkdir(parents=True)
     got = e2e.seed_triton_cache(out, fresh)
     assert got["files"] == len(files)
     for rel, body in files.items():
         assert (fresh / rel).read_bytes() == body
-    with pytest.raises(ForgeError) as ei:
+    assert (fresh / "kept").is_dir() and not list(fresh.glob(".seed-*"))
+    with pytest.raises(ForgeError) as ei:                # a folder without a pack: a wrong path
         e2e.seed_triton_cache(tmp_path / "cache", tmp_path / "x")
-    assert e2e.TRITON_PARTS in ei.value.message
+    assert e2e.TRITON_MANIFEST in ei.value.message
+
+
+@pytest.mark.parametrize("damage", ["missing", "changed"])
+def test_a_damaged_pack_is_skipped_and_leaves_the_cache_as_it_was(tmp_path, damage):
+    _random_cache(tmp_path / "cache")
+    out = tmp_path / "out"
+    e2e.pack_triton_cache(tmp_path / "cache", out, part_mib=16 / 1024)
+    victim = sorted(out.glob(f"{e2e.TRITON_PARTS}.*"))[1]
+    if damage == "missing":
+        victim.unlink()
+    else:
+        b = bytearray(victim.read_bytes())
+        b[100] ^= 0xFF
+        victim.write_bytes(bytes(b))
+    fresh = tmp_path / "fresh"
+    got = e2e.seed_triton_cache(out, fresh)
+    assert victim.name in got["skipped"]
+    assert not fresh.exists() or not any(fresh.iterdir())
 
 
 def test_seeding_skips_members_outside_the_cache(tmp_path):
@@ -385,9 +410,13 @@ def test_seeding_skips_members_outside_the_cache(tmp_path):
     src.mkdir()
     (tmp_path / "evil.txt").write_text("x")
     (tmp_path / "ok.txt").write_text("y")
-    with tarfile.open(src / f"{e2e.TRITON_PARTS}.00", "w:gz") as tf:
+    part = src / f"{e2e.TRITON_PARTS}.000"
+    with tarfile.open(part, "w:gz") as tf:
         tf.add(tmp_path / "evil.txt", arcname="../evil-out.txt")
         tf.add(tmp_path / "ok.txt", arcname="k/ok.txt")
+    from forge.hashing import sha256_file
+    (src / e2e.TRITON_MANIFEST).write_text(json.dumps(
+        {"parts": [{"name": part.name, "bytes": part.stat().st_size, "sha256": sha256_file(part)}]}))
     e2e.seed_triton_cache(src, tmp_path / "cache")
     assert (tmp_path / "cache" / "k" / "ok.txt").read_text() == "y"
     assert not (tmp_path / "evil-out.txt").exists()
@@ -435,15 +464,16 @@ def test_merged_tier_results_follow_vllms_arithmetic_on_the_real_rounds(folder):
     """Each profile's <tier>.json merges its rounds (real `vllm bench serve` files): output tok/s is
     the rounds' output tokens over their summed durations, requests add up, nothing failed."""
     c = contest.load_contest()
-    for prof in (folder / "runs").iterdir():
-        for t in contest.tier_names(c):
-            rounds = sorted((prof / "rounds").glob(f"r*/{t}.json"))
-            assert rounds, (prof, t)
-            rs = [json.loads(p.read_text()) for p in rounds]
+    profs = sorted((folder / "runs").iterdir())
+    for t in contest.tier_names(c):
+        # the rounds every profile measured for this tier are the ones merged
+        have = [{p.parent.name for p in (prof / "rounds").glob(f"r*/{t}.json")} for prof in profs]
+        common = sorted(set.intersection(*have))
+        assert common, t
+        for prof in profs:
+            used = [json.loads((prof / "rounds" / r / f"{t}.json").read_text()) for r in common]
             merged = json.loads((prof / f"{t}.json").read_text())
-            common = len(merged["ttfts"])            # rounds kept: those every profile has
-            used = rs[:common]
-            assert merged["completed"] == sum(r["completed"] for r in used) == common
+            assert merged["completed"] == sum(r["completed"] for r in used) == len(common)
             assert merged["failed"] == 0
             assert merged["total_output_tokens"] == sum(r["total_output_tokens"] for r in used)
             assert merged["output_throughput"] == pytest.approx(
@@ -475,6 +505,9 @@ def test_compare_on_the_real_repeats():
     same = compare.compare(c, ups[::2], ups[1::2], noise_pct=3)
     assert same["16-32K tok/s"]["within_noise"] and same["16-32K tok/s"]["n_a"] == 2
     assert "4-8K tok/s" not in same                    # the repeats did not run that tier: no row, no guess
+    skipped = []
+    compare.compare(c, ups[::2], ups[1::2], noise_pct=3, uncompared=skipped)
+    assert "4-8K tok/s (no run on side B)" in skipped
     best = [r1(f, "contest") for f in ("2026-11-30-h200-contest", "2026-11-30-h200-repeat-contest")]
     d = compare.compare(c, ups, best, noise_pct=3)["16-32K tok/s"]
     assert not d["within_noise"] and d["delta"] > 0 and (d["n_a"], d["n_b"]) == (4, 2)
@@ -496,3 +529,15 @@ def test_make_score_on_a_real_run_folder(tmp_path):
     assert res["display"] == rec["display"] and res["total"] == pytest.approx(rec["total"], rel=1e-12)
     assert all(d["differ"] == 0 and d["total_run"] == 1024 * d["compared"] for d in res["output_drift"].values())
     assert f"total {rec['display']}" in r.stdout
+
+
+@pytest.mark.parametrize("no_fault,summary,live,extra", [
+    (False, {"reference": "upstream"}, ["fast-int8", "upstream"], e2e.FAULT_NEED_S),
+    (True, {"reference": "upstream"}, ["fast-int8", "upstream"], 0.0),
+    (False, {"reference": "upstream", "fault": {"ok": True}}, ["fast-int8", "upstream"], 0.0),
+    (False, {"reference": "upstream"}, ["fast-int8"], 0.0),
+])
+def test_the_rounds_leave_time_for_a_fault_check_still_to_come(no_fault, summary, live, extra):
+    import types
+    args = types.SimpleNamespace(reserve_s=15.0, no_fault=no_fault)
+    assert e2e.rounds_reserve(args, summary, live) == 15.0 + extra
