@@ -42,7 +42,7 @@ import urllib.request
 import zlib
 from pathlib import Path
 
-from . import bench, gpu_bundle, paths, proc, profiles, runs, score, serve, synth, ui
+from . import bench, e2e_decode, gpu_bundle, paths, proc, profiles, runs, score, serve, synth, ui
 from . import contest as contest_mod
 from .errors import ForgeError
 from .hashing import sha256_file
@@ -1093,6 +1093,12 @@ def cmd_e2e(args) -> int:
                                      "tiers": {t: {"tok_s": v["tok_s"], "lift": v["lift"]} for t, v in r["tiers"].items()}}
                                  for n, r in scored.items()}
         run.step("scored", scores={n: r["display"] for n, r in scored.items()})
+        if scored and e2e_decode.DEFAULT_BENCH.is_file():
+            try:                               # the decode saving against the kernel benchmark's prediction
+                e2e_decode.write(run.out, reference=ref)
+                run.step("decode saving against the kernel benchmark: decode.md")
+            except (ForgeError, OSError, KeyError, ValueError) as e:
+                ui.warn(f"decode.md not written: {type(e).__name__}: {e}")
         if run.summary.get("fault"):
             run.step("fault check: kept from an earlier invocation")
         elif not args.no_fault and ref in live:

@@ -196,6 +196,10 @@ def test_e2e_run_scores_every_profile_against_the_same_run_reference(tmp_path):
     assert set(rec["output_drift"]) == {"4-8K", "8-16K", "16-32K"}
     assert "Output-length drift" in (out / "runs" / "fast-int8" / "score.md").read_text()
     assert json.loads((out / "runs" / "upstream" / "score.json").read_text())["output_drift"] is None
+    # and the decode saving beside the kernel benchmark's prediction (fast-int8: our kernel, int8 KV)
+    dec = json.loads((out / "decode.json").read_text())
+    assert (dec["profiles"]["fast-int8"]["kv"], dec["profiles"]["fast-int8"]["kernel"]) == ("int8", "forge")
+    assert dec["reference_kernel"] == "vllm_unified_3d"       # (the replayed rounds hold 4 requests: no rows)
     for t in ("4-8K", "8-16K", "16-32K"):
         got = json.loads((out / "runs" / "fast-int8" / f"{t}.json").read_text())
         rec = json.loads((FIXTURE_RUNS / "fast" / f"{t}.json").read_text())

@@ -1,0 +1,109 @@
+"""forge e2e-decode: measured TPOT savings beside the kernel benchmark's prediction, checked against
+an independent float64 interpolation on random benchmark points and random run figures."""
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
+from helpers import ROOT, forge  # noqa: E402
+
+from forge import e2e_decode  # noqa: E402
+from forge.errors import ForgeError  # noqa: E402
+
+CONTEXTS = [1024, 2048, 4096, 8192, 16384, 32768]
+
+
+def _bench(rng):
+    rows = []
+    curves = {}
+    for kv, kernel in (("bf16", "vllm_unified_3d"), ("bf16", "forge"), ("int8", "forge")):
+        us = sorted(rng.uniform(5, 300) for _ in CONTEXTS)
+        curves[(kv, kernel)] = us
+        rows += [{"kv": kv, "kernel": kernel, "batch": 1, "context": c, "us": u} for c, u in zip(CONTEXTS, us)]
+        rows += [{"kv": kv, "kernel": kernel, "batch": 4, "context": c, "us": 1e6} for c in CONTEXTS]  # not batch 1
+    return {"provenance": {"git_commit": "0" * 40, "device": "test"}, "decode": rows}, curves
+
+
+def _server(d: Path, decode: str, kv_arg: list[str]):
+    d.mkdir(parents=True)
+    (d / "serve.json").write_text(json.dumps({"launch": ["python3", "-m", "vllm", "serve", "m", *kv_arg],
+                                              "env": {"VLLM_FORGE_DECODE": decode}}))
+
+
+def _round(d: Path, r: str, tier: str, prompt: int, out: int, tpot: float, completed: int = 1):
+    f = d / "rounds" / r / f"{tier}.json"
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(json.dumps({"completed": completed, "input_lens": [prompt], "output_lens": [out],
+                             "mean_tpot_ms": tpot}))
+    (f.parent / f"{tier}.identity.json").write_text("{}")
+
+
+def test_prediction_and_measurement_against_an_independent_interpolation(tmp_path):
+    rng = random.Random()
+    bench, curves = _bench(rng)
+    folder = tmp_path / "run"
+    _server(folder / "runs" / "upstream", "0", [])
+    _server(folder / "runs" / "fast-int8", "1", ["--kv-cache-dtype=int8"])
+    _server(folder / "runs" / "contest", "1", ["--kv-cache-dtype", "auto"])
+    layers = rng.randrange(4, 40)
+    cases = [("r1", "4-8K", rng.randrange(1100, 7000), 1024), ("r1", "16-32K", rng.randrange(16000, 31000), 777),
+             ("r2", "16-32K", rng.randrange(16000, 31000), 1024)]
+    tp = {}
+    for r, t, prompt, out in cases:
+        for prof in ("upstream", "fast-int8", "contest"):
+            tp[(prof, r, t)] = rng.uniform(10, 30)
+            _round(folder / "runs" / prof, r, t, prompt, out, tp[(prof, r, t)])
+    _round(folder / "runs" / "upstream", "r1", "8-16K", 9000, 1024, 20.0)           # served by one side only
+    _round(folder / "runs" / "contest", "r1", "8-16K", 9000, 1024, 18.0, completed=0)
+    res = e2e_decode.analyse(folder, bench, layers)
+    assert set(res["profiles"]) == {"fast-int8", "contest"}
+    assert (res["profiles"]["fast-int8"]["kv"], res["profiles"]["contest"]["kv"]) == ("int8", "bf16")
+    for prof, kv in (("fast-int8", "int8"), ("contest", "bf16")):
+        rows = {(x["round"], x["tier"]): x for x in res["profiles"][prof]["rows"]}
+        assert set(rows) == {(r, t) for r, t, _, _ in cases}
+        for r, t, prompt, out in cases:
+            ctx = np.float64(prompt) + np.float64(out) / 2
+            ref = np.interp(ctx, CONTEXTS, curves[("bf16", "vllm_unified_3d")])
+            ours = np.interp(ctx, CONTEXTS, curves[(kv, "forge")])
+            x = rows[(r, t)]
+            assert x["predicted_saved_ms"] == pytest.approx(layers * (ref - ours) / 1000, rel=1e-12)
+            assert x["saved_ms"] == pytest.approx(tp[("upstream", r, t)] - tp[(prof, r, t)], rel=1e-12)
+    # outside the benchmark's contexts there is no prediction, and the report says so
+    assert e2e_decode.decode_us(bench, "bf16", "forge", 40000) is None
+    assert e2e_decode.decode_us(bench, "int8", "vllm_unified_3d", 4096) is None
+    assert e2e_decode.decode_us(bench, "bf16", "forge", 32768) == curves[("bf16", "forge")][-1]
+
+
+def test_attention_layers_of_the_model_config():
+    cfg = json.loads((ROOT / "configs" / "models" / "qwen3.5-27b" / "config.json").read_text())
+    tc = cfg.get("text_config", cfg)
+    assert e2e_decode.attention_layers(cfg) == tc["layer_types"].count("full_attention") == 16
+    assert e2e_decode.attention_layers({"num_hidden_layers": 48, "full_attention_interval": 4}) == 12
+    with pytest.raises(ForgeError):
+        e2e_decode.attention_layers({})
+
+
+def test_cli_on_the_recorded_h200_run(tmp_path):
+    """The real run's files: one row per (round, tier) both servers served, savings from their TPOTs."""
+    import shutil
+    src = ROOT / "reports" / "e2e" / "2026-11-30-h200-contest"
+    dst = tmp_path / "run"
+    shutil.copytree(src / "runs", dst / "runs")
+    r = forge(tmp_path, "e2e-decode", str(dst))
+    assert r.returncode == 0, r.stderr
+    res = json.loads((dst / "decode.json").read_text())
+    rows = res["profiles"]["contest"]["rows"]
+    assert [x["prompt_tokens"] for x in rows] == [5120, 10240, 20224, 27904]
+    for x in rows:
+        ref = json.loads((dst / "runs" / "upstream" / "rounds" / x["round"] / f"{x['tier']}.json").read_text())
+        own = json.loads((dst / "runs" / "contest" / "rounds" / x["round"] / f"{x['tier']}.json").read_text())
+        assert x["saved_ms"] == pytest.approx(ref["mean_tpot_ms"] - own["mean_tpot_ms"], rel=1e-12)
+        assert x["predicted_saved_ms"] is not None
+    assert "| r2 | 16-32K | 27,904 |" in (dst / "decode.md").read_text()
+    bad = forge(tmp_path, "e2e-decode", str(tmp_path))
+    assert bad.returncode == 2 and "serve.json" in bad.stderr and "Traceback" not in bad.stderr
