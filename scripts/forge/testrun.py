@@ -1,7 +1,8 @@
 """`make test` (what CI runs): the rehearsal (which includes patches-check and the wheel), the image
 rehearsal (Dockerfile.rocm on a stand-in base; skipped with a warning where no builder exists), then the
 whole pytest suite: unit tests, kernel tests (Triton interpreter on CPU, real sizes on a GPU), tree
-tests (against the patched vLLM the rehearsal installed); GPU-only e2e tests skip without a GPU."""
+tests (against the patched vLLM the rehearsal installed); GPU-only e2e tests skip without a GPU. The
+rehearsals' reports go to build/test-reports/: a test run leaves the tracked reports/ as it found it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from .paths import BUILD, ROOT
 # What a fresh `make test` writes, measured on a fresh clone: the rehearsal venv (torch with its CUDA
 # libraries, vLLM's dependencies) about 6.5 GB, the image rehearsal with buildah's vfs driver up to about 11.6 GB while it builds (3.8 GB kept).
 NEED_GB = {"rehearsal": 7.0, "image": 12.0}
+# `make test` keeps its rehearsal reports out of the tracked reports/ (what `make rehearsal` and
+# `make image-rehearsal` record), so a test run leaves the working tree as it found it.
+TEST_REPORTS = BUILD / "test-reports"
 
 
 def _existing(path) -> str:
@@ -52,15 +56,16 @@ def disk_preflight(with_image: bool) -> None:
 def cmd_test(args) -> int:
     if not args.no_rehearsal:
         disk_preflight(with_image=not args.no_image and bool(shutil.which("buildah")))
-        rehearsal.rehearse()
+        rehearsal.rehearse(report_dir=TEST_REPORTS)
         if args.no_image:
             ui.warn("image rehearsal skipped (--no-image)")
         elif shutil.which("buildah") or shutil.which("docker") and \
                 subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
-            image.image_rehearsal()
+            image.image_rehearsal(report_dir=TEST_REPORTS)
         else:
             ui.warn("image rehearsal skipped: no buildah and no running Docker engine "
                     "(.ci/run installs buildah and debootstrap)")
+        ui.info(f"rehearsal reports of this test run: {TEST_REPORTS} (reports/ is left as it was)")
     ui.info("pytest " + " ".join(args.pytest_args or ["tests"]))
     env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
     rc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", *(args.pytest_args or ["tests"])],

@@ -1,0 +1,35 @@
+"""`make test` runs both rehearsals but keeps their reports out of the tracked reports/ folder."""
+
+import sys
+import types
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
+from helpers import ROOT  # noqa: E402
+
+from forge import image, rehearsal, testrun  # noqa: E402
+from forge.paths import REPORTS  # noqa: E402
+
+
+def test_make_test_writes_the_rehearsal_reports_under_build(monkeypatch, tmp_path):
+    calls = {}
+    monkeypatch.setattr(testrun, "disk_preflight", lambda with_image: None)
+    monkeypatch.setattr(testrun.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(rehearsal, "rehearse", lambda **kw: calls.setdefault("rehearsal", kw))
+    monkeypatch.setattr(image, "image_rehearsal", lambda **kw: calls.setdefault("image", kw))
+    args = types.SimpleNamespace(no_rehearsal=False, no_image=False, pytest_args=["--version"])
+    assert testrun.cmd_test(args) == 0
+    for stage in ("rehearsal", "image"):
+        out = calls[stage]["report_dir"]
+        assert out == testrun.TEST_REPORTS and REPORTS not in (out, *out.parents), stage
+
+
+def test_the_image_report_goes_where_it_is_told(tmp_path):
+    rec = {"started": "2026-01-01T00:00:00+00:00", "ok": True, "seconds": 1.0, "forge": {"commit": "abc"},
+           "stages": [{"stage": "build", "seconds": 1.0}]}
+    before = {p: p.stat().st_mtime_ns for p in REPORTS.glob("image-rehearsal.*")}
+    image._write_image_report(rec, tmp_path)
+    assert (tmp_path / "image-rehearsal.json").is_file()
+    assert "PASS" in (tmp_path / "image-rehearsal.md").read_text()
+    assert {p: p.stat().st_mtime_ns for p in REPORTS.glob("image-rehearsal.*")} == before
+    assert ROOT in REPORTS.parents
