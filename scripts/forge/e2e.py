@@ -51,6 +51,7 @@ TRITON_PART_MIB = 15      # the parts of a packed Triton cache (what comes back 
 TRITON_PARTS = "triton-cache.tgz"
 TRITON_MANIFEST = "triton-cache.json"
 CLIENT_TURN_S = 5.0       # a tier's client overhead over the bench's own duration (start, dataset, JSON)
+FAULT_NEED_S = 40.0       # client start, a request cut after a few seconds, two failed tiers
 DEFAULT_TIER_ORDER = ["16-32K", "8-16K", "4-8K"]   # the largest expected change first
 WARM_PROMPT_TOKENS = 9000                          # one full 8192-token prefill chunk and a ragged one
 PLUMBING_PROMPT_TOKENS = [1000, 4000, 12000]
@@ -101,7 +102,7 @@ class ClientWorker:
         threading.Thread(target=self._read, daemon=True).start()
         if self._reply(timeout) is None:
             self.close()
-            raise ForgeError(f"the benchmark client worker did not start\n{proc_tail(log)}",
+            raise ForgeError(f"the benchmark client worker did not start\n{proc.tail(log, 30)}",
                              hint="its log says why; --client-per-tier runs a fresh client per tier instead")
 
     def _read(self) -> None:
@@ -144,11 +145,6 @@ class ClientWorker:
             except (OSError, subprocess.TimeoutExpired):
                 os.killpg(self.p.pid, 9)
                 self.p.wait()
-
-
-def proc_tail(log: Path, n: int = 30) -> str:
-    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
-    return "\n".join(lines[-n:])
 
 
 def client_runner(run: "Run"):
@@ -978,9 +974,6 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
     if s.get("error"):
         L += ["", "## Error", "", "```", s["error"], "```"]
     return "\n".join(L) + "\n"
-
-
-FAULT_NEED_S = 40.0        # client start, a request cut after a few seconds, two failed tiers
 
 
 def stop_stale_servers(out: Path) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from . import contest as contest_mod
 from . import paths, runs, ui
 from .errors import ForgeError
 
@@ -64,15 +65,10 @@ def decode_us(bench: dict, kv: str, kernel: str, context: float) -> float | None
     return None
 
 
-def _rounds(run_dir: Path) -> dict[tuple[str, str], dict]:
-    out = {}
-    for f in sorted((run_dir / "rounds").glob("r*/*.json")):
-        if f.name.endswith((".identity.json",)) or f.name == "manifest.json":
-            continue
-        res = runs.read_json(f)
-        if "mean_tpot_ms" in res:
-            out[(f.parent.name, f.stem)] = res
-    return out
+def _rounds(run_dir: Path, tiers: list[str]) -> dict[tuple[str, str], dict]:
+    """{(round, tier): the round's `vllm bench serve` result} of one profile's run folder."""
+    return {(f.parent.name, t): runs.read_json(f) for t in tiers
+            for f in sorted((run_dir / "rounds").glob(f"r*/{t}.json"))}
 
 
 def analyse(folder: Path, bench: dict, layers: int, reference: str = "upstream") -> dict:
@@ -81,16 +77,18 @@ def analyse(folder: Path, bench: dict, layers: int, reference: str = "upstream")
         raise ForgeError(f"{folder}: no runs/{reference}/serve.json (the reference server's record)",
                          hint="give an e2e-gpu results folder and its reference profile (--reference)")
     ref_kernel = server_kernel(runs.read_json(rdir / reference / "serve.json"))
-    ref_rounds = _rounds(rdir / reference)
+    tiers = contest_mod.tier_names(contest_mod.load_contest())
+    ref_rounds = _rounds(rdir / reference, tiers)
     profiles = {}
     for pdir in sorted(p for p in rdir.iterdir() if p.is_dir() and p.name != reference
                        and not p.name.startswith("fault-") and (p / "serve.json").is_file()):
         kern = server_kernel(runs.read_json(pdir / "serve.json"))
         rows = []
-        measured = sorted(_rounds(pdir).items(), key=lambda kv: ((kv[1].get("input_lens") or [0])[0], kv[0][0]))
+        measured = sorted(_rounds(pdir, tiers).items(), key=lambda kv: ((kv[1].get("input_lens") or [0])[0], kv[0][0]))
         for key, res in measured:
             ref = ref_rounds.get(key)
-            if ref is None or res.get("completed") != 1 or ref.get("completed") != 1:
+            if ref is None or res.get("completed") != 1 or ref.get("completed") != 1 \
+                    or res.get("mean_tpot_ms") is None or ref.get("mean_tpot_ms") is None:
                 continue                 # one served request per round and profile: its TPOT is the request's
             prompt = (res.get("input_lens") or [None])[0]
             out_tokens = (res.get("output_lens") or [None])[0]

@@ -20,6 +20,7 @@ from pathlib import Path
 from . import config, proc, provenance, tree, ui, wheel
 from .errors import ForgeError
 from .hashing import sha256_file
+from .patchfile import read_series
 from .paths import BUILD, CACHE, ROOT, TREE, rel
 
 HARNESS = ROOT / "harness" / "gpu"
@@ -49,15 +50,8 @@ def harness_config(path: Path | None = None) -> dict:
 
 
 def harness_patches() -> list[Path]:
-    series = HARNESS / "patches" / "series"
-    names = [x.strip() for x in series.read_text().splitlines() if x.strip() and not x.startswith("#")]
-    out = []
-    for n in names:
-        p = HARNESS / "patches" / n
-        if not p.is_file():
-            raise ForgeError(f"{rel(series)} names {n}, which is missing", hint="restore it or drop it from the series")
-        out.append(p)
-    return out
+    """The harness patches in series order (the same series format and checks as patches/)."""
+    return [HARNESS / "patches" / n for n in read_series(HARNESS / "patches")]
 
 
 def overlay_files() -> list[tuple[Path, str]]:

@@ -60,6 +60,10 @@ def test_prediction_and_measurement_against_an_independent_interpolation(tmp_pat
             _round(folder / "runs" / prof, r, t, prompt, out, tp[(prof, r, t)])
     _round(folder / "runs" / "upstream", "r1", "8-16K", 9000, 1024, 20.0)           # served by one side only
     _round(folder / "runs" / "contest", "r1", "8-16K", 9000, 1024, 18.0, completed=0)
+    for prof in ("upstream", "fast-int8", "contest"):                  # one token out: no TPOT to compare
+        _round(folder / "runs" / prof, "r3", "4-8K", 5000, 1, None)
+    (folder / "runs" / "contest" / "rounds" / "r1" / "4-8K.client.json").write_text(   # a client's partial file
+        json.dumps({"completed": 1, "input_lens": [4000], "output_lens": [10], "mean_tpot_ms": 1.0}))
     res = e2e_decode.analyse(folder, bench, layers)
     assert set(res["profiles"]) == {"fast-int8", "contest"}
     assert (res["profiles"]["fast-int8"]["kv"], res["profiles"]["contest"]["kv"]) == ("int8", "bf16")
