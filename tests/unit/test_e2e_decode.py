@@ -111,3 +111,18 @@ def test_cli_on_the_recorded_h200_run(tmp_path):
     assert "| r2 | 16-32K | 27,904 |" in (dst / "decode.md").read_text()
     bad = forge(tmp_path, "e2e-decode", str(tmp_path))
     assert bad.returncode == 2 and "serve.json" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_no_prediction_where_both_servers_run_the_same_decode_kernel(tmp_path):
+    """int8kv keeps upstream's decode kernel: its rows carry the measured TPOT difference but no
+    predicted saving (the benchmark has nothing to predict between a kernel and itself)."""
+    import shutil
+    src = ROOT / "reports" / "e2e" / "2026-11-30-h200-int8kv"
+    dst = tmp_path / "run"
+    shutil.copytree(src / "runs", dst / "runs")
+    r = forge(tmp_path, "e2e-decode", str(dst))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((dst / "decode.json").read_text())["profiles"]["int8kv"]["rows"]
+    assert [x["prompt_tokens"] for x in rows] == [5120, 7168, 10240, 14336, 20224, 27904]
+    assert all(x["predicted_saved_ms"] is None and x["saved_ms"] is not None for x in rows)
+    assert (dst / "decode.md").read_text() == (src / "decode.md").read_text().replace(str(src.relative_to(ROOT)), str(dst))

@@ -447,12 +447,14 @@ def test_a_resumed_run_estimates_tiers_from_its_kept_rounds(tmp_path):
 # --- the tier runs on the H200 (reports/e2e/2026-11-30-h200-*: see reports/e2e/README.md) -----------
 
 E2E = ROOT / "reports" / "e2e"
-TIER_RUNS = [E2E / "2026-11-30-h200-fast-int8", E2E / "2026-11-30-h200-contest"]
+TIER_RUNS = [E2E / f"2026-11-30-h200-{n}" for n in ("fast-int8", "contest", "int8kv", "decode", "fast-int8-2p")]
 
 
 @pytest.mark.parametrize("folder,expect", [
     ("2026-11-30-h200-fast-int8", {"fast-int8": ("1552", "63632"), "upstream": ("784", "32144")}),
     ("2026-11-30-h200x2-tp2", {"fast-int8": ("1552", "128816"), "upstream": ("784", "65072")}),
+    ("2026-11-30-h200-int8kv", {"int8kv": ("1552", "63632"), "upstream": ("784", "32144")}),
+    ("2026-11-30-h200-decode", {"fast-decode": ("784", "32144"), "upstream": ("784", "32144")}),
 ])
 def test_log_facts_of_the_tier_runs(folder, expect):
     """An 8 GiB KV cache per GPU: int8 pages hold 1552-token blocks and ~1.98x the tokens; with
