@@ -260,6 +260,9 @@ def test_e2e_resumes_its_folder_keeping_finished_rounds(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     first = [json.loads(x)["tier"] for x in (tmp_path / "replay.log").read_text().splitlines()]
     assert first == ["4-8K", "4-8K"]
+    # one tier gives no proxy score, but the decode comparison is still written
+    assert not json.loads((out / "summary.json").read_text()).get("scores")
+    assert json.loads((out / "decode.json").read_text())["profiles"]["fast-int8"]["kernel"] == "forge"
     r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     calls = [json.loads(x)["tier"] for x in (tmp_path / "replay.log").read_text().splitlines()]
@@ -455,6 +458,7 @@ TIER_RUNS = [E2E / f"2026-11-30-h200-{n}" for n in ("fast-int8", "contest", "int
     ("2026-11-30-h200x2-tp2", {"fast-int8": ("1552", "128816"), "upstream": ("784", "65072")}),
     ("2026-11-30-h200-int8kv", {"int8kv": ("1552", "63632"), "upstream": ("784", "32144")}),
     ("2026-11-30-h200-decode", {"fast-decode": ("784", "32144"), "upstream": ("784", "32144")}),
+    ("2026-11-30-h200-4-8k-4p", {"fast-int8": ("1552", "63632"), "upstream": ("784", "32144")}),
 ])
 def test_log_facts_of_the_tier_runs(folder, expect):
     """An 8 GiB KV cache per GPU: int8 pages hold 1552-token blocks and ~1.98x the tokens; with
