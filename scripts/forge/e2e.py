@@ -876,8 +876,10 @@ def fault_check(run: Run, name: str, model: Path, datasets: dict) -> dict:
     if all(bench.result_path(ref_dir, t["name"]).is_file() for t in tiers):
         base = score.baseline_from_run(ref_dir, run.contest)
         if all(m["tok_s"] > 0 for m in base["tiers"].values()):
-            sc = score.score(run.contest, score.load_run(rdir, run.contest), base)
-            runs.write_json(rdir / "score.json", sc)
+            base["label"] = f"{name} measured in this run, before the fault (H200 proxy: {name} = 60.0)"
+            loaded = score.load_run(rdir, run.contest)
+            sc, _ = score.write_report(run.contest, rdir, loaded, base, score.output_drift(loaded, base),
+                                       shown=str(rdir.relative_to(run.out)))
             verdict = {n: {"contribution": t["contribution"], "zeroed_by": t["zeroed_by"]}
                        for n, t in sc["tiers"].items()}
     first = tiers[0]["name"]

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from . import contest as contest_mod
 from . import paths, profiles, runs, ui
-from .errors import ForgeError
 
 # Licences of the components a submission is built from (as published by each project).
 LICENCES = {
@@ -59,19 +58,8 @@ def env_vars_md(profile: dict, contest: dict) -> str:
 
 
 def _series() -> list[Path]:
-    s = paths.PATCHES / "series"
-    if not s.is_file():
-        return []
-    out = []
-    for line in s.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            p = paths.PATCHES / line
-            if not p.is_file():
-                raise ForgeError(f"patches/series lists {line}, which is not in patches/",
-                                 hint="fix patches/series or restore the patch")
-            out.append(p)
-    return out
+    from .patchfile import read_series
+    return [paths.PATCHES / n for n in read_series(paths.PATCHES)]
 
 
 def _measured_tables() -> list[tuple[str, str]]:

@@ -175,6 +175,10 @@ def test_e2e_with_the_real_client_and_a_server_killed_mid_tier(tmp_path, client)
     assert f["failed"] == {"4-8K": 1, "8-16K": 1, "16-32K": 1}
     assert f["statuses"]["8-16K"] == "server-down" and f["statuses"]["16-32K"] == "server-down"
     assert all(v["contribution"] == 0 for v in f["score"].values())
+    # the fault run's report is the same kind `forge score` writes, failed tiers shown as such
+    rec = json.loads((tmp_path / "out" / "runs" / "fault-upstream" / "score.json").read_text())
+    assert all(t["contribution"] == 0 for t in rec["tiers"].values()) and "output_drift" in rec
+    assert "# Contest score" in (tmp_path / "out" / "runs" / "fault-upstream" / "score.md").read_text()
     assert "as intended" in (tmp_path / "out" / "summary.md").read_text()
 
 
