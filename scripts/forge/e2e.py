@@ -13,7 +13,9 @@ by side on the one GPU, then:
   4. fault check: the reference server is killed in the middle of a tier; the loop records the
      failed requests and the score marks the tier failed;
   5. per-profile results (rounds merged per tier), a proxy score of every profile against the
-     reference measured in the same run (reference = 60.0), and summary.{md,json}.
+     reference measured in the same run (reference = 60.0; needs every tier), each request's TPOT
+     saving beside the kernel benchmark's prediction (decode.{md,json}, as `forge e2e-decode`), and
+     summary.{md,json}.
 Results land in --out (default reports/e2e/<date>-<device>/); --pack FILE rewrites a .tar.gz of it
 after every step, so a run cut short still returns what it finished.
 """
@@ -1018,6 +1020,11 @@ def cmd_e2e(args) -> int:
     if ref not in names:
         raise ForgeError(f"the reference profile {ref} is not among the profiles {names}",
                          hint="add it to --profiles")
+    known = contest_mod.tier_names(run.contest)
+    unknown = [t for t in (args.tier_order or []) if t not in known]
+    if unknown:
+        raise ForgeError(f"--tier-order {','.join(args.tier_order)}: no tier named {', '.join(unknown)} in "
+                         f"configs/contest.yaml", hint=f"name tiers from: {', '.join(known)}")
     os.environ["FORGE_RUNS_DIR"] = str(run.out / "runs")
     (run.out / "logs").mkdir(exist_ok=True)
     stop_stale_servers(run.out)
@@ -1143,8 +1150,9 @@ def register(sub) -> None:
     p.add_argument("--profiles", help="comma-separated profiles (default: harness/gpu/harness.yaml profiles)")
     p.add_argument("--reference", help="the profile scored as 60.0 (default: upstream)")
     p.add_argument("--num-prompts", type=int, default=2, help="prompts per tier, one per round (default 2)")
-    p.add_argument("--tier-order", type=lambda s: s.split(","), help="tiers in the order they run (default: "
-                                                                   + ",".join(DEFAULT_TIER_ORDER) + ")")
+    p.add_argument("--tier-order", type=lambda s: s.split(","),
+                   help="tiers in the order they run; tiers not named are not run (default: "
+                        + ",".join(DEFAULT_TIER_ORDER) + ")")
     p.add_argument("--deadline-s", type=float, default=560.0,
                    help="stop starting new tier rounds so the run ends within this many seconds (default 560)")
     p.add_argument("--reserve-s", type=float, default=15.0,
