@@ -1020,6 +1020,8 @@ def cmd_e2e(args) -> int:
     if ref not in names:
         raise ForgeError(f"the reference profile {ref} is not among the profiles {names}",
                          hint="add it to --profiles")
+    for name in names:                 # a misspelt profile stops the run here, not after the installs
+        profiles.load_profile(name, run.contest)
     known = contest_mod.tier_names(run.contest)
     unknown = [t for t in (args.tier_order or []) if t not in known]
     if unknown:
