@@ -322,6 +322,18 @@ class Run:
         self.deadline = self.t0 + args.deadline_s
         self.contest = contest_mod.load_contest()
         self.h = gpu_bundle.harness_config(Path(args.harness) if args.harness else None)
+        # what the arguments name is checked before anything is created, installed or started
+        self.names = args.profiles.split(",") if args.profiles else list(self.h["profiles"])
+        self.ref = args.reference or ("upstream" if "upstream" in self.names else self.names[-1])
+        if self.ref not in self.names:
+            raise ForgeError(f"the reference profile {self.ref} is not among the profiles {self.names}",
+                             hint="add it to --profiles")
+        self.profiles = {n: profiles.load_profile(n, self.contest) for n in self.names}
+        known = contest_mod.tier_names(self.contest)
+        unknown = [t for t in (args.tier_order or []) if t not in known]
+        if unknown:
+            raise ForgeError(f"--tier-order {','.join(args.tier_order)}: no tier named {', '.join(unknown)} "
+                             "in configs/contest.yaml", hint=f"name tiers from: {', '.join(known)}")
         self.out = Path(args.out) if args.out else default_out()
         self.out.mkdir(parents=True, exist_ok=True)
         self.summary: dict = {"started": runs.now_iso(), "command": " ".join(["forge e2e-gpu", *sys.argv[2:]]),
@@ -621,7 +633,7 @@ def _launch(run: Run, model: Path, name: str, i: int) -> dict | None:
         extra_env["TRITON_CACHE_DIR"] = args.triton_cache
     hargs = run.hargs
     run.summary["harness"] = {"server_args": hargs, "env": extra_env}
-    prof = profiles.load_profile(name, run.contest)
+    prof = run.profiles[name]
     st = guarded(run, name, functools.partial(
         serve.start_server, prof, model, contest=run.contest, port=args.first_port + i, run_id=name,
         vllm_cmd=args.vllm, wait=False, state_file=run.out / "state" / f"{name}.json",
@@ -1015,18 +1027,7 @@ def device_name() -> str:
 def cmd_e2e(args) -> int:
     import signal
     run = Run(args)
-    names = args.profiles.split(",") if args.profiles else list(run.h["profiles"])
-    ref = args.reference or ("upstream" if "upstream" in names else names[-1])
-    if ref not in names:
-        raise ForgeError(f"the reference profile {ref} is not among the profiles {names}",
-                         hint="add it to --profiles")
-    for name in names:                 # a misspelt profile stops the run here, not after the installs
-        profiles.load_profile(name, run.contest)
-    known = contest_mod.tier_names(run.contest)
-    unknown = [t for t in (args.tier_order or []) if t not in known]
-    if unknown:
-        raise ForgeError(f"--tier-order {','.join(args.tier_order)}: no tier named {', '.join(unknown)} in "
-                         f"configs/contest.yaml", hint=f"name tiers from: {', '.join(known)}")
+    names, ref = run.names, run.ref
     os.environ["FORGE_RUNS_DIR"] = str(run.out / "runs")
     (run.out / "logs").mkdir(exist_ok=True)
     stop_stale_servers(run.out)
