@@ -113,9 +113,9 @@ def test_cli_on_the_recorded_h200_run(tmp_path):
     assert bad.returncode == 2 and "serve.json" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_no_prediction_where_both_servers_run_the_same_decode_kernel(tmp_path):
-    """int8kv keeps upstream's decode kernel: its rows carry the measured TPOT difference but no
-    predicted saving (the benchmark has nothing to predict between a kernel and itself)."""
+def test_no_prediction_where_the_benchmark_did_not_measure_the_profiles_kernel(tmp_path):
+    """int8kv runs vLLM's decode kernel on an int8 cache, which the kernel benchmark did not measure:
+    its rows carry the measured TPOT difference and no predicted saving (no guess)."""
     import shutil
     src = ROOT / "reports" / "e2e" / "2026-11-30-h200-int8kv"
     dst = tmp_path / "run"
