@@ -38,3 +38,8 @@ def dev():
 @pytest.fixture(scope="session")
 def on_gpu():
     return ON_GPU
+
+
+@pytest.fixture(scope="session")
+def pre():
+    return _load("forge_prefill_attention", "triton/prefill_attention.py")
