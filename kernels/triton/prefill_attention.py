@@ -235,15 +235,19 @@ def _prefill_attention_kernel(
 
 
 # Launch table: (BLOCK_M, TILE_N, num_warps, num_stages) by target and KV-cache dtype.
-# CUDA (H200 sweep, reports/kernels/prefill/): see kernels/NOTES.md for the measured variants.
-# HIP (wave64, gfx9): BLOCK_M 128 packs 21 query tokens x 6 heads (126 rows); K/V tiles of 32
-# tokens keep LDS at or under 32 KiB with one stage (64 KiB is the gfx9 limit, checked by
-# kernels/aot.py), 8 waves of 64 lanes hold the 128x256 fp32 accumulator in 64 VGPRs a lane.
+# CUDA, from the H200 sweep (reports/kernels/prefill/prefill.md): 128 rows (21 query tokens x 6
+# heads, 126 used) x 64-token K/V tiles, 8 warps, 2 stages ran at 330-450 TFLOP/s in bf16; 3 stages
+# or 128-token tiles exceed the 227 KiB of shared memory; 256 rows or 4 warps were 2-4x slower.
+# int8 runs best at (128, 32, 8, 3) (4.39 ms vs 5.48 at 2K over a 16K prefix).
+# HIP (wave64, gfx9; chosen by kernels/aot.py on gfx90a/gfx942, 64 KiB LDS, no spills):
+# 64 rows (10 query tokens x 6 heads) x 32-token tiles, 4 waves, 1 stage: 48 KiB LDS, 280-330
+# VGPRs+AGPRs (bf16). int8 needs 16-token tiles (32 spill SGPRs; 16 fit at 36 KiB LDS, 228-242
+# VGPRs). 128 rows exceed 64 KiB LDS or spill at any tile width.
 LAUNCH = {
     ("cuda", "16bit"): (128, 64, 8, 2),
-    ("cuda", "int8"): (128, 64, 8, 2),
-    ("hip", "16bit"): (128, 32, 8, 1),
-    ("hip", "int8"): (128, 32, 8, 1),
+    ("cuda", "int8"): (128, 32, 8, 3),
+    ("hip", "16bit"): (64, 32, 4, 1),
+    ("hip", "int8"): (64, 16, 4, 1),
 }
 
 

@@ -120,8 +120,12 @@ def run_case(*, seq_lens, query_lens, block_size, num_q_heads=24, num_kv_heads=4
              q_dtype=torch.float32, ref_cache_dtype=None, seed=0, device="cpu",
              seq_threshold_3D=None, num_segments=16, pad_tokens=3, impl_hook=None,
              metadata_extra=None, return_outputs=False, run_unquantized=True, builder=None,
-             forward_wrapper=None):
-    """Returns dict(err_deq, err_unq, err_noscale, err_int8_vs_unq, nan, poisoned_slots_ok, ...)."""
+             forward_wrapper=None, pass_new_kv=False):
+    """Returns dict(err_deq, err_unq, err_noscale, err_int8_vs_unq, nan, poisoned_slots_ok, ...).
+
+    ``pass_new_kv``: hand forward() the new tokens' K/V as vLLM's attention layer does (the
+    chunked-prefill route reads them from there); by default forward gets None, as the cache-only
+    paths need nothing else."""
     Backend, Impl, Meta, Spec, scale_bytes = _import_vllm()
     gen = torch.Generator().manual_seed(seed)
     ref_cache_dtype = ref_cache_dtype or q_dtype
@@ -206,7 +210,13 @@ def run_case(*, seq_lens, query_lens, block_size, num_q_heads=24, num_kv_heads=4
         qq = q.to(ref_cache_dtype if kv_dtype == "auto" else q_dtype).to(device)
         out = torch.full((qq.shape[0], num_q_heads, head_size), float("nan"), dtype=qq.dtype,
                          device=device)
-        call = lambda: impl.forward(layer, qq, None, None, kv_cache, md, output=out)  # noqa: E731
+        if pass_new_kv:
+            kn = torch.cat([k_tok[i][L - ql:] for i, (L, ql) in enumerate(zip(seq_lens, query_lens))])
+            vn = torch.cat([v_tok[i][L - ql:] for i, (L, ql) in enumerate(zip(seq_lens, query_lens))])
+            kn, vn = kn.to(qq.dtype).to(device), vn.to(qq.dtype).to(device)
+        else:
+            kn = vn = None
+        call = lambda: impl.forward(layer, qq, kn, vn, kv_cache, md, output=out)  # noqa: E731
         if forward_wrapper is not None:
             forward_wrapper(call, md)
         else:
