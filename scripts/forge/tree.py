@@ -98,7 +98,7 @@ def init_upstream(tree: Path, pristine: Path, upstream_hash: str) -> str:
     ui.info(f"creating {rel(tree)} from pristine upstream")
     shutil.rmtree(tree, ignore_errors=True)
     tree.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(pristine, tree, symlinks=True, ignore=shutil.ignore_patterns(".git", fetch.MARKER))
+    shutil.copytree(pristine, tree, symlinks=True, ignore=shutil.ignore_patterns(".git", *fetch.INTERNAL))
     git(tree, "init", "-q", "-b", "forge")
     git(tree, "config", "core.autocrlf", "false")
     git(tree, "config", "gc.auto", "0")
