@@ -99,7 +99,8 @@ def forge_env(proj: dict, **extra) -> dict:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("FORGE_", "VLLM_", "PIP_", "SOURCE_DATE_EPOCH"))}
     env.update(PYTHONPATH=str(proj["root"] / "scripts"), PIP_INDEX_URL=proj["index"].as_uri(),
-               PIP_CONFIG_FILE=os.devnull, PYTHONDONTWRITEBYTECODE="1", **extra)
+               PIP_CONFIG_FILE=os.devnull, PYTHONDONTWRITEBYTECODE="1")
+    env.update(extra)
     return env
 
 
