@@ -1,4 +1,4 @@
-"""Content hashes used for pinning and provenance."""
+"""Content hashes used for pinning and provenance, and the manifest of an extracted source tree."""
 
 from __future__ import annotations
 
@@ -20,26 +20,64 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def tree_sha256(root: Path, exclude: Iterable[str] = (".git",)) -> str:
-    """Hash of a directory's regular files: sorted 'path\\0exec\\0sha256' lines. Symlinks hash their target
-    text. Independent of mtimes, owners and the order the filesystem lists entries in."""
+def file_entry(p: Path) -> list:
+    """[kind, size, sha256] of one file: kind 'l' (symlink: its target text is hashed), 'x'
+    (executable) or 'f'."""
+    if p.is_symlink():
+        target = os.readlink(p).encode()
+        return ["l", len(target), sha256_bytes(target)]
+    return ["x" if os.access(p, os.X_OK) else "f", p.stat().st_size, sha256_file(p)]
+
+
+def tree_manifest(root: Path, exclude: Iterable[str] = (".git",)) -> dict[str, list]:
+    """{relative posix path: [kind, size, sha256]} of every file below root; names in `exclude`
+    (files or folders, at any depth) are left out."""
     root = Path(root)
     skip = set(exclude)
-    lines = []
+    out: dict[str, list] = {}
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in skip)
+        # a symlink to a folder is listed by os.walk as a folder; it is a file of the tree
+        for d in [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            dirnames.remove(d)
+            filenames.append(d)
         for name in filenames:
+            if name in skip:
+                continue
             p = Path(dirpath) / name
-            relp = p.relative_to(root).as_posix()
-            if p.is_symlink():
-                digest, mode = sha256_bytes(os.readlink(p).encode()), "l"
-            else:
-                digest, mode = sha256_file(p), "x" if os.access(p, os.X_OK) else "f"
-            lines.append(f"{relp}\0{mode}\0{digest}\n")
+            out[p.relative_to(root).as_posix()] = file_entry(p)
+    return out
+
+
+def manifest_hash(manifest: dict[str, list]) -> str:
+    """The tree hash of a manifest: sha256 over sorted 'path\\0kind\\0sha256' lines (sizes are
+    implied by the content hashes). Equal to tree_sha256 of the tree the manifest describes."""
     h = hashlib.sha256()
-    for line in sorted(lines):
+    for line in sorted(f"{p}\0{e[0]}\0{e[2]}\n" for p, e in manifest.items()):
         h.update(line.encode())
     return h.hexdigest()
+
+
+def tree_sha256(root: Path, exclude: Iterable[str] = (".git",)) -> str:
+    """Hash of a directory's files (see manifest_hash). Independent of mtimes, owners and the order
+    the filesystem lists entries in."""
+    return manifest_hash(tree_manifest(root, exclude))
+
+
+def manifest_diff(expected: dict[str, list], got: dict[str, list]) -> list[str]:
+    """What differs between two manifests, one line per file: changed, added, missing."""
+    out = []
+    for p in sorted(set(expected) | set(got)):
+        e, g = expected.get(p), got.get(p)
+        if e is None:
+            out.append(f"{p}: added (not in the sdist)")
+        elif g is None:
+            out.append(f"{p}: missing")
+        elif e != g:
+            what = "size" if e[1] != g[1] else "type" if e[0] != g[0] else "content"
+            out.append(f"{p}: changed ({what}: {e[1]} bytes sha256 {e[2][:12]}… in the sdist, "
+                       f"{g[1]} bytes sha256 {g[2][:12]}… here)")
+    return out
 
 
 def combine(*parts: str) -> str:

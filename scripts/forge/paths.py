@@ -20,3 +20,54 @@ def rel(path: Path) -> str:
         return str(Path(path).resolve().relative_to(ROOT))
     except ValueError:
         return str(path)
+
+
+def write_atomic(path: Path, data: "str | bytes") -> None:
+    """Write a file so that a reader (or a rerun after an interrupt) sees the old content or the
+    new, never a part: write a temporary file next to it, flush it to disk, rename it over."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def set_aside(path: Path, suffix: str = "rejected") -> Path:
+    """Move a file or folder out of the way (never delete it): <name>.<suffix>, or .<suffix>.N when
+    that exists. Returns the new path."""
+    path = Path(path)
+    dest = path.with_name(f"{path.name}.{suffix}")
+    n = 1
+    while dest.exists() or dest.is_symlink():
+        dest = path.with_name(f"{path.name}.{suffix}.{n}")
+        n += 1
+    os.rename(path, dest)
+    return dest
+
+
+class Lock:
+    """An exclusive lock on a file (flock), so two runs never build the same output at once; a
+    killed run's lock goes with its process."""
+
+    def __init__(self, path: Path, what: str):
+        self.path, self.what, self.fh = Path(path), what, None
+
+    def __enter__(self):
+        import fcntl
+        import sys
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fh = open(self.path, "a")
+        try:
+            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"[forge] waiting for another run that is building {self.what} ({rel(self.path)})",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(self.fh, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        self.fh.close()
+        return False

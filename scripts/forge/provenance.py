@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -13,37 +14,59 @@ from .hashing import combine, sha256_file
 from .paths import KERNELS, PATCHES, ROOT
 
 
-def _version_of(module: str) -> str | None:
+NOT_INSTALLED = "not installed"
+
+# How each tool prints its version: the pattern's first group is recorded, never the banner.
+TOOL_VERSION = {
+    "nvcc": r"release [\d.]+, V([\d.]+)",          # "Cuda compilation tools, release 13.0, V13.0.88"
+    "hipcc": r"HIP version: ([\w.\-]+)",            # "HIP version: 6.2.41133-dd7f95766"
+    "git": r"git version ([\w.\-]+)",
+}
+
+
+def _version_of(dist: str) -> str:
+    """The installed version of a Python distribution (from its metadata: nothing is imported),
+    or "not installed"."""
+    from importlib import metadata
     try:
-        m = __import__(module)
-        return getattr(m, "__version__", "?")
-    except Exception:
-        return None
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return NOT_INSTALLED
 
 
-def _tool_version(cmd: list[str]) -> str | None:
+def _tool_version(cmd: list[str], pattern: str) -> str:
+    """The version a command-line tool reports, "not installed" when it is not on PATH, or
+    "unknown (<first line>)" when its output has no version where expected."""
     if not shutil.which(cmd[0]):
-        return None
+        return NOT_INSTALLED
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-        text = (out.stdout or out.stderr).strip().splitlines()
-        return next((l for l in text if l.strip()), None)
-    except (OSError, subprocess.SubprocessError):
-        return None
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"unknown ({cmd[0]} did not run: {e})"
+    text = (out.stdout or "") + (out.stderr or "")
+    m = re.search(pattern, text)
+    if m:
+        return m.group(1)
+    first = next((l.strip() for l in text.splitlines() if l.strip()), "no output")
+    return f"unknown ({first[:80]})"
 
 
 def toolchain() -> dict:
     tv: dict = {"python": platform.python_version(), "platform": platform.platform()}
-    try:
-        import torch
-        tv.update(torch=torch.__version__, torch_hip=torch.version.hip, torch_cuda=torch.version.cuda)
-    except Exception:
-        tv["torch"] = None
-    for mod in ("triton", "setuptools", "setuptools_scm"):
-        tv[mod] = _version_of(mod)
-    tv["hipcc"] = _tool_version(["hipcc", "--version"])
-    tv["nvcc"] = _tool_version(["nvcc", "--version"])
-    tv["git"] = _tool_version(["git", "--version"])
+    tv["torch"] = _version_of("torch")
+    tv["torch_hip"] = tv["torch_cuda"] = NOT_INSTALLED
+    if tv["torch"] != NOT_INSTALLED:
+        try:
+            import torch
+            tv.update(torch_hip=torch.version.hip or "none (not a ROCm build)",
+                      torch_cuda=torch.version.cuda or "none (not a CUDA build)")
+        except Exception as e:          # installed but broken: say so rather than guess
+            tv["torch"] += f" (import failed: {type(e).__name__}: {e})"[:200]
+    for mod in ("triton", "setuptools", "setuptools_scm", "wheel"):
+        tv[mod] = _version_of(mod.replace("_", "-"))
+    tv["hipcc"] = _tool_version(["hipcc", "--version"], TOOL_VERSION["hipcc"])
+    tv["nvcc"] = _tool_version(["nvcc", "--version"], TOOL_VERSION["nvcc"])
+    tv["git"] = _tool_version(["git", "--version"], TOOL_VERSION["git"])
     return tv
 
 
@@ -67,11 +90,18 @@ def series_hash(state: dict) -> str:
     return combine(state["upstream"], state["overlay"], *(f"{n}:{d}" for n, d, _ in state["patches"]))
 
 
+DEVICE_MEANING = {"empty": "pure Python, no compiled extensions (VLLM_TARGET_DEVICE=empty)",
+                  "rocm": "ROCm build with compiled extensions (VLLM_TARGET_DEVICE=rocm)"}
+
+
 def record(state: dict, *, version: str, device: str, rocm_arch: list[str] | None = None) -> dict:
     up = config.upstream()
     return {
         "version": version,
+        # VLLM_TARGET_DEVICE of the build: "empty" is vLLM's pure-Python build (no compiled
+        # extensions: the CPU rehearsal), "rocm" the full build for PYTORCH_ROCM_ARCH
         "device": device,
+        "device_meaning": DEVICE_MEANING.get(device, device),
         "rocm_arch": rocm_arch,
         "upstream": {"name": up["name"], "version": up["version"], "sdist_sha256": up["sdist"]["sha256"],
                      "tree_sha256": up["sdist"]["tree_sha256"], "git_commit": up["git"]["commit"]},

@@ -97,42 +97,63 @@ def optimization_plan_md() -> str:
     return "\n".join(L).rstrip() + "\n"
 
 
-def find_provenance(arg: str | None) -> tuple[dict | None, str]:
+def repo_record() -> dict:
+    """What the submission's wheel is built from, computed from this repository alone (pinned
+    upstream, kernel overlay, patches/series): the same on every machine and at every run, so the
+    tracked documents change only when these inputs do."""
+    from . import config, provenance, tree, wheel
+    up = config.upstream()
+    state = {"upstream": up["sdist"]["sha256"], "overlay": tree.overlay_hash(tree.overlay_entries()),
+             "patches": [[n, d, None] for n, d in tree.series_inputs(paths.PATCHES)]}
+    return {"version": wheel.wheel_version(state, "rocm"),
+            "upstream": {"name": up["name"], "version": up["version"], "sdist_sha256": up["sdist"]["sha256"]},
+            "series_hash": provenance.series_hash(state),
+            "patches": [{"name": n, "sha256": d} for n, d, _ in state["patches"]]}
+
+
+def find_provenance(arg: str | None) -> tuple[dict, str]:
+    """The record the third-party table is written from: a wheel's provenance file when one is
+    named (its build machine's versions), else the repository's own inputs (repo_record)."""
     if arg:
         p = Path(arg)
-        return runs.read_json(p), str(p)
-    side = sorted(paths.DIST.glob("*.whl.provenance.json"), key=lambda p: p.stat().st_mtime)
-    if side:
-        return runs.read_json(side[-1]), paths.rel(side[-1])
-    v = runs.vllm_provenance()
-    if v.get("provenance"):
-        return v["provenance"], "the installed vllm package"
-    return None, "none found"
+        rec = runs.read_json(p)
+        if not isinstance(rec, dict):
+            from .errors import ForgeError
+            raise ForgeError(f"{arg}: not a provenance record (a JSON object)",
+                             hint="pass a dist/<wheel>.provenance.json written by `make wheel`")
+        return rec, str(p)
+    return repo_record(), "computed from configs/upstream.yaml, kernels/overlay.yaml and patches/series"
 
 
-def submission_readme_md(profile: dict, contest: dict, prov: dict | None, prov_src: str) -> str:
+# what the DCU container provides; the versions are that image's (run `make report
+# --provenance dist/<wheel>.provenance.json` there to write them in)
+BASE_COMPONENTS = ("torch", "triton")
+
+
+def submission_readme_md(profile: dict, contest: dict, prov: dict, prov_src: str) -> str:
+    from .provenance import NOT_INSTALLED
     rendered = profiles.render(profile, "/path/to/Qwen3.5-27B", contest)
     L = [_header(), "", "# Submission: vLLM 0.18.1 patched for Qwen3.5-27B on Hygon DCU", "",
          f"Profile `{profile['name']}`: {profile['description']}", "",
-         "## Third-party components", "", f"Provenance record: {prov_src}.", "",
+         "## Third-party components", "", f"Provenance: {prov_src}.", "",
          "| component | version | licence |", "|---|---|---|"]
-    if prov:
-        up = prov.get("upstream", {})
-        L.append(f"| vLLM (upstream source, sdist sha256 `{str(up.get('sdist_sha256', '?'))[:16]}…`) | "
-                 f"{up.get('version', '?')} | {LICENCES['vllm']} |")
-        L.append(f"| vLLM wheel built by this project | {prov.get('version', '?')} | {LICENCES['vllm']} "
-                 "(our patches and kernels under the same licence) |")
-        for k, v in sorted((prov.get("toolchain") or {}).items()):
-            if k in LICENCES and v:
+    up = prov.get("upstream", {})
+    L.append(f"| vLLM (upstream source, sdist sha256 `{str(up.get('sdist_sha256', '?'))[:16]}…`) | "
+             f"{up.get('version', '?')} | {LICENCES['vllm']} |")
+    L.append(f"| vLLM wheel built by this project | {prov.get('version', '?')} | {LICENCES['vllm']} "
+             "(our patches and kernels under the same licence) |")
+    tc = prov.get("toolchain")
+    if tc:
+        for k, v in sorted(tc.items()):
+            if k in LICENCES and v and v != NOT_INSTALLED:
                 L.append(f"| {k} | {v} | {LICENCES[k]} |")
-        L += ["", f"Patches ({len(prov.get('patches', []))}): " +
-              ", ".join(f"`{x['name']}`" for x in prov.get("patches", [])),
-              f"Series hash `{prov.get('series_hash', '?')}`; project commit "
-              f"`{(prov.get('forge') or {}).get('commit', '?')}`."]
     else:
-        L.append(f"| vLLM | 0.18.1 + our patches | {LICENCES['vllm']} |")
-        L.append("")
-        L.append("_No provenance record found: build the wheel (`make wheel`) and rerun `make report`._")
+        for k in BASE_COMPONENTS:
+            L.append(f"| {k} | that of the vendor DTK base image | {LICENCES[k]} |")
+    L += ["", f"Patches ({len(prov.get('patches', []))}): " +
+          ", ".join(f"`{x['name']}`" for x in prov.get("patches", [])),
+          f"Series hash `{prov.get('series_hash', '?')}`"
+          + (f"; project commit `{prov['forge']['commit']}`." if (prov.get("forge") or {}).get("commit") else ".")]
     L += ["", "The model weights (Qwen3.5-27B, bf16) are used as published, unmodified.", "",
           "## Build", "", "In the DCU container (vendor DTK 26.04 vLLM 0.18.1 image):", "", "```",
           "make fetch tree     # pinned vLLM 0.18.1 source, kernel overlay, patches/series",
@@ -159,10 +180,12 @@ def cmd_report(args) -> int:
     docs = {"env-vars.md": env_vars_md(prof, contest), "optimization-plan.md": optimization_plan_md(),
             "submission-readme.md": submission_readme_md(prof, contest, prov, src)}
     for name, text in docs.items():
-        (out / name).write_text(text)
-        ui.info(f"wrote {paths.rel(out / name)}")
-    if prov is None:
-        ui.warn("no provenance record found; the third-party table lists vLLM only (build the wheel first)")
+        dest = out / name
+        if dest.is_file() and dest.read_text() == text:
+            ui.info(f"{paths.rel(dest)} is up to date")
+            continue
+        paths.write_atomic(dest, text)
+        ui.info(f"wrote {paths.rel(dest)}")
     return 0
 
 
@@ -172,6 +195,8 @@ def register(sub) -> None:
                                    "configs/contest.yaml, patches/ (review records), reports/kernels/*.md, "
                                    "reports/e2e/*.md and the wheel's provenance record.")
     p.add_argument("--profile", default="contest", help="profile to document (default: contest)")
-    p.add_argument("--provenance", help="a <wheel>.provenance.json (default: newest in dist/, else the installed vllm)")
+    p.add_argument("--provenance", help="a <wheel>.provenance.json: its build machine's versions go into the "
+                                         "third-party table (default: the repository's own inputs only, so the "
+                                         "tracked documents do not depend on the machine)")
     p.add_argument("--out", help="output folder (default: reports/)")
     p.set_defaults(func=cmd_report)

@@ -1,7 +1,7 @@
 """`make test` (what CI runs): the rehearsal (which includes patches-check and the wheel), the image
-rehearsal (Dockerfile.rocm on a stand-in base; skipped with a warning where no builder exists), then the
-whole pytest suite: unit tests, kernel tests (Triton interpreter on CPU, real sizes on a GPU), tree
-tests (against the patched vLLM the rehearsal installed); GPU-only e2e tests skip without a GPU. The
+rehearsal (Dockerfile.rocm on a stand-in base; skipped with a warning where no builder exists), the
+fault-injection suite (tests/faults/; its summary line counts the cases), then the rest of the pytest
+suite: unit tests, kernel tests (Triton interpreter on CPU, real sizes on a GPU), tree tests (against the patched vLLM the rehearsal installed); GPU-only e2e tests skip without a GPU. The
 rehearsals' reports go to build/test-reports/: a test run leaves the tracked reports/ as it found it."""
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ NEED_GB = {"rehearsal": 7.0, "image": 12.0}
 # `make test` keeps its rehearsal reports out of the tracked reports/ (what `make rehearsal` and
 # `make image-rehearsal` record), so a test run leaves the working tree as it found it.
 TEST_REPORTS = BUILD / "test-reports"
+# Fault injection (tests/faults/): interrupted stages, tampered or missing inputs, forbidden options,
+# corrupt results; about 1.5 minutes on two cores.
+FAULTS = ROOT / "tests" / "faults"
 
 
 def _existing(path) -> str:
@@ -66,10 +69,17 @@ def cmd_test(args) -> int:
             ui.warn("image rehearsal skipped: no buildah and no running Docker engine "
                     "(.ci/run installs buildah and debootstrap)")
         ui.info(f"rehearsal reports of this test run: {TEST_REPORTS} (reports/ is left as it was)")
-    ui.info("pytest " + " ".join(args.pytest_args or ["tests"]))
     env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
-    rc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", *(args.pytest_args or ["tests"])],
-                        cwd=ROOT, env=env).returncode
+    if args.pytest_args:
+        runs = [args.pytest_args]
+    else:
+        # the fault-injection suite first, on its own: its summary line counts the cases it tried
+        runs = [[str(FAULTS.relative_to(ROOT))], ["tests", f"--ignore={FAULTS.relative_to(ROOT)}"]]
+    rc = 0
+    for pytest_args in runs:
+        ui.info("pytest " + " ".join(pytest_args))
+        rc = max(rc, subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", *pytest_args],
+                                    cwd=ROOT, env=env).returncode)
     return rc
 
 

@@ -7,6 +7,12 @@ per patch, each marked so `patches-refresh` can export them again.
 
 Commits are deterministic (fixed identity and dates), so the same inputs give the same hashes.
 Reruns are incremental: the longest unchanged prefix of (upstream, overlay, patches) is kept.
+
+Interrupts: the upstream commit is made in a temporary folder next to the tree and renamed into
+place with its state, so the tree is either absent or a git repository with a record. While the
+overlay and patches are applied, the record says so ("pending"); a rerun after an interrupt at any
+moment (Ctrl-C, kill -9, power loss) removes git's stale locks, aborts a half-applied patch, resets
+to the last recorded commit and carries on. A lock file keeps two runs off the same tree.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from . import config, fetch, proc, ui
 from .errors import ForgeError
 from .hashing import combine, sha256_file
 from .patchfile import hunk_for, parse, read_series
-from .paths import KERNELS, PATCHES, ROOT, TREE, rel
+from .paths import KERNELS, PATCHES, ROOT, TREE, Lock, rel, write_atomic
 
 UPSTREAM_REF = "refs/forge/upstream"
 OVERLAY_REF = "refs/forge/overlay"
@@ -76,10 +82,7 @@ def read_state(tree: Path) -> dict:
 
 
 def write_state(tree: Path, state: dict) -> None:
-    p = tree / ".git" / STATE
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=1))
-    tmp.replace(p)
+    write_atomic(tree / ".git" / STATE, json.dumps(state, indent=1))
 
 
 def series_inputs(patches_dir: Path = PATCHES) -> list[tuple[str, str]]:
@@ -94,21 +97,68 @@ def _commit_all(tree: Path, message: str, paths: list[str] | None = None) -> str
     return git_out(tree, "rev-parse", "HEAD")
 
 
-def init_upstream(tree: Path, pristine: Path, upstream_hash: str) -> str:
+def init_upstream(tree: Path, pristine: Path, upstream_hash: str) -> dict:
+    """A new tree holding the pristine source as one commit, built in a temporary folder and renamed
+    into place with its state; an existing tree (already found clean, or FORCE) is replaced."""
     ui.info(f"creating {rel(tree)} from pristine upstream")
-    shutil.rmtree(tree, ignore_errors=True)
+    tmp = _partial(tree)
+    shutil.rmtree(tmp, ignore_errors=True)
     tree.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(pristine, tree, symlinks=True, ignore=shutil.ignore_patterns(".git", fetch.MARKER))
-    git(tree, "init", "-q", "-b", "forge")
-    git(tree, "config", "core.autocrlf", "false")
-    git(tree, "config", "gc.auto", "0")
+    shutil.copytree(pristine, tmp, symlinks=True, ignore=shutil.ignore_patterns(".git", *fetch.INTERNAL))
+    git(tmp, "init", "-q", "-b", "forge")
+    git(tmp, "config", "core.autocrlf", "false")
+    git(tmp, "config", "gc.auto", "0")
     # upstream ships build outputs' names in its own .gitignore; keep every file of the sdist
-    info = tree / ".git" / "info"
+    info = tmp / ".git" / "info"
     info.mkdir(parents=True, exist_ok=True)
     cfg = config.upstream()
-    sha = _commit_all(tree, f"upstream vLLM {cfg['version']} (sdist sha256 {upstream_hash})")
-    git(tree, "update-ref", UPSTREAM_REF, sha)
-    return sha
+    sha = _commit_all(tmp, f"upstream vLLM {cfg['version']} (sdist sha256 {upstream_hash})")
+    git(tmp, "update-ref", UPSTREAM_REF, sha)
+    state = {"upstream": upstream_hash, "pristine": str(pristine), "head": sha, "pending": "build"}
+    write_state(tmp, state)
+    if tree.exists():
+        old = _old(tree)
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(tree, old)
+        os.rename(tmp, tree)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, tree)
+    return state
+
+
+def _step(tree: Path, state: dict, fn):
+    """Run one step; when it refuses (a patch that does not apply: the tree is back at the last
+    good commit, clean) the record stops saying 'pending', so the user's fix in the tree is kept."""
+    try:
+        return fn()
+    except ForgeError:
+        state.pop("pending", None)
+        write_state(tree, state)
+        raise
+
+
+def _partial(tree: Path) -> Path:
+    return tree.parent / f".{tree.name}.partial"
+
+
+def _old(tree: Path) -> Path:
+    return tree.parent / f".{tree.name}.replaced"
+
+
+def _recover(tree: Path, state: dict) -> dict:
+    """Undo the half-done step of an interrupted run (the record says 'pending'): git's stale lock
+    files, a half-applied patch, a half-written work tree; back to the last recorded commit."""
+    ui.info(f"{rel(tree)}: an earlier run was interrupted; resuming from its last recorded commit "
+            f"{state['head'][:12]}")
+    g = tree / ".git"
+    for lock in [g / "index.lock", g / "HEAD.lock", g / "ORIG_HEAD.lock", g / "config.lock",
+                 *g.glob("refs/**/*.lock"), *g.glob("*.tmp"), *g.glob(".*.tmp")]:
+        lock.unlink(missing_ok=True)
+    git(tree, "am", "--abort", check=False, capture=True)
+    shutil.rmtree(g / "rebase-apply", ignore_errors=True)
+    git(tree, "reset", "-q", "--hard", state["head"])
+    return state
 
 
 def apply_overlay(tree: Path, entries: list[dict]) -> str:
@@ -182,25 +232,48 @@ def build_tree(tree: Path = TREE, *, patches_dir: Path = PATCHES, force: bool = 
     entries = overlay_entries()
     ov_hash = overlay_hash(entries)
     series = series_inputs(patches_dir)
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    with Lock(tree.parent / f".{tree.name}.lock", rel(tree)):
+        # leftovers of a run killed while it made or replaced the tree: never the tree itself
+        shutil.rmtree(_partial(tree), ignore_errors=True)
+        shutil.rmtree(_old(tree), ignore_errors=True)
+        return _build_locked(tree, patches_dir, force, threeway, pristine, up_hash, entries, ov_hash, series)
 
+
+def _build_locked(tree, patches_dir, force, threeway, pristine, up_hash, entries, ov_hash, series) -> dict:
     exists = (tree / ".git").is_dir()
     state = read_state(tree) if exists else {}
+    if tree.exists() and not exists and any(tree.iterdir()) and not force:
+        raise ForgeError(f"{rel(tree)} exists but is not a git repository made by `make tree`",
+                         hint="move it away to keep what is in it, or replace it with `make tree FORCE=1`")
     if exists and not state and not force:
         raise ForgeError(f"{rel(tree)} exists but has no record of how it was built (.git/{STATE})",
                          hint=f"move it away to keep its work, or rebuild it with `make tree FORCE=1`")
-    if state and not force:
+    if state.get("pending") and state.get("head"):
+        state = _recover(tree, state)
+    elif state and not force:
         check_clean(tree, state)
     elif state and force:
         git(tree, "am", "--abort", check=False, capture=True)
         git(tree, "reset", "-q", "--hard")
 
-    if state.get("upstream") != up_hash or state.get("pristine") != str(pristine):
-        init_upstream(tree, pristine, up_hash)
-        state = {"upstream": up_hash, "pristine": str(pristine)}
+    if state.get("upstream") != up_hash or state.get("pristine") != str(pristine) or not state.get("head"):
+        if tree.exists() and not exists:
+            shutil.rmtree(tree)             # an empty folder, or FORCE
+        state = init_upstream(tree, pristine, up_hash)
+    else:
+        state["pending"] = "build"
+        write_state(tree, state)
+    # from here on the record says "pending": an interrupt is undone by the next run (_recover)
     if state.get("overlay") != ov_hash:
         git(tree, "reset", "-q", "--hard", UPSTREAM_REF)
+        state.update(head=git_out(tree, "rev-parse", UPSTREAM_REF), patches=[])
+        state.pop("overlay", None)
+        write_state(tree, state)
         ui.info(f"applying kernel overlay ({len(entries)} files)")
-        state.update(overlay=ov_hash, overlay_commit=apply_overlay(tree, entries), patches=[])
+        sha = _step(tree, state, lambda: apply_overlay(tree, entries))
+        state.update(overlay=ov_hash, overlay_commit=sha, head=sha, patches=[])
+        write_state(tree, state)
     # keep the longest prefix of already-applied, unchanged patches
     applied = state.get("patches", [])
     keep = 0
@@ -217,10 +290,12 @@ def build_tree(tree: Path = TREE, *, patches_dir: Path = PATCHES, force: bool = 
         ui.info(f"{rel(tree)} is up to date ({len(series)} patches)")
     for i, (name, digest) in enumerate(todo, keep + 1):
         ui.info(f"[{i}/{len(series)}] applying {name}")
-        sha = apply_patch(tree, patches_dir / name, name, threeway)
+        sha = _step(tree, state, lambda: apply_patch(tree, patches_dir / name, name, threeway))
         state["patches"].append([name, digest, sha])
         state["head"] = sha
         write_state(tree, state)
+    state.pop("pending", None)
+    write_state(tree, state)
     return state
 
 

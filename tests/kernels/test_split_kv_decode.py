@@ -122,14 +122,46 @@ def _quantized_pair(wr, dev, bs, lens, hkv, gen, outlier):
     return k.view(nb, bs, hkv, D), v.view(nb, bs, hkv, D), kd, vd, ks, vs, nb
 
 
+def _dequantized(data, scale):
+    """(nb, bs, H, D) int8 x (nb, H, bs) fp32 -> float64 values."""
+    return data.double() * scale.double().permute(0, 2, 1).unsqueeze(-1)
+
+
 @pytest.mark.parametrize("outlier", [False, True])
 def test_int8_vs_bf16_cache(wr, dec, dev, outlier):
-    """int8 end to end (quantize-on-write + decode) against attention on the bf16 cache."""
+    """int8 end to end (quantize-on-write + decode) against attention on the bf16 cache.
+
+    Stated bounds, each checked against an independent float64 computation:
+
+    1. Quantization (per token and KV head, symmetric, fp32 scale ``amax / 127``, round to nearest):
+       every dequantized element is within ``scale / 2`` of the bf16 value, plus the fp32 rounding
+       of ``x / scale`` (127 * 2^-23 of the scale).
+    2. The kernel on the int8 cache is within 1e-2 (relative, bf16 queries: as for the bf16 cache)
+       of float64 attention on the dequantized cache: the int8 path adds no error of its own.
+    3. Without outlier channels the end-to-end error is within 1e-2 of attention on the bf16
+       cache. With outlier channels (4 channels 20-50x larger) the scale is set by the outliers and
+       the other channels keep only a few levels: the worst-case propagation of bound 1 (score error
+       <= |q|_1 * scale / (2 sqrt(D)), so the output moves by at most max(v_scale) / 2 +
+       (exp(2 * score error) - 1) * max|v|) exceeds the outputs themselves, so no end-to-end
+       bound is asserted there; the error is printed (see reports/kernels) and bounds 1 and 2 hold.
+    """
     gen = torch.Generator(device=dev).manual_seed(21)
     hq, hkv = (24, 4) if ON_GPU else (6, 1)
     bs = 1552 if ON_GPU else 16
     lens = [4000, 32768] if ON_GPU else [300, 64]
     kb, vb, kd, vd, ks, vs, nb = _quantized_pair(wr, dev, bs, lens, hkv, gen, outlier)
+    # 1. the quantization bound, against the bf16 inputs
+    for x, data, scale in ((kb, kd, ks), (vb, vd, vs)):
+        x64 = x.double()
+        sc = scale.double().permute(0, 2, 1).unsqueeze(-1)            # (nb, bs, H, 1)
+        amax = x64.abs().amax(-1, keepdim=True)
+        assert torch.allclose(sc, (amax / 127).clamp_min(1e-10), rtol=2e-6, atol=0), "scale is not amax/127"
+        err = (_dequantized(data, scale) - x64).abs()
+        # scale / 2, plus the fp32 rounding of x / scale before it is rounded (<= 127 * 2^-23 in
+        # units of the scale: a tie can round either way)
+        assert bool((err <= sc * (0.5 + 127 * 2 ** -23)).all()), float((err / sc).max())
+    if outlier:
+        assert float(ks.median()) > 10 * float(vs.median()), "the outlier channels did not set the K scales"
     bt = make_block_table(len(lens), lens, bs, nb, generator=torch.Generator().manual_seed(4), device=dev)
     sl = torch.tensor(lens, dtype=torch.int32, device=dev)
     # queries aligned with a few cached keys (peaked attention, as in real decoding) plus noise
@@ -142,22 +174,35 @@ def test_int8_vs_bf16_cache(wr, dec, dev, outlier):
             q[i, h] += 0.5 * kb[blk, t % bs, h // (hq // hkv)].float()
     q = q.to(torch.bfloat16)
     ref = decode_ref(q, kb, vb, bt, sl, D ** -0.5)
+    ref_deq = decode_ref(q, _dequantized(kd, ks), _dequantized(vd, vs), bt, sl, D ** -0.5)
     out = _run(dec, q, kd, vd, ks, vs, bt, sl, 4, dev)
+    # 2. the kernel against float64 attention on what the cache holds
+    e_kernel = rel_err(out, ref_deq)
+    assert e_kernel <= 1e-2, e_kernel
     e = rel_err(out, ref)
-    print(f"int8 vs bf16 cache, outlier keys={outlier}: rel err {e:.4g}")
-    if outlier:
-        assert math.isfinite(e)  # recorded, not judged (see reports/kernels)
-    else:
+    print(f"int8 vs bf16 cache, outlier keys={outlier}: rel err {e:.4g} (kernel vs dequantized {e_kernel:.3g})")
+    # 3. end to end, where a bound is informative
+    if not outlier:
         assert e <= 1e-2, e
 
 
 def test_choose_num_segments(dec):
+    cap = dec.MAX_SEGMENTS
+    assert cap == 64, "the documented cap (choose_num_segments' docstring, the H200 sweep)"
     assert dec.choose_num_segments(132, 1, 4, 32768) * 4 >= 132  # >= 1 program per CU, ~2
-    for ncu in (60, 64, 80, 104, 120, 132):
+    for ncu in (60, 64, 80, 104, 120, 132, 304):
         for b in (1, 2, 4, 8, 16, 32):
-            s = dec.choose_num_segments(ncu, b, 4, 32768)
-            assert isinstance(s, int) and 1 <= s <= 256 and s & (s - 1) == 0
-            assert b * 4 * s >= ncu or s == 256
+            for hkv in (1, 4, 8):
+                s = dec.choose_num_segments(ncu, b, hkv, 32768)
+                assert isinstance(s, int) and 1 <= s <= cap and s & (s - 1) == 0
+                # at least 2 programs per compute unit unless the cap stops it, and never more
+                # than twice that (the next power of two)
+                assert b * hkv * s >= 2 * ncu or s == cap, (ncu, b, hkv, s)
+                assert s == 1 or b * hkv * (s // 2) < 2 * ncu, (ncu, b, hkv, s)
+    assert dec.choose_num_segments(10_000, 1, 1, 1 << 20) == cap        # the cap binds
+    # the docstring's examples
+    assert [dec.choose_num_segments(132, b, 4, 32768) for b in (1, 2, 4, 8)] == [64, 64, 32, 16]
+    assert dec.choose_num_segments(60, 1, 4, 32768) == 32
     assert dec.choose_num_segments(132, 1, 4, 40) <= 2
     po, pl, cnt = dec.decode_workspace(8, 24, 256, 16, "cpu")
     assert po.shape == (8, 24, 16, 256) and pl.shape == (8, 24, 16) and po.dtype == torch.float32

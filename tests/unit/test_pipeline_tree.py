@@ -200,3 +200,33 @@ def test_tree_without_state_is_not_deleted(env):
     with pytest.raises(ForgeError, match="no record"):
         tree.build_tree(env["tree"], patches_dir=env["pdir"])
     assert (env["tree"] / "precious.txt").exists()
+
+
+def test_failed_patch_then_fix_in_tree_is_not_reset(env):
+    """After a patch fails the tree is not 'pending': the user's fix there is kept by the rerun's checks."""
+    add_patch(env, "one.patch", "pkg/config.py", "LINE_3 = 3", "LINE_3 = 33", "pkg: first")
+    p = env["pdir"] / "one.patch"
+    p.write_text(p.read_text().replace(" LINE_1 = 1", " LINE_1 = 100"))
+    with pytest.raises(ForgeError, match="one.patch"):
+        tree.build_tree(env["tree"], patches_dir=env["pdir"])
+    assert "pending" not in tree.read_state(env["tree"])
+    f = env["tree"] / "pkg" / "config.py"
+    f.write_text(f.read_text() + "FIX = 1\n")
+    with pytest.raises(ForgeError, match="uncommitted"):
+        tree.build_tree(env["tree"], patches_dir=env["pdir"])
+    assert "FIX = 1" in f.read_text()
+
+
+def test_interrupted_patch_step_is_resumed(env):
+    """A run killed inside `git am` (a lock and a half-applied mailbox left behind) resumes."""
+    add_patch(env, "one.patch", "pkg/config.py", "LINE_3 = 3", "LINE_3 = 33", "pkg: first")
+    want = tree.build_tree(env["tree"], patches_dir=env["pdir"])["head"]
+    t = env["tree"]
+    st = tree.read_state(t)
+    # what a kill in the middle of applying the patch leaves behind
+    st.update(pending="build", head=st["overlay_commit"], patches=[])
+    tree.write_state(t, st)
+    (t / "pkg" / "config.py").write_text("half written\n")
+    (t / ".git" / "index.lock").write_text("")
+    assert tree.build_tree(t, patches_dir=env["pdir"])["head"] == want
+    assert tree.git_out(t, "status", "--porcelain") == "" and "pending" not in tree.read_state(t)

@@ -50,3 +50,60 @@ def test_reports(tmp_path):
 def test_unknown_profile_is_a_clear_error(tmp_path):
     r = forge(tmp_path, "report", "--profile", "nope", "--out", str(tmp_path))
     assert r.returncode == 2 and "profile 'nope' not found" in r.stderr and "contest" in r.stderr
+
+
+def test_submission_readme_depends_only_on_the_repository(tmp_path):
+    """Without --provenance the documents come from the repository's inputs: the series hash is the
+    one configs/upstream.yaml, kernels/overlay.yaml and patches/ give (computed here independently),
+    no machine's versions and no project commit (which could only ever name an older commit)."""
+    import hashlib
+    import yaml
+    out1, out2 = tmp_path / "a", tmp_path / "b"
+    for out in (out1, out2):
+        r = forge(tmp_path, "report", "--profile", "contest", "--out", str(out))
+        assert r.returncode == 0, r.stderr
+    for name in ("env-vars.md", "optimization-plan.md", "submission-readme.md"):
+        assert (out1 / name).read_text() == (out2 / name).read_text(), name
+    readme = (out1 / "submission-readme.md").read_text()
+    up = yaml.safe_load((ROOT / "configs" / "upstream.yaml").read_text())
+    ov = yaml.safe_load((ROOT / "kernels" / "overlay.yaml").read_text())["files"]
+
+    def comb(*parts):
+        h = hashlib.sha256()
+        for x in parts:
+            h.update(x.encode() + b"\n")
+        return h.hexdigest()
+
+    def sha(p):
+        return hashlib.sha256(p.read_bytes()).hexdigest()
+    ov_hash = comb(*(f"{e['src']}>{e['dst']}:{sha(ROOT / e['src'])}" for e in ov))
+    names = [l.strip() for l in (ROOT / "patches" / "series").read_text().splitlines()
+             if l.strip() and not l.startswith("#")]
+    series = comb(up["sdist"]["sha256"], ov_hash, *(f"{n}:{sha(ROOT / 'patches' / n)}" for n in names))
+    assert f"Series hash `{series}`." in readme
+    assert "project commit" not in readme and "| torch | that of the vendor DTK base image |" in readme
+    assert "not installed" not in readme and "| ? |" not in readme
+    # the tracked copy is the current one
+    assert (ROOT / "reports" / "submission-readme.md").read_text() == readme
+
+
+def test_provenance_versions_are_real(tmp_path):
+    """Versions come from the installed distributions and the tools' own version lines."""
+    from importlib import metadata
+    import shutil
+    import subprocess
+    from forge import provenance
+    tc = provenance.toolchain()
+    for dist in ("setuptools", "setuptools_scm", "triton", "torch"):
+        try:
+            want = metadata.version(dist.replace("_", "-"))
+        except metadata.PackageNotFoundError:
+            want = "not installed"
+        assert tc[dist] == want, dist
+    if shutil.which("nvcc"):
+        banner = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
+        assert re.fullmatch(r"\d+\.\d+\.\d+", tc["nvcc"]) and f"V{tc['nvcc']}" in banner
+    else:
+        assert tc["nvcc"] == "not installed"
+    assert re.fullmatch(r"\d+\.\d+(\.\d+)?", tc["git"])
+    assert None not in tc.values() and "?" not in tc.values()

@@ -33,3 +33,13 @@ def test_the_image_report_goes_where_it_is_told(tmp_path):
     assert "PASS" in (tmp_path / "image-rehearsal.md").read_text()
     assert {p: p.stat().st_mtime_ns for p in REPORTS.glob("image-rehearsal.*")} == before
     assert ROOT in REPORTS.parents
+
+
+def test_make_test_runs_the_fault_suite_first_and_the_rest_once(monkeypatch):
+    seen = []
+    monkeypatch.setattr(testrun.subprocess, "run", lambda cmd, **kw: seen.append(cmd[cmd.index("-rs") + 1:])
+                        or types.SimpleNamespace(returncode=len(seen) - 1))
+    args = types.SimpleNamespace(no_rehearsal=True, no_image=True, pytest_args=[])
+    assert testrun.cmd_test(args) == 1, "a failure in either run fails make test"
+    assert seen == [["tests/faults"], ["tests", "--ignore=tests/faults"]]
+    assert (ROOT / "tests" / "faults" / "conftest.py").is_file()
