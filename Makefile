@@ -1,6 +1,6 @@
 # dcu-forge: the front door. Every target calls the tool (scripts/forge); `make help` lists them.
-# Variables: PY (python to run the tool), PROFILE, MODEL, IMAGE, RUN, BASELINE, A, B, DATA_DIR,
-# TOK_S, VLLM_SRC, MAX_JOBS, BASE_IMAGE, E2E_ARGS.
+# Variables: PY (python to run the tool), PROFILE, MODEL, IMAGE, RUN, BASELINE, BASELINE_NAME, A, B,
+# DATA_DIR, TOK_S, FORCE, VLLM_SRC, MAX_JOBS, BASE_IMAGE, E2E_ARGS.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -80,8 +80,8 @@ stop: ## stop the server `make serve` started
 bench-all-tiers: ## run the contest's three tiers against the running server
 	@$(FORGE) bench-all-tiers --profile $(PROFILE) $(if $(RUN),--run-id $(RUN))
 
-score: ## contest score of RUN (or TOK_S=a,b,c what-if) against BASELINE
-	@$(FORGE) score $(if $(RUN),--run $(RUN)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(TOK_S),--tok-s $(TOK_S))
+score: ## contest score of RUN (or TOK_S=a,b,c what-if) against BASELINE=<run> or BASELINE_NAME=<set: team, official>; FORCE=1 replaces a recorded score
+	@$(FORGE) score $(if $(RUN),--run $(RUN)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(BASELINE_NAME),--baseline-name $(BASELINE_NAME)) $(if $(TOK_S),--tok-s $(TOK_S)) $(if $(filter 1,$(FORCE)),--force)
 
 compare: ## per-tier deltas of run A vs run B with a noise band
 	@$(FORGE) compare --a $(A) --b $(B)

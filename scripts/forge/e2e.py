@@ -833,7 +833,9 @@ def scores(run: Run, run_dirs: dict[str, Path], ref: str) -> dict:
     for name, d in complete_runs.items():
         loaded = score.load_run(d, run.contest)
         drift = score.output_drift(loaded, base) if name != ref else None
-        out[name], _ = score.write_report(run.contest, d, loaded, base, drift, shown=str(d.relative_to(run.out)))
+        # this run's own folders, re-merged from its rounds on every invocation: their scores are redone
+        out[name], _ = score.write_report(run.contest, d, loaded, base, drift, shown=str(d.relative_to(run.out)),
+                                          force=True)
     return out
 
 
@@ -851,7 +853,7 @@ def fault_check(run: Run, name: str, model: Path, datasets: dict) -> dict:
     rdir = runs.run_dir(rid)
     for old in rdir.glob("*.json"):
         old.unlink()
-    man = {"run_id": rid, "profile": name, "fault_check": True}
+    man = {"run_id": rid, "profile": name, "fault_check": True, "harness": True}
     launcher = bench.client_launcher(run.args.client)
     statuses: dict = {}
     server_log = Path(st["log"])
@@ -1094,7 +1096,7 @@ def cmd_e2e(args) -> int:
         done = bench_rounds(run, live, model, datasets)
         run_dirs = finish_runs(run, live, done)
         scored = scores(run, run_dirs, ref)
-        run.summary["scores"] = {n: {"display": r["display"], "total": r["total"],
+        run.summary["scores"] = {n: {"display": r["display"], "total": r["total"], "harness": r["harness"],
                                      "tiers": {t: {"tok_s": v["tok_s"], "lift": v["lift"]} for t, v in r["tiers"].items()}}
                                  for n, r in scored.items()}
         run.step("scored", scores={n: r["display"] for n, r in scored.items()})
