@@ -58,7 +58,9 @@ def result_path(rdir: Path, tier: str) -> Path:
     return rdir / f"{tier}.json"
 
 
-def tier_done(rdir: Path, tier: str) -> bool:
+def tier_done(rdir: Path, tier: str, keep_failed: bool = False) -> bool:
+    """A finished result for `tier`: one where every request completed, or with keep_failed any
+    result (failed requests included)."""
     p = result_path(rdir, tier)
     if not p.is_file():
         return False
@@ -66,7 +68,24 @@ def tier_done(rdir: Path, tier: str) -> bool:
         d = runs.read_json(p)
     except ForgeError:
         return False
-    return isinstance(d, dict) and "completed" in d
+    if not (isinstance(d, dict) and "completed" in d):
+        return False
+    return keep_failed or (not d.get("failed") and bool(d.get("completed")))
+
+
+def set_aside_failed(rdir: Path, tier: str) -> Path | None:
+    """Move a tier's result with failed requests to failed/<tier>.<n>.json before it is rerun."""
+    p = result_path(rdir, tier)
+    if not p.is_file():
+        return None
+    dest_dir = rdir / "failed"
+    dest_dir.mkdir(exist_ok=True)
+    n = 1
+    while (dest_dir / f"{tier}.{n}.json").exists():
+        n += 1
+    dest = dest_dir / f"{tier}.{n}.json"
+    os.replace(p, dest)
+    return dest
 
 
 def count_lines(path: Path) -> int:
@@ -187,11 +206,30 @@ def _tier_outcome(contest: dict, name: str, ds: dict, rc: int, partial: Path, fi
                      hint="finished tiers are kept; fix the cause and rerun with --run-id " + rdir.name)
 
 
+def no_server_error(health: str, port: int, st: dict | None, given_port: bool) -> ForgeError:
+    """Why nothing answers `health`: no server at all, or one on another port."""
+    other = serve.running_server() if given_port else None
+    if other and other.get("port") != port:
+        return ForgeError(f"no server answers {health}: the server `forge serve` started listens on port "
+                          f"{other['port']}, not {port}",
+                          hint=f"drop --port (or use --port {other['port']})")
+    if st:
+        return ForgeError(f"the server `forge serve` started (profile {st.get('profile')}, pid {st.get('pid')}) does "
+                          f"not answer {health}", hint="see its server.log; make stop && make serve")
+    return ForgeError(f"no server answers {health}: nothing to benchmark"
+                      + ("" if given_port else f" (no server started by forge serve; port {port} is the default)"),
+                      hint="start one with make serve PROFILE=... MODEL=..., or give the port it listens on "
+                           "(--port N)")
+
+
 def cmd_bench(args) -> int:
     contest = contest_mod.load_contest()
     st = serve.running_server() if args.port is None else None
     host = contest["server"]["host"]
     port = args.port or (st["port"] if st else serve.LOCKED_PORT)
+    health = f"http://{host}:{port}{contest['server']['health_path']}"
+    if not serve.health_ok(health):
+        raise no_server_error(health, port, st, args.port is not None)
     profile = (st or {}).get("profile") or args.profile
     if st and args.profile and args.profile != st["profile"]:
         ui.warn(f"the running server uses profile {st['profile']}, not {args.profile}; recording {st['profile']}")
@@ -199,11 +237,6 @@ def cmd_bench(args) -> int:
     if not model:
         raise ForgeError("no model directory for the client's tokenizer",
                          hint="pass --model DIR (or MODEL=DIR), or start the server with forge serve")
-    run_id = args.run_id or (st or {}).get("run_id") or runs.new_run_id(profile)
-    rdir = runs.run_dir(run_id)
-    mpath = rdir / "manifest.json"
-    manifest = runs.read_json(mpath) if mpath.is_file() else {}
-    _stop_stale_client(manifest)
     tiers = contest["tiers"]
     if args.tiers:
         want = [x.strip() for x in args.tiers.split(",") if x.strip()]
@@ -212,6 +245,25 @@ def cmd_bench(args) -> int:
             raise ForgeError(f"unknown tier(s) {', '.join(unknown)}",
                              hint=f"tiers: {', '.join(contest_mod.tier_names(contest))}")
         tiers = [t for t in tiers if t["name"] in want]
+    run_id = args.run_id or (st or {}).get("run_id") or runs.new_run_id(profile)
+    rdir = runs.run_dir(run_id, create=False)
+    created = not rdir.exists()
+    rdir = runs.run_dir(run_id)
+    try:
+        return _bench_in(args, contest, st, host, port, health, profile, model, run_id, rdir, tiers)
+    except BaseException:
+        # an early error leaves no empty run folder behind: nothing but what this invocation made
+        if created and not any(result_path(rdir, t["name"]).is_file() for t in contest["tiers"]):
+            shutil.rmtree(rdir, ignore_errors=True)
+        raise
+
+
+def _bench_in(args, contest: dict, st: dict | None, host: str, port: int, health: str, profile: str | None,
+              model: str, run_id: str, rdir: Path, tiers: list[dict]) -> int:
+    mpath = rdir / "manifest.json"
+    manifest = runs.read_json(mpath) if mpath.is_file() else {}
+    _stop_stale_client(manifest)
+    keep_failed = bool(getattr(args, "keep_failed", False))
     data_dir = args.data_dir or os.environ.get("DATA_DIR") or None
     serve_json = rdir / "serve.json"
     launcher = client_launcher(args.client)
@@ -228,17 +280,23 @@ def cmd_bench(args) -> int:
     manifest["datasets"] = _datasets(contest, tiers, data_dir, model, rdir, args.num_prompts, manifest)
     manifest.setdefault("tiers", {})
     runs.write_json(mpath, manifest)
-    health = f"http://{host}:{port}{contest['server']['health_path']}"
 
     def on_term(signum, frame):
         raise KeyboardInterrupt
     old = signal.signal(signal.SIGTERM, on_term)
+    failures: dict[str, str] = {}
     try:
         for i, t in enumerate(tiers, 1):
             name = t["name"]
-            if tier_done(rdir, name):
-                ui.info(f"tier {name} ({i}/{len(tiers)}): already done in run {run_id}; kept")
+            if tier_done(rdir, name, keep_failed=keep_failed):
+                prev = runs.read_json(result_path(rdir, name))
+                ui.info(f"tier {name} ({i}/{len(tiers)}): already done in run {run_id}; kept"
+                        + (f" with its {prev.get('failed')} failed request(s) (--keep-failed)" if prev.get("failed") else ""))
                 continue
+            aside = set_aside_failed(rdir, name)
+            if aside:
+                ui.info(f"tier {name}: the earlier result is not a complete one (failed requests, or unreadable); "
+                        f"set aside as {paths.rel(aside)} and run again (--keep-failed keeps one with failed requests)")
             ds = manifest["datasets"][name]
             with ui.step(f"tier {name} ({i}/{len(tiers)}): {ds['num_prompts']} {ds['kind']} prompts"):
                 t0 = time.monotonic()
@@ -252,9 +310,22 @@ def cmd_bench(args) -> int:
                 runs.write_json(mpath, manifest)
                 ui.info(f"tier {name}: {res.get('output_throughput', 0):.2f} output tok/s, "
                         f"{res.get('completed')} completed, {res.get('failed')} failed")
+                if status == "server-down":
+                    failures[name] = f"the server stopped answering {health} before the tier"
+                elif status == "server-died":
+                    failures[name] = f"the server died during the tier (no answer at {health})"
+                elif res.get("failed"):
+                    err = next((e for e in res.get("errors") or [] if e), "")
+                    failures[name] = f"{res['failed']} of {res['failed'] + res.get('completed', 0)} requests failed" \
+                                     + (f" (first error: {str(err).strip().splitlines()[-1][:200]})" if err else "")
     finally:
         signal.signal(signal.SIGTERM, old)
     print(rdir)
+    if failures:
+        raise ForgeError(f"run {run_id}: {len(failures)} of {len(tiers)} tier(s) have failed requests:\n"
+                         + "\n".join(f"  {n}: {why}" for n, why in failures.items()),
+                         hint=f"fix the server and rerun with --run-id {run_id} (make bench-all-tiers RUN={run_id}): "
+                              "tiers with failed requests run again; --keep-failed keeps them", exit_code=1)
     return 0
 
 
@@ -264,7 +335,9 @@ def register(sub) -> None:
                                    "(configs/contest.yaml client.options) on the official tier file in DATA_DIR, "
                                    "or on synthetic prompts of the tier's lengths built from the model's tokenizer. "
                                    "Results go to reports/runs/<run-id>/<tier>.json with manifest.json. Rerunning "
-                                   "with the same --run-id keeps finished tiers and runs the rest.")
+                                   "with the same --run-id keeps finished tiers and runs the rest; a tier with "
+                                   "failed requests runs again unless --keep-failed. Exits 1 when a tier has "
+                                   "failed requests, 2 when no server answers.")
     p.add_argument("--profile", default=None, help="profile label when the server was not started by forge serve")
     p.add_argument("--run-id", help="run to write or resume (default: the running server's run, else a new one)")
     p.add_argument("--model", help="model directory for the tokenizer (default: the running server's, or $MODEL)")
@@ -276,4 +349,7 @@ def register(sub) -> None:
     p.add_argument("--port", type=int, default=None,
                    help="server port when not started by forge serve (default: the running server's, else 8001)")
     p.add_argument("--progress-every", type=float, default=30.0, help="seconds between progress lines")
+    p.add_argument("--keep-failed", action="store_true",
+                   help="on resume, keep tiers whose result has failed requests (default: set them aside in "
+                        "failed/ and run them again)")
     p.set_defaults(func=cmd_bench)

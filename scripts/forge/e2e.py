@@ -695,7 +695,7 @@ def round_identity(run: Run, dataset: Path) -> dict:
 def kept_round(run: Run, rdir: Path, tname: str, ident: dict) -> bool:
     """A finished round from an earlier invocation is kept when it was measured (not recorded as
     failed for a missing server) with the same prompts, bundle, server arguments and device."""
-    if not bench.tier_done(rdir, tname):
+    if not bench.tier_done(rdir, tname, keep_failed=True):
         return False
     if runs.read_json(bench.result_path(rdir, tname)).get("forge_synthesized"):
         return False

@@ -14,28 +14,46 @@ from .errors import ForgeError
 class Tok:
     """encode/decode over either the `tokenizers` library (tokenizer.json) or transformers."""
 
+    OTHER_FILES = ("tokenizer_config.json", "tokenizer.model", "vocab.json")
+
     def __init__(self, model_dir: Path):
         model_dir = Path(model_dir)
+        if not model_dir.is_dir():
+            raise ForgeError(f"model directory {model_dir} does not exist",
+                             hint="pass --model (or MODEL=) with the served model's directory")
         tj = model_dir / "tokenizer.json"
         self._hf = None
         self._fast = None
+        fast_error = None
         if tj.is_file():
             try:
                 from tokenizers import Tokenizer
-                self._fast = Tokenizer.from_file(str(tj))
-            except ImportError:
-                pass
+            except ImportError as e:
+                fast_error = f"importing `tokenizers` failed: {e}"
+            else:
+                try:
+                    self._fast = Tokenizer.from_file(str(tj))
+                except Exception as e:  # a damaged or foreign file
+                    raise ForgeError(f"{tj}: cannot be read as a tokenizer: {e}",
+                                     hint="copy the model's tokenizer.json again")
         if self._fast is None:
+            others = [f for f in self.OTHER_FILES if (model_dir / f).is_file()]
+            if not tj.is_file() and not others:
+                raise ForgeError(f"{model_dir}: no tokenizer: {tj.name} is missing "
+                                 f"(and so are {', '.join(self.OTHER_FILES)})",
+                                 hint="pass --model with the served model's directory, which holds tokenizer.json")
             try:
                 from transformers import AutoTokenizer
-            except ImportError:
-                raise ForgeError(f"{model_dir}: cannot load the tokenizer: neither the `tokenizers` nor the "
-                                 "`transformers` package is installed",
-                                 hint="pip install tokenizers (listed in requirements/dev.txt)")
+            except ImportError as e:
+                why = f"{fast_error}; " if fast_error else (f"{tj.name} is missing, so " if not tj.is_file() else "")
+                raise ForgeError(f"{model_dir}: cannot load the tokenizer: {why}importing `transformers` failed: {e}",
+                                 hint="pip install tokenizers (requirements/dev.txt), or put the model's "
+                                      "tokenizer.json in the folder")
             try:
                 self._hf = AutoTokenizer.from_pretrained(str(model_dir))
             except Exception as e:  # transformers raises many types for a bad folder
-                raise ForgeError(f"{model_dir}: cannot load the tokenizer: {e}",
+                missing = "" if tj.is_file() else f"{tj.name} is missing and "
+                raise ForgeError(f"{model_dir}: cannot load the tokenizer: {missing}transformers failed: {e}",
                                  hint="pass --model with the served model's directory")
 
     def encode(self, text: str) -> list[int]:
