@@ -43,10 +43,18 @@ def python_of(launcher: list[str]) -> str | None:
 
 
 def client_args(contest: dict, *, dataset: Path, num_prompts: int, model: str, host: str, port: int,
-                result_dir: Path, result_name: str) -> list[str]:
+                result_dir: Path, result_name: str, per_request_output: bool = False,
+                ignore_eos: bool = False) -> list[str]:
+    """`bench serve` with the contest's client options. per_request_output: each dataset line's
+    `output_tokens` is its cap (--custom-output-len -1, the contest workload); ignore_eos: every
+    request runs to that length (a harness run: random weights)."""
     out = ["bench", "serve"]
     for opt in contest["client"]["options"]:
+        if per_request_output and opt[0] == "--custom-output-len":
+            opt = ["--custom-output-len", "-1"]
         out += opt
+    if ignore_eos:
+        out.append("--ignore-eos")
     out += ["--dataset-path", str(dataset), "--num-prompts", str(num_prompts),
             "--model", model, "--served-model-name", contest["server"]["served_model_name"],
             "--host", host, "--port", str(port),
@@ -116,6 +124,7 @@ def _stop_stale_client(manifest: dict) -> None:
 def _datasets(contest: dict, tiers: list[dict], data_dir: str | None, model: str | None, rdir: Path,
               num_prompts: int | None, manifest: dict) -> dict:
     out = {}
+    workload = None
     for t in tiers:
         name = t["name"]
         prev = manifest.get("datasets", {}).get(name)
@@ -127,16 +136,21 @@ def _datasets(contest: dict, tiers: list[dict], data_dir: str | None, model: str
             n = num_prompts or t["num_prompts"] or count_lines(path)
             out[name] = {"kind": "official", "path": str(path.resolve()), "num_prompts": n}
         else:
+            if workload is None:
+                workload = synth.load_workload(contest)
             path = rdir / "datasets" / f"{name}.jsonl"
-            n = num_prompts or t["synthetic_prompts"]
-            if not (prev and path.is_file() and prev.get("num_prompts") == n):
+            pairs = [list(x) for x in synth.stratified(workload["tiers"][name]["requests"], num_prompts)]
+            n = len(pairs)
+            if not (prev and path.is_file() and prev.get("requests") == pairs):
                 if not model:
                     raise ForgeError("no model directory to build the synthetic tier prompts from",
                                      hint="pass --model DIR (the served model), or DATA_DIR with the tier files")
-                with ui.step(f"synthetic dataset {name} ({n} prompts, {t['prompt_tokens'][0]}-{t['prompt_tokens'][1]} tokens)"):
-                    info = synth.build_tier(Path(model), t, n, path)
-                out[name] = {"kind": "synthetic", "path": str(path), "num_prompts": n,
-                             "prompt_tokens": info["prompt_tokens"], "tokenizer": str(model)}
+                with ui.step(f"synthetic dataset {name}: {n} requests of the contest workload (configs/workload.yaml)"):
+                    info = synth.build_workload_tier(Path(model), name, [tuple(x) for x in pairs], path)
+                out[name] = {"kind": "synthetic", "shape": "contest workload (configs/workload.yaml)",
+                             "path": str(path), "num_prompts": n, "requests": pairs,
+                             "input_lens": info["input_lens"], "prompt_tokens": info["prompt_tokens"],
+                             "chat_template": info["chat_template"], "tokenizer": str(model)}
             else:
                 out[name] = prev
         out[name]["sha256"] = sha256_file(Path(out[name]["path"]))
@@ -147,7 +161,8 @@ def _datasets(contest: dict, tiers: list[dict], data_dir: str | None, model: str
 
 
 def run_tier(contest: dict, tier: dict, ds: dict, *, launcher: list[str], model: str, host: str, port: int,
-             rdir: Path, manifest: dict, health_url: str, poll_s: float = 15.0, runner=None) -> str:
+             rdir: Path, manifest: dict, health_url: str, poll_s: float = 15.0, runner=None,
+             ignore_eos: bool = False) -> str:
     """One tier through vLLM's client. `runner(argv, log) -> exit code`, when given, runs the client
     invocation `argv` (from "bench serve" on) itself, e.g. in a long-lived client process."""
     name = tier["name"]
@@ -162,7 +177,8 @@ def run_tier(contest: dict, tier: dict, ds: dict, *, launcher: list[str], model:
         runs.write_json(final, failed_result(contest, name, ds["num_prompts"], f"server not reachable at {health_url}"))
         return "server-down"
     argv = client_args(contest, dataset=Path(ds["path"]), num_prompts=ds["num_prompts"], model=model,
-                       host=host, port=port, result_dir=rdir, result_name=partial.name)
+                       host=host, port=port, result_dir=rdir, result_name=partial.name,
+                       per_request_output=bool(ds.get("requests")), ignore_eos=ignore_eos)
     cmd = launcher + argv
     manifest.setdefault("client_commands", {})[name] = proc.fmt(cmd)
     if runner is not None:
@@ -275,6 +291,11 @@ def _bench_in(args, contest: dict, st: dict | None, host: str, port: int, health
         "scored_port": port == serve.LOCKED_PORT, "model": str(model), "device": runs.device_info(),
         "client": proc.fmt(launcher + ["bench", "serve"]),
     })
+    harness = bool(getattr(args, "harness", False))
+    if manifest.get("harness") is not None and manifest["harness"] != harness:
+        raise ForgeError(f"run {run_id} was started {'with' if manifest['harness'] else 'without'} --harness",
+                         hint="resume it the same way, or start a new run (omit --run-id)")
+    manifest["harness"] = harness
     if "vllm" not in manifest:
         manifest["vllm"] = runs.vllm_provenance(python_of(launcher))
     manifest["datasets"] = _datasets(contest, tiers, data_dir, model, rdir, args.num_prompts, manifest)
@@ -301,7 +322,8 @@ def _bench_in(args, contest: dict, st: dict | None, host: str, port: int, health
             with ui.step(f"tier {name} ({i}/{len(tiers)}): {ds['num_prompts']} {ds['kind']} prompts"):
                 t0 = time.monotonic()
                 status = run_tier(contest, t, ds, launcher=launcher, model=str(model), host=host, port=port,
-                                  rdir=rdir, manifest=manifest, health_url=health, poll_s=args.progress_every)
+                                  rdir=rdir, manifest=manifest, health_url=health, poll_s=args.progress_every,
+                                  ignore_eos=harness)
                 res = runs.read_json(result_path(rdir, name))
                 manifest["tiers"][name] = {"status": status, "seconds": round(time.monotonic() - t0, 1),
                                            "finished": runs.now_iso(), "completed": res.get("completed"),
@@ -333,7 +355,10 @@ def register(sub) -> None:
     p = sub.add_parser("bench-all-tiers", help="run the contest's tiers with `vllm bench serve` against the server",
                        description="For each tier, run vLLM's own benchmark client with the contest's options "
                                    "(configs/contest.yaml client.options) on the official tier file in DATA_DIR, "
-                                   "or on synthetic prompts of the tier's lengths built from the model's tokenizer. "
+                                   "or on the contest's request shape (configs/workload.yaml): one synthetic prompt "
+                                   "per (input_len, output_len) pair of the official DCU run, exactly input_len "
+                                   "tokens of the model's tokenizer, each with its own output length "
+                                   "(--custom-output-len -1; end-of-text honoured unless --harness). "
                                    "Results go to reports/runs/<run-id>/<tier>.json with manifest.json. Rerunning "
                                    "with the same --run-id keeps finished tiers and runs the rest; a tier with "
                                    "failed requests runs again unless --keep-failed. Exits 1 when a tier has "
@@ -343,7 +368,13 @@ def register(sub) -> None:
     p.add_argument("--model", help="model directory for the tokenizer (default: the running server's, or $MODEL)")
     p.add_argument("--data-dir", help="folder with the official tier files (default: $DATA_DIR)")
     p.add_argument("--tiers", help="comma-separated subset of tiers (default: all)")
-    p.add_argument("--num-prompts", type=int, help="prompts per tier (default: from configs/contest.yaml)")
+    p.add_argument("--num-prompts", type=int,
+                   help="prompts per tier (default: every official prompt with DATA_DIR, else every request of "
+                        "configs/workload.yaml; fewer: a subset evenly spaced by output length)")
+    p.add_argument("--harness", action="store_true",
+                   help="the server runs random weights (a GPU machine's harness): end-of-text is ignored so "
+                        "each request produces its output length, and the run is marked harness (scored only "
+                        "against harness runs)")
     p.add_argument("--client", help="command that runs vLLM's CLI (default: $FORGE_BENCH_CLIENT, `vllm`, or "
                                     "this Python's vllm module); `bench serve ...` is appended")
     p.add_argument("--port", type=int, default=None,

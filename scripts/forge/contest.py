@@ -15,8 +15,7 @@ ALLOWED = {"option": Field(str), "note": Field(str), "aliases": Field(list, item
            "values": Field(list, item=str, required=False, default=None),
            "rule": Field(str, required=False, default=None)}
 TIER = {"name": Field(str), "file": Field(str), "prompt_tokens": Field(list, item=int),
-        "weight": Field(float), "num_prompts": Field(int, required=False, default=None),
-        "synthetic_prompts": Field(int)}
+        "weight": Field(float), "num_prompts": Field(int, required=False, default=None)}
 BASELINE = {"source": Field(str), "tok_s": Field(dict, value=float),
             "ttft_p99_ms": Field(dict, value=object), "tpot_p99_ms": Field(float, required=False, default=None),
             "accuracy": Field(dict, value=float, required=False, default={}),
