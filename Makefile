@@ -1,6 +1,6 @@
 # dcu-forge: the front door. Every target calls the tool (scripts/forge); `make help` lists them.
-# Variables: PY (python to run the tool), PROFILE, MODEL, IMAGE, RUN, BASELINE, A, B, DATA_DIR,
-# TOK_S, VLLM_SRC, MAX_JOBS, BASE_IMAGE, E2E_ARGS.
+# Variables: PY (python to run the tool), PROFILE, MODEL, IMAGE, RUN, BASELINE, BASELINE_NAME, A, B,
+# DATA_DIR, TOK_S, FORCE, E2E, REFERENCE, SPEEDUP, TTFT_S, TPOT_MS, VLLM_SRC, MAX_JOBS, BASE_IMAGE, E2E_ARGS.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -17,7 +17,7 @@ WARM_ARCH ?= gfx936
 export VLLM_SRC MAX_JOBS BASE_IMAGE DATA_DIR MODEL IMAGE
 
 .PHONY: help venv fetch tree patches-check patches-refresh patches-lint export wheel image image-rehearsal \
-        pin-base warm-kernels self-check rehearsal kernels-check bench-kernels serve stop bench-all-tiers score compare sweep \
+        pin-base warm-kernels self-check rehearsal kernels-check bench-kernels serve stop bench-all-tiers score predict compare sweep \
         accuracy report gpu-bundle e2e-gpu test clean
 
 help: ## list the targets
@@ -80,8 +80,11 @@ stop: ## stop the server `make serve` started
 bench-all-tiers: ## run the contest's three tiers against the running server
 	@$(FORGE) bench-all-tiers --profile $(PROFILE) $(if $(RUN),--run-id $(RUN))
 
-score: ## contest score of RUN (or TOK_S=a,b,c what-if) against BASELINE
-	@$(FORGE) score $(if $(RUN),--run $(RUN)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(TOK_S),--tok-s $(TOK_S))
+score: ## contest score of RUN (or TOK_S=a,b,c what-if) against BASELINE=<run> or BASELINE_NAME=<set: team, official>; FORCE=1 replaces a recorded score
+	@$(FORGE) score $(if $(RUN),--run $(RUN)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(BASELINE_NAME),--baseline-name $(BASELINE_NAME)) $(if $(TOK_S),--tok-s $(TOK_S)) $(if $(filter 1,$(FORCE)),--force)
+
+predict: ## DCU tok/s + score prediction: E2E=<e2e folder> | RUN=<run> REFERENCE=<run> | SPEEDUP="prefill_attn=10 gemv=1.45" | TTFT_S=a,b,c TPOT_MS=a,b,c [BASELINE_NAME=]
+	@$(FORGE) predict $(if $(E2E),--e2e $(E2E)) $(if $(RUN),--run $(RUN)) $(if $(REFERENCE),--reference $(REFERENCE)) $(foreach s,$(SPEEDUP),--speedup $(s)) $(if $(TTFT_S),--ttft-s $(TTFT_S)) $(if $(TPOT_MS),--tpot-ms $(TPOT_MS)) $(if $(BASELINE_NAME),--baseline-name $(BASELINE_NAME))
 
 compare: ## per-tier deltas of run A vs run B with a noise band
 	@$(FORGE) compare --a $(A) --b $(B)

@@ -107,7 +107,8 @@ def cmd_sweep(args) -> int:
                                                    client=args.client, port=args.port, progress_every=30.0))
             finally:
                 serve.cmd_stop(argparse.Namespace())
-            score.cmd_score(argparse.Namespace(run=run_id, baseline=None, baseline_name=None, tok_s=None))
+            score.cmd_score(argparse.Namespace(run=run_id, baseline=None, baseline_name=None, tok_s=None,
+                                               force=False))
             results.append((prof, run_id, runs.read_json(runs.run_dir(run_id, create=False) / "score.json")))
     print(f"{'profile':<14} {'run':<36} {'score':>6}  tok/s per tier")
     for prof, run_id, s in results:

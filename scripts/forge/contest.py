@@ -15,11 +15,11 @@ ALLOWED = {"option": Field(str), "note": Field(str), "aliases": Field(list, item
            "values": Field(list, item=str, required=False, default=None),
            "rule": Field(str, required=False, default=None)}
 TIER = {"name": Field(str), "file": Field(str), "prompt_tokens": Field(list, item=int),
-        "weight": Field(float), "num_prompts": Field(int, required=False, default=None),
-        "synthetic_prompts": Field(int)}
+        "weight": Field(float), "num_prompts": Field(int, required=False, default=None)}
 BASELINE = {"source": Field(str), "tok_s": Field(dict, value=float),
             "ttft_p99_ms": Field(dict, value=object), "tpot_p99_ms": Field(float, required=False, default=None),
-            "accuracy": Field(dict, value=float, required=False, default={})}
+            "accuracy": Field(dict, value=float, required=False, default={}),
+            "sla_from": Field(str, required=False, default=None)}
 TASK = {"file": Field(str), "metric": Field(str, choices=("qa_f1", "rouge_l", "list_match")),
         "max_tokens": Field(int), "template": Field(str)}
 
@@ -36,6 +36,7 @@ SCHEMA = {
         "floor": Field(float), "gain": Field(float), "rate": Field(float),
         "ttft_p99_max_ratio": Field(float), "tpot_p99_max_ratio": Field(float),
         "min_completion": Field(float),
+        "below_baseline": Field(str),
         "accuracy_factor": Field(list, item={"max_loss": Field(float), "factor": Field(float)}),
         "display_decimals": Field(int),
     }),
@@ -88,8 +89,21 @@ def _cross_check(data: dict, file: str) -> None:
                 raise ForgeError(f"{file}: key 'baselines.sets.{name}.{key}': needs exactly the tiers "
                                  f"{', '.join(names)}" + (f" (unknown: {', '.join(extra)})" if extra else ""))
         for k, v in s["ttft_p99_ms"].items():
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                raise ForgeError(f"{file}: key 'baselines.sets.{name}.ttft_p99_ms.{k}': expected a number or null")
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+                raise ForgeError(f"{file}: key 'baselines.sets.{name}.ttft_p99_ms.{k}': expected a positive number or null")
+        for k, v in s["tok_s"].items():
+            if not (v > 0 and v != float("inf")):
+                raise ForgeError(f"{file}: key 'baselines.sets.{name}.tok_s.{k}': expected a finite positive number, got {v}")
+        if s["tpot_p99_ms"] is not None and not (0 < s["tpot_p99_ms"] < float("inf")):
+            raise ForgeError(f"{file}: key 'baselines.sets.{name}.tpot_p99_ms': expected a finite positive number or null")
+        src = s["sla_from"]
+        if src is not None:
+            if src == name or src not in b["sets"]:
+                raise ForgeError(f"{file}: key 'baselines.sets.{name}.sla_from': {src!r} is not another set",
+                                 hint=f"sets: {', '.join(sorted(b['sets']))}")
+            if b["sets"][src].get("sla_from"):
+                raise ForgeError(f"{file}: key 'baselines.sets.{name}.sla_from': {src!r} takes its own SLA "
+                                 "limits from another set; name that set directly")
     bounds = [a["max_loss"] for a in data["scoring"]["accuracy_factor"]]
     if bounds != sorted(bounds):
         raise ForgeError(f"{file}: key 'scoring.accuracy_factor': max_loss bounds must increase")

@@ -546,16 +546,20 @@ def versions(py: str) -> dict:
         return {"error": r.stderr[-500:]}
 
 
-def harness_contest(contest: dict) -> dict:
+def harness_contest(contest: dict, fixed_output: int | None = None) -> dict:
     """The contest's client options with the harness's two time savers: no warm-up requests and no
-    initial test request (each costs a full 1024-token request per tier; the servers are warmed
-    once, before any tier)."""
+    initial test request (each costs a full request per tier; the servers are warmed once, before
+    any tier). Output lengths: each prompt's own (the contest workload, --custom-output-len -1) or
+    `fixed_output` tokens for every request; end-of-text is ignored either way (random weights)."""
     c = json.loads(json.dumps(contest))
     opts = []
     for o in c["client"]["options"]:
         if o[0] == "--num-warmups":
             o = ["--num-warmups", "0"]
+        elif o[0] == "--custom-output-len":
+            o = ["--custom-output-len", str(fixed_output) if fixed_output else "-1"]
         opts.append(o)
+    opts.append(["--ignore-eos"])
     opts.append(["--ready-check-timeout-sec", "0"])
     c["client"]["options"] = opts
     return c
@@ -570,12 +574,21 @@ def harness_args(h: dict, extra: list[str]) -> list[str]:
 
 
 def build_datasets(run: Run, model: Path, n: int) -> dict[str, list[Path]]:
-    """The same synthetic prompts for every profile: per tier, one file per round (one prompt each)."""
+    """The same synthetic prompts for every profile: per tier, one file per round (one prompt each).
+    By default n requests of the contest workload (configs/workload.yaml; evenly spaced by output
+    length), each with its own output length; with --fixed-output, prompts across the tier's range."""
     ddir = run.out / "datasets"
     per_round: dict[str, list[Path]] = {}
+    fixed = getattr(run.args, "fixed_output", None)
+    workload = None if fixed else synth.load_workload(run.contest)
     for t in run.contest["tiers"]:
         full = ddir / f"{t['name']}.jsonl"
-        info = synth.build_tier(model, t, n, full)
+        if fixed:
+            info = synth.build_tier(model, t, n, full)
+        else:
+            pairs = synth.stratified(workload["tiers"][t["name"]]["requests"], n)
+            info = synth.build_workload_tier(model, t["name"], pairs, full)
+            info["requests"] = [list(x) for x in pairs]
         lines = full.read_text().splitlines()
         per_round[t["name"]] = []
         for r, line in enumerate(lines, 1):
@@ -583,8 +596,10 @@ def build_datasets(run: Run, model: Path, n: int) -> dict[str, list[Path]]:
             p.parent.mkdir(exist_ok=True)
             p.write_text(line + "\n")
             per_round[t["name"]].append(p)
-        run.summary.setdefault("datasets", {})[t["name"]] = {"prompt_tokens": info["prompt_tokens"],
-                                                            "seed": info["seed"]}
+        run.summary.setdefault("datasets", {})[t["name"]] = {
+            "prompt_tokens": info["prompt_tokens"], "seed": info["seed"],
+            "shape": f"{fixed} output tokens per request" if fixed else "contest workload (configs/workload.yaml)",
+            **({"requests": info["requests"]} if not fixed else {})}
     return per_round
 
 
@@ -695,7 +710,7 @@ def round_identity(run: Run, dataset: Path) -> dict:
 def kept_round(run: Run, rdir: Path, tname: str, ident: dict) -> bool:
     """A finished round from an earlier invocation is kept when it was measured (not recorded as
     failed for a missing server) with the same prompts, bundle, server arguments and device."""
-    if not bench.tier_done(rdir, tname):
+    if not bench.tier_done(rdir, tname, keep_failed=True):
         return False
     if runs.read_json(bench.result_path(rdir, tname)).get("forge_synthesized"):
         return False
@@ -729,7 +744,7 @@ def bench_rounds(run: Run, names: list[str], model: Path, datasets: dict[str, li
     """Rounds of (tier, profile) pairs, interleaved; returns {profile: {tier: {round: result file}}}.
     A (round, tier) is started for every profile or for none, so the profiles are compared on the
     same prompts."""
-    contest_h = harness_contest(run.contest)
+    contest_h = harness_contest(run.contest, getattr(run.args, "fixed_output", None))
     tiers = {t["name"]: t for t in run.contest["tiers"]}
     order = [t for t in (run.args.tier_order or DEFAULT_TIER_ORDER) if t in tiers]
     launcher = bench.client_launcher(run.args.client)
@@ -833,7 +848,9 @@ def scores(run: Run, run_dirs: dict[str, Path], ref: str) -> dict:
     for name, d in complete_runs.items():
         loaded = score.load_run(d, run.contest)
         drift = score.output_drift(loaded, base) if name != ref else None
-        out[name], _ = score.write_report(run.contest, d, loaded, base, drift, shown=str(d.relative_to(run.out)))
+        # this run's own folders, re-merged from its rounds on every invocation: their scores are redone
+        out[name], _ = score.write_report(run.contest, d, loaded, base, drift, shown=str(d.relative_to(run.out)),
+                                          force=True)
     return out
 
 
@@ -845,13 +862,13 @@ def fault_check(run: Run, name: str, model: Path, datasets: dict) -> dict:
     health = f"http://{st['host']}:{st['port']}{st['health']}"
     if not serve.health_ok(health):
         raise ForgeError(f"fault check: the {name} server was already down before the check")
-    contest_h = harness_contest(run.contest)
+    contest_h = harness_contest(run.contest, getattr(run.args, "fixed_output", None))
     tiers = run.contest["tiers"]
     rid = f"fault-{name}"
     rdir = runs.run_dir(rid)
     for old in rdir.glob("*.json"):
         old.unlink()
-    man = {"run_id": rid, "profile": name, "fault_check": True}
+    man = {"run_id": rid, "profile": name, "fault_check": True, "harness": True}
     launcher = bench.client_launcher(run.args.client)
     statuses: dict = {}
     server_log = Path(st["log"])
@@ -907,6 +924,60 @@ def fault_check(run: Run, name: str, model: Path, datasets: dict) -> dict:
             "score": verdict, "ok": ok}
 
 
+def tier_ratio_lines(run: Run, names: list[str], ref: str) -> list[str]:
+    """Per tier and profile: mean TTFT and TPOT, the TTFT share of the tier's wall time, the ratios to
+    the reference, and what `forge predict` makes of those ratios on the DCU."""
+    from . import predict
+    tiers = contest_mod.tier_names(run.contest)
+    rows, ratios = [], {}
+    for t in tiers:
+        ref_m = None
+        if bench.result_path(runs.run_dir(ref), t).is_file():
+            try:
+                ref_m = predict.run_means(runs.run_dir(ref), t)
+            except ForgeError:
+                pass
+        for n in names:
+            p = bench.result_path(runs.run_dir(n), t)
+            if not p.is_file():
+                continue
+            try:
+                mt, mp = predict.run_means(runs.run_dir(n), t)
+            except ForgeError:
+                continue
+            r = runs.read_json(p)
+            ok = [i for i, e in enumerate(r.get("errors") or []) if not e]
+            dur = r.get("duration") or 0
+            share = sum(r["ttfts"][i] for i in ok) / dur if dur and r.get("ttfts") else None
+            rt = mt / ref_m[0] if ref_m else None
+            rp = mp / ref_m[1] if ref_m else None
+            if rt and rp:
+                ratios.setdefault(n, {})[t] = (rt, rp)
+            rows.append(f"| {t} | {n} | {mt / 1000:.2f} | {score._fmt(share and 100 * share, '.0f')} % | {mp:.1f} "
+                        f"| {score._fmt(rt, '.3f')} | {score._fmt(rp, '.3f')} |")
+    if not rows:
+        return []
+    L = ["", f"## Per tier: TTFT share of wall time and ratios to {ref}", "",
+         f"| tier | profile | mean TTFT s | TTFT share | mean TPOT ms | TTFT ratio | TPOT ratio |",
+         "|---|---|---|---|---|---|---|", *rows]
+    preds = []
+    try:
+        w = synth.load_workload(run.contest)
+        for n, per in ratios.items():
+            if n == ref or set(per) != set(tiers):
+                continue
+            pred = predict.predict_from_ratios(w, {t: per[t][0] for t in tiers}, {t: per[t][1] for t in tiers})
+            res = predict.score_prediction(run.contest, w, pred, "official")
+            preds.append(f"- {n}: **{res['display']}** against the official baseline ("
+                         + " / ".join(f"{pred[t]['tok_s']:.2f}" for t in tiers) + " tok/s)")
+    except ForgeError as e:
+        preds.append(f"- not computed: {e.message}")
+    if preds:
+        L += ["", "DCU prediction from these ratios (`forge predict --e2e`; assumes the ratios carry over to the "
+                  "DCU, applied to the official upstream run's mean TTFT and TPOT):", "", *preds]
+    return L
+
+
 def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
     s = run.summary
     v = s.get("versions", {})
@@ -936,7 +1007,8 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
         f = log_facts(Path(st["log"])) if st.get("log") else {}
         L.append(f"| {n} | {st.get('ready_s', '—')} | {st.get('warm_s', '—')} | {f.get('attention_block_size', '—')} "
                  f"| {f.get('kv_cache_tokens', '—')} | {len(f.get('error_lines', []))} |")
-    L += ["", "## Tiers (output tok/s, concurrency 1, 1024 output tokens)", "",
+    shape = next((d.get("shape") for d in (s.get("datasets") or {}).values() if d.get("shape")), None)
+    L += ["", f"## Tiers (output tok/s, concurrency 1, {shape or 'prompts as in summary.json datasets'})", "",
           "| tier | " + " | ".join(names) + " | best vs " + ref + " | TTFT P99 ms | TPOT P99 ms | prompts |",
           "|---|" + "---|" * len(names) + "---|---|---|---|"]
     for t in contest_mod.tier_names(run.contest):
@@ -957,6 +1029,7 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
         lift = f"{best[0]} {100 * (best[1] / tok[ref] - 1):+.1f} %" if best and tok.get(ref) else "—"
         L.append(f"| {t} | " + " | ".join(cells) + f" | {lift} | {'; '.join(ttft)} | {'; '.join(tpot)} | "
                  f"{'/'.join(nprompt) or '—'} |")
+    L += tier_ratio_lines(run, names, ref)
     L += ["", "## Proxy score (same-run reference = 60.0)", ""]
     if scored:
         for n, r in scored.items():
@@ -1094,7 +1167,7 @@ def cmd_e2e(args) -> int:
         done = bench_rounds(run, live, model, datasets)
         run_dirs = finish_runs(run, live, done)
         scored = scores(run, run_dirs, ref)
-        run.summary["scores"] = {n: {"display": r["display"], "total": r["total"],
+        run.summary["scores"] = {n: {"display": r["display"], "total": r["total"], "harness": r["harness"],
                                      "tiers": {t: {"tok_s": v["tok_s"], "lift": v["lift"]} for t, v in r["tiers"].items()}}
                                  for n, r in scored.items()}
         run.step("scored", scores={n: r["display"] for n, r in scored.items()})
@@ -1152,7 +1225,12 @@ def register(sub) -> None:
     p.add_argument("--model", help="model directory (default: the bundle's)")
     p.add_argument("--profiles", help="comma-separated profiles (default: harness/gpu/harness.yaml profiles)")
     p.add_argument("--reference", help="the profile scored as 60.0 (default: upstream)")
-    p.add_argument("--num-prompts", type=int, default=2, help="prompts per tier, one per round (default 2)")
+    p.add_argument("--num-prompts", type=int, default=2,
+                   help="prompts per tier, one per round (default 2): requests of the contest workload "
+                        "(configs/workload.yaml) evenly spaced by output length")
+    p.add_argument("--fixed-output", type=int, metavar="N",
+                   help="instead of the contest workload, prompts across each tier's range with N output tokens "
+                        "each (the earlier runs used 1024)")
     p.add_argument("--tier-order", type=lambda s: s.split(","),
                    help="tiers in the order they run; tiers not named are not run (default: "
                         + ",".join(DEFAULT_TIER_ORDER) + ")")

@@ -3,7 +3,13 @@
 Per tier: lift = tok_s / baseline_tok_s - 1; score = weight * (floor + gain * (1 - exp(-rate * lift))),
 zero when the tier's TTFT P99 exceeds ratio x the baseline's, when the pooled TPOT P99 exceeds
 ratio x the baseline's, or when completion is below min_completion. The total is multiplied by the
-accuracy factor when both the run and the baseline have accuracy results."""
+accuracy factor when both the run and the baseline have accuracy results.
+
+A tier below its baseline follows the same formula (not clamped; configs/contest.yaml
+scoring.below_baseline). What-if tok/s must be finite and positive. A recorded score file is never
+replaced without --force. A harness run (random weights on a GPU machine, manifest `harness: true`)
+is labelled as such in every score and is scored only against another harness run, never against a
+baseline measured on the DCU."""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import contest as contest_mod
-from . import runs, ui
+from . import paths, runs, ui
 from .errors import ForgeError
 
 
@@ -43,11 +49,19 @@ def request_tpots_ms(res: dict) -> list[float] | None:
     return out
 
 
+def finite_positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
 def tier_metrics(res: dict, file: str) -> dict:
     for key in ("completed", "failed", "output_throughput"):
         if key not in res:
             raise ForgeError(f"{file}: not a `vllm bench serve` result (no '{key}')",
                              hint="results are written by forge bench-all-tiers")
+    v = res["output_throughput"]
+    if not (finite_positive(v) or v == 0):
+        raise ForgeError(f"{file}: output_throughput is {v!r}, not a finite number >= 0",
+                         hint="the result file is damaged; rerun that tier (forge bench-all-tiers --run-id ...)")
     total = res["completed"] + res["failed"]
     return {
         "tok_s": float(res["output_throughput"]),
@@ -84,33 +98,56 @@ def load_run(run: Path, contest: dict, partial: bool = False) -> dict:
     acc = runs.read_json(run / "accuracy.json") if (run / "accuracy.json").is_file() else None
     man = runs.read_json(run / "manifest.json") if (run / "manifest.json").is_file() else {}
     return {"tiers": tiers, "tpot_p99_pooled_ms": pooled, "accuracy": (acc or {}).get("scores"),
-            "manifest": man, "path": str(run), "missing": missing}
+            "manifest": man, "path": str(run), "missing": missing, "harness": bool(man.get("harness"))}
+
+
+HARNESS_LABEL = "harness run: random weights on a GPU machine, not a DCU score"
 
 
 def baseline_from_config(contest: dict, name: str | None = None) -> dict:
+    """A named baseline set; SLA values it lacks come from its `sla_from` set."""
     sets = contest["baselines"]["sets"]
     name = name or contest["baselines"]["default"]
     if name not in sets:
         raise ForgeError(f"baseline {name!r} is not in configs/contest.yaml baselines.sets",
                          hint=f"sets: {', '.join(sorted(sets))}")
     s = sets[name]
-    return {"label": f"{name} (configs/contest.yaml)", "source": s["source"],
-            "tiers": {t: {"tok_s": s["tok_s"][t], "ttft_p99_ms": s["ttft_p99_ms"][t], "output_lens": None}
-                      for t in contest_mod.tier_names(contest)},
-            "tpot_p99_pooled_ms": s["tpot_p99_ms"], "accuracy": s["accuracy"] or None}
+    sla = sets[s["sla_from"]] if s.get("sla_from") else s
+    tiers = {}
+    for t in contest_mod.tier_names(contest):
+        ttft = s["ttft_p99_ms"][t] if s["ttft_p99_ms"][t] is not None else sla["ttft_p99_ms"][t]
+        tiers[t] = {"tok_s": s["tok_s"][t], "ttft_p99_ms": ttft, "output_lens": None}
+    tpot = s["tpot_p99_ms"] if s["tpot_p99_ms"] is not None else sla["tpot_p99_ms"]
+    source = s["source"] + (f"; SLA limits from set {s['sla_from']!r}" if s.get("sla_from") else "")
+    return {"label": f"{name} (configs/contest.yaml)", "source": source, "tiers": tiers,
+            "tpot_p99_pooled_ms": tpot, "accuracy": s["accuracy"] or None, "harness": False, "dcu": True}
 
 
 def baseline_from_run(run: Path, contest: dict) -> dict:
     r = load_run(run, contest)
-    return {"label": f"run {run.name}", "source": str(run), "tiers": r["tiers"],
-            "tpot_p99_pooled_ms": r["tpot_p99_pooled_ms"], "accuracy": r["accuracy"]}
+    return {"label": f"run {run.name}" + (" (harness)" if r["harness"] else ""), "source": str(run),
+            "tiers": r["tiers"], "tpot_p99_pooled_ms": r["tpot_p99_pooled_ms"], "accuracy": r["accuracy"],
+            "harness": r["harness"], "dcu": None}
+
+
+def check_pairing(run: dict, base: dict, run_label: str) -> None:
+    """A harness run is scored only against a harness baseline, and a real run never against one."""
+    if run.get("harness") and not base.get("harness"):
+        raise ForgeError(f"{run_label} is a harness run (random weights on a GPU machine); its tok/s say nothing "
+                         f"about the DCU, so scoring it against {base['label']} is refused",
+                         hint="score it against the same run's reference profile: --baseline <harness run folder>")
+    if base.get("harness") and not run.get("harness"):
+        raise ForgeError(f"the baseline {base['label']} is a harness run (random weights on a GPU machine); "
+                         f"{run_label} is not", hint="score against a baseline measured like the run")
 
 
 # --- the formula ---------------------------------------------------------------------------------
 
 def tier_score(sc: dict, weight: float, tok_s: float, base_tok_s: float) -> tuple[float, float]:
-    if base_tok_s <= 0:
-        raise ForgeError(f"baseline tok/s must be positive, got {base_tok_s}")
+    if not finite_positive(base_tok_s):
+        raise ForgeError(f"baseline tok/s must be finite and positive, got {base_tok_s}")
+    if not (finite_positive(tok_s) or tok_s == 0):
+        raise ForgeError(f"tok/s must be a finite number >= 0, got {tok_s}")
     lift = tok_s / base_tok_s - 1.0
     return lift, weight * (sc["floor"] + sc["gain"] * (1.0 - math.exp(-sc["rate"] * lift)))
 
@@ -143,7 +180,8 @@ def score(contest: dict, run: dict, base: dict) -> dict:
     tpot_limit = sc["tpot_p99_max_ratio"] * bpooled if bpooled else None
     tpot_ok = None if tpot_limit is None or pooled is None else pooled <= tpot_limit
     if tpot_limit is not None and pooled is None:
-        tpot_ok = False if all(not t["completed"] for t in run["tiers"].values()) else None
+        # a run where no request completed has no TPOT and breaches; a what-if has no counts at all
+        tpot_ok = False if all(t.get("completed") == 0 for t in run["tiers"].values()) else None
     total = 0.0
     for t in contest["tiers"]:
         name = t["name"]
@@ -180,7 +218,10 @@ def score(contest: dict, run: dict, base: dict) -> dict:
     unchecked = [n for n, t in tiers_out.items() if t["ttft_ok"] is None]
     return {"total": final, "total_before_accuracy": total, "display": f"{shown:.{dec}f}",
             "tiers": tiers_out, "tpot_p99_pooled_ms": pooled, "tpot_p99_limit_ms": tpot_limit, "tpot_ok": tpot_ok,
-            "accuracy": acc, "baseline": {"label": base["label"], "source": base.get("source")},
+            "accuracy": acc, "baseline": {"label": base["label"], "source": base.get("source"),
+                                          "harness": bool(base.get("harness"))},
+            "harness": bool(run.get("harness")), "kind": HARNESS_LABEL if run.get("harness") else "run",
+            "below_baseline": sc["below_baseline"],
             "unchecked": {"ttft_tiers": unchecked, "tpot": tpot_ok is None}}
 
 
@@ -211,8 +252,11 @@ def _ok(v: bool | None) -> str:
 
 
 def render_md(res: dict, run_path: str | None, drift: dict | None) -> str:
+    harness = res.get("harness")
     L = ["<!-- Generated by `forge score`; do not edit. -->", "",
-         f"# Contest score: {res['display']}", "",
+         f"# {'Proxy score (harness run)' if harness else 'Contest score'}: {res['display']}", "",
+         *([f"**{HARNESS_LABEL}**: a comparison of profiles within one run, against that run's reference; "
+            "it predicts nothing about the DCU by itself.", ""] if harness else []),
          f"- run: `{run_path or 'what-if'}`", f"- baseline: {res['baseline']['label']} — {res['baseline']['source']}",
          f"- total {res['total']:.3f} = {res['total_before_accuracy']:.3f} × accuracy factor "
          f"{res['accuracy']['factor']:.2f}" + ("" if res["accuracy"]["applied"] else f" ({res['accuracy']['note']})"),
@@ -226,6 +270,7 @@ def render_md(res: dict, run_path: str | None, drift: dict | None) -> str:
                  f"| {'; '.join(t['zeroed_by']) or '—'} |")
     L += ["", f"Pooled TPOT P99: {_fmt(res['tpot_p99_pooled_ms'])} ms, limit {_fmt(res['tpot_p99_limit_ms'])} ms "
               f"({_ok(res['tpot_ok'])})."]
+    L.append(f"A tier below its baseline is {res.get('below_baseline', 'scored by the same formula')}.")
     if res["unchecked"]["ttft_tiers"] or res["unchecked"]["tpot"]:
         L.append("SLA checks marked unchecked lack a baseline value: score against a baseline run "
                  "(`--baseline DIR`) to check them.")
@@ -261,7 +306,7 @@ def chart(res: dict, path: Path) -> bool:
     ax.set_xticks(list(x), names)
     ax.set_ylabel("output tok/s")
     ax.set_title("Throughput per tier")
-    ax.legend(loc="lower center", fontsize="small", framealpha=0.9)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize="small", frameon=False)
     ax = axes[1]
     ax.bar(list(x), [(res["tiers"][n]["ttft_p99_ms"] or 0) / 1000 for n in names], 0.5, label="TTFT P99")
     for i, n in enumerate(names):
@@ -271,7 +316,7 @@ def chart(res: dict, path: Path) -> bool:
     ax.set_xticks(list(x), names)
     ax.set_ylabel("s")
     ax.set_title("TTFT P99 per tier")
-    ax.legend(loc="lower center", fontsize="small", framealpha=0.9)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize="small", frameon=False)
     ax = axes[2]
     ax.bar([0], [res["tpot_p99_pooled_ms"] or 0], 0.5, label="pooled TPOT P99")
     if res["tpot_p99_limit_ms"]:
@@ -279,8 +324,9 @@ def chart(res: dict, path: Path) -> bool:
     ax.set_xticks([0], ["all tiers"])
     ax.set_ylabel("ms")
     ax.set_title("TPOT P99 (pooled)")
-    ax.legend(loc="lower center", fontsize="small", framealpha=0.9)
-    fig.suptitle(f"score {res['display']} vs {res['baseline']['label']}")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize="small", frameon=False)
+    fig.suptitle(f"{'proxy score (harness run)' if res.get('harness') else 'score'} {res['display']} "
+                 f"vs {res['baseline']['label']}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -288,9 +334,20 @@ def chart(res: dict, path: Path) -> bool:
 
 
 def write_report(contest: dict, rpath: Path, run: dict, base: dict, drift: dict | None,
-                 shown: str | None = None) -> tuple[dict, bool]:
+                 shown: str | None = None, force: bool = False) -> tuple[dict, bool]:
     """Score a loaded run and write score.json, score.md and score.png into its folder; returns the
-    result and whether the chart was drawn."""
+    result and whether the chart was drawn. A score already recorded there is replaced only with
+    force=True."""
+    check_pairing(run, base, f"run {rpath.name}")
+    old = rpath / "score.json"
+    if old.is_file() and not force:
+        try:
+            prev = runs.read_json(old)
+            was = f" ({prev.get('display')} against {prev.get('baseline', {}).get('label')})"
+        except (ForgeError, AttributeError):
+            was = ""
+        raise ForgeError(f"{paths.rel(old)}: run {rpath.name} already has a recorded score{was}; not replaced",
+                         hint="pass --force (make score ... FORCE=1) to replace it")
     res = score(contest, run, base)
     res["run"] = str(rpath)
     res["output_drift"] = drift
@@ -302,23 +359,47 @@ def write_report(contest: dict, rpath: Path, run: dict, base: dict, drift: dict 
     return res, chart(res, rpath / "score.png")
 
 
+def parse_tok_s(text: str, names: list[str]) -> list[float]:
+    """What-if tok/s, one finite positive number per tier."""
+    parts = [x.strip() for x in text.split(",")]
+    if len(parts) != len(names):
+        raise ForgeError(f"--tok-s {text!r}: needs {len(names)} values, one per tier ({', '.join(names)})",
+                         hint="e.g. --tok-s 15.97,14.44,11.04 (make score TOK_S=15.97,14.44,11.04)")
+    vals = []
+    for name, x in zip(names, parts):
+        try:
+            v = float(x)
+        except ValueError:
+            raise ForgeError(f"--tok-s: the {name} value {x!r} is not a number")
+        if not finite_positive(v):
+            raise ForgeError(f"--tok-s: the {name} value {x!r} is not a finite positive tok/s",
+                             hint="a tier that served nothing has no what-if; score the run itself (--run)")
+        vals.append(v)
+    return vals
+
+
 def cmd_score(args) -> int:
     contest = contest_mod.load_contest()
     names = contest_mod.tier_names(contest)
+    if args.tok_s and args.run:
+        raise ForgeError("both --run and --tok-s given: score a recorded run or what-if tok/s, not both",
+                         hint="make score RUN=... or make score TOK_S=a,b,c")
+    if args.baseline and args.baseline_name:
+        raise ForgeError("both --baseline (a run) and --baseline-name (a configured set) given; pick one",
+                         hint="make score ... BASELINE=<run> or BASELINE_NAME=<set>")
     if args.tok_s:
-        try:
-            vals = [float(x) for x in args.tok_s.split(",")]
-        except ValueError:
-            raise ForgeError(f"--tok-s {args.tok_s!r}: expected numbers separated by commas")
-        if len(vals) != len(names) or any(v < 0 for v in vals):
-            raise ForgeError(f"--tok-s needs {len(names)} non-negative values, one per tier ({', '.join(names)})")
-        base = baseline_from_config(contest, args.baseline_name)
+        vals = parse_tok_s(args.tok_s, names)
+        base = (baseline_from_run(runs.resolve_run(args.baseline), contest) if args.baseline
+                else baseline_from_config(contest, args.baseline_name))
         run = {"tiers": {n: {"tok_s": v, "completion": 1.0} for n, v in zip(names, vals)}}
         res = score(contest, run, base)
         for n, t in res["tiers"].items():
             print(f"{n:>7}: {t['tok_s']:.2f} tok/s vs {t['baseline_tok_s']:.2f} (lift {100 * t['lift']:+.1f} %) "
                   f"-> {t['contribution']:.2f} / {t['weight']:.0f}")
-        print(f"total {res['display']}  (exact {res['total']:.4f}; throughput only, SLA and accuracy not applied)")
+        if base.get("harness"):
+            ui.warn(f"the baseline is a harness run ({HARNESS_LABEL}); this total compares against it only")
+        print(f"total {res['display']}  (exact {res['total']:.4f}; baseline {base['label']}; "
+              "throughput only, SLA and accuracy not applied)")
         return 0
     if not args.run:
         raise ForgeError("nothing to score", hint="pass --run DIR (make score RUN=...) or --tok-s a,b,c")
@@ -328,10 +409,13 @@ def cmd_score(args) -> int:
     if args.baseline:
         bpath = runs.resolve_run(args.baseline)
         base = baseline_from_run(bpath, contest)
+        check_pairing(run, base, f"run {rpath.name}")
         drift = output_drift(run, base)
     else:
         base = baseline_from_config(contest, args.baseline_name)
-    res, drew = write_report(contest, rpath, run, base, drift)
+    res, drew = write_report(contest, rpath, run, base, drift, force=getattr(args, "force", False))
+    if res["harness"]:
+        ui.warn(f"run {rpath.name}: {HARNESS_LABEL}")
     for n, t in res["tiers"].items():
         flag = f"  ZERO: {'; '.join(t['zeroed_by'])}" if t["zeroed_by"] else ""
         print(f"{n:>7}: {t['tok_s']:.2f} tok/s vs {t['baseline_tok_s']:.2f} -> {t['contribution']:.2f} / "
@@ -339,7 +423,8 @@ def cmd_score(args) -> int:
     if drift and any(d["differ"] for d in drift.values()):
         ui.warn("output lengths differ from the baseline run: " +
                 ", ".join(f"{k} {d['differ']}/{d['compared']}" for k, d in drift.items() if d["differ"]))
-    print(f"total {res['display']}  (exact {res['total']:.4f}; baseline {res['baseline']['label']})")
+    print(f"total {res['display']}{' (harness proxy)' if res['harness'] else ''}  "
+          f"(exact {res['total']:.4f}; baseline {res['baseline']['label']})")
     ui.info(f"wrote {rpath / 'score.json'}, score.md" + (", score.png" if drew else ""))
     return 0
 
@@ -347,9 +432,14 @@ def cmd_score(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("score", help="the contest score of a run (or of what-if tok/s) against a baseline",
                        description="Apply the contest formula (configs/contest.yaml scoring) to a run's tier results. "
-                                   "Writes score.json, score.md and score.png into the run folder.")
+                                   "Writes score.json, score.md and score.png into the run folder; a score already "
+                                   "recorded there is replaced only with --force. A harness run (random weights) "
+                                   "is scored only against a harness baseline run.")
     p.add_argument("--run", help="run folder or run id under reports/runs/")
     p.add_argument("--baseline", help="a baseline run folder (its tok/s, TTFT/TPOT P99, output lengths, accuracy)")
-    p.add_argument("--baseline-name", help="a baseline set from configs/contest.yaml (default: baselines.default)")
-    p.add_argument("--tok-s", help="what-if: comma-separated tok/s per tier, scored against the configured baseline")
+    p.add_argument("--baseline-name", help="a baseline set from configs/contest.yaml (default: baselines.default; "
+                                           "e.g. team, official)")
+    p.add_argument("--tok-s", help="what-if: comma-separated finite positive tok/s per tier, scored against the "
+                                   "baseline (a set, or --baseline RUN's tok/s)")
+    p.add_argument("--force", action="store_true", help="replace a score already recorded in the run folder")
     p.set_defaults(func=cmd_score)

@@ -4,7 +4,8 @@ for the tier named by --dataset-path. The real client is exercised in tests/tree
 
 Environment: REPLAY_FROM (run folder with <tier>.json; REPLAY_FROM_<port> for a server on that
 port), REPLAY_LOG (append one line per call),
-REPLAY_HANG_TIER (sleep up to 60 s on that tier, to be interrupted), REPLAY_FAIL (exit 1, no file)."""
+REPLAY_HANG_TIER (sleep on that tier, REPLAY_HANG_S seconds, default 60, to be interrupted),
+REPLAY_FAIL (exit 1, no file)."""
 
 import json
 import os
@@ -24,7 +25,7 @@ def main(argv):
     with open(os.environ["REPLAY_LOG"], "a") as f:
         f.write(json.dumps({"tier": tier, "argv": argv}) + "\n")
     if os.environ.get("REPLAY_HANG_TIER") == tier:
-        for _ in range(600):
+        for _ in range(int(10 * float(os.environ.get("REPLAY_HANG_S", "60")))):
             time.sleep(0.1)
     if os.environ.get("REPLAY_FAIL"):
         print("replay: failing as told", file=sys.stderr)

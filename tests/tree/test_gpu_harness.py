@@ -158,7 +158,7 @@ def test_e2e_with_the_real_client_and_a_server_killed_mid_tier(tmp_path, client)
     fake = f"{sys.executable} {ROOT / 'tests' / 'support' / 'fakeserver.py'}"
     r = subprocess.run([sys.executable, "-m", "forge", "e2e-gpu", "--bundle", "", "--model", str(model),
                         "--vllm", fake, "--client", client, "--first-port", str(p), "--out", str(tmp_path / "out"),
-                        "--num-prompts", "1", "--fault-delay-s", "1"],
+                        "--num-prompts", "1", "--fault-delay-s", "1", "--fixed-output", "1024"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -178,7 +178,8 @@ def test_e2e_with_the_real_client_and_a_server_killed_mid_tier(tmp_path, client)
     # the fault run's report is the same kind `forge score` writes, failed tiers shown as such
     rec = json.loads((tmp_path / "out" / "runs" / "fault-upstream" / "score.json").read_text())
     assert all(t["contribution"] == 0 for t in rec["tiers"].values()) and "output_drift" in rec
-    assert "# Contest score" in (tmp_path / "out" / "runs" / "fault-upstream" / "score.md").read_text()
+    assert "# Proxy score (harness run)" in (tmp_path / "out" / "runs" / "fault-upstream" / "score.md").read_text()
+    assert rec["harness"] is True
     assert "as intended" in (tmp_path / "out" / "summary.md").read_text()
 
 

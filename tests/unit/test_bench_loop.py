@@ -103,19 +103,85 @@ def test_interrupted_run_resumes_without_redoing_finished_tiers(tmp_path, model)
     assert man["git"]["commit"] and man["profile"] == "test" and man["scored_port"] is False
 
 
-def test_server_gone_becomes_failed_requests(tmp_path, model):
+def test_no_server_is_an_error_naming_the_cause_and_leaves_no_run_folder(tmp_path, model):
     log = tmp_path / "replay.log"
-    env = forge_env(tmp_path, REPLAY_FROM=str(FIXTURE_RUNS / "base"), REPLAY_LOG=str(log), REPLAY_FAIL="1")
+    env = forge_env(tmp_path, REPLAY_FROM=str(FIXTURE_RUNS / "base"), REPLAY_LOG=str(log))
     with fake_server(model) as (port, srv):
         pass  # started and stopped: nothing listens on `port` any more
     r = _run_bench(tmp_path, port, model, env=env)
+    assert r.returncode == 2, r.stderr
+    assert f"no server answers http://127.0.0.1:{port}/health" in r.stderr and "--port" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "runs" / "r1").exists()      # no empty run folder
+    assert not log.exists()                              # no client was started against a dead server
+
+
+def test_server_gone_mid_run_exits_1_and_failed_tiers_run_again_on_resume(tmp_path, model):
+    log = tmp_path / "replay.log"
+    run = tmp_path / "runs" / "r1"
+    env = forge_env(tmp_path, REPLAY_FROM=str(FIXTURE_RUNS / "base"), REPLAY_LOG=str(log),
+                    REPLAY_HANG_TIER="4-8K", REPLAY_HANG_S="3")
+    with fake_server(model) as (port, srv):
+        p = _run_bench(tmp_path, port, model, env=env, wait=False)
+        for _ in range(300):   # bounded: 30 s; the client is in tier 1
+            if log.exists() and "4-8K" in log.read_text():
+                break
+            time.sleep(0.1)
+        srv.terminate()
+        srv.wait(timeout=10)
+        out, err = p.communicate(timeout=60)
+    assert p.returncode == 1, err
+    assert "2 of 3 tier(s) have failed requests" in err and "8-16K: the server stopped answering" in err
+    assert "--run-id r1" in err and "Traceback" not in err
+    for t in ("8-16K", "16-32K"):
+        res = json.loads((run / f"{t}.json").read_text())
+        assert res["completed"] == 0 and res["failed"] == 2
+    first = (run / "4-8K.json").read_bytes()
+    env.pop("REPLAY_HANG_TIER")
+    with fake_server(model, port=port):
+        r = _run_bench(tmp_path, port, model, env=env)
     assert r.returncode == 0, r.stderr
-    for t in ("4-8K", "8-16K", "16-32K"):
-        res = json.loads((tmp_path / "runs" / "r1" / f"{t}.json").read_text())
-        assert res["completed"] == 0 and res["failed"] == 2 and len(res["errors"]) == 2
-    assert not log.exists()           # no client was started against a dead server
-    s = forge(tmp_path, "score", "--run", str(tmp_path / "runs" / "r1"))
-    assert s.returncode == 0 and "total 0.0" in s.stdout
+    assert "tier 4-8K (1/3): already done" in r.stderr
+    assert (run / "4-8K.json").read_bytes() == first
+    for t in ("8-16K", "16-32K"):                       # measured now; the failed results set aside
+        res = json.loads((run / f"{t}.json").read_text())
+        assert res["completed"] > 0 and res["failed"] == 0
+        assert json.loads((run / "failed" / f"{t}.1.json").read_text())["failed"] == 2
+    calls = [json.loads(l)["tier"] for l in log.read_text().splitlines()]
+    assert calls == ["4-8K", "8-16K", "16-32K"]
+    s = forge(tmp_path, "score", "--run", str(run))
+    assert s.returncode == 0 and "ZERO" not in s.stdout
+
+
+def test_keep_failed_keeps_a_failed_tier_on_resume(tmp_path, model):
+    c = contest.load_contest()
+    log = tmp_path / "replay.log"
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    failed = bench.failed_result(c, "8-16K", 2, "server not reachable")
+    (run / "8-16K.json").write_text(json.dumps(failed))
+    env = forge_env(tmp_path, REPLAY_FROM=str(FIXTURE_RUNS / "base"), REPLAY_LOG=str(log))
+    with fake_server(model) as (port, _):
+        r = _run_bench(tmp_path, port, model, "--tiers", "8-16K", "--keep-failed", env=env)
+        assert r.returncode == 0, r.stderr
+        assert "kept with its 2 failed request(s) (--keep-failed)" in r.stderr and not log.exists()
+        r = _run_bench(tmp_path, port, model, "--tiers", "8-16K", env=env)
+    assert r.returncode == 0, r.stderr
+    res = json.loads((run / "8-16K.json").read_text())
+    assert res["completed"] > 0 and res["failed"] == 0
+    assert json.loads((run / "failed" / "8-16K.1.json").read_text()) == failed
+
+
+def test_model_without_tokenizer_names_the_missing_file(tmp_path, model):
+    bare = tmp_path / "bare-model"
+    bare.mkdir()
+    (bare / "config.json").write_text((model / "config.json").read_text())
+    env = forge_env(tmp_path, REPLAY_FROM=str(FIXTURE_RUNS / "base"), REPLAY_LOG=str(tmp_path / "l"))
+    with fake_server(model) as (port, _):
+        r = _run_bench(tmp_path, port, bare, env=env)
+    assert r.returncode == 2
+    assert "tokenizer.json is missing" in r.stderr and "is installed" not in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "runs" / "r1").exists()      # no empty run folder
 
 
 def test_client_failure_with_server_up_is_an_error_and_keeps_nothing_half_done(tmp_path, model):
@@ -147,5 +213,8 @@ def test_official_data_dir_is_used_and_hashed(tmp_path, model):
     man = json.loads((tmp_path / "runs" / "off" / "manifest.json").read_text())
     assert man["datasets"]["8-16K"]["kind"] == "official"
     (data / "16-32K_throughput.jsonl").unlink()
-    r = subprocess.run(cmd[:-2] + ["--run-id", "off2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    with fake_server(model, port=port):
+        r = subprocess.run(cmd[:-2] + ["--run-id", "off2"], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=60)
     assert r.returncode == 2 and "16-32K_throughput.jsonl is missing" in r.stderr
+    assert not (tmp_path / "runs" / "off2").exists()      # no empty run folder

@@ -76,8 +76,12 @@ def test_harness_args_keep_the_contest_client_but_drop_warmups():
     assert opts["--num-warmups"] == "0" and opts["--ready-check-timeout-sec"] == "0"
     orig = dict((o[0], o[1] if len(o) > 1 else None) for o in c["client"]["options"])
     assert orig["--num-warmups"] == "2"                      # the contest's own set is untouched
-    for k in ("--custom-output-len", "--max-concurrency", "--temperature", "--backend", "--endpoint"):
+    for k in ("--max-concurrency", "--temperature", "--backend", "--endpoint"):
         assert opts[k] == orig[k]
+    # the contest workload: each prompt's own output length, run to the end (random weights)
+    assert opts["--custom-output-len"] == "-1" and "--ignore-eos" in opts
+    fixed = dict((o[0], o[1] if len(o) > 1 else None) for o in e2e.harness_contest(c, 1024)["client"]["options"])
+    assert fixed["--custom-output-len"] == "1024" and "--ignore-eos" in fixed
 
 
 # --- merging rounds --------------------------------------------------------------------------------
@@ -184,12 +188,16 @@ def test_e2e_run_scores_every_profile_against_the_same_run_reference(tmp_path):
     assert s["harness"]["server_args"][-3:] == ["--seed", "7", "--enforce-eager"]
     assert s["scores"]["upstream"]["display"] == "60.0"
     assert set(s["scores"]) == {"fast-int8", "upstream"}
-    # fast-int8's proxy score is the score of what its server measured against what upstream's did
-    from forge import score
-    c = contest.load_contest()
-    expect = score.score(c, score.load_run(FIXTURE_RUNS / "fast", c),
-                         score.baseline_from_run(FIXTURE_RUNS / "base", c))
-    assert s["scores"]["fast-int8"]["total"] == pytest.approx(expect["total"], rel=1e-9)
+    # fast-int8's proxy score is the contest formula, written out here, over what its server measured
+    # (the replayed client files of tests/data/runs/fast) against what upstream's did (.../base);
+    # every SLA holds for these files (test_score_formula.test_score_fast_against_base_run)
+    expect = 0.0
+    for t, w in (("4-8K", 20), ("8-16K", 50), ("16-32K", 30)):
+        got, ref = (json.loads((FIXTURE_RUNS / d / f"{t}.json").read_text())["output_throughput"]
+                    for d in ("fast", "base"))
+        expect += w * (0.6 + 0.4 * (1 - math.exp(-1.3 * (got / ref - 1))))
+    assert s["scores"]["fast-int8"]["total"] == pytest.approx(expect, rel=1e-6)
+    assert s["scores"]["fast-int8"]["harness"] is True
     assert s["scores"]["fast-int8"]["display"] != "60.0"
     # the same report as `forge score --run ... --baseline ...`: output-length drift against the reference
     rec = json.loads((out / "runs" / "fast-int8" / "score.json").read_text())
@@ -212,14 +220,21 @@ def test_e2e_run_scores_every_profile_against_the_same_run_reference(tmp_path):
     assert ports == {str(port), str(port + 1)}
     for c in calls:
         a = c["argv"]
-        assert a[a.index("--num-warmups") + 1] == "0" and a[a.index("--custom-output-len") + 1] == "1024"
+        assert a[a.index("--num-warmups") + 1] == "0" and a[a.index("--custom-output-len") + 1] == "-1"
+        assert "--ignore-eos" in a
+        # the contest workload's request: one line with its own output length
+        line = json.loads(Path(a[a.index("--dataset-path") + 1]).read_text())
+        tier = Path(a[a.index("--dataset-path") + 1]).stem
+        assert [line["output_tokens"]] in [[o] for _, o in s["datasets"][tier]["requests"]]
     serve_int8 = json.loads((out / "runs" / "fast-int8" / "serve.json").read_text())
     assert "--kv-cache-dtype" in serve_int8["command"] and serve_int8["scored_port"] is False
     assert serve_int8["harness_args"][:2] == ["--load-format", "dummy"]
     up = json.loads((out / "runs" / "upstream" / "serve.json").read_text())
     assert up["env"]["VLLM_FORGE_DECODE"] == "0" and "--kv-cache-dtype" not in up["command"]
     md = (out / "summary.md").read_text()
-    assert "| 16-32K |" in md and "Proxy score" in md
+    assert "| 16-32K |" in md and "Proxy score" in md and "contest workload" in md
+    assert "TTFT share of wall time and ratios to upstream" in md and "DCU prediction from these ratios" in md
+    assert "| 8-16K | upstream |" in md and "| 1.000 | 1.000 |" in md        # the reference against itself
     # the servers are gone and the pack holds the results without the datasets
     assert not health(port) and not health(port + 1)
     names = tarfile.open(tmp_path / "pack" / "e2e.tgz").getnames()
@@ -544,7 +559,8 @@ def test_make_score_on_a_real_run_folder(tmp_path):
     src = E2E / "2026-11-30-h200-fast-int8" / "runs"
     for name in ("fast-int8", "upstream"):
         shutil.copytree(src / name, tmp_path / name)
-    r = forge(tmp_path, "score", "--run", str(tmp_path / "fast-int8"), "--baseline", str(tmp_path / "upstream"))
+    r = forge(tmp_path, "score", "--run", str(tmp_path / "fast-int8"), "--baseline", str(tmp_path / "upstream"),
+              "--force")          # the copied folder holds its recorded score
     assert r.returncode == 0, r.stderr
     rec = json.loads((src / "fast-int8" / "score.json").read_text())
     res = json.loads((tmp_path / "fast-int8" / "score.json").read_text())

@@ -43,7 +43,146 @@ def test_what_if_prints_the_published_totals(tmp_path, tok, shown):
 
 def test_what_if_rejects_bad_input(tmp_path):
     r = forge(tmp_path, "score", "--tok-s", "1,2")
-    assert r.returncode == 2 and "3 non-negative values" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "needs 3 values" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("tok,bad", [("nan,nan,nan", "nan"), ("inf,10,5", "inf"), ("12,-inf,5", "-inf"),
+                                     ("0,0,0", "0"), ("12,10,-1", "-1"), ("12,x,5", "x")])
+def test_what_if_refuses_non_finite_and_non_positive_tok_s(tmp_path, tok, bad):
+    r = forge(tmp_path, "score", "--tok-s", tok)
+    assert r.returncode == 2, r.stdout
+    assert f"{bad!r}" in r.stderr and "Traceback" not in r.stderr and "total" not in r.stdout
+
+
+def _formula(tok, base, weights=(20, 50, 30)):
+    """The contest formula written out independently of forge.score."""
+    return sum(w * (0.6 + 0.4 * (1 - math.exp(-1.3 * (a / b - 1)))) for a, b, w in zip(tok, base, weights))
+
+
+def test_what_if_against_a_named_set_with_sla_values(tmp_path):
+    # the official set has TTFT/TPOT P99 values: a what-if has none and must not crash on them
+    r = forge(tmp_path, "score", "--tok-s", "15.97,14.44,11.04", "--baseline-name", "official")
+    assert r.returncode == 0, r.stderr
+    expect = _formula([15.97, 14.44, 11.04], [12.21, 8.81, 5.39])        # 82.85...
+    assert r.stdout.strip().splitlines()[-1].split()[1] == f"{math.floor(expect * 10) / 10:.1f}"
+    assert "official" in r.stdout
+
+
+def test_what_if_against_a_baseline_run_uses_its_tok_s(tmp_path):
+    r = forge(tmp_path, "score", "--tok-s", "12,10,6", "--baseline", str(FIXTURE_RUNS / "base"))
+    assert r.returncode == 0, r.stderr
+    base = [json.loads((FIXTURE_RUNS / "base" / f"{t}.json").read_text())["output_throughput"] for t in TIERS]
+    exact = float(r.stdout.split("(exact ")[1].split(";")[0])
+    assert exact == pytest.approx(_formula([12, 10, 6], base), abs=1e-4)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--tok-s", "12,10,6", "--run", "x"], "both --run and --tok-s"),
+    (["--tok-s", "12,10,6", "--baseline", "x", "--baseline-name", "team"], "both --baseline"),
+])
+def test_contradictory_inputs_are_refused(tmp_path, args, msg):
+    r = forge(tmp_path, "score", *args)
+    assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
+
+
+def test_make_score_passes_the_named_baseline_and_force():
+    import subprocess
+    r = subprocess.run(["make", "-n", "score", "TOK_S=1,2,3", "BASELINE_NAME=official", "FORCE=1"],
+                       cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "--baseline-name official" in r.stdout and "--tok-s 1,2,3" in r.stdout and "--force" in r.stdout
+
+
+def test_team_set_takes_its_sla_limits_from_the_official_set(c):
+    team = score.baseline_from_config(c, "team")
+    assert [team["tiers"][t]["tok_s"] for t in TIERS] == [12.95, 10.03, 5.75]
+    assert [team["tiers"][t]["ttft_p99_ms"] for t in TIERS] == [4790.0, 24900.0, 28700.0]
+    assert team["tpot_p99_pooled_ms"] == 71.82
+    res = score.score(c, run_of([12.95, 10.03, 5.75], ttft={"4-8K": 7200.0, "8-16K": 1, "16-32K": 1},
+                                tpot_pooled=70.0), team)
+    assert res["tiers"]["4-8K"]["contribution"] == 0 and res["tiers"]["4-8K"]["ttft_p99_limit_ms"] == 7185.0
+    assert res["total"] == pytest.approx(48.0)
+
+
+def test_below_baseline_follows_the_formula_and_says_so(c, tmp_path):
+    base = score.baseline_from_config(c, "team")
+    res = score.score(c, run_of([12.95 / 2, 10.03, 5.75]), base)
+    # 20 * (0.6 + 0.4 * (1 - e^0.65)) = 4.676..., computed by hand
+    assert res["tiers"]["4-8K"]["contribution"] == pytest.approx(20 * (0.6 + 0.4 * (1 - 1.915540829)), abs=1e-6)
+    assert "not clamped" in c["scoring"]["below_baseline"]
+    assert "not clamped" in score.render_md(res, None, None)
+
+
+@pytest.mark.parametrize("old,new,msg", [
+    ("tok_s: {4-8K: 12.95,", "tok_s: {4-8K: .nan,", "baselines.sets.team.tok_s.4-8K"),
+    ("tok_s: {4-8K: 12.95,", "tok_s: {4-8K: 0,", "baselines.sets.team.tok_s.4-8K"),
+    ("      sla_from: official", "      sla_from: nobody", "sla_from"),
+])
+def test_baseline_sets_are_validated(tmp_path, old, new, msg):
+    from forge.errors import ForgeError
+    text = (Path(__file__).resolve().parents[2] / "configs" / "contest.yaml").read_text()
+    assert old in text
+    bad = tmp_path / "contest.yaml"
+    bad.write_text(text.replace(old, new, 1))
+    with pytest.raises(ForgeError, match=msg):
+        contest.load_contest(str(bad))
+
+
+def test_damaged_result_file_names_the_file(tmp_path):
+    run = tmp_path / "nanrun"
+    shutil.copytree(FIXTURE_RUNS / "fast", run)
+    d = json.loads((run / "8-16K.json").read_text())
+    d["output_throughput"] = float("nan")
+    (run / "8-16K.json").write_text(json.dumps(d))
+    r = forge(tmp_path, "score", "--run", str(run))
+    assert r.returncode == 2 and "8-16K.json" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_recorded_score_is_not_replaced_without_force(tmp_path):
+    run = tmp_path / "fast"
+    shutil.copytree(FIXTURE_RUNS / "fast", run)
+    assert forge(tmp_path, "score", "--run", str(run)).returncode == 0
+    first = (run / "score.json").read_bytes()
+    r = forge(tmp_path, "score", "--run", str(run), "--baseline-name", "official")
+    assert r.returncode == 2 and "already has a recorded score" in r.stderr and "--force" in r.stderr
+    assert (run / "score.json").read_bytes() == first
+    r = forge(tmp_path, "score", "--run", str(run), "--baseline-name", "official", "--force")
+    assert r.returncode == 0, r.stderr
+    assert "official" in json.loads((run / "score.json").read_text())["baseline"]["label"]
+
+
+def _harness_copy(tmp_path, src, name):
+    run = tmp_path / name
+    shutil.copytree(FIXTURE_RUNS / src, run)
+    m = json.loads((run / "manifest.json").read_text())
+    m["harness"] = True
+    (run / "manifest.json").write_text(json.dumps(m))
+    return run
+
+
+def test_a_harness_run_is_never_scored_against_a_dcu_baseline(tmp_path):
+    run = _harness_copy(tmp_path, "fast", "h-fast")
+    for extra in ([], ["--baseline-name", "official"], ["--baseline", str(FIXTURE_RUNS / "base")]):
+        r = forge(tmp_path, "score", "--run", str(run), *extra)
+        assert r.returncode == 2 and "harness run" in r.stderr, (extra, r.stderr)
+        assert not (run / "score.json").exists()
+    # nor a real run against a harness baseline
+    real = tmp_path / "real"
+    shutil.copytree(FIXTURE_RUNS / "fast", real)
+    r = forge(tmp_path, "score", "--run", str(real), "--baseline", str(run))
+    assert r.returncode == 2 and "harness run" in r.stderr
+
+
+def test_a_harness_run_is_labelled_in_every_score(tmp_path):
+    run = _harness_copy(tmp_path, "fast", "h-fast")
+    ref = _harness_copy(tmp_path, "base", "h-base")
+    r = forge(tmp_path, "score", "--run", str(run), "--baseline", str(ref))
+    assert r.returncode == 0, r.stderr
+    assert "harness" in r.stdout.splitlines()[-1]
+    res = json.loads((run / "score.json").read_text())
+    assert res["harness"] is True and res["baseline"]["harness"] is True and "random weights" in res["kind"]
+    md = (run / "score.md").read_text()
+    assert md.splitlines()[2].startswith("# Proxy score (harness run)") and "not a DCU score" in md
 
 
 def test_tier_scores_against_hand_computed_values(c):
@@ -129,7 +268,7 @@ def test_score_fast_against_base_run(tmp_path, c):
     assert md.startswith("<!-- Generated by `forge score`") and res["display"] in md
     assert (run / "score.png").stat().st_size > 1000
     # the base run scored against the fast one breaches nothing but has negative lift
-    back = forge(tmp_path, "score", "--run", str(run), "--baseline", str(run))
+    back = forge(tmp_path, "score", "--run", str(run), "--baseline", str(run), "--force")
     assert back.returncode == 0 and "total 60.0" in back.stdout
 
 
