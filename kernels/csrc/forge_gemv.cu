@@ -392,7 +392,9 @@ inline void run_op(torch::Tensor& out, const torch::Tensor& x, const torch::Tens
   p.w = reinterpret_cast<const uint16_t*>(w.data_ptr());
   p.out = reinterpret_cast<uint16_t*>(out.data_ptr());
   p.M = static_cast<int>(M); p.K = static_cast<int>(K); p.n_out = static_cast<int>(n_out);
-  p.x_stride = x.stride(0); p.out_stride = out.stride(0);
+  // a single row's stride is meaningless (torch may report any value for a size-1 dimension)
+  p.x_stride = M == 1 ? K : x.stride(0);
+  p.out_stride = M == 1 ? n_out : out.stride(0);
   const bool vec = vec_ok(p.x, p.x_stride, p.w, p.K);
   const int rc = launch(p, silu, vec, static_cast<int>(block), static_cast<int>(rows), FORGE_ON_AMD,
                         c10::cuda::getCurrentCUDAStream());

@@ -139,7 +139,11 @@ def test_strided_and_unaligned_x(ext, gen):
     ext.forge_gemv(yu, xu, w)
     out_big = poisoned(4, N + 10)     # strided output rows
     ext.forge_gemv(out_big[:, :N], x, w)
+    x1 = rand((K, 1), gen).t()       # one row whose reported row stride is 1
+    y1 = poisoned(1, N)
+    ext.forge_gemv(y1, x1, w)
     torch.cuda.synchronize()
+    check(y1, ref_gemv(x1, w), "single row, stride(0) = 1", gen)
     check(y, ref_gemv(x, w), "strided x", gen)
     check(yu, ref_gemv(xu, w), "unaligned x", gen)
     check(out_big[:, :N], ref_gemv(x, w), "strided out", gen)
