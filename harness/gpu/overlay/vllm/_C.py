@@ -154,3 +154,52 @@ def _set_triton_allocator() -> None:
 
 
 _set_triton_allocator()
+
+
+# --- the product's decode GEMV (kernels/csrc/forge_gemv.cu), for A/B runs with VLLM_FORGE_GEMV=1 -----
+# A real build has _C.forge_gemv / _C.forge_gemv_silu_mul compiled in. Here the same source is built at
+# start-up with torch.utils.cpp_extension (nvcc on the GPU machine), only when VLLM_FORGE_GEMV=1 asks
+# for the CUDA route; the build is cached in FORGE_GEMV_BUILD_DIR (kernels/bench/bench_gemv.py builds
+# the same extension into the same folder: run it first and the servers load it in seconds).
+# FORGE_GEMV_SOURCE names the source (default: kernels/csrc/forge_gemv.cu under the working directory).
+def _cuda_arch_list() -> str:
+    """The visible GPUs' compute capabilities without initialising CUDA in this process (vLLM forks
+    workers after importing _C)."""
+    import subprocess
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        out = []
+    return ";".join(sorted(set(out))) or "9.0"
+
+
+def _register_forge_gemv() -> None:
+    import os
+    from pathlib import Path
+
+    if os.environ.get("VLLM_FORGE_GEMV", "auto") != "1":
+        return
+    src = Path(os.environ.get("FORGE_GEMV_SOURCE") or Path.cwd() / "kernels" / "csrc" / "forge_gemv.cu")
+    if not src.is_file():
+        raise RuntimeError(f"VLLM_FORGE_GEMV=1: the GEMV source {src} does not exist; set FORGE_GEMV_SOURCE "
+                           "to kernels/csrc/forge_gemv.cu of the checkout (or VLLM_FORGE_GEMV=0)")
+    build = Path(os.environ.get("FORGE_GEMV_BUILD_DIR") or Path.cwd() / "build" / "forge-gemv-ext")
+    build.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", _cuda_arch_list())
+    import torch.utils.cpp_extension as ce
+    ext = ce.load(name="forge_gemv_ext", sources=[str(src)], build_directory=str(build),
+                  extra_cflags=["-O3"], extra_cuda_cflags=["-O3"], verbose=False)
+
+    def gemv(out, x, w, block=0, rows=0):  # defaults: torch drops trailing default arguments
+        ext.forge_gemv(out, x, w, block, rows)
+
+    def gemv_silu_mul(out, x, w, block=0, rows=0):
+        ext.forge_gemv_silu_mul(out, x, w, block, rows)
+
+    _op("forge_gemv(Tensor! out, Tensor x, Tensor w, int block=0, int rows=0) -> ()", gemv, "CUDA")
+    _op("forge_gemv_silu_mul(Tensor! out, Tensor x, Tensor w, int block=0, int rows=0) -> ()",
+        gemv_silu_mul, "CUDA")
+
+
+_register_forge_gemv()

@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""Decode GEMV benchmark on a GPU machine: kernels/csrc/forge_gemv.cu against torch.nn.functional.linear
+(cuBLAS / hipBLASLt) at the Qwen3.5-27B decode shapes, M = 1, 2, 4, and the fused gate_up + SiLU-and-mul
+against GEMV + separate activation.
+
+    python3 kernels/bench/bench_gemv.py --out DIR [--quick]
+
+Builds the extension (kernels/bench/gemv_ext.py), checks every shape against a float64 reference first
+(stops on a mismatch), measures the device-to-device copy bandwidth, then times each case with CUDA
+graphs: one graph holds many launches that rotate over enough weight copies to exceed the L2 cache (the
+weights come from memory, as in decode), replayed several times; the median replay / launches is the
+time per call. Reports µs, achieved TB/s (bytes: W + x + y) and the fraction of the copy bandwidth.
+Writes DIR/bench_gemv.json (with provenance) and DIR/bench_gemv.md; prints the table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+SHAPES = [  # (name, N, K)
+    ("qkv_gate", 14336, 5120), ("o_proj", 5120, 6144), ("in_proj_qkvz", 16384, 5120),
+    ("in_proj_ba", 96, 5120), ("out_proj", 5120, 6144), ("gate_up", 34816, 5120),
+    ("down", 5120, 17408), ("lm_head", 248320, 5120),
+]
+MS = (1, 2, 4)
+L2_BYTES = 60 * 2**20          # H200: 60 MB (rotate past 3x that)
+MEM_CAP = 40 * 2**30           # total weight copies per shape
+# (block, rows) variants timed besides the built-in choice (0, 0)
+VARIANTS_CUDA = [(128, 4), (256, 2), (256, 4), (256, 8), (512, 4), (640, 4)]
+VARIANTS_AMD = [(640, 2), (640, 4), (256, 4), (512, 2), (128, 4), (768, 2)]
+FUSED_VARIANTS = [(128, 2), (256, 2), (256, 4), (640, 2)]
+
+
+def sh(cmd: list[str]) -> str | None:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=HERE).stdout.strip() or None
+    except Exception:  # noqa: BLE001 - provenance is best effort
+        return None
+
+
+def provenance(torch, build_s: float) -> dict:
+    try:
+        import triton
+        triton_v = triton.__version__
+    except ImportError:
+        triton_v = None
+    nvcc = sh(["nvcc", "--version"])
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "git_commit": sh(["git", "rev-parse", "HEAD"]),
+        "git_dirty": bool(sh(["git", "status", "--porcelain", "--untracked-files=no"])),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__, "triton": triton_v, "cuda": torch.version.cuda, "hip": torch.version.hip,
+        "nvcc": nvcc.splitlines()[-1] if nvcc else None,
+        "python": platform.python_version(), "extension_build_s": round(build_s, 1),
+    }
+
+
+class Timer:
+    def __init__(self, torch, reps: int, target_ms: float):
+        self.torch, self.reps, self.target_ms = torch, reps, target_ms
+
+    def launches(self, est_us: float, ncopies: int) -> int:
+        n = math.ceil(self.target_ms * 1000 / max(est_us, 1.0))
+        return max(min(max(n, 10), 400), min(ncopies, 400))
+
+    def per_call_us(self, fn, n_launch: int) -> float:
+        """fn(i) issues call i (i selects the weight copy). Median over replays of one graph of
+        n_launch calls, divided by n_launch."""
+        torch = self.torch
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for i in range(3):
+                fn(i)
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(n_launch):
+                fn(i)
+        g.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(self.reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1000 / n_launch)
+        del g
+        return statistics.median(times)
+
+
+def copy_bandwidth(torch, timer: Timer) -> dict:
+    nbytes = 1 << 30
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    us = timer.per_call_us(lambda i: dst.copy_(src), 10)
+    del src, dst
+    return {"bytes": nbytes, "us": us, "tbps_read_write": 2 * nbytes / us / 1e6}
+
+
+def silu_and_mul_fn(torch, F):
+    """The separate activation as vLLM runs it (one kernel: _C.silu_and_mul); a Triton kernel here, or
+    torch eager (two kernels) where Triton is missing. Returns (fn(gate_up, out), label)."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        def eager(gu, out):
+            i = out.shape[1]
+            torch.mul(F.silu(gu[:, :i]), gu[:, i:], out=out)
+        return eager, "silu*mul (torch eager, 2 kernels)"
+
+    @triton.jit
+    def _silu_mul(gu_ptr, out_ptr, I, s_gu, s_out, BLOCK: tl.constexpr):
+        m = tl.program_id(1)
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < I
+        g = tl.load(gu_ptr + m * s_gu + offs, mask=mask).to(tl.float32)
+        u = tl.load(gu_ptr + m * s_gu + I + offs, mask=mask).to(tl.float32)
+        tl.store(out_ptr + m * s_out + offs, (g / (1.0 + tl.exp(-g)) * u).to(tl.bfloat16), mask=mask)
+
+    def fused_act(gu, out):
+        i = out.shape[1]
+        _silu_mul[(triton.cdiv(i, 1024), out.shape[0])](gu, out, i, gu.stride(0), out.stride(0), BLOCK=1024)
+    return fused_act, "silu_and_mul (1 Triton kernel)"
+
+
+def check_correct(torch, F, ext, shapes, ms) -> list[dict]:
+    """Every shape and M against float64 (tolerance as tests/kernels/test_forge_gemv.py)."""
+    out = []
+    g = torch.Generator(device="cuda").manual_seed(1234)
+
+    def ref(x, w):
+        xd = x.double()
+        return torch.cat([xd @ w[i:i + 32768].double().T for i in range(0, w.shape[0], 32768)], dim=1)
+
+    def err(y, r):
+        floor = 1e-2 * r.pow(2).mean().sqrt().item()
+        if torch.isnan(y).any():
+            return float("inf")
+        return ((y.double() - r).abs() / r.abs().clamp_min(floor)).max().item()
+
+    for name, N, K in shapes:
+        w = (torch.randn(N, K, device="cuda", generator=g) * K ** -0.5).bfloat16()
+        for M in ms:
+            x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+            y = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            ext.forge_gemv(y, x, w)
+            r = ref(x, w)
+            rec = {"shape": name, "M": M, "max_rel_err": err(y, r)}
+            if name == "gate_up":
+                ys = torch.full((M, N // 2), float("nan"), device="cuda", dtype=torch.bfloat16)
+                ext.forge_gemv_silu_mul(ys, x, w)
+                rec["fused_max_rel_err"] = err(ys, F.silu(r[:, : N // 2]) * r[:, N // 2:])
+                act, _ = silu_and_mul_fn(torch, F)   # the separate activation timed against the fused kernel
+                ya = torch.full((M, N // 2), float("nan"), device="cuda", dtype=torch.bfloat16)
+                act(y, ya)
+                yd = y.double()
+                rec["act_max_rel_err"] = err(ya, F.silu(yd[:, : N // 2]) * yd[:, N // 2:])
+            out.append(rec)
+        del w
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="folder for bench_gemv.json and bench_gemv.md")
+    ap.add_argument("--quick", action="store_true", help="smoke test: two shapes, M = 1, fewer repetitions")
+    ap.add_argument("--verbose-build", action="store_true")
+    args = ap.parse_args()
+
+    import torch
+    import torch.nn.functional as F
+    if not torch.cuda.is_available():
+        print("bench_gemv: no CUDA/ROCm device visible; run this on a GPU machine", file=sys.stderr)
+        return 2
+    import gemv_ext
+
+    t_start = time.time()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ext, build_s = gemv_ext.load(verbose=args.verbose_build)
+    print(f"extension built/loaded in {build_s:.1f} s", flush=True)
+    on_amd = torch.version.hip is not None
+    shapes = [s for s in SHAPES if s[0] in ("o_proj", "in_proj_ba", "gate_up")] if args.quick else SHAPES
+    ms = (1,) if args.quick else MS
+    variants = [(0, 0)] + ([] if args.quick else (VARIANTS_AMD if on_amd else VARIANTS_CUDA))
+    fused_variants = [(0, 0)] + ([] if args.quick else FUSED_VARIANTS)
+    timer = Timer(torch, reps=5 if args.quick else 9, target_ms=1.0 if args.quick else 2.0)
+
+    result = {"provenance": provenance(torch, build_s), "quick": args.quick}
+    correct = check_correct(torch, F, ext, shapes, ms)
+    result["correctness"] = correct
+    bad = [c for c in correct if max(c["max_rel_err"], c.get("fused_max_rel_err", 0), c.get("act_max_rel_err", 0)) > 1e-2]
+    if bad:
+        (out_dir / "bench_gemv.json").write_text(json.dumps(result, indent=1) + "\n")
+        print("bench_gemv: results differ from the float64 reference (rel err > 1e-2):", file=sys.stderr)
+        for c in bad:
+            print(f"  {c}", file=sys.stderr)
+        return 1
+    print(f"correct at {len(correct)} (shape, M) cases (max rel err "
+          f"{max(c['max_rel_err'] for c in correct):.2e})", flush=True)
+
+    copy = copy_bandwidth(torch, timer)
+    result["copy"] = copy
+    bw = copy["tbps_read_write"]
+    print(f"device-to-device copy: {bw:.2f} TB/s (read + write)", flush=True)
+
+    rows = []
+    fused_rows = []
+    for name, N, K in shapes:
+        wbytes = N * K * 2
+        ncopies = max(2, min(math.ceil(3 * L2_BYTES / wbytes), MEM_CAP // wbytes))
+        ws = [torch.randn(N, K, device="cuda").bfloat16() for _ in range(1)]
+        ws += [torch.empty_like(ws[0]).copy_(ws[0]) for _ in range(ncopies - 1)]
+        for M in ms:
+            x = torch.randn(M, K, device="cuda").bfloat16()
+            y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+            nbytes = wbytes + M * K * 2 + M * N * 2
+            n_launch = timer.launches(nbytes / (bw * 1e6) * 1.2, ncopies)
+
+            def rec(impl, us, **kw):
+                r = {"shape": name, "N": N, "K": K, "M": M, "impl": impl, "us": round(us, 2),
+                     "tbps": round(nbytes / us / 1e6, 3), "frac_copy": round(nbytes / us / 1e6 / bw, 3),
+                     "bytes": nbytes, "weight_copies": ncopies, "launches_per_graph": n_launch, **kw}
+                rows.append(r)
+                return r
+
+            rec("F.linear", timer.per_call_us(lambda i: F.linear(x, ws[i % ncopies]), n_launch))
+            for block, nrows in variants:
+                try:
+                    us = timer.per_call_us(lambda i: ext.forge_gemv(y, x, ws[i % ncopies], block, nrows), n_launch)
+                except RuntimeError as e:
+                    if "is not built" in str(e):
+                        continue
+                    raise
+                rec("forge_gemv" if block == 0 else f"forge_gemv b{block} r{nrows}", us, block=block, rows=nrows)
+
+            if name == "gate_up":
+                I = N // 2
+                ys = torch.empty(M, I, device="cuda", dtype=torch.bfloat16)
+                fbytes = wbytes + M * K * 2 + M * I * 2
+
+                def frec(impl, us):
+                    fused_rows.append({"M": M, "impl": impl, "us": round(us, 2),
+                                       "tbps": round(fbytes / us / 1e6, 3),
+                                       "frac_copy": round(fbytes / us / 1e6 / bw, 3)})
+
+                act, act_label = silu_and_mul_fn(torch, F)
+                act_out = torch.empty(M, I, device="cuda", dtype=torch.bfloat16)
+
+                def lin_act(i):
+                    act(F.linear(x, ws[i % ncopies]), act_out)
+
+                def gemv_act(i):
+                    ext.forge_gemv(y, x, ws[i % ncopies])
+                    act(y, act_out)
+
+                frec(f"F.linear + {act_label}", timer.per_call_us(lin_act, n_launch))
+                frec(f"forge_gemv + {act_label}", timer.per_call_us(gemv_act, n_launch))
+                for block, nrows in fused_variants:
+                    try:
+                        us = timer.per_call_us(
+                            lambda i: ext.forge_gemv_silu_mul(ys, x, ws[i % ncopies], block, nrows), n_launch)
+                    except RuntimeError as e:
+                        if "is not built" in str(e):
+                            continue
+                        raise
+                    frec("forge_gemv_silu_mul" if block == 0 else f"forge_gemv_silu_mul b{block} r{nrows}", us)
+            print(f"  {name} M={M}: done", flush=True)
+        del ws
+        torch.cuda.empty_cache()
+
+    result["rows"] = rows
+    result["fused_gate_up"] = fused_rows
+    result["wall_s"] = round(time.time() - t_start, 1)
+
+    # summary: per (shape, M) the cuBLAS row, our default and our best variant
+    lines = [f"# Decode GEMV benchmark ({result['provenance']['device']})", "",
+             f"{result['provenance']['date']}, commit `{(result['provenance']['git_commit'] or '?')[:12]}`"
+             f"{' (dirty)' if result['provenance']['git_dirty'] else ''}, torch {torch.__version__}, "
+             f"CUDA {torch.version.cuda}, command `{result['provenance']['command']}`", "",
+             f"Copy bandwidth (device to device, read + write): {bw:.2f} TB/s. Times: CUDA graphs, "
+             "weights rotated past the L2, median of replays.", "",
+             "| shape | N x K | M | F.linear µs | TB/s | % copy | forge_gemv µs | TB/s | % copy | best variant | µs | "
+             "best / F.linear |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    summary = []
+    for name, N, K in shapes:
+        for M in ms:
+            rs = [r for r in rows if r["shape"] == name and r["M"] == M]
+            lin = next(r for r in rs if r["impl"] == "F.linear")
+            ours = [r for r in rs if r["impl"].startswith("forge_gemv")]
+            dflt = next(r for r in ours if r["impl"] == "forge_gemv")
+            best = min(ours, key=lambda r: r["us"])
+            summary.append({"shape": name, "M": M, "linear_us": lin["us"], "default_us": dflt["us"],
+                            "best_impl": best["impl"], "best_us": best["us"],
+                            "default_vs_linear": round(dflt["us"] / lin["us"], 3),
+                            "best_vs_linear": round(best["us"] / lin["us"], 3)})
+            lines.append(f"| {name} | {N}x{K} | {M} | {lin['us']:.1f} | {lin['tbps']:.2f} | {100 * lin['frac_copy']:.0f} | "
+                         f"{dflt['us']:.1f} | {dflt['tbps']:.2f} | {100 * dflt['frac_copy']:.0f} | {best['impl']} | "
+                         f"{best['us']:.1f} | {best['us'] / lin['us']:.3f} |")
+    result["summary"] = summary
+    if fused_rows:
+        lines += ["", "Fused gate_up (34816 x 5120) + SiLU-and-mul, output (M, 17408):", "",
+                  "| M | impl | µs | TB/s | % copy |", "|---|---|---|---|---|"]
+        for r in fused_rows:
+            lines.append(f"| {r['M']} | {r['impl']} | {r['us']:.1f} | {r['tbps']:.2f} | {100 * r['frac_copy']:.0f} |")
+    lines += ["", f"Wall time {result['wall_s']} s (extension build {build_s:.0f} s)."]
+    (out_dir / "bench_gemv.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out_dir / "bench_gemv.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""The forge decode GEMV in the patched tree: built into _C (CMake list, bindings, wrappers) and routed by
+VLLM_FORGE_GEMV (patches "build: compile the decode GEMV into vllm._C ..." and "gemv: VLLM_FORGE_GEMV ...").
+
+No GPU here: the _C ops are registered on the CPU under their real names with the schemas taken from the
+patched torch_bindings.cpp, computing in float64, and every call is recorded; the ROCm platform is
+mocked through a stand-in amdsmi reporting gfx936, the CUDA platform by replacing current_platform."""
+
+import json
+import re
+import textwrap
+
+import pytest
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def schemas(tree) -> dict:
+    binds = (tree / "csrc" / "torch_bindings.cpp").read_text()
+    out = {}
+    for name in ("forge_gemv", "forge_gemv_silu_mul"):
+        m = re.search(r'ops\.def\(\s*((?:"[^"]*"\s*)+)\);\s*ops\.impl\("' + name + r'", torch::kCUDA, &' + name
+                      + r'\);', binds)
+        assert m, f"{name} is not defined and implemented in csrc/torch_bindings.cpp"
+        out[name] = "".join(re.findall(r'"([^"]*)"', m.group(1)))
+    return out
+
+
+def test_build_carries_the_kernel(patched_tree):
+    cmake = (patched_tree / "CMakeLists.txt").read_text()
+    assert '"csrc/forge/forge_gemv.cu"' in cmake and "FORGE_IN_VLLM=1" in cmake
+    assert (patched_tree / "csrc" / "forge" / "forge_gemv.cu").read_bytes() == \
+        (ROOT / "kernels" / "csrc" / "forge_gemv.cu").read_bytes()
+    s = schemas(patched_tree)
+    assert s["forge_gemv"] == "forge_gemv(Tensor! out, Tensor x, Tensor w, int block=0, int rows=0) -> ()"
+    ops_h = (patched_tree / "csrc" / "ops.h").read_text()
+    for name in ("forge_gemv", "forge_gemv_silu_mul"):
+        assert re.search(r"void " + name + r"\(torch::Tensor& out, const torch::Tensor& x,\s*const torch::Tensor& w, "
+                         r"int64_t block, int64_t rows\);", ops_h), name
+    src = (ROOT / "kernels" / "csrc" / "forge_gemv.cu").read_text()
+    for name in ("forge_gemv", "forge_gemv_silu_mul"):
+        assert re.search(r"void " + name + r"\(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& w, "
+                         r"int64_t block,\s*int64_t rows\)", src), name
+
+
+PRELUDE = textwrap.dedent(
+    """
+    import json, os, sys, types, torch
+    import torch.nn.functional as F
+    SCHEMAS = json.loads(os.environ["FORGE_TEST_SCHEMAS"])
+    calls = []
+    lib = torch.library.Library("_C", "FRAGMENT")
+    def gemv(out, x, w, block=0, rows=0):
+        calls.append(("forge_gemv", tuple(x.shape), tuple(w.shape)))
+        out.copy_((x.double() @ w.double().T).to(out.dtype))
+    def gemv_silu(out, x, w, block=0, rows=0):
+        calls.append(("forge_gemv_silu_mul", tuple(x.shape), tuple(w.shape)))
+        y = x.double() @ w.double().T
+        i = w.shape[0] // 2
+        out.copy_((F.silu(y[:, :i]) * y[:, i:]).to(out.dtype))
+    def silu_and_mul(out, x):
+        calls.append(("silu_and_mul",))
+        d = x.shape[-1] // 2
+        out.copy_(F.silu(x[..., :d]) * x[..., d:])
+    for name, fn in (("forge_gemv", gemv), ("forge_gemv_silu_mul", gemv_silu)):
+        lib.define(SCHEMAS[name])
+        lib.impl(name, fn, "CPU")
+    lib.define("silu_and_mul(Tensor! result, Tensor input) -> ()")
+    lib.impl("silu_and_mul", silu_and_mul, "CPU")
+    """
+)
+
+ROCM = PRELUDE + textwrap.dedent(
+    """
+    fake = types.ModuleType("amdsmi")
+    fake.AmdSmiException = Exception
+    fake.amdsmi_init = fake.amdsmi_shut_down = lambda: None
+    fake.amdsmi_get_processor_handles = lambda: [object()]
+    fake.amdsmi_get_gpu_asic_info = lambda h: {"target_graphics_version": "gfx936"}
+    fake.amdsmi_topo_get_link_type = lambda a, b: {}
+    sys.modules["amdsmi"] = fake
+    import vllm._custom_ops as ops
+    import vllm.model_executor.layers.utils as U
+    class RocmStub:
+        is_rocm = staticmethod(lambda: True)
+        is_cuda = is_cpu = staticmethod(lambda: False)
+    U.current_platform = RocmStub()
+    def rec(name):
+        def f(w, x, *a, **k):
+            calls.append((name,))
+            return (x.double() @ w.double().T).to(x.dtype)
+        return f
+    ops.wvSplitK = rec("wvSplitK")
+    ops.LLMM1 = rec("LLMM1")
+    U.num_compute_units = lambda: 80
+    out = {"enabled": U.forge_gemv_enabled()}
+    def first(x, w, bias=None):
+        del calls[:]
+        y = U.rocm_unquantized_gemm_impl(x, w, bias)
+        ref = x.double() @ w.double().T
+        assert (y.double() - ref).abs().max() <= 1e-2 * ref.abs().max() + 1e-3, "wrong result"
+        assert y.shape == (*x.shape[:-1], w.shape[0])
+        return calls[0][0] if calls else "F.linear"
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    w = torch.randn(96, 5120, generator=g).bfloat16()          # in_proj_ba: in the table
+    other = torch.randn(256, 512, generator=g).bfloat16()      # not in the table
+    route = {}
+    for M in (1, 2, 3, 4, 5):
+        route[f"ba M={M}"] = first(torch.randn(M, 5120, generator=g).bfloat16(), w)
+    route["ba 3d (1,2,K)"] = first(torch.randn(1, 2, 5120, generator=g).bfloat16(), w)
+    route["ba fp16"] = first(torch.randn(1, 5120, generator=g).half(), w.half())
+    route["ba bias"] = first(torch.randn(1, 5120, generator=g).bfloat16(), w, torch.zeros(96).bfloat16())
+    route["other M=1"] = first(torch.randn(1, 512, generator=g).bfloat16(), other)
+    out["route"] = route
+    # fused gate_up + SiLU-and-mul: kernel at 1-4 rows of a table shape, else GEMM + silu_and_mul
+    wgu = torch.randn(2 * 64, 256, generator=g).bfloat16()
+    fused = {}
+    for M in (1, 4, 5):
+        del calls[:]
+        x = torch.randn(M, 256, generator=g).bfloat16()
+        y = U.forge_gate_up_silu_mul_impl(x, wgu)
+        r = x.double() @ wgu.double().T
+        ref = F.silu(r[:, :64]) * r[:, 64:]
+        fused[M] = {"calls": [c[0] for c in calls],
+                    "err": ((y.double() - ref).abs().max() / ref.abs().max()).item()}
+    out["fused"] = fused
+    # the Qwen3.5 / Qwen2-MoE MLP forward takes the fused op
+    from torch import nn
+    from vllm.model_executor.layers.linear import MergedColumnParallelLinear
+    from vllm.model_executor.models.qwen2_moe import Qwen2MoeMLP
+    # the mocked ROCm platform registered vLLM's custom ops for the GPU key; run them on the CPU here
+    vlib = torch.library.Library("vllm", "FRAGMENT")
+    vlib.impl("forge_gate_up_silu_mul", U.forge_gate_up_silu_mul_impl, "CPU")
+    gu = MergedColumnParallelLinear.__new__(MergedColumnParallelLinear)
+    nn.Module.__init__(gu)
+    gu.weight = nn.Parameter(wgu, requires_grad=False)
+    mlp = types.SimpleNamespace(forge_fused=True, gate_up_proj=gu, act_fn=None,
+                                down_proj=lambda t: (t, None), expert_gate=None)
+    del calls[:]
+    x = torch.randn(2, 256, generator=g).bfloat16()
+    y = Qwen2MoeMLP.forward(mlp, x)
+    r = x.double() @ wgu.double().T
+    ref = F.silu(r[:, :64]) * r[:, 64:]
+    out["mlp"] = {"calls": [c[0] for c in calls], "err": ((y.double() - ref).abs().max() / ref.abs().max()).item()}
+    print("RESULT" + json.dumps(out))
+    """
+)
+
+CUDA = PRELUDE + textwrap.dedent(
+    """
+    import vllm.model_executor.layers.utils as U
+    class CudaStub:
+        is_cuda = staticmethod(lambda: True)
+        is_rocm = is_cpu = staticmethod(lambda: False)
+    U.current_platform = CudaStub()
+    fn = U.dispatch_unquantized_gemm()
+    out = {"dispatch": fn.__name__}
+    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    w = torch.randn(96, 5120, generator=g).bfloat16()
+    res = {}
+    for M in (1, 4, 8):
+        del calls[:]
+        x = torch.randn(M, 5120, generator=g).bfloat16()
+        y = fn(None, x, w, None)
+        ref = x.double() @ w.double().T
+        res[M] = {"calls": [c[0] for c in calls],
+                  "ok": bool((y.double() - ref).abs().max() <= 1e-2 * ref.abs().max())}
+    out["calls"] = res
+    print("RESULT" + json.dumps(out))
+    """
+)
+
+
+def run(run_in_vllm, patched_tree, code, **env):
+    full = {"FORGE_TEST_SCHEMAS": json.dumps(schemas(patched_tree)), **env}
+    res = run_in_vllm(code, env=full)
+    line = next(l for l in res.stdout.splitlines() if l.startswith("RESULT"))
+    return json.loads(line[len("RESULT"):])
+
+
+def test_rocm_routes_table_shapes_to_the_gemv(run_in_vllm, patched_tree):
+    r = run(run_in_vllm, patched_tree, ROCM, VLLM_FORGE_GEMV_SHAPES="96x5120, 128x256")
+    assert r["enabled"] is True
+    assert r["route"] == {
+        "ba M=1": "forge_gemv", "ba M=2": "forge_gemv", "ba M=3": "forge_gemv", "ba M=4": "forge_gemv",
+        "ba M=5": "F.linear",             # 5 rows: neither the GEMV nor the skinny kernels
+        "ba 3d (1,2,K)": "forge_gemv",    # leading dims flattened: 2 rows
+        "ba fp16": "wvSplitK", "ba bias": "wvSplitK",
+        "other M=1": "wvSplitK",          # not in the table: the skinny route (gfx936)
+    }, r["route"]
+    f = r["fused"]
+    assert f["1"]["calls"] == ["forge_gemv_silu_mul"] and f["4"]["calls"] == ["forge_gemv_silu_mul"]
+    assert f["5"]["calls"] == ["silu_and_mul"]    # 5 rows: F.linear, then the separate activation
+    assert all(v["err"] < 1e-2 for v in f.values()), f
+    assert r["mlp"]["calls"] == ["forge_gemv_silu_mul"] and r["mlp"]["err"] < 1e-2
+
+
+def test_rocm_switch_off(run_in_vllm, patched_tree):
+    r = run(run_in_vllm, patched_tree, ROCM, VLLM_FORGE_GEMV="0", VLLM_FORGE_GEMV_SHAPES="96x5120,128x256")
+    assert r["enabled"] is False
+    assert r["route"]["ba M=1"] == "wvSplitK" and r["route"]["ba M=4"] == "wvSplitK"
+
+
+def test_default_table_is_the_issue_shapes(run_in_vllm):
+    r = run_in_vllm("import json, vllm.model_executor.layers.utils as U\n"
+                    "print('RESULT' + json.dumps(sorted(U.forge_gemv_shapes())))")
+    line = next(l for l in r.stdout.splitlines() if l.startswith("RESULT"))
+    assert json.loads(line[len("RESULT"):]) == sorted(
+        [[14336, 5120], [5120, 6144], [16384, 5120], [96, 5120], [34816, 5120], [5120, 17408], [248320, 5120]])
+
+
+@pytest.mark.parametrize("mode,expect", [("1", "forge_unquantized_gemm"), ("auto", "default_unquantized_gemm")])
+def test_cuda_only_when_asked(run_in_vllm, patched_tree, mode, expect):
+    r = run(run_in_vllm, patched_tree, CUDA, VLLM_FORGE_GEMV=mode)
+    assert r["dispatch"] == expect
+    if mode == "1":
+        assert r["calls"]["1"]["calls"] == ["forge_gemv"] and r["calls"]["4"]["calls"] == ["forge_gemv"]
+        assert r["calls"]["8"]["calls"] == []     # 8 rows: F.linear
+    assert all(v["ok"] for v in r["calls"].values())
+
+
+def test_bad_values_are_refused(run_in_vllm):
+    res = run_in_vllm("import vllm.envs as e; e.VLLM_FORGE_GEMV", env={"VLLM_FORGE_GEMV": "yes"}, check=False)
+    assert res.returncode != 0 and "VLLM_FORGE_GEMV" in res.stderr and "auto" in res.stderr
+    res = run_in_vllm("import vllm.model_executor.layers.utils as U; U.forge_gemv_shapes()",
+                      env={"VLLM_FORGE_GEMV_SHAPES": "14336by5120"}, check=False)
+    assert res.returncode != 0 and "VLLM_FORGE_GEMV_SHAPES" in res.stderr and "14336by5120" in res.stderr

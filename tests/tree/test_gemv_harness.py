@@ -1,0 +1,80 @@
+"""The GPU harness's stand-in vllm._C builds and registers the product's GEMV only when VLLM_FORGE_GEMV=1
+asks for it, under the schemas of the patched torch_bindings.cpp (so `contest` with and without the GEMV
+can be compared on the GPU machine). On a CUDA machine it is built and checked against float64."""
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STANDIN = ROOT / "harness" / "gpu" / "overlay" / "vllm" / "_C.py"
+
+LOAD = textwrap.dedent(
+    f"""
+    import importlib.util, torch
+    spec = importlib.util.spec_from_file_location("standin_C", {str(STANDIN)!r})
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    print("HAS", hasattr(torch.ops._C, "forge_gemv"), hasattr(torch.ops._C, "forge_gemv_silu_mul"))
+    """
+)
+
+
+def run(code, **env):
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_FORGE_GEMV", "FORGE_GEMV"))}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
+                          env={**full, **env}, cwd=ROOT)
+
+
+@pytest.mark.parametrize("mode", [None, "0", "auto"])
+def test_not_built_unless_asked(mode):
+    res = run(LOAD, **({"VLLM_FORGE_GEMV": mode} if mode else {}))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "HAS False False" in res.stdout
+
+
+def test_missing_source_is_named(tmp_path):
+    res = run(LOAD, VLLM_FORGE_GEMV="1", FORGE_GEMV_SOURCE=str(tmp_path / "nope.cu"))
+    assert res.returncode != 0
+    assert "FORGE_GEMV_SOURCE" in res.stderr and "nope.cu" in res.stderr
+
+
+def test_schemas_match_the_patched_bindings(patched_tree):
+    binds = (patched_tree / "csrc" / "torch_bindings.cpp").read_text()
+    standin = STANDIN.read_text()
+    for name in ("forge_gemv", "forge_gemv_silu_mul"):
+        m = re.search(r'ops\.def\(\s*((?:"[^"]*"\s*)+)\);\s*ops\.impl\("' + name + '"', binds)
+        assert m, name
+        schema = "".join(re.findall(r'"([^"]*)"', m.group(1)))
+        assert f'"{schema}"' in standin, (name, schema)
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device (GPU machine)")
+def test_built_and_correct_on_a_gpu(tmp_path):
+    code = LOAD + textwrap.dedent(
+        """
+        import torch.nn.functional as F
+        x = torch.randn(2, 5120, device="cuda").bfloat16()
+        w = (torch.randn(2 * 512, 5120, device="cuda") * 5120 ** -0.5).bfloat16()
+        y = torch.full((2, 1024), float("nan"), device="cuda", dtype=torch.bfloat16)
+        torch.ops._C.forge_gemv(y, x, w)
+        ys = torch.full((2, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
+        torch.ops._C.forge_gemv_silu_mul(ys, x, w, 256, 2)
+        r = x.double() @ w.double().T
+        rs = F.silu(r[:, :512]) * r[:, 512:]
+        e1 = ((y.double() - r).abs().max() / r.abs().max()).item()
+        e2 = ((ys.double() - rs).abs().max() / rs.abs().max()).item()
+        print("ERR", e1, e2)
+        """
+    )
+    res = run(code, VLLM_FORGE_GEMV="1", FORGE_GEMV_BUILD_DIR=os.environ.get("FORGE_GEMV_BUILD_DIR",
+                                                                          str(ROOT / "build" / "forge-gemv-ext")))
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "HAS True True" in res.stdout
+    e1, e2 = (float(v) for v in res.stdout.split("ERR")[1].split())
+    assert e1 < 1e-2 and e2 < 1e-2, (e1, e2)
