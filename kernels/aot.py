@@ -168,12 +168,17 @@ def _write_spec(wr, block_size: int, num_tokens: int = 1):
 
 
 def _prefill_spec(pre, kv: str, block_size: int, is_hip: bool):
+    """kv: "bf16" (paged cache), "int8" (paged int8 cache read inline) or "int8-widened" (the
+    int8 codes widened to a contiguous bf16 copy, one CONTIG_BLOCK block per sequence)."""
     import torch
+    widened = kv == "int8-widened"
     kv_dtype = torch.int8 if kv == "int8" else torch.bfloat16
     block_m, tile_n, warps, stages = pre.launch_config(kv_dtype, is_hip=is_hip)
     dp = HEAD + 4 if kv == "int8" else HEAD
     page = 2 * block_size * HKV * dp                                     # elements of the dtype
     ks_b = 2 * block_size * HKV * (HEAD + 4) // 4
+    if widened:
+        block_size, page, ks_b = pre.CONTIG_BLOCK, 32768 * HKV * HEAD, HKV * 32768
     ptr_kv = "*i8" if kv == "int8" else "*bf16"
     qkv = (HQ + 2 * HKV) * HEAD                    # q/k/v are slices of one fused projection
     args = dict(
@@ -184,17 +189,33 @@ def _prefill_spec(pre, kv: str, block_size: int, is_hip: bool):
         sq_t=qkv, sq_h=HEAD, sq_d=1, skn_t=qkv, skn_h=HEAD, skn_d=1, svn_t=qkv, svn_h=HEAD, svn_d=1,
         skc_b=page, skc_o=HKV * HEAD, skc_h=HEAD, skc_d=1,
         svc_b=page, svc_o=HKV * HEAD, svc_h=HEAD, svc_d=1,
-        sks_b=ks_b if kv == "int8" else 0, sks_h=block_size if kv == "int8" else 0,
-        sks_o=1 if kv == "int8" else 0,
-        svs_b=ks_b if kv == "int8" else 0, svs_h=block_size if kv == "int8" else 0,
-        svs_o=1 if kv == "int8" else 0,
-        sbt_s=32768 // block_size + 1, sbt_b=1, so_t=HQ * HEAD, so_h=HEAD, so_d=1,
+        sks_b=ks_b if kv != "bf16" else 0, sks_h=(32768 if widened else block_size) if kv != "bf16" else 0,
+        sks_o=1 if kv != "bf16" else 0,
+        svs_b=ks_b if kv != "bf16" else 0, svs_h=(32768 if widened else block_size) if kv != "bf16" else 0,
+        svs_o=1 if kv != "bf16" else 0,
+        sbt_s=1 if widened else 32768 // block_size + 1, sbt_b=1, so_t=HQ * HEAD, so_h=HEAD, so_d=1,
     )
+    if widened:
+        args["skc_b"] = args["svc_b"] = page
     g = HQ // HKV
     const = dict(G=g, BLOCK_M=block_m, BLOCK_Q=block_m // g, HEAD_SIZE=HEAD, D_PAD=HEAD,
-                 BLOCK_SIZE=block_size, TILE_N=tile_n, KV_INT8=(kv == "int8"), IEEE=False)
+                 BLOCK_SIZE=block_size, TILE_N=tile_n, KV_INT8=(kv != "bf16"), IEEE=False)
     return pre._prefill_attention_kernel, args, const, warps, stages, dict(
         block_m=block_m, tile_n=tile_n)
+
+
+def _widen_spec(pre, block_size: int):
+    page = 2 * block_size * HKV * (HEAD + 4)
+    args = dict(kc_ptr="*i8", vc_ptr="*i8", ks_ptr="*fp32", vs_ptr="*fp32", bt_ptr="*i32",
+                cu_q_ptr="*i32", seq_lens_ptr="*i32", ko_ptr="*bf16", vo_ptr="*bf16",
+                kso_ptr="*fp32", vso_ptr="*fp32",
+                skc_b=page, skc_o=HKV * HEAD, skc_h=HEAD, skc_d=1,
+                svc_b=page, svc_o=HKV * HEAD, svc_h=HEAD, svc_d=1,
+                sks_b=page // 4, sks_h=block_size, sks_o=1, svs_b=page // 4, svs_h=block_size, svs_o=1,
+                sbt_s=32768 // block_size + 1, sbt_b=1,
+                sko_s=32768 * HKV * HEAD, sko_t=HKV * HEAD, sko_h=HEAD, sso_s=HKV * 32768, sso_h=32768)
+    const = dict(BLOCK_SIZE=block_size, HEAD_SIZE=HEAD, D_PAD=HEAD, BLOCK_T=pre.WIDEN_BLOCK_T)
+    return pre._widen_prefix_kernel, args, const, 4, 1, {}
 
 
 def specs(target: GPUTarget):
@@ -212,8 +233,9 @@ def specs(target: GPUTarget):
     for bs in (1552, 16):
         out.append((f"int8_kv_write[bf16,bs={bs}]", _write_spec(wr, bs)))
     out.append(("int8_kv_write[bf16,bs=1552,prefill]", _write_spec(wr, 1552, 8192)))
-    for kv, bs in (("bf16", 784), ("int8", 1552)):
+    for kv, bs in (("bf16", 784), ("int8", 1552), ("int8-widened", 1552)):
         out.append((f"prefill_attention[{kv},bs={bs}]", _prefill_spec(pre, kv, bs, hip)))
+    out.append(("widen_prefix[int8,bs=1552]", _widen_spec(pre, 1552)))
     return out
 
 

@@ -100,11 +100,15 @@ else:
     ]
 
 
-@pytest.mark.parametrize("kind,bs,seqs,hq,hkv", CASES)
-def test_prefill_vs_float64(pre, dev, kind, bs, seqs, hq, hkv):
+@pytest.mark.parametrize("kind,bs,seqs,hq,hkv,mode", [
+    (*c, m) for c in CASES for m in (("inline", "widen") if c[0] == "int8" else (None,))])
+def test_prefill_vs_float64(pre, dev, kind, bs, seqs, hq, hkv, mode):
     gen = torch.Generator(device=dev).manual_seed(torch.randint(0, 2**31, (1,)).item())
     args, ref = _case(dev, kind, bs, seqs, hq, hkv, gen)
     kw = {} if ON_GPU else dict(block_m=32, tile_n=16)
+    if mode:
+        # "widen": the prefix codes are first copied to 16 bits (one slot per sequence)
+        kw.update(int8_prefix=mode, max_seqlen_k=max(p + n for p, n in seqs))
     out = _run(pre, args, dev, **kw)
     e = rel_err(out, ref)
     print(f"{kind} bs={bs} seqs={seqs}: rel err {e:.3g}")
@@ -160,6 +164,27 @@ def test_int8_prefix_vs_unquantized(pre, dev):
     e = rel_err(out, ref)
     print(f"int8 prefix vs unquantized: rel err {e:.3g}")
     assert e <= 1e-2, e
+
+
+def test_int8_default_mode_follows_the_bound(pre, dev):
+    """With max_seqlen_k the int8 prefix is widened first (same answer as inline), without it
+    the inline path runs; an unknown mode is refused."""
+    gen = torch.Generator(device=dev).manual_seed(torch.randint(0, 2**31, (1,)).item())
+    seqs = [(40, 9), (0, 5)] if not ON_GPU else [(5000, 700)]
+    args, ref = _case(dev, "int8", 16, seqs, 6, 1, gen)
+    kw = {} if ON_GPU else dict(block_m=16, tile_n=16)
+    calls = []
+    real = pre._widen_prefix
+    pre._widen_prefix = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        a = _run(pre, args, dev, max_seqlen_k=max(p + n for p, n in seqs), **kw)
+        b = _run(pre, args, dev, **kw)
+    finally:
+        pre._widen_prefix = real
+    assert calls == [1]
+    assert rel_err(a, ref) <= BF16_BOUND and rel_err(b, ref) <= BF16_BOUND
+    with pytest.raises(ValueError, match="int8_prefix"):
+        _run(pre, args, dev, int8_prefix="fast", **kw)
 
 
 def test_refuses_bad_shapes(pre, dev):
