@@ -12,15 +12,31 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "kernels" / "csrc" / "forge_gemv.cu"
+NAME = "forge_gemv_ext"   # torch.ops namespace (TORCH_LIBRARY in the source)
 
 
 def build_dir() -> Path:
     return Path(os.environ.get("FORGE_GEMV_BUILD_DIR") or REPO / "build" / "forge-gemv-ext")
 
 
+class Ops:
+    """The extension's ops, called through torch's dispatcher as vLLM calls _C.forge_gemv: forge_gemv(out,
+    x, w, block=0, rows=0) and forge_gemv_silu_mul(out, x, w, block=0, rows=0). A refused configuration
+    raises RuntimeError ("... is not built ...")."""
+
+    def __init__(self, namespace):
+        self._ns = namespace
+
+    def forge_gemv(self, out, x, w, block: int = 0, rows: int = 0) -> None:
+        self._ns.forge_gemv(out, x, w, block, rows)
+
+    def forge_gemv_silu_mul(self, out, x, w, block: int = 0, rows: int = 0) -> None:
+        self._ns.forge_gemv_silu_mul(out, x, w, block, rows)
+
+
 def load(verbose: bool = False):
-    """Returns (module, seconds spent). The module has forge_gemv(out, x, w, block=0, rows=0) and
-    forge_gemv_silu_mul(out, x, w, block=0, rows=0)."""
+    """Returns (Ops, seconds spent). The source registers its ops with TORCH_LIBRARY under the
+    extension's name (torch.ops.forge_gemv_ext), the same schemas as vLLM's _C."""
     import torch
     import torch.utils.cpp_extension as ce
 
@@ -32,6 +48,6 @@ def load(verbose: bool = False):
     out = build_dir()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    mod = ce.load(name="forge_gemv_ext", sources=[str(SOURCE)], build_directory=str(out),
-                  extra_cflags=["-O3"], extra_cuda_cflags=["-O3"], verbose=verbose)
-    return mod, time.time() - t0
+    ce.load(name=NAME, sources=[str(SOURCE)], build_directory=str(out), extra_cflags=["-O3"],
+            extra_cuda_cflags=["-O3"], is_python_module=False, verbose=verbose)
+    return Ops(getattr(torch.ops, NAME)), time.time() - t0

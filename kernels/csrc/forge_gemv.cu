@@ -23,8 +23,12 @@
 // Build modes
 //   torch extension (default): forge_gemv(out, x, w, block, rows) and forge_gemv_silu_mul(out, x, w,
 //     block, rows) (block = rows = 0: the built-in choice for the device). Registered as
-//     torch.ops._C.forge_gemv / forge_gemv_silu_mul when built into vLLM's _C (FORGE_IN_VLLM), else a
-//     pybind module when TORCH_EXTENSION_NAME is defined (torch.utils.cpp_extension.load).
+//     torch.ops._C.forge_gemv / forge_gemv_silu_mul when built into vLLM's _C (FORGE_IN_VLLM: vLLM's
+//     torch_bindings.cpp declares them), else, when TORCH_EXTENSION_NAME is defined
+//     (torch.utils.cpp_extension.load(..., is_python_module=False)), as torch.ops.<TORCH_EXTENSION_NAME>.*
+//     through TORCH_LIBRARY with the same schemas. No pybind11 module: its exception translation,
+//     compiled by nvcc and sharing torch's pybind11 internals, is not the path vLLM uses, and a refused
+//     configuration (a TORCH_CHECK) has to reach Python as a RuntimeError through torch's dispatcher.
 //   -DFORGE_STANDALONE: no torch headers; exports the C launcher forge_gemv_raw(...) (compile checks).
 
 #include <stdint.h>
@@ -242,11 +246,41 @@ __global__ void __launch_bounds__(BLOCK) gemv_kernel(const Params p) {
 
 inline bool divides(int a, int b) { return b > 0 && a % b == 0; }
 
-// Built-in choice. AMD (wave64): one block covers a whole row of 16-byte vectors when K/8 is a block
-// size of the menu (K = 5120: 640 threads, as measured fastest on gfx936; K = 6144: 768); else the
-// largest of 512/256/128 dividing K/8 (K = 17408: 128). NVIDIA: 256 threads when it divides K/8, else 128.
+// Built-in choice. NVIDIA: at the Qwen3.5-27B decode shapes, the fastest (block, rows) the benchmark
+// found on an H200 (kernels/bench/bench_gemv.py, one run, 2026-12-01; kernels/NOTES.md); M = 3 takes
+// M = 4's entry (the same MT = 4 kernel). Elsewhere: 256 threads when it divides K/8, else 128, and 4
+// rows per block (fused: 2). AMD (wave64): one block covers a whole row of 16-byte vectors when K/8 is
+// a block size of the menu (K = 5120: 640 threads, as measured fastest on gfx936; K = 6144: 768); else
+// the largest of 512/256/128 dividing K/8 (K = 17408: 128). Few output rows (in_proj_ba: 96): one row
+// per block for more blocks.
+struct TunedConfig {
+  int n_out, K;
+  bool silu;
+  short block[3], rows[3];  // M = 1, 2, 3..4
+};
+constexpr TunedConfig kTunedCuda[] = {
+    {14336, 5120, false, {640, 128, 128}, {4, 4, 4}},   // full-attention qkv + gate
+    {5120, 6144, false, {256, 256, 256}, {4, 4, 2}},    // o_proj, GDN out_proj
+    {16384, 5120, false, {640, 128, 128}, {4, 4, 4}},   // GDN in_proj_qkvz
+    {96, 5120, false, {640, 640, 256}, {4, 4, 2}},      // GDN in_proj_ba
+    {34816, 5120, false, {640, 128, 128}, {4, 4, 4}},   // MLP gate_up (unfused)
+    {5120, 17408, false, {128, 256, 256}, {4, 2, 2}},   // MLP down
+    {248320, 5120, false, {256, 128, 128}, {4, 4, 4}},  // LM head
+    {17408, 5120, true, {640, 128, 128}, {2, 2, 2}},    // fused gate_up + SiLU-and-mul (I = 17408)
+};
+
 inline void default_config(int M, int K, int n_out, bool silu, bool on_amd, int* block, int* rows) {
   const int k8 = K / 8;
+  if (!on_amd) {
+    const int mi = M <= 1 ? 0 : M == 2 ? 1 : 2;
+    for (const TunedConfig& t : kTunedCuda) {
+      if (t.n_out == n_out && t.K == K && t.silu == silu) {
+        *block = t.block[mi];
+        *rows = t.rows[mi];
+        return;
+      }
+    }
+  }
   int b;
   if (on_amd) {
     if (k8 == 256 || k8 == 512 || k8 == 640 || k8 == 768) b = k8;
@@ -259,7 +293,6 @@ inline void default_config(int M, int K, int n_out, bool silu, bool on_amd, int*
   int r = silu ? 2 : 4;
   // few output rows (in_proj_ba: 96): fewer rows per block for more blocks
   if (n_out / r < 64) r = 1;
-  (void)M;
   *block = b;
   *rows = r;
 }
@@ -334,6 +367,17 @@ inline int launch(const Params& p, bool silu, bool vec, int block, int rows, boo
   return e == FORGE_SUCCESS ? 0 : static_cast<int>(e);
 }
 
+// Text of a launch result (negative: this file's codes; positive: the CUDA/HIP error).
+inline const char* launch_error_text(int rc) {
+  if (rc == -2) return "configuration not built";
+  if (rc == -3) return "M outside 1..4 or K < 1";
+#if FORGE_ON_AMD
+  return hipGetErrorString(static_cast<hipError_t>(rc));
+#else
+  return cudaGetErrorString(static_cast<cudaError_t>(rc));
+#endif
+}
+
 inline bool vec_ok(const void* x, int64_t x_stride, const void* w, int K) {
   return K % 8 == 0 && x_stride % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 &&
          (reinterpret_cast<uintptr_t>(w) & 15u) == 0;
@@ -355,10 +399,9 @@ extern "C" int forge_gemv_raw(const void* x, const void* w, void* out, int M, in
                             static_cast<forge_stream_t>(stream));
 }
 #else
-#if defined(FORGE_IN_VLLM)
 #include <torch/all.h>
-#else
-#include <torch/extension.h>
+#if !defined(FORGE_IN_VLLM) && defined(TORCH_EXTENSION_NAME)
+#include <torch/library.h>
 #endif
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -401,7 +444,8 @@ inline void run_op(torch::Tensor& out, const torch::Tensor& x, const torch::Tens
   TORCH_CHECK(rc != -2, name, ": block = ", block, ", rows = ", rows,
               " is not built for M = ", M, " (block 0/128/256/512/640/768, rows 0/1/2/4/8, fused rows 0/1/2/4;",
               " at M > 2 on AMD or block >= 640: rows <= 4, fused rows <= 2)");
-  TORCH_CHECK(rc == 0, name, ": launch failed with error ", rc);
+  TORCH_CHECK(rc == 0, name, ": launch failed with error ", rc, " (", launch_error_text(rc), ") for M = ", M,
+              ", K = ", K, ", N = ", n_out, ", block = ", block, ", rows = ", rows);
 }
 }  // namespace fgemv
 
@@ -417,12 +461,12 @@ void forge_gemv_silu_mul(torch::Tensor& out, const torch::Tensor& x, const torch
 }
 
 #if defined(TORCH_EXTENSION_NAME) && !defined(FORGE_IN_VLLM)
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forge_gemv", &forge_gemv, "out = x @ w^T (bf16, M = 1..4)", pybind11::arg("out"), pybind11::arg("x"),
-        pybind11::arg("w"), pybind11::arg("block") = 0, pybind11::arg("rows") = 0);
-  m.def("forge_gemv_silu_mul", &forge_gemv_silu_mul, "out = silu(x @ wg^T) * (x @ wu^T), w = [wg; wu]",
-        pybind11::arg("out"), pybind11::arg("x"), pybind11::arg("w"), pybind11::arg("block") = 0,
-        pybind11::arg("rows") = 0);
+// Standalone build (tests, benchmark, the GPU harness): the schemas of vLLM's _C registration.
+TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) {
+  m.def("forge_gemv(Tensor! out, Tensor x, Tensor w, int block=0, int rows=0) -> ()");
+  m.impl("forge_gemv", torch::kCUDA, &forge_gemv);
+  m.def("forge_gemv_silu_mul(Tensor! out, Tensor x, Tensor w, int block=0, int rows=0) -> ()");
+  m.impl("forge_gemv_silu_mul", torch::kCUDA, &forge_gemv_silu_mul);
 }
 #endif
 #endif  // FORGE_STANDALONE

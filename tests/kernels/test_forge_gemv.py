@@ -154,7 +154,7 @@ def test_strided_and_unaligned_x(ext, gen):
 def test_every_built_config(ext, gen, silu):
     K, N = 17408, 640   # K / 8 = 2176: uneven chunk counts for every block size
     w = rand((N, K), gen, K ** -0.5)
-    built = 0
+    built = refused = 0
     for M in (1, 2, 3, 4):
         x = rand((M, K), gen)
         ref = ref_gemv(x, w)
@@ -162,17 +162,23 @@ def test_every_built_config(ext, gen, silu):
             ref = F.silu(ref[:, : N // 2]) * ref[:, N // 2:]
         for block in (128, 256, 512, 640, 768):
             for rows in (1, 2, 4, 8):
+                what = f"silu={silu} M={M} block={block} rows={rows}"
+                # named before the call, so a crash inside it names the configuration (run with -s)
+                print(f"config {what}", flush=True)
                 y = poisoned(M, N // 2 if silu else N)
                 fn = ext.forge_gemv_silu_mul if silu else ext.forge_gemv
                 try:
                     fn(y, x, w, block, rows)
                 except RuntimeError as e:
-                    assert "is not built" in str(e), str(e)
+                    assert "is not built" in str(e), f"{what}: {e}"
+                    refused += 1
                     continue
                 torch.cuda.synchronize()
                 built += 1
-                check(y, ref, f"silu={silu} M={M} block={block} rows={rows}", gen)
+                check(y, ref, what, gen)
     assert built >= 40
+    # refusals are exercised too: rows 8 at M > 2 with blocks of 640 or 768 (every GPU), fused rows 8
+    assert refused >= 4
 
 
 def test_bad_inputs_are_refused(ext, gen):

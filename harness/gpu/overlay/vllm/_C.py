@@ -188,8 +188,10 @@ def _register_forge_gemv() -> None:
     build.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", _cuda_arch_list())
     import torch.utils.cpp_extension as ce
-    ext = ce.load(name="forge_gemv_ext", sources=[str(src)], build_directory=str(build),
-                  extra_cflags=["-O3"], extra_cuda_cflags=["-O3"], verbose=False)
+    # the source registers torch.ops.forge_gemv_ext.* (TORCH_LIBRARY, the schemas of _C's)
+    ce.load(name="forge_gemv_ext", sources=[str(src)], build_directory=str(build),
+            extra_cflags=["-O3"], extra_cuda_cflags=["-O3"], is_python_module=False, verbose=False)
+    ext = torch.ops.forge_gemv_ext
 
     def gemv(out, x, w, block=0, rows=0):  # defaults: torch drops trailing default arguments
         ext.forge_gemv(out, x, w, block, rows)
