@@ -12,19 +12,31 @@ from . import __version__
 from .errors import ForgeError
 
 
+STAGES = ("build", "run", "lab")
+
+
+def verb_modules() -> list:
+    """Every module of the core and of the stage packages that defines `register(subparsers)`."""
+    found = []
+    for prefix in ("", *STAGES):
+        pkg = importlib.import_module(f"{__package__}.{prefix}".rstrip("."))
+        for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
+            if info.ispkg or info.name in ("cli", "__main__"):
+                continue
+            m = importlib.import_module(f"{pkg.__name__}.{info.name}")
+            if hasattr(m, "register"):
+                found.append(m)
+    return found
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="forge",
         description="Build, serve, benchmark and score a patched vLLM 0.18.1 for Qwen3.5-27B on Hygon DCU.")
     p.add_argument("--version", action="version", version=f"dcu-forge {__version__}")
     sub = p.add_subparsers(dest="verb", metavar="VERB")
-    pkg = importlib.import_module(__package__)
-    for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
-        if mod in ("cli", "__main__"):
-            continue
-        m = importlib.import_module(f"{__package__}.{mod}")
-        if hasattr(m, "register"):
-            m.register(sub)
+    for m in verb_modules():
+        m.register(sub)
     return p
 
 

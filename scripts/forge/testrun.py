@@ -12,7 +12,8 @@ import sys
 
 import shutil
 
-from . import image, rehearsal, ui
+from . import ui
+from .build import image, rehearsal
 from .paths import BUILD, ROOT
 
 # What a fresh `make test` writes, measured on a fresh clone: the rehearsal venv (torch with its CUDA

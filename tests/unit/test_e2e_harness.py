@@ -15,7 +15,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import FIXTURE_RUNS, ROOT, SUPPORT, forge_env, free_port_pair, health  # noqa: E402
 
-from forge import contest, e2e, gpu_bundle  # noqa: E402
+from forge.lab import e2e, gpu_bundle  # noqa: E402
+
+from forge.run import contest  # noqa: E402
 from forge.errors import ForgeError  # noqa: E402
 
 FAKE = f"{sys.executable} {SUPPORT / 'fakeserver.py'}"
@@ -169,7 +171,7 @@ def _e2e(tmp_path, *extra, env_extra=None, timeout=300):
     port = free_port_pair()
     env = forge_env(tmp_path, REPLAY_FROM=str(FIXTURE_RUNS / "base"), REPLAY_LOG=str(tmp_path / "replay.log"),
                     **{f"REPLAY_FROM_{port}": str(FIXTURE_RUNS / "fast")}, **(env_extra or {}))
-    from forge import gpu_bundle as gb
+    from forge.lab import gpu_bundle as gb
     model = tmp_path / "model"
     gb.write_model_dir({"model": {"config": "configs/models/qwen3.5-27b/config.json", "vocab_size": 248320,
                                   "eos_token_id": 248044}}, model)
@@ -320,7 +322,7 @@ def test_log_facts_read_the_real_server_logs():
 
 
 def test_score_reads_the_real_fault_run_as_failed_tiers():
-    from forge import score
+    from forge.run import score
     c = contest.load_contest()
     run = score.load_run(REAL / "runs" / "fault-upstream", c)
     for name, t in run["tiers"].items():
@@ -357,7 +359,7 @@ def test_e2e_reruns_a_round_that_was_recorded_as_failed_for_a_missing_server(tmp
     r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--tier-order", "4-8K")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     # as if upstream's server had been gone in that round: the loop records such a tier as failed
-    from forge import bench
+    from forge.run import bench
     res = out / "runs" / "upstream" / "rounds" / "r1" / "4-8K.json"
     res.write_text(json.dumps(bench.failed_result(contest.load_contest(), "4-8K", 1, "server not reachable")))
     r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--tier-order", "4-8K")
@@ -372,7 +374,7 @@ def test_e2e_reruns_a_round_that_was_recorded_as_failed_for_a_missing_server(tmp
 def test_a_reference_that_served_nothing_gives_no_score_but_a_reason(tmp_path):
     import shutil
     import types
-    from forge import bench
+    from forge.run import bench
     c = contest.load_contest()
     dirs = {}
     for name, src in (("fast-int8", "fast"), ("upstream", "died")):
@@ -520,7 +522,7 @@ def test_merged_tier_results_follow_vllms_arithmetic_on_the_real_rounds(folder):
 @pytest.mark.parametrize("folder", TIER_RUNS, ids=lambda p: p.name)
 def test_the_recorded_proxy_scores_are_reproduced_here(folder):
     """score.json was written on the GPU machine (Python 3.12); scoring the same files here gives it again."""
-    from forge import score
+    from forge.run import score
     c = contest.load_contest()
     base = score.baseline_from_run(folder / "runs" / "upstream", c)
     for prof in (folder / "runs").iterdir():
@@ -533,7 +535,7 @@ def test_the_recorded_proxy_scores_are_reproduced_here(folder):
 def test_compare_on_the_real_repeats():
     """Round 1 at 16-32K was measured by four upstream servers (two runs, two repeats): one half of
     them against the other is within noise; the submitted profile against them is not."""
-    from forge import compare, score
+    from forge.run import compare, score
     c = contest.load_contest()
     r1 = lambda folder, prof: score.load_run(E2E / folder / "runs" / prof / "rounds" / "r1", c, partial=True)  # noqa: E731
     ups = [r1(f, "upstream") for f in ("2026-11-30-h200-fast-int8", "2026-11-30-h200-repeat-fast-int8",

@@ -7,7 +7,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import ROOT  # noqa: E402
 
-from forge import image, rehearsal, testrun  # noqa: E402
+from forge import testrun  # noqa: E402
+
+from forge.build import image, rehearsal  # noqa: E402
 from forge.paths import REPORTS  # noqa: E402
 
 

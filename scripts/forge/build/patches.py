@@ -8,11 +8,12 @@ import re
 import shutil
 from pathlib import Path
 
-from . import proc, tree, ui
-from .contest import load_contest
-from .errors import ForgeError
+from . import tree
+from .. import proc, ui
+from ..run.contest import load_contest
+from ..errors import ForgeError
 from .patchfile import REVIEW_SECTIONS, parse, read_series
-from .paths import BUILD, PATCHES, TREE, rel
+from ..paths import BUILD, PATCHES, TREE, rel
 
 
 def lint_patch(patch, forbidden: list[dict], rules: dict) -> list[str]:
@@ -136,7 +137,7 @@ def refresh(tree_dir: Path = TREE, patches_dir: Path = PATCHES) -> list[str]:
             dest.write_text(text)
             ui.info(f"wrote {rel(dest)}")
         names.append(name)
-        from .hashing import sha256_file
+        from ..hashing import sha256_file
         state["patches"].append([name, sha256_file(dest), sha])
     for n in old:
         if n not in names:

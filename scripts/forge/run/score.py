@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from . import contest as contest_mod
-from . import paths, runs, ui
-from .errors import ForgeError
+from . import runs
+from .. import paths, ui
+from ..errors import ForgeError
 
 
 # --- metrics from `vllm bench serve` result files ----------------------------------------------

@@ -23,11 +23,12 @@ import re
 import shutil
 from pathlib import Path
 
-from . import config, fetch, proc, ui
-from .errors import ForgeError
-from .hashing import combine, sha256_file
+from . import fetch
+from .. import config, proc, ui
+from ..errors import ForgeError
+from ..hashing import combine, sha256_file
 from .patchfile import hunk_for, parse, read_series
-from .paths import KERNELS, PATCHES, ROOT, TREE, Lock, rel, write_atomic
+from ..paths import KERNELS, PATCHES, ROOT, TREE, Lock, rel, write_atomic
 
 UPSTREAM_REF = "refs/forge/upstream"
 OVERLAY_REF = "refs/forge/overlay"

@@ -15,8 +15,9 @@ import urllib.request
 from pathlib import Path
 
 from . import contest as contest_mod
-from . import paths, proc, profiles, runs, ui
-from .errors import ForgeError
+from . import profiles, runs
+from .. import paths, proc, ui
+from ..errors import ForgeError
 
 STATE = paths.BUILD / "serve" / "server.json"
 LOCKED_PORT = 8001

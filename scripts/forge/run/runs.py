@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from . import paths
-from .errors import ForgeError
+from .. import paths
+from ..errors import ForgeError
 
 RUNS = paths.REPORTS / "runs"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -70,7 +70,7 @@ def read_json(path: Path) -> Any:
 # --- provenance ----------------------------------------------------------------------------------
 
 def git_commit() -> dict:
-    from . import proc
+    from .. import proc
     try:
         commit = proc.output(["git", "-C", str(paths.ROOT), "rev-parse", "HEAD"], what="git")
         dirty = bool(proc.output(["git", "-C", str(paths.ROOT), "status", "--porcelain", "--untracked-files=no"],
@@ -83,7 +83,7 @@ def git_commit() -> dict:
 def vllm_provenance(python: str | None = None) -> dict:
     """vLLM's version and our wheel's provenance record (vllm/_forge_provenance.py: PROVENANCE),
     read from `python` (default: this interpreter) without importing vLLM's heavy modules."""
-    from . import proc
+    from .. import proc
     code = ("import json, importlib.metadata as m\n"
             "out = {}\n"
             "try: out['version'] = m.version('vllm')\n"
@@ -105,7 +105,7 @@ def vllm_provenance(python: str | None = None) -> dict:
 
 
 def device_info() -> dict:
-    from . import proc
+    from .. import proc
     info: dict[str, Any] = {"host": platform.node(), "machine": platform.machine(), "os": platform.platform()}
     for tool, args in (("rocm-smi", ["--showproductname"]), ("hy-smi", ["--showproductname"]),
                        ("nvidia-smi", ["--query-gpu=name,driver_version", "--format=csv,noheader"])):

@@ -16,8 +16,9 @@ from collections import Counter
 from pathlib import Path
 
 from . import contest as contest_mod
-from . import paths, proc, runs, score, serve, ui
-from .errors import ForgeError
+from . import runs, score, serve
+from .. import paths, proc, ui
+from ..errors import ForgeError
 
 
 # --- metrics (LongBench's definitions) -----------------------------------------------------------

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import Field, load
-from .errors import ForgeError
+from ..config import Field, load
+from ..errors import ForgeError
 
 RULE = {"text": Field(str)}
 OPTION = {"option": Field(str), "rule": Field(str), "aliases": Field(list, item=str, required=False, default=[])}
@@ -112,7 +112,7 @@ def _cross_check(data: dict, file: str) -> None:
 def load_contest(path: str = "contest.yaml") -> dict:
     """The validated contest config."""
     data = load(path, SCHEMA)
-    from .paths import CONFIGS, rel
+    from ..paths import CONFIGS, rel
     from pathlib import Path
     p = Path(path)
     _cross_check(data, rel(p if p.is_absolute() or p.exists() else CONFIGS / p))

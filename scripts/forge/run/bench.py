@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 from . import contest as contest_mod
-from . import paths, proc, runs, serve, synth, ui
-from .errors import ForgeError
-from .hashing import sha256_file
+from . import runs, serve, synth
+from .. import paths, proc, ui
+from ..errors import ForgeError
+from ..hashing import sha256_file
 
 CLIENT_ENV = "FORGE_BENCH_CLIENT"
 

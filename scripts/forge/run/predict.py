@@ -25,8 +25,9 @@ import math
 from pathlib import Path
 
 from . import contest as contest_mod
-from . import paths, runs, score, synth, ui
-from .errors import ForgeError
+from . import runs, score, synth
+from .. import paths, ui
+from ..errors import ForgeError
 
 # The DCU time model: vLLM 0.18.1 upstream on gfx936 (public request-window profiles; see
 # design/contest-facts.md). Prefill of a prompt of S tokens, in seconds; decode per output token at
@@ -315,7 +316,7 @@ def _triple(text: str, what: str, names: list[str]) -> dict:
 def parse_speedups(items: list[str], file: str | None) -> dict:
     sp: dict = {}
     if file:
-        from .config import load_yaml
+        from ..config import load_yaml
         data = load_yaml(Path(file))
         if not isinstance(data, dict):
             raise ForgeError(f"{file}: expected a mapping of component: factor")

@@ -17,11 +17,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import config, proc, provenance, tree, ui, wheel
-from .errors import ForgeError
-from .hashing import sha256_file
-from .patchfile import read_series
-from .paths import BUILD, CACHE, ROOT, TREE, rel
+from .. import config, proc, ui
+from ..build import provenance, tree, wheel
+from ..errors import ForgeError
+from ..hashing import sha256_file
+from ..build.patchfile import read_series
+from ..paths import BUILD, CACHE, ROOT, TREE, rel
 
 HARNESS = ROOT / "harness" / "gpu"
 BUNDLE = BUILD / "gpu-bundle"

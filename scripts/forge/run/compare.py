@@ -8,8 +8,9 @@ import math
 import statistics
 
 from . import contest as contest_mod
-from . import runs, score, ui
-from .errors import ForgeError
+from . import runs, score
+from .. import ui
+from ..errors import ForgeError
 
 
 def _side(paths: list[str], contest: dict) -> list[dict]:

@@ -10,10 +10,11 @@ import shutil
 import tarfile
 from pathlib import Path
 
-from . import config, provenance, tree, ui, wheel
-from .errors import ForgeError
-from .hashing import sha256_file
-from .paths import DIST, TREE, rel
+from . import provenance, tree, wheel
+from .. import config, ui
+from ..errors import ForgeError
+from ..hashing import sha256_file
+from ..paths import DIST, TREE, rel
 
 
 def export(out_dir: Path = DIST / "export", into: Path | None = None) -> dict:

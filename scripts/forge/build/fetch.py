@@ -17,10 +17,10 @@ import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
 
-from . import config, proc, ui
-from .errors import ForgeError
-from .hashing import manifest_diff, manifest_hash, sha256_file, tree_manifest, tree_sha256
-from .paths import CACHE, Lock, rel, set_aside
+from .. import config, proc, ui
+from ..errors import ForgeError
+from ..hashing import manifest_diff, manifest_hash, sha256_file, tree_manifest, tree_sha256
+from ..paths import CACHE, Lock, rel, set_aside
 
 MARKER = ".forge-verified"
 

@@ -14,7 +14,7 @@ import math
 import random
 from pathlib import Path
 
-from .errors import ForgeError
+from ..errors import ForgeError
 
 
 class Tok:
@@ -196,8 +196,8 @@ def build_tier(model_dir: Path, tier: dict, n: int, out: Path, seed: int = 0) ->
 def load_workload(contest: dict, path: Path | str | None = None) -> dict:
     """configs/workload.yaml, validated: one entry per contest tier, each request [input_len,
     output_len] with input_len inside the tier's prompt range and 1 <= output_len <= output_cap."""
-    from .config import Field, load
-    from .paths import CONFIGS, rel
+    from ..config import Field, load
+    from ..paths import CONFIGS, rel
     path = Path(path) if path else CONFIGS / "workload.yaml"
     num = Field(float)
     schema = {

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from email.header import decode_header, make_header
 from pathlib import Path
 
-from .errors import ForgeError
-from .paths import PATCHES, rel
+from ..errors import ForgeError
+from ..paths import PATCHES, rel
 
 REVIEW_SECTIONS = ("Why", "What", "Risk", "Evidence", "Rule check")
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")

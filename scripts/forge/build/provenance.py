@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import config, proc
-from .hashing import combine, sha256_file
-from .paths import KERNELS, PATCHES, ROOT
+from .. import config, proc
+from ..hashing import combine, sha256_file
+from ..paths import KERNELS, PATCHES, ROOT
 
 
 NOT_INSTALLED = "not installed"

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from . import contest as contest_mod
-from .config import Field, load_yaml, validate
-from .errors import ForgeError
-from .paths import CONFIGS, rel
+from ..config import Field, load_yaml, validate
+from ..errors import ForgeError
+from ..paths import CONFIGS, rel
 
 PROFILES = CONFIGS / "serve"
 
