@@ -87,6 +87,33 @@ def start(cmd: Sequence[str | os.PathLike], *, log: Path, env: Mapping[str, str]
                              hint=hint or f"install {cmd[0]} and retry")
 
 
+def start_piped(cmd: Sequence[str | os.PathLike], *, stderr_log: Path, env: Mapping[str, str] | None = None,
+                what: str | None = None, hint: str | None = None) -> subprocess.Popen:
+    """Start a long-running command in its own process group that talks over its stdin/stdout (text,
+    line by line); stderr is appended to `stderr_log`. `env` is merged over os.environ."""
+    cmd = [str(c) for c in cmd]
+    full_env = dict(os.environ)
+    if env:
+        full_env.update({k: str(v) for k, v in env.items()})
+    Path(stderr_log).parent.mkdir(parents=True, exist_ok=True)
+    with open(stderr_log, "a") as fh:
+        try:
+            return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fh, text=True,
+                                    env=full_env, start_new_session=True)
+        except FileNotFoundError:
+            raise ForgeError(f"{what or 'command'}: '{cmd[0]}' is not installed or not on PATH",
+                             hint=hint or f"install {cmd[0]} and retry")
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL a process group at once (a worker that does not answer)."""
+    import signal
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def process_start_time(pid: int) -> str | None:
     """The kernel's start time of `pid` (clock ticks since boot), to tell a process from a later
     one that reused its pid; None when it is gone."""

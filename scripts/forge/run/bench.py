@@ -163,9 +163,10 @@ def _datasets(contest: dict, tiers: list[dict], data_dir: str | None, model: str
 
 def run_tier(contest: dict, tier: dict, ds: dict, *, launcher: list[str], model: str, host: str, port: int,
              rdir: Path, manifest: dict, health_url: str, poll_s: float = 15.0, runner=None,
-             ignore_eos: bool = False) -> str:
+             ignore_eos: bool = False, env: dict[str, str] | None = None) -> str:
     """One tier through vLLM's client. `runner(argv, log) -> exit code`, when given, runs the client
-    invocation `argv` (from "bench serve" on) itself, e.g. in a long-lived client process."""
+    invocation `argv` (from "bench serve" on) itself, e.g. in a long-lived client process. `env` is
+    added to a fresh client's environment."""
     name = tier["name"]
     final = result_path(rdir, name)
     partial = rdir / f"{name}.client.json"
@@ -187,7 +188,7 @@ def run_tier(contest: dict, tier: dict, ds: dict, *, launcher: list[str], model:
         rc = runner(argv, log)
         return _tier_outcome(contest, name, ds, rc, partial, final, log, rdir, health_url)
     from .profiles import loopback_env
-    p = proc.start(cmd, log=log, env=loopback_env(), what="vllm bench serve",
+    p = proc.start(cmd, log=log, env={**(env or {}), **loopback_env()}, what="vllm bench serve",
                    hint="install vLLM (our wheel) or pass --client")
     manifest["client_running"] = {"pid": p.pid, "pgid": os.getpgid(p.pid),
                                   "start_time": proc.process_start_time(p.pid), "tier": name}

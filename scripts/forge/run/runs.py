@@ -27,12 +27,13 @@ def new_run_id(profile: str | None) -> str:
     return f"{stamp}-{profile or 'run'}"
 
 
-def run_dir(run_id: str, create: bool = True) -> Path:
+def run_dir(run_id: str, create: bool = True, root: Path | None = None) -> Path:
+    """reports/runs/<run_id> (or <root>/<run_id>), created unless `create` is false."""
     run_id = Path(run_id).name if "/" in run_id else run_id
     if not _ID.match(run_id):
         raise ForgeError(f"run id {run_id!r} is not a plain name",
                          hint="use letters, digits, '.', '_' and '-' (e.g. 20260101-120000-contest)")
-    d = runs_root() / run_id
+    d = Path(root or runs_root()) / run_id
     if create:
         d.mkdir(parents=True, exist_ok=True)
     return d

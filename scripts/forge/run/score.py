@@ -244,7 +244,8 @@ def output_drift(run: dict, base: dict) -> dict:
 
 # --- output -------------------------------------------------------------------------------------
 
-def _fmt(v: Any, spec: str = ".2f") -> str:
+def fmt(v: Any, spec: str = ".2f") -> str:
+    """A number for a table cell ("—" when there is none)."""
     return "—" if v is None else format(v, spec)
 
 
@@ -266,10 +267,10 @@ def render_md(res: dict, run_path: str | None, drift: dict | None) -> str:
          "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, t in res["tiers"].items():
         L.append(f"| {name} | {t['weight']:.0f} | {t['tok_s']:.2f} | {t['baseline_tok_s']:.2f} | {100 * t['lift']:+.1f} % "
-                 f"| {t['formula_score']:.2f} | {t['contribution']:.2f} | {_fmt(t['ttft_p99_ms'], '.0f')} "
-                 f"| {_fmt(t['ttft_p99_limit_ms'], '.0f')} ({_ok(t['ttft_ok'])}) | {100 * t['completion']:.1f} % "
+                 f"| {t['formula_score']:.2f} | {t['contribution']:.2f} | {fmt(t['ttft_p99_ms'], '.0f')} "
+                 f"| {fmt(t['ttft_p99_limit_ms'], '.0f')} ({_ok(t['ttft_ok'])}) | {100 * t['completion']:.1f} % "
                  f"| {'; '.join(t['zeroed_by']) or '—'} |")
-    L += ["", f"Pooled TPOT P99: {_fmt(res['tpot_p99_pooled_ms'])} ms, limit {_fmt(res['tpot_p99_limit_ms'])} ms "
+    L += ["", f"Pooled TPOT P99: {fmt(res['tpot_p99_pooled_ms'])} ms, limit {fmt(res['tpot_p99_limit_ms'])} ms "
               f"({_ok(res['tpot_ok'])})."]
     L.append(f"A tier below its baseline is {res.get('below_baseline', 'scored by the same formula')}.")
     if res["unchecked"]["ttft_tiers"] or res["unchecked"]["tpot"]:

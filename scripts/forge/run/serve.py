@@ -176,11 +176,14 @@ def cmd_serve(args) -> int:
 def start_server(prof: dict, model_path: Path, *, contest: dict, port: int, run_id: str,
                  image: str | None = None, vllm_cmd: str | None = None, shm_size: str = "64g",
                  wait: bool = True, timeout: float = 1800, state_file: Path | None = None,
-                 harness_args: list[str] | None = None, extra_env: dict[str, str] | None = None) -> dict:
+                 harness_args: list[str] | None = None, extra_env: dict[str, str] | None = None,
+                 run_dir: Path | None = None, process_env: dict[str, str] | None = None) -> dict:
     """Start one server for a loaded profile (the command checked against the contest rules), record
     it in `state_file` (default: the one `forge stop` reads) and, with `wait`, return once /health
     answers. `harness_args`/`extra_env` are the GPU harness's additions (random weights and the like):
-    they are appended after the check, recorded, and mark the run as not comparable to a scored one."""
+    they are appended after the check, recorded, and mark the run as not comparable to a scored one.
+    `run_dir` is the run folder (default reports/runs/<run_id>); `process_env` is added to the
+    server's environment without being recorded (e.g. where a private site folder is)."""
     state_file = state_file or STATE
     rendered = profiles.render(prof, str(model_path), contest)
     container = f"forge-serve-{run_id}".lower()
@@ -195,7 +198,8 @@ def start_server(prof: dict, model_path: Path, *, contest: dict, port: int, run_
     if port_open(host, port):
         raise ForgeError(f"port {port} on {host} is already in use by another process",
                          hint="stop it first (find it with `ss -ltnp | grep :%d`)" % port)
-    rdir = runs.run_dir(run_id)
+    rdir = Path(run_dir) if run_dir else runs.run_dir(run_id)
+    rdir.mkdir(parents=True, exist_ok=True)
     log = rdir / "server.log"
     runs.write_json(rdir / "serve.json", {
         "profile": prof["name"], "profile_chain": prof["chain"], "description": prof["description"],
@@ -210,7 +214,7 @@ def start_server(prof: dict, model_path: Path, *, contest: dict, port: int, run_
     env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in rendered["env"].items())
     ui.info(f"starting profile {prof['name']} (run {run_id}); log: {paths.rel(log)}")
     ui.info(f"{env_text} {proc.fmt(cmd)}")
-    p = proc.start(cmd, log=log, env=env, what="server",
+    p = proc.start(cmd, log=log, env={**(process_env or {}), **env}, what="server",
                    hint="install docker" if image else "install our vLLM wheel")
     state = {"pid": p.pid, "pgid": os.getpgid(p.pid), "start_time": proc.process_start_time(p.pid),
              "run_id": run_id, "run_dir": str(rdir), "log": str(log), "profile": prof["name"],
