@@ -13,6 +13,22 @@ from .errors import ForgeError
 
 
 STAGES = ("build", "run", "lab")
+HEADINGS = {"build": "build (source -> tree -> patches -> wheel -> image)",
+            "run": "run (serve -> bench -> score -> report)",
+            "lab": "lab (GPU stand-in harness; not the product)",
+            "": "project (environment, tests)"}
+
+
+class _Verbs:
+    """What a module's register() is given: it adds the verb's parser as argparse would and keeps
+    its one-line help for the listing grouped by stage."""
+
+    def __init__(self, sub, stage: str, listing: dict):
+        self.sub, self.stage, self.listing = sub, stage, listing
+
+    def add_parser(self, name: str, **kw):
+        self.listing.setdefault(self.stage, []).append((name, kw.pop("help", "")))
+        return self.sub.add_parser(name, **kw)
 
 
 def verb_modules() -> list:
@@ -31,12 +47,20 @@ def verb_modules() -> list:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="forge",
+        prog="forge", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Build, serve, benchmark and score a patched vLLM 0.18.1 for Qwen3.5-27B on Hygon DCU.")
     p.add_argument("--version", action="version", version=f"dcu-forge {__version__}")
-    sub = p.add_subparsers(dest="verb", metavar="VERB")
+    sub = p.add_subparsers(dest="verb", metavar="VERB", help="one of the verbs below")
+    listing: dict[str, list[tuple[str, str]]] = {}
     for m in verb_modules():
-        m.register(sub)
+        stage = m.__name__.split(".")[1] if m.__name__.count(".") > 1 else ""
+        m.register(_Verbs(sub, stage, listing))
+    width = max(len(n) for verbs in listing.values() for n, _ in verbs) + 2
+    lines = []
+    for stage in (*STAGES, ""):
+        lines += ["", f"{HEADINGS[stage]}:"]
+        lines += [f"  {n:<{width}}{h}" for n, h in sorted(listing.get(stage, []))]
+    p.epilog = "verbs, by stage:\n" + "\n".join(lines[1:]) + "\n\n`forge VERB --help` describes a verb."
     return p
 
 

@@ -105,6 +105,19 @@ def start_piped(cmd: Sequence[str | os.PathLike], *, stderr_log: Path, env: Mapp
                              hint=hint or f"install {cmd[0]} and retry")
 
 
+def replace_process(cmd: Sequence[str | os.PathLike], *, env: Mapping[str, str] | None = None) -> None:
+    """Become `cmd` (exec): the command takes this process's place, e.g. as a container's PID 1.
+    `env` is merged over os.environ."""
+    cmd = [str(c) for c in cmd]
+    full_env = dict(os.environ)
+    if env:
+        full_env.update({k: str(v) for k, v in env.items()})
+    try:
+        os.execvpe(cmd[0], cmd, full_env)
+    except FileNotFoundError:
+        raise ForgeError(f"'{cmd[0]}' is not installed or not on PATH", hint=f"install {cmd[0]} and retry")
+
+
 def kill_group(pgid: int) -> None:
     """SIGKILL a process group at once (a worker that does not answer)."""
     import signal

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tarfile
 from pathlib import Path
 
 from . import provenance, tree, wheel

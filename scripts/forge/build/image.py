@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,7 +26,7 @@ def pick_builder(pref: str = "auto") -> str:
     if pref != "auto":
         return pref
     if shutil.which("docker"):
-        ok = subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+        ok = proc.run(["docker", "info"], capture=True, check=False).returncode == 0
         if ok:
             return "docker"
     if shutil.which("buildah"):
@@ -183,8 +182,8 @@ def make_standin(builder: str, torch_wheel: Path) -> str:
     rootfs = work / "rootfs"
     stamp = work / "stamp"
     key = f"{torch_wheel.name}\n{STANDIN_PACKAGES}\n{STANDIN_SETUP}"
-    have = subprocess.run([*_builder_cmd(builder), "inspect", *(["--type", "image"] if builder == "buildah" else []),
-                           STANDIN_TAG], capture_output=True).returncode == 0
+    have = proc.run([*_builder_cmd(builder), "inspect", *(["--type", "image"] if builder == "buildah" else []),
+                     STANDIN_TAG], capture=True, check=False).returncode == 0
     if have and stamp.is_file() and stamp.read_text() == key:
         ui.info(f"stand-in base {STANDIN_TAG} is up to date")
         return STANDIN_TAG
@@ -224,7 +223,7 @@ def make_standin(builder: str, torch_wheel: Path) -> str:
                 proc.run([*_builder_cmd(builder), "add", ctr, tarball, "/"], what="buildah add rootfs")
                 proc.run([*_builder_cmd(builder), "commit", "-q", ctr, STANDIN_TAG], what="buildah commit")
             finally:
-                subprocess.run([*_builder_cmd(builder), "rm", ctr], capture_output=True)
+                proc.run([*_builder_cmd(builder), "rm", ctr], capture=True, check=False)
     tarball.unlink()
     write_atomic(stamp, key)   # last: a stand-in interrupted before this is rebuilt
     return STANDIN_TAG
@@ -246,12 +245,12 @@ def prune_rehearsal_leftovers(builder: str) -> dict:
     old image untagged; with buildah's vfs driver every one is a full copy of the root filesystem
     (1.3 GB here), so without this the disk fills after a few runs."""
     if builder != "buildah":
-        out = subprocess.run(["docker", "image", "prune", "-f", "--filter",
-                              "label=org.opencontainers.image.title=dcu-forge vLLM"], capture_output=True, text=True)
+        out = proc.run(["docker", "image", "prune", "-f", "--filter",
+                        "label=org.opencontainers.image.title=dcu-forge vLLM"], capture=True, check=False)
         return {"docker image prune": out.returncode}
     cmd = _builder_cmd(builder)
     removed = []
-    ls = subprocess.run([*cmd, "containers", "--json"], capture_output=True, text=True)
+    ls = proc.run([*cmd, "containers", "--json"], capture=True, check=False)
     try:
         ctrs = json.loads(ls.stdout or "[]") or []
     except ValueError:
@@ -259,9 +258,9 @@ def prune_rehearsal_leftovers(builder: str) -> dict:
     for c in ctrs:
         image = c.get("imagename") or ""
         if image in ("", "<none>") or image.split(":")[0] in (REHEARSAL_TAG.split(":")[0], STANDIN_TAG.split(":")[0]):
-            if subprocess.run([*cmd, "rm", c["id"]], capture_output=True).returncode == 0:
+            if proc.run([*cmd, "rm", c["id"]], capture=True, check=False).returncode == 0:
                 removed.append(c.get("containername") or c["id"][:12])
-    pr = subprocess.run([*cmd, "rmi", "--prune"], capture_output=True, text=True)
+    pr = proc.run([*cmd, "rmi", "--prune"], capture=True, check=False)
     images = [x for x in pr.stdout.split() if x]
     if removed or images:
         ui.info(f"image rehearsal: removed {len(removed)} leftover container(s) and {len(images)} untagged image(s)")
@@ -349,7 +348,7 @@ def _image_rehearsal(builder_pref: str, torch_wheel: str | None, rec: dict) -> d
                 out = proc.output([*_builder_cmd(builder), "run", "--isolation", "chroot", ctr, "--",
                                    "make", "PY=python3", "self-check"])
             finally:
-                subprocess.run([*_builder_cmd(builder), "rm", ctr], capture_output=True)
+                proc.run([*_builder_cmd(builder), "rm", ctr], capture=True, check=False)
     stages.append({"stage": "container self-check", "seconds": round(time.monotonic() - t0, 1)})
     rec["pruned"] = prune_rehearsal_leftovers(builder)
     print(out)

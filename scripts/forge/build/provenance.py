@@ -5,11 +5,11 @@ from __future__ import annotations
 import platform
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 from .. import config, proc
+from ..errors import ForgeError
 from ..hashing import combine, sha256_file
 from ..paths import KERNELS, PATCHES, ROOT
 
@@ -40,9 +40,9 @@ def _tool_version(cmd: list[str], pattern: str) -> str:
     if not shutil.which(cmd[0]):
         return NOT_INSTALLED
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError) as e:
-        return f"unknown ({cmd[0]} did not run: {e})"
+        out = proc.run(cmd, capture=True, check=False, timeout=30, what=cmd[0])
+    except ForgeError as e:
+        return f"unknown ({cmd[0]} did not run: {e.message})"
     text = (out.stdout or "") + (out.stderr or "")
     m = re.search(pattern, text)
     if m:

@@ -11,9 +11,7 @@ lists every file with its sha256; `forge e2e-gpu` verifies it before installing.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -75,17 +73,16 @@ def apply_harness(src: Path) -> list[str]:
     done = []
     # `git apply` inside some repository's work tree (build/ is inside this one) silently skips
     # paths outside the current directory; stop its repository discovery at `src`
-    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(Path(src).resolve().parent)}
+    env = {"GIT_CEILING_DIRECTORIES": str(Path(src).resolve().parent)}
     for p in harness_patches():
-        r = subprocess.run(["git", "apply", "--check", str(p)], cwd=src, capture_output=True, text=True, env=env)
+        r = proc.run(["git", "apply", "--check", str(p)], cwd=src, capture=True, check=False, env=env)
         if r.returncode != 0:
             raise ForgeError(f"harness patch {rel(p)} does not apply to the patched tree:\n{r.stderr.strip()}",
                              hint="the product series changed the lines it touches: update the harness patch "
                                   "against build/vllm (harness/gpu/README.md says how)")
-        subprocess.run(["git", "apply", str(p)], cwd=src, capture_output=True, text=True, env=env)
+        proc.run(["git", "apply", str(p)], cwd=src, capture=True, check=False, env=env)
         # proof that it landed: the reverse must apply now
-        r = subprocess.run(["git", "apply", "--reverse", "--check", str(p)], cwd=src, capture_output=True,
-                           text=True, env=env)
+        r = proc.run(["git", "apply", "--reverse", "--check", str(p)], cwd=src, capture=True, check=False, env=env)
         if r.returncode != 0:
             raise ForgeError(f"harness patch {rel(p)} did not take effect in {src}:\n{r.stderr.strip()}",
                              hint="check git's repository discovery around the build folder")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ForgeError
 from ..run import bench, runs, synth
-from ..run.score import fmt
+from ..run.score_doc import fmt
 from ..run import contest as contest_mod
 from .serverlog import log_facts
 

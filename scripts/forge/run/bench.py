@@ -240,51 +240,70 @@ def no_server_error(health: str, port: int, st: dict | None, given_port: bool) -
                            "(--port N)")
 
 
-def cmd_bench(args) -> int:
-    contest = contest_mod.load_contest()
-    st = serve.running_server() if args.port is None else None
+def run_tiers(*, profile: str | None = None, run_id: str | None = None, model: str | None = None,
+              data_dir: str | None = None, tiers: list[str] | None = None, num_prompts: int | None = None,
+              client: str | None = None, port: int | None = None, progress_every: float = 30.0,
+              keep_failed: bool = False, harness: bool = False, contest: dict | None = None) -> Path:
+    """Run the contest's tiers (or the named ones) against the running server and return the run
+    folder. With no `port`, the server `forge serve` started (else the locked port). A run id that
+    exists is resumed: finished tiers are kept, tiers with failed requests run again unless
+    `keep_failed`. Raises ForgeError (exit code 1) when a tier has failed requests."""
+    contest = contest or contest_mod.load_contest()
+    st = serve.running_server() if port is None else None
     host = contest["server"]["host"]
-    port = args.port or (st["port"] if st else serve.LOCKED_PORT)
+    given_port = port is not None
+    port = port or (st["port"] if st else serve.LOCKED_PORT)
     health = f"http://{host}:{port}{contest['server']['health_path']}"
     if not serve.health_ok(health):
-        raise no_server_error(health, port, st, args.port is not None)
-    profile = (st or {}).get("profile") or args.profile
-    if st and args.profile and args.profile != st["profile"]:
-        ui.warn(f"the running server uses profile {st['profile']}, not {args.profile}; recording {st['profile']}")
-    model = args.model or (st or {}).get("model") or os.environ.get("MODEL") or None
+        raise no_server_error(health, port, st, given_port)
+    if st and profile and profile != st["profile"]:
+        ui.warn(f"the running server uses profile {st['profile']}, not {profile}; recording {st['profile']}")
+    profile = (st or {}).get("profile") or profile
+    model = model or (st or {}).get("model") or os.environ.get("MODEL") or None
     if not model:
         raise ForgeError("no model directory for the client's tokenizer",
                          hint="pass --model DIR (or MODEL=DIR), or start the server with forge serve")
-    tiers = contest["tiers"]
-    if args.tiers:
-        want = [x.strip() for x in args.tiers.split(",") if x.strip()]
-        unknown = [w for w in want if w not in contest_mod.tier_names(contest)]
+    chosen = contest["tiers"]
+    if tiers:
+        unknown = [w for w in tiers if w not in contest_mod.tier_names(contest)]
         if unknown:
             raise ForgeError(f"unknown tier(s) {', '.join(unknown)}",
                              hint=f"tiers: {', '.join(contest_mod.tier_names(contest))}")
-        tiers = [t for t in tiers if t["name"] in want]
-    run_id = args.run_id or (st or {}).get("run_id") or runs.new_run_id(profile)
+        chosen = [t for t in chosen if t["name"] in tiers]
+    run_id = run_id or (st or {}).get("run_id") or runs.new_run_id(profile)
     rdir = runs.run_dir(run_id, create=False)
     created = not rdir.exists()
     rdir = runs.run_dir(run_id)
     try:
-        return _bench_in(args, contest, st, host, port, health, profile, model, run_id, rdir, tiers)
+        _bench_in(contest, st, host, port, health, profile, model, run_id, rdir, chosen,
+                  data_dir=data_dir or os.environ.get("DATA_DIR") or None, num_prompts=num_prompts,
+                  client=client, progress_every=progress_every, keep_failed=keep_failed, harness=harness)
     except BaseException:
         # an early error leaves no empty run folder behind: nothing but what this invocation made
         if created and not any(result_path(rdir, t["name"]).is_file() for t in contest["tiers"]):
             shutil.rmtree(rdir, ignore_errors=True)
         raise
+    return rdir
 
 
-def _bench_in(args, contest: dict, st: dict | None, host: str, port: int, health: str, profile: str | None,
-              model: str, run_id: str, rdir: Path, tiers: list[dict]) -> int:
+def cmd_bench(args) -> int:
+    tiers = [x.strip() for x in args.tiers.split(",") if x.strip()] if args.tiers else None
+    rdir = run_tiers(profile=args.profile, run_id=args.run_id, model=args.model, data_dir=args.data_dir,
+                     tiers=tiers, num_prompts=args.num_prompts, client=args.client, port=args.port,
+                     progress_every=args.progress_every, keep_failed=args.keep_failed, harness=args.harness)
+    print(rdir)
+    return 0
+
+
+def _bench_in(contest: dict, st: dict | None, host: str, port: int, health: str, profile: str | None,
+              model: str, run_id: str, rdir: Path, tiers: list[dict], *, data_dir: str | None,
+              num_prompts: int | None, client: str | None, progress_every: float, keep_failed: bool,
+              harness: bool) -> None:
     mpath = rdir / "manifest.json"
     manifest = runs.read_json(mpath) if mpath.is_file() else {}
     _stop_stale_client(manifest)
-    keep_failed = bool(getattr(args, "keep_failed", False))
-    data_dir = args.data_dir or os.environ.get("DATA_DIR") or None
     serve_json = rdir / "serve.json"
-    launcher = client_launcher(args.client)
+    launcher = client_launcher(client)
     manifest.update({
         "run_id": run_id, "profile": profile, "created": manifest.get("created") or runs.now_iso(),
         "updated": runs.now_iso(), "git": runs.git_commit(),
@@ -293,14 +312,13 @@ def _bench_in(args, contest: dict, st: dict | None, host: str, port: int, health
         "scored_port": port == serve.LOCKED_PORT, "model": str(model), "device": runs.device_info(),
         "client": proc.fmt(launcher + ["bench", "serve"]),
     })
-    harness = bool(getattr(args, "harness", False))
     if manifest.get("harness") is not None and manifest["harness"] != harness:
         raise ForgeError(f"run {run_id} was started {'with' if manifest['harness'] else 'without'} --harness",
                          hint="resume it the same way, or start a new run (omit --run-id)")
     manifest["harness"] = harness
     if "vllm" not in manifest:
         manifest["vllm"] = runs.vllm_provenance(python_of(launcher))
-    manifest["datasets"] = _datasets(contest, tiers, data_dir, model, rdir, args.num_prompts, manifest)
+    manifest["datasets"] = _datasets(contest, tiers, data_dir, model, rdir, num_prompts, manifest)
     manifest.setdefault("tiers", {})
     runs.write_json(mpath, manifest)
 
@@ -324,7 +342,7 @@ def _bench_in(args, contest: dict, st: dict | None, host: str, port: int, health
             with ui.step(f"tier {name} ({i}/{len(tiers)}): {ds['num_prompts']} {ds['kind']} prompts"):
                 t0 = time.monotonic()
                 status = run_tier(contest, t, ds, launcher=launcher, model=str(model), host=host, port=port,
-                                  rdir=rdir, manifest=manifest, health_url=health, poll_s=args.progress_every,
+                                  rdir=rdir, manifest=manifest, health_url=health, poll_s=progress_every,
                                   ignore_eos=harness)
                 res = runs.read_json(result_path(rdir, name))
                 manifest["tiers"][name] = {"status": status, "seconds": round(time.monotonic() - t0, 1),
@@ -344,13 +362,11 @@ def _bench_in(args, contest: dict, st: dict | None, host: str, port: int, health
                                      + (f" (first error: {str(err).strip().splitlines()[-1][:200]})" if err else "")
     finally:
         signal.signal(signal.SIGTERM, old)
-    print(rdir)
     if failures:
         raise ForgeError(f"run {run_id}: {len(failures)} of {len(tiers)} tier(s) have failed requests:\n"
                          + "\n".join(f"  {n}: {why}" for n, why in failures.items()),
                          hint=f"fix the server and rerun with --run-id {run_id} (make bench-all-tiers RUN={run_id}): "
                               "tiers with failed requests run again; --keep-failed keeps them", exit_code=1)
-    return 0
 
 
 def register(sub) -> None:

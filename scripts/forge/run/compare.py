@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 
 from . import contest as contest_mod
-from . import runs, score
+from . import bench, runs, score, serve
+from . import profiles as profiles_mod
 from .. import ui
 from ..errors import ForgeError
 
@@ -91,26 +91,38 @@ def cmd_compare(args) -> int:
     return 0
 
 
-def cmd_sweep(args) -> int:
-    from . import bench, serve
-    if not args.profiles:
+def sweep(profiles: list[str], *, model: str | None = None, image: str | None = None,
+          data_dir: str | None = None, num_prompts: int | None = None, repeat: int = 1, timeout: float = 1800,
+          shm_size: str = "64g", vllm_cmd: str | None = None, client: str | None = None,
+          port: int | None = None) -> list[tuple[str, str, dict]]:
+    """For each profile in turn (the whole list `repeat` times): start its server, run every tier,
+    stop the server and score the run. Returns (profile, run id, score) per run."""
+    if not profiles:
         raise ForgeError("no profiles given", hint="forge sweep upstream contest (make sweep PROFILES=\"upstream contest\")")
+    contest = contest_mod.load_contest()
+    for prof in profiles:                 # a typo fails before the first server starts
+        profiles_mod.load_profile(prof, contest)
     results = []
-    for i, prof in enumerate(args.profiles * args.repeat, 1):
-        with ui.step(f"sweep {i}/{len(args.profiles) * args.repeat}: profile {prof}"):
-            run_id = runs.new_run_id(prof) + (f"-r{i}" if args.repeat > 1 else "")
-            serve.cmd_serve(argparse.Namespace(profile=prof, model=args.model, image=args.image, dry_run=False,
-                                               timeout=args.timeout, run_id=run_id, shm_size=args.shm_size,
-                                               vllm=args.vllm, port=args.port, no_wait=False))
+    total = len(profiles) * repeat
+    for i, prof in enumerate(profiles * repeat, 1):
+        with ui.step(f"sweep {i}/{total}: profile {prof}"):
+            run_id = runs.new_run_id(prof) + (f"-r{i}" if repeat > 1 else "")
+            serve.serve_profile(prof, model, image=image, vllm_cmd=vllm_cmd, port=port, run_id=run_id,
+                                timeout=timeout, shm_size=shm_size, contest=contest)
             try:
-                bench.cmd_bench(argparse.Namespace(profile=prof, run_id=run_id, model=args.model,
-                                                   data_dir=args.data_dir, tiers=None, num_prompts=args.num_prompts,
-                                                   client=args.client, port=args.port, progress_every=30.0))
+                bench.run_tiers(profile=prof, run_id=run_id, model=model, data_dir=data_dir,
+                                num_prompts=num_prompts, client=client, port=port, contest=contest)
             finally:
-                serve.cmd_stop(argparse.Namespace())
-            score.cmd_score(argparse.Namespace(run=run_id, baseline=None, baseline_name=None, tok_s=None,
-                                               force=False))
-            results.append((prof, run_id, runs.read_json(runs.run_dir(run_id, create=False) / "score.json")))
+                serve.stop_running_server()
+            res, _ = score.score_run(run_id, contest=contest)
+            results.append((prof, run_id, res))
+    return results
+
+
+def cmd_sweep(args) -> int:
+    results = sweep(args.profiles, model=args.model, image=args.image, data_dir=args.data_dir,
+                    num_prompts=args.num_prompts, repeat=args.repeat, timeout=args.timeout,
+                    shm_size=args.shm_size, vllm_cmd=args.vllm, client=args.client, port=args.port)
     print(f"{'profile':<14} {'run':<36} {'score':>6}  tok/s per tier")
     for prof, run_id, s in results:
         tiers = " / ".join(f"{t['tok_s']:.2f}" for t in s["tiers"].values())

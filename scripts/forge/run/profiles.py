@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from . import contest as contest_mod
 from ..config import Field, load_yaml, validate

@@ -173,21 +173,30 @@ def submission_readme_md(profile: dict, contest: dict, prov: dict, prov_src: str
     return "\n".join(L) + "\n"
 
 
-def cmd_report(args) -> int:
+def write_report(profile: str = "contest", out: Path | None = None, provenance: str | None = None) -> list[Path]:
+    """Write env-vars.md, optimization-plan.md and submission-readme.md for `profile` into `out`
+    (default reports/); a document whose text is unchanged is left alone. Returns the files written."""
     contest = contest_mod.load_contest()
-    prof = profiles.load_profile(args.profile, contest)
-    out = Path(args.out) if args.out else paths.REPORTS
+    prof = profiles.load_profile(profile, contest)
+    out = Path(out) if out else paths.REPORTS
     out.mkdir(parents=True, exist_ok=True)
-    prov, src = find_provenance(args.provenance)
+    prov, src = find_provenance(provenance)
     docs = {"env-vars.md": env_vars_md(prof, contest), "optimization-plan.md": optimization_plan_md(),
             "submission-readme.md": submission_readme_md(prof, contest, prov, src)}
+    written = []
     for name, text in docs.items():
         dest = out / name
         if dest.is_file() and dest.read_text() == text:
             ui.info(f"{paths.rel(dest)} is up to date")
             continue
         paths.write_atomic(dest, text)
+        written.append(dest)
         ui.info(f"wrote {paths.rel(dest)}")
+    return written
+
+
+def cmd_report(args) -> int:
+    write_report(args.profile, Path(args.out) if args.out else None, args.provenance)
     return 0
 
 

@@ -127,7 +127,60 @@ def launch_command(rendered: dict, *, image: str | None, vllm_cmd: str | None, p
     return native_launcher(vllm_cmd) + argv[1:]
 
 
+def serve_profile(profile: str, model: str | None = None, *, image: str | None = None, vllm_cmd: str | None = None,
+                  port: int | None = None, run_id: str | None = None, timeout: float = 1800,
+                  shm_size: str = "64g", wait: bool = True, contest: dict | None = None) -> dict:
+    """Start the server of a profile (configs/serve/<profile>.yaml, checked against the contest's
+    rules) from the installed wheel, through `vllm_cmd`, or in `image`; record it for `forge stop`
+    and, with `wait`, return once /health answers. Returns the server's state (run_id, port, ...)."""
+    contest = contest or contest_mod.load_contest()
+    prof = profiles.load_profile(profile, contest)
+    model = _env_or(model, "MODEL")
+    image = _env_or(image, "IMAGE")
+    if not model:
+        raise ForgeError("no model directory given", hint="pass --model DIR (make serve MODEL=DIR)")
+    port = port or LOCKED_PORT
+    run_id = run_id or runs.new_run_id(prof["name"])
+    if not image and vllm_cmd is None and not shutil.which("vllm"):
+        probe = proc.run([sys.executable, "-c", "import vllm"], check=False, capture=True)
+        if probe.returncode != 0:
+            raise ForgeError("vLLM is not installed for this Python and no image was given",
+                             hint="install our wheel (pip install dist/vllm-*.whl) or pass --image IMAGE")
+    st = running_server()
+    if st:
+        raise ForgeError(f"a server started by forge is already running (pid {st['pid']}, run {st['run_id']})",
+                         hint="forge stop (make stop) first")
+    state = start_server(prof, Path(model).resolve(), contest=contest, port=port, run_id=run_id, image=image,
+                         vllm_cmd=vllm_cmd, shm_size=shm_size, wait=wait, timeout=timeout)
+    if state.get("ready"):
+        ui.info(f"server ready on http://{state['host']}:{port} (run {run_id}); `forge stop` ends it")
+    return state
+
+
+def stop_running_server() -> str:
+    """Stop the server `serve_profile` (or `forge serve`) started, if any; returns what happened."""
+    st = read_state()
+    if st is None:
+        ui.info("no server started by forge is recorded; nothing to stop")
+        return "none recorded"
+    if proc.process_start_time(st["pid"]) != st["start_time"]:
+        STATE.unlink()
+        ui.info(f"the recorded server (pid {st['pid']}, run {st['run_id']}) has already exited; state cleared")
+        return "already gone"
+    return stop_server(st)
+
+
 def cmd_serve(args) -> int:
+    if args.dry_run or args.foreground:
+        return _print_or_exec(args)
+    state = serve_profile(args.profile, args.model, image=args.image, vllm_cmd=args.vllm, port=args.port,
+                          run_id=args.run_id, timeout=args.timeout, shm_size=args.shm_size, wait=not args.no_wait)
+    print(state["run_id"])
+    return 0
+
+
+def _print_or_exec(args) -> int:
+    """--dry-run prints the checked command; --foreground (inside the image) becomes the server."""
     contest = contest_mod.load_contest()
     prof = profiles.load_profile(args.profile, contest)
     model = _env_or(args.model, "MODEL")
@@ -148,29 +201,12 @@ def cmd_serve(args) -> int:
         if cmd[1:] != rendered["argv"][1:] or image:
             print(f"# launched as:\n{proc.fmt(cmd)}")
         return 0
-
-    if args.foreground:
-        # inside the image: the checked command replaces this process (PID 1 stays the server)
-        if image:
-            raise ForgeError("--foreground runs the server in this process; it cannot start an image")
-        ui.info(f"{env_text} {proc.fmt(cmd)}")
-        os.execvpe(cmd[0], cmd, {**os.environ, **rendered["env"]})
-    if not image and args.vllm is None and not shutil.which("vllm"):
-        probe = proc.run([sys.executable, "-c", "import vllm"], check=False, capture=True)
-        if probe.returncode != 0:
-            raise ForgeError("vLLM is not installed for this Python and no image was given",
-                             hint="install our wheel (pip install dist/vllm-*.whl) or pass --image IMAGE")
-    st = running_server()
-    if st:
-        raise ForgeError(f"a server started by forge is already running (pid {st['pid']}, run {st['run_id']})",
-                         hint="forge stop (make stop) first")
-    state = start_server(prof, model_path, contest=contest, port=port, run_id=run_id, image=image,
-                         vllm_cmd=args.vllm, shm_size=args.shm_size, wait=not args.no_wait,
-                         timeout=args.timeout)
-    if state.get("ready"):
-        ui.info(f"server ready on http://{state['host']}:{port} (run {run_id}); `forge stop` ends it")
-    print(run_id)
-    return 0
+    # inside the image: the checked command replaces this process (PID 1 stays the server)
+    if image:
+        raise ForgeError("--foreground runs the server in this process; it cannot start an image")
+    ui.info(f"{env_text} {proc.fmt(cmd)}")
+    proc.replace_process(cmd, env=rendered["env"])
+    return 0                            # not reached
 
 
 def start_server(prof: dict, model_path: Path, *, contest: dict, port: int, run_id: str,
@@ -281,15 +317,7 @@ def stop_server(st: dict, quiet: bool = False, grace_s: float = 30.0) -> str:
 
 
 def cmd_stop(args) -> int:
-    st = read_state()
-    if st is None:
-        ui.info("no server started by forge is recorded; nothing to stop")
-        return 0
-    if proc.process_start_time(st["pid"]) != st["start_time"]:
-        STATE.unlink()
-        ui.info(f"the recorded server (pid {st['pid']}, run {st['run_id']}) has already exited; state cleared")
-        return 0
-    stop_server(st)
+    stop_running_server()
     return 0
 
 
