@@ -9,6 +9,13 @@ from typing import Mapping, Sequence
 from .errors import ForgeError
 
 
+def merged_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """os.environ with `env` on top (values as strings): what every child process gets."""
+    full = dict(os.environ)
+    full.update({k: str(v) for k, v in (env or {}).items()})
+    return full
+
+
 def fmt(cmd: Sequence[str]) -> str:
     return " ".join(shlex.quote(str(c)) for c in cmd)
 
@@ -20,9 +27,7 @@ def run(cmd: Sequence[str | os.PathLike], *, cwd: str | Path | None = None,
     """Run a command. `env` is merged over os.environ. With `log`, output goes to that file
     (and its tail is shown on failure); with `capture`, output is returned as text."""
     cmd = [str(c) for c in cmd]
-    full_env = dict(os.environ)
-    if env:
-        full_env.update({k: str(v) for k, v in env.items()})
+    full_env = merged_env(env)
     kwargs = dict(cwd=cwd, env=full_env, input=input, text=True, timeout=timeout)
     try:
         if log is not None:
@@ -72,9 +77,7 @@ def start(cmd: Sequence[str | os.PathLike], *, log: Path, env: Mapping[str, str]
     """Start a long-running command in its own process group (so it can be stopped as a whole),
     output appended to `log`. `env` is merged over os.environ."""
     cmd = [str(c) for c in cmd]
-    full_env = dict(os.environ)
-    if env:
-        full_env.update({k: str(v) for k, v in env.items()})
+    full_env = merged_env(env)
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as fh:
         fh.write(f"$ {fmt(cmd)}\n")
@@ -92,9 +95,7 @@ def start_piped(cmd: Sequence[str | os.PathLike], *, stderr_log: Path, env: Mapp
     """Start a long-running command in its own process group that talks over its stdin/stdout (text,
     line by line); stderr is appended to `stderr_log`. `env` is merged over os.environ."""
     cmd = [str(c) for c in cmd]
-    full_env = dict(os.environ)
-    if env:
-        full_env.update({k: str(v) for k, v in env.items()})
+    full_env = merged_env(env)
     Path(stderr_log).parent.mkdir(parents=True, exist_ok=True)
     with open(stderr_log, "a") as fh:
         try:
@@ -109,9 +110,7 @@ def replace_process(cmd: Sequence[str | os.PathLike], *, env: Mapping[str, str] 
     """Become `cmd` (exec): the command takes this process's place, e.g. as a container's PID 1.
     `env` is merged over os.environ."""
     cmd = [str(c) for c in cmd]
-    full_env = dict(os.environ)
-    if env:
-        full_env.update({k: str(v) for k, v in env.items()})
+    full_env = merged_env(env)
     try:
         os.execvpe(cmd[0], cmd, full_env)
     except FileNotFoundError:
