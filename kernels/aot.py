@@ -14,7 +14,6 @@ target, when shared memory exceeds 65536 bytes or the code spills registers.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -23,13 +22,11 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-# keep kernels/ (which holds a folder named "triton") off the import path
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+import forge_triton
 
 LDS_LIMIT = 65536           # gfx9 LDS per workgroup: the DCU-portability gate
 # sm_90's opt-in shared memory per block (227 KiB). On CUDA a spill is reported, not a failure:
@@ -40,30 +37,10 @@ HEAD = 256
 HQ, HKV = 24, 4
 
 
-def _load(name: str, filename: str):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "triton", filename))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def load_kernels():
     """Load the kernel files as real JIT functions, even inside a TRITON_INTERPRET=1 process
     (the interpreter's stand-ins cannot be compiled), under module names of their own."""
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "0"
-    try:
-        return (_load("forge_aot_int8_kv_write", "int8_kv_write.py"),
-                _load("forge_aot_split_kv_decode", "split_kv_decode.py"),
-                _load("forge_aot_prefill_attention", "prefill_attention.py"))
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
+    return tuple(forge_triton.fresh(m) for m in ("int8_kv_write", "split_kv_decode", "prefill_attention"))
 
 
 def parse_target(s: str) -> GPUTarget:

@@ -10,31 +10,17 @@ exit code 0 when every check passes, 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]  # kernels/triton != triton
-
-import torch  # noqa: E402
+import torch
 
 ON_GPU = torch.cuda.is_available()
 if not ON_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-
-def _load(name, rel):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, rel))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def rel(a, b):
@@ -63,8 +49,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args(argv)
-    wr = _load("forge_int8_kv_write", "triton/int8_kv_write.py")
-    dec = _load("forge_split_kv_decode", "triton/split_kv_decode.py")
+    from forge_triton import int8_kv_write as wr       # after TRITON_INTERPRET is settled
+    from forge_triton import split_kv_decode as dec
     dev = "cuda" if ON_GPU else "cpu"
     g = torch.Generator(device=dev).manual_seed(int(time.time()) & 0xFFFF)
     rows = []

@@ -32,10 +32,12 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.join(REPO, "kernels")]
+sys.path.insert(0, os.path.join(REPO, "kernels"))   # the import root of our kernels (forge_triton)
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from forge_triton import int8_kv_write as WR  # noqa: E402
+from forge_triton import split_kv_decode as DEC  # noqa: E402
 
 HQ, HKV, D = 24, 4, 256
 SCALE = D ** -0.5
@@ -50,8 +52,6 @@ def _load(name, path):
     return mod
 
 
-WR = _load("forge_int8_kv_write", os.path.join(REPO, "kernels", "triton", "int8_kv_write.py"))
-DEC = _load("forge_split_kv_decode", os.path.join(REPO, "kernels", "triton", "split_kv_decode.py"))
 REF = _load("forge_kernel_reference", os.path.join(REPO, "tests", "kernels", "reference.py"))
 
 LOG = []

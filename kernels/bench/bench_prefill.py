@@ -38,12 +38,9 @@ PROMPT = 22000
 
 
 def _load_ours():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "forge_prefill_attention", os.path.join(REPO, "kernels", "triton", "prefill_attention.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    sys.path.insert(0, os.path.join(REPO, "kernels"))   # the import root of our kernels (forge_triton)
+    from forge_triton import prefill_attention
+    return prefill_attention
 
 
 def flops(c: int, p: int) -> float:

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Quantize-on-write of K/V into the int8 paged KV cache: the HIP/CUDA twin of
-// kernels/triton/int8_kv_write.py (same layout, same numerics).
+// kernels/forge_triton/int8_kv_write.py (same layout, same numerics).
 //
 // Cache planes (views of one (nb, 2, bs, H, D+4) int8 page tensor):
 //   k_data/v_data   (nb, bs, H, D) int8, token-major (NHD)

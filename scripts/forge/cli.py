@@ -12,19 +12,55 @@ from . import __version__
 from .errors import ForgeError
 
 
+STAGES = ("build", "run", "lab")
+HEADINGS = {"build": "build (source -> tree -> patches -> wheel -> image)",
+            "run": "run (serve -> bench -> score -> report)",
+            "lab": "lab (GPU stand-in harness; not the product)",
+            "": "project (environment, tests)"}
+
+
+class _Verbs:
+    """What a module's register() is given: it adds the verb's parser as argparse would and keeps
+    its one-line help for the listing grouped by stage."""
+
+    def __init__(self, sub, stage: str, listing: dict):
+        self.sub, self.stage, self.listing = sub, stage, listing
+
+    def add_parser(self, name: str, **kw):
+        self.listing.setdefault(self.stage, []).append((name, kw.pop("help", "")))
+        return self.sub.add_parser(name, **kw)
+
+
+def verb_modules() -> list:
+    """Every module of the core and of the stage packages that defines `register(subparsers)`."""
+    found = []
+    for prefix in ("", *STAGES):
+        pkg = importlib.import_module(f"{__package__}.{prefix}".rstrip("."))
+        for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
+            if info.ispkg or info.name in ("cli", "__main__"):
+                continue
+            m = importlib.import_module(f"{pkg.__name__}.{info.name}")
+            if hasattr(m, "register"):
+                found.append(m)
+    return found
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="forge",
+        prog="forge", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Build, serve, benchmark and score a patched vLLM 0.18.1 for Qwen3.5-27B on Hygon DCU.")
     p.add_argument("--version", action="version", version=f"dcu-forge {__version__}")
-    sub = p.add_subparsers(dest="verb", metavar="VERB")
-    pkg = importlib.import_module(__package__)
-    for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
-        if mod in ("cli", "__main__"):
-            continue
-        m = importlib.import_module(f"{__package__}.{mod}")
-        if hasattr(m, "register"):
-            m.register(sub)
+    sub = p.add_subparsers(dest="verb", metavar="VERB", help="one of the verbs below")
+    listing: dict[str, list[tuple[str, str]]] = {}
+    for m in verb_modules():
+        stage = m.__name__.split(".")[1] if m.__name__.count(".") > 1 else ""
+        m.register(_Verbs(sub, stage, listing))
+    width = max(len(n) for verbs in listing.values() for n, _ in verbs) + 2
+    lines = []
+    for stage in (*STAGES, ""):
+        lines += ["", f"{HEADINGS[stage]}:"]
+        lines += [f"  {n:<{width}}{h}" for n, h in sorted(listing.get(stage, []))]
+    p.epilog = "verbs, by stage:\n" + "\n".join(lines[1:]) + "\n\n`forge VERB --help` describes a verb."
     return p
 
 

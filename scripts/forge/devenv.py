@@ -8,10 +8,10 @@ from __future__ import annotations
 import hashlib
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
+from . import proc
 from .errors import ForgeError
 from .paths import BUILD, DIST, ROOT, rel
 
@@ -26,9 +26,9 @@ def cmd_venv(args) -> int:
         return 0
     print(f"[forge] setting up {rel(venv)} from {rel(req)} (first run: a few minutes)", file=sys.stderr, flush=True)
     if not py.exists():
-        if subprocess.run([sys.executable, "-m", "venv", str(venv)]).returncode != 0:
+        if proc.run([sys.executable, "-m", "venv", str(venv)], check=False).returncode != 0:
             raise ForgeError(f"could not create {rel(venv)}", hint="install python3-venv (apt-get install python3-venv)")
-    rc = subprocess.run([str(py), "-m", "pip", "install", "-q", "-r", str(req)]).returncode
+    rc = proc.run([str(py), "-m", "pip", "install", "-q", "-r", str(req)], check=False).returncode
     if rc != 0:
         raise ForgeError(f"pip could not install {rel(req)} into {rel(venv)}",
                          hint="check pip's configured index (pip config list) and the messages above")

@@ -9,6 +9,13 @@ from typing import Mapping, Sequence
 from .errors import ForgeError
 
 
+def merged_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """os.environ with `env` on top (values as strings): what every child process gets."""
+    full = dict(os.environ)
+    full.update({k: str(v) for k, v in (env or {}).items()})
+    return full
+
+
 def fmt(cmd: Sequence[str]) -> str:
     return " ".join(shlex.quote(str(c)) for c in cmd)
 
@@ -20,9 +27,7 @@ def run(cmd: Sequence[str | os.PathLike], *, cwd: str | Path | None = None,
     """Run a command. `env` is merged over os.environ. With `log`, output goes to that file
     (and its tail is shown on failure); with `capture`, output is returned as text."""
     cmd = [str(c) for c in cmd]
-    full_env = dict(os.environ)
-    if env:
-        full_env.update({k: str(v) for k, v in env.items()})
+    full_env = merged_env(env)
     kwargs = dict(cwd=cwd, env=full_env, input=input, text=True, timeout=timeout)
     try:
         if log is not None:
@@ -72,9 +77,7 @@ def start(cmd: Sequence[str | os.PathLike], *, log: Path, env: Mapping[str, str]
     """Start a long-running command in its own process group (so it can be stopped as a whole),
     output appended to `log`. `env` is merged over os.environ."""
     cmd = [str(c) for c in cmd]
-    full_env = dict(os.environ)
-    if env:
-        full_env.update({k: str(v) for k, v in env.items()})
+    full_env = merged_env(env)
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as fh:
         fh.write(f"$ {fmt(cmd)}\n")
@@ -85,6 +88,42 @@ def start(cmd: Sequence[str | os.PathLike], *, log: Path, env: Mapping[str, str]
         except FileNotFoundError:
             raise ForgeError(f"{what or 'command'}: '{cmd[0]}' is not installed or not on PATH",
                              hint=hint or f"install {cmd[0]} and retry")
+
+
+def start_piped(cmd: Sequence[str | os.PathLike], *, stderr_log: Path, env: Mapping[str, str] | None = None,
+                what: str | None = None, hint: str | None = None) -> subprocess.Popen:
+    """Start a long-running command in its own process group that talks over its stdin/stdout (text,
+    line by line); stderr is appended to `stderr_log`. `env` is merged over os.environ."""
+    cmd = [str(c) for c in cmd]
+    full_env = merged_env(env)
+    Path(stderr_log).parent.mkdir(parents=True, exist_ok=True)
+    with open(stderr_log, "a") as fh:
+        try:
+            return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fh, text=True,
+                                    env=full_env, start_new_session=True)
+        except FileNotFoundError:
+            raise ForgeError(f"{what or 'command'}: '{cmd[0]}' is not installed or not on PATH",
+                             hint=hint or f"install {cmd[0]} and retry")
+
+
+def replace_process(cmd: Sequence[str | os.PathLike], *, env: Mapping[str, str] | None = None) -> None:
+    """Become `cmd` (exec): the command takes this process's place, e.g. as a container's PID 1.
+    `env` is merged over os.environ."""
+    cmd = [str(c) for c in cmd]
+    full_env = merged_env(env)
+    try:
+        os.execvpe(cmd[0], cmd, full_env)
+    except FileNotFoundError:
+        raise ForgeError(f"'{cmd[0]}' is not installed or not on PATH", hint=f"install {cmd[0]} and retry")
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL a process group at once (a worker that does not answer)."""
+    import signal
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def process_start_time(pid: int) -> str | None:

@@ -7,12 +7,12 @@ rehearsals' reports go to build/test-reports/: a test run leaves the tracked rep
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import shutil
 
-from . import image, rehearsal, ui
+from . import proc, ui
+from .build import image, rehearsal
 from .paths import BUILD, ROOT
 
 # What a fresh `make test` writes, measured on a fresh clone: the rehearsal venv (torch with its CUDA
@@ -63,7 +63,7 @@ def cmd_test(args) -> int:
         if args.no_image:
             ui.warn("image rehearsal skipped (--no-image)")
         elif shutil.which("buildah") or shutil.which("docker") and \
-                subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
+                proc.run(["docker", "info"], capture=True, check=False).returncode == 0:
             image.image_rehearsal(report_dir=TEST_REPORTS)
         else:
             ui.warn("image rehearsal skipped: no buildah and no running Docker engine "
@@ -78,8 +78,8 @@ def cmd_test(args) -> int:
     rc = 0
     for pytest_args in runs:
         ui.info("pytest " + " ".join(pytest_args))
-        rc = max(rc, subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", *pytest_args],
-                                    cwd=ROOT, env=env).returncode)
+        rc = max(rc, proc.run([sys.executable, "-m", "pytest", "-q", "-rs", *pytest_args],
+                              cwd=ROOT, env=env, check=False).returncode)
     return rc
 
 

@@ -1,5 +1,4 @@
 """Kernel tests: GPU when torch sees one, else Triton's CPU interpreter at small sizes."""
-import importlib.util
 import os
 import sys
 
@@ -10,24 +9,16 @@ from kernel_env import KDIR, ON_GPU, REPO  # noqa: E402,F401  (sets TRITON_INTER
 import pytest  # noqa: E402
 
 
-def _load(name, rel):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, os.path.join(KDIR, rel))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="session")
 def wr():
-    return _load("forge_int8_kv_write", "triton/int8_kv_write.py")
+    from forge_triton import int8_kv_write
+    return int8_kv_write
 
 
 @pytest.fixture(scope="session")
 def dec():
-    return _load("forge_split_kv_decode", "triton/split_kv_decode.py")
+    from forge_triton import split_kv_decode
+    return split_kv_decode
 
 
 @pytest.fixture(scope="session")
@@ -42,4 +33,5 @@ def on_gpu():
 
 @pytest.fixture(scope="session")
 def pre():
-    return _load("forge_prefill_attention", "triton/prefill_attention.py")
+    from forge_triton import prefill_attention
+    return prefill_attention

@@ -1,21 +1,11 @@
 """AOT compile for AMD targets without a GPU: LDS / register / spill report (slow-ish, < 2 min)."""
-import importlib.util
-import os
-import sys
-
 import pytest
 
-from kernel_env import KDIR
 
 
 def _aot():
-    if "forge_kernels_aot" in sys.modules:
-        return sys.modules["forge_kernels_aot"]
-    spec = importlib.util.spec_from_file_location("forge_kernels_aot", os.path.join(KDIR, "aot.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["forge_kernels_aot"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    import aot                      # kernels/aot.py (kernels/ is on pytest's pythonpath)
+    return aot
 
 
 @pytest.mark.slow

@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
-from forge import gpu_bundle, wheel  # noqa: E402
+from forge.build import wheel  # noqa: E402
+
+from forge.lab import gpu_bundle  # noqa: E402
 
 STANDIN = ROOT / "harness" / "gpu" / "overlay" / "vllm" / "_C.py"
 
@@ -46,7 +48,7 @@ def test_harness_applies_on_the_patched_tree_and_only_adds_files(patched_tree, t
 def test_harness_patches_never_touch_forbidden_paths():
     import fnmatch
     import re
-    from forge import contest
+    from forge.run import contest
     c = contest.load_contest()
     for p in gpu_bundle.harness_patches():
         files = re.findall(r"^diff --git a/(\S+) b/", p.read_text(), flags=re.M)

@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from forge import contest, profiles  # noqa: E402
+from forge.run import contest, profiles  # noqa: E402
 
 PARSE = r"""
 import json, sys

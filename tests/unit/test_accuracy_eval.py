@@ -10,7 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import fake_server, forge, tiny_model  # noqa: E402
 
-from forge import accuracy  # noqa: E402
+from forge.run import accuracy  # noqa: E402
 
 
 def test_qa_f1_hand_computed():

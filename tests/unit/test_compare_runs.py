@@ -9,7 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import FIXTURE_RUNS, forge  # noqa: E402
 
-from forge import compare  # noqa: E402
+from forge.run import compare  # noqa: E402
 
 
 def test_band_from_repeats_is_two_standard_errors():

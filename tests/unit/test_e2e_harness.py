@@ -15,7 +15,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import FIXTURE_RUNS, ROOT, SUPPORT, forge_env, free_port_pair, health  # noqa: E402
 
-from forge import contest, e2e, gpu_bundle  # noqa: E402
+from forge.lab import gpu_bundle, packing, plumbing, rounds, serverlog  # noqa: E402
+
+from forge.run import contest  # noqa: E402
 from forge.errors import ForgeError  # noqa: E402
 
 FAKE = f"{sys.executable} {SUPPORT / 'fakeserver.py'}"
@@ -71,7 +73,7 @@ def test_harness_config_is_checked(tmp_path):
 
 def test_harness_args_keep_the_contest_client_but_drop_warmups():
     c = contest.load_contest()
-    h = e2e.harness_contest(c)
+    h = rounds.harness_contest(c)
     opts = dict((o[0], o[1] if len(o) > 1 else None) for o in h["client"]["options"])
     assert opts["--num-warmups"] == "0" and opts["--ready-check-timeout-sec"] == "0"
     orig = dict((o[0], o[1] if len(o) > 1 else None) for o in c["client"]["options"])
@@ -80,7 +82,7 @@ def test_harness_args_keep_the_contest_client_but_drop_warmups():
         assert opts[k] == orig[k]
     # the contest workload: each prompt's own output length, run to the end (random weights)
     assert opts["--custom-output-len"] == "-1" and "--ignore-eos" in opts
-    fixed = dict((o[0], o[1] if len(o) > 1 else None) for o in e2e.harness_contest(c, 1024)["client"]["options"])
+    fixed = dict((o[0], o[1] if len(o) > 1 else None) for o in rounds.harness_contest(c, 1024)["client"]["options"])
     assert fixed["--custom-output-len"] == "1024" and "--ignore-eos" in fixed
 
 
@@ -91,7 +93,7 @@ def test_merging_one_result_reproduces_vllms_own_numbers(tier):
     """vLLM's client computed these fields itself; recomputing them from its per-request lists
     must agree (this is what merging several rounds relies on)."""
     res = json.loads((FIXTURE_RUNS / "base" / f"{tier}.json").read_text())
-    m = e2e.merge_results([res])
+    m = rounds.merge_results([res])
     assert m["completed"] == res["completed"] and m["failed"] == res["failed"]
     assert m["output_throughput"] == pytest.approx(res["output_throughput"], rel=1e-9)
     for k in ("p50_ttft_ms", "p99_ttft_ms", "mean_ttft_ms"):
@@ -105,7 +107,7 @@ def test_merging_one_result_reproduces_vllms_own_numbers(tier):
 def test_merging_rounds_sums_tokens_over_time_and_pools_requests():
     a = json.loads((FIXTURE_RUNS / "base" / "8-16K.json").read_text())
     b = json.loads((FIXTURE_RUNS / "fast" / "8-16K.json").read_text())
-    m = e2e.merge_results([a, b])
+    m = rounds.merge_results([a, b])
     assert m["forge_merged_rounds"] == 2
     assert m["completed"] == a["completed"] + b["completed"]
     assert m["output_throughput"] == pytest.approx(
@@ -119,7 +121,7 @@ def test_merging_rounds_sums_tokens_over_time_and_pools_requests():
 def test_merging_keeps_failed_requests_failed():
     ok = json.loads((FIXTURE_RUNS / "base" / "8-16K.json").read_text())
     died = json.loads((FIXTURE_RUNS / "died" / "8-16K.json").read_text())       # 3 completed, 1 failed
-    m = e2e.merge_results([ok, died])
+    m = rounds.merge_results([ok, died])
     assert m["failed"] == ok["failed"] + died["failed"] == 1
     assert m["completed"] == ok["completed"] + died["completed"]
     assert sum(1 for e in m["errors"] if e) == 1
@@ -127,7 +129,7 @@ def test_merging_keeps_failed_requests_failed():
     good = [1000 * t for t, e in zip(m["ttfts"], m["errors"]) if not e]
     assert max(good) >= m["p99_ttft_ms"] >= min(good)
     gone = json.loads((FIXTURE_RUNS / "died" / "16-32K.json").read_text())     # server unreachable
-    g = e2e.merge_results([gone])
+    g = rounds.merge_results([gone])
     assert g["completed"] == 0 and g["output_throughput"] == 0.0 and g["p99_ttft_ms"] is None
     assert "unreachable" in g["forge_synthesized"]
 
@@ -142,7 +144,7 @@ def test_plumbing_accepts_small_logprob_noise():
     top = {"w1": -12.40, "w2": -12.41, "w3": -12.42}
     ref = _out(["w1", "w5", "w9", "w2", "w7", "w8"], top)
     test = _out(["w1", "w5", "w9", "w3", "w3", "w3"], {k: v + 0.002 for k, v in top.items()})
-    r = e2e.compare_outputs(ref, test)
+    r = plumbing.compare_outputs(ref, test)
     assert r["gross"] == [] and r["same_prefix"] == 3 and r["first_token_same"]
     assert r["max_abs_logprob_diff"] == pytest.approx(0.002) and r["top_common"] == 3
 
@@ -158,7 +160,7 @@ def test_plumbing_flags_gross_mismatches(case, needle):
         "disjoint": _out(["w8", "w2", "w3", "w4", "w5", "w6"], {"w8": -12.4, "w9": -12.5}),
         "empty": {"tokens": [], "token_logprobs": [], "top": []},
     }[case]
-    r = e2e.compare_outputs(ref, test)
+    r = plumbing.compare_outputs(ref, test)
     assert any(needle in g for g in r["gross"]), r["gross"]
 
 
@@ -169,7 +171,7 @@ def _e2e(tmp_path, *extra, env_extra=None, timeout=300):
     port = free_port_pair()
     env = forge_env(tmp_path, REPLAY_FROM=str(FIXTURE_RUNS / "base"), REPLAY_LOG=str(tmp_path / "replay.log"),
                     **{f"REPLAY_FROM_{port}": str(FIXTURE_RUNS / "fast")}, **(env_extra or {}))
-    from forge import gpu_bundle as gb
+    from forge.lab import gpu_bundle as gb
     model = tmp_path / "model"
     gb.write_model_dir({"model": {"config": "configs/models/qwen3.5-27b/config.json", "vocab_size": 248320,
                                   "eos_token_id": 248044}}, model)
@@ -212,7 +214,7 @@ def test_e2e_run_scores_every_profile_against_the_same_run_reference(tmp_path):
         got = json.loads((out / "runs" / "fast-int8" / f"{t}.json").read_text())
         rec = json.loads((FIXTURE_RUNS / "fast" / f"{t}.json").read_text())
         assert got["output_throughput"] == pytest.approx(rec["output_throughput"])
-    assert s["plumbing"]["ok"] and len(s["plumbing"]["prompts"]) == len(e2e.PLUMBING_PROMPT_TOKENS)
+    assert s["plumbing"]["ok"] and len(s["plumbing"]["prompts"]) == len(plumbing.PLUMBING_PROMPT_TOKENS)
     # every (tier, profile) ran once, and each profile's server got its own profile's command
     calls = [json.loads(x) for x in (tmp_path / "replay.log").read_text().splitlines()]
     assert len(calls) == 6
@@ -310,8 +312,8 @@ REAL = ROOT / "reports" / "e2e" / "2026-11-30-h200"
 
 def test_log_facts_read_the_real_server_logs():
     """Values as printed by the real servers (see the log lines quoted in reports/e2e/README.md)."""
-    int8 = e2e.log_facts(REAL / "logs" / "server-fast-int8.log")
-    bf16 = e2e.log_facts(REAL / "logs" / "server-upstream.log")
+    int8 = serverlog.log_facts(REAL / "logs" / "server-fast-int8.log")
+    bf16 = serverlog.log_facts(REAL / "logs" / "server-upstream.log")
     assert (int8["attention_block_size"], int8["kv_cache_tokens"]) == ("1552", "58976")
     assert (bf16["attention_block_size"], bf16["kv_cache_tokens"]) == ("784", "30576")
     # the flash-attention probe's ERROR lines are expected in the harness and not counted
@@ -320,7 +322,7 @@ def test_log_facts_read_the_real_server_logs():
 
 
 def test_score_reads_the_real_fault_run_as_failed_tiers():
-    from forge import score
+    from forge.run import score
     c = contest.load_contest()
     run = score.load_run(REAL / "runs" / "fault-upstream", c)
     for name, t in run["tiers"].items():
@@ -357,7 +359,7 @@ def test_e2e_reruns_a_round_that_was_recorded_as_failed_for_a_missing_server(tmp
     r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--tier-order", "4-8K")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     # as if upstream's server had been gone in that round: the loop records such a tier as failed
-    from forge import bench
+    from forge.run import bench
     res = out / "runs" / "upstream" / "rounds" / "r1" / "4-8K.json"
     res.write_text(json.dumps(bench.failed_result(contest.load_contest(), "4-8K", 1, "server not reachable")))
     r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--tier-order", "4-8K")
@@ -372,7 +374,7 @@ def test_e2e_reruns_a_round_that_was_recorded_as_failed_for_a_missing_server(tmp
 def test_a_reference_that_served_nothing_gives_no_score_but_a_reason(tmp_path):
     import shutil
     import types
-    from forge import bench
+    from forge.run import bench
     c = contest.load_contest()
     dirs = {}
     for name, src in (("fast-int8", "fast"), ("upstream", "died")):
@@ -380,7 +382,7 @@ def test_a_reference_that_served_nothing_gives_no_score_but_a_reason(tmp_path):
         shutil.copytree(FIXTURE_RUNS / src, dirs[name])
     assert json.loads((dirs["upstream"] / "16-32K.json").read_text())["completed"] == 0
     run = types.SimpleNamespace(contest=c, summary={}, out=tmp_path)
-    assert e2e.scores(run, dirs, "upstream") == {}
+    assert rounds.scores(run, dirs, "upstream") == {}
     assert "served nothing in tier(s) 16-32K" in run.summary["score_note"]
     assert bench.result_path(dirs["fast-int8"], "4-8K").is_file()
 
@@ -402,31 +404,31 @@ def test_triton_cache_packs_into_parts_and_seeds_a_fresh_cache(tmp_path):
     files = _random_cache(tmp_path / "cache")
     out = tmp_path / "out"
     out.mkdir()
-    (out / f"{e2e.TRITON_PARTS}.117").write_bytes(b"stale part of an earlier, larger pack")
-    info = e2e.pack_triton_cache(tmp_path / "cache", out, part_mib=16 / 1024)   # 16 KiB parts
-    man = json.loads((out / e2e.TRITON_MANIFEST).read_text())
-    parts = sorted(out.glob(f"{e2e.TRITON_PARTS}.*"))
+    (out / f"{packing.TRITON_PARTS}.117").write_bytes(b"stale part of an earlier, larger pack")
+    info = packing.pack_triton_cache(tmp_path / "cache", out, part_mib=16 / 1024)   # 16 KiB parts
+    man = json.loads((out / packing.TRITON_MANIFEST).read_text())
+    parts = sorted(out.glob(f"{packing.TRITON_PARTS}.*"))
     assert info["parts"] == len(parts) == len(man["parts"]) >= 3
     assert [p.name for p in parts] == [x["name"] for x in man["parts"]]       # the stale part is gone
     assert all(p.stat().st_size <= 16 * 1024 for p in parts) and not list(out.glob(".*"))
     fresh = tmp_path / "fresh"
     (fresh / "kept").mkdir(parents=True)
-    got = e2e.seed_triton_cache(out, fresh)
+    got = packing.seed_triton_cache(out, fresh)
     assert got["files"] == len(files)
     for rel, body in files.items():
         assert (fresh / rel).read_bytes() == body
     assert (fresh / "kept").is_dir() and not list(fresh.glob(".seed-*"))
     with pytest.raises(ForgeError) as ei:                # a folder without a pack: a wrong path
-        e2e.seed_triton_cache(tmp_path / "cache", tmp_path / "x")
-    assert e2e.TRITON_MANIFEST in ei.value.message
+        packing.seed_triton_cache(tmp_path / "cache", tmp_path / "x")
+    assert packing.TRITON_MANIFEST in ei.value.message
 
 
 @pytest.mark.parametrize("damage", ["missing", "changed"])
 def test_a_damaged_pack_is_skipped_and_leaves_the_cache_as_it_was(tmp_path, damage):
     _random_cache(tmp_path / "cache")
     out = tmp_path / "out"
-    e2e.pack_triton_cache(tmp_path / "cache", out, part_mib=16 / 1024)
-    victim = sorted(out.glob(f"{e2e.TRITON_PARTS}.*"))[1]
+    packing.pack_triton_cache(tmp_path / "cache", out, part_mib=16 / 1024)
+    victim = sorted(out.glob(f"{packing.TRITON_PARTS}.*"))[1]
     if damage == "missing":
         victim.unlink()
     else:
@@ -434,7 +436,7 @@ def test_a_damaged_pack_is_skipped_and_leaves_the_cache_as_it_was(tmp_path, dama
         b[100] ^= 0xFF
         victim.write_bytes(bytes(b))
     fresh = tmp_path / "fresh"
-    got = e2e.seed_triton_cache(out, fresh)
+    got = packing.seed_triton_cache(out, fresh)
     assert victim.name in got["skipped"]
     assert not fresh.exists() or not any(fresh.iterdir())
 
@@ -444,14 +446,14 @@ def test_seeding_skips_members_outside_the_cache(tmp_path):
     src.mkdir()
     (tmp_path / "evil.txt").write_text("x")
     (tmp_path / "ok.txt").write_text("y")
-    part = src / f"{e2e.TRITON_PARTS}.000"
+    part = src / f"{packing.TRITON_PARTS}.000"
     with tarfile.open(part, "w:gz") as tf:
         tf.add(tmp_path / "evil.txt", arcname="../evil-out.txt")
         tf.add(tmp_path / "ok.txt", arcname="k/ok.txt")
     from forge.hashing import sha256_file
-    (src / e2e.TRITON_MANIFEST).write_text(json.dumps(
+    (src / packing.TRITON_MANIFEST).write_text(json.dumps(
         {"parts": [{"name": part.name, "bytes": part.stat().st_size, "sha256": sha256_file(part)}]}))
-    e2e.seed_triton_cache(src, tmp_path / "cache")
+    packing.seed_triton_cache(src, tmp_path / "cache")
     assert (tmp_path / "cache" / "k" / "ok.txt").read_text() == "y"
     assert not (tmp_path / "evil-out.txt").exists()
 
@@ -491,7 +493,7 @@ def test_log_facts_of_the_tier_runs(folder, expect):
     """An 8 GiB KV cache per GPU: int8 pages hold 1552-token blocks and ~1.98x the tokens; with
     --tensor-parallel-size 2 each rank holds 2 of the 4 KV heads, so the same 8 GiB holds twice the tokens."""
     for name, (block, tokens) in expect.items():
-        f = e2e.log_facts(E2E / folder / "logs" / f"server-{name}.log")
+        f = serverlog.log_facts(E2E / folder / "logs" / f"server-{name}.log")
         assert (f["attention_block_size"], f["kv_cache_tokens"]) == (block, tokens)
         assert f["error_lines"] == []
 
@@ -520,7 +522,7 @@ def test_merged_tier_results_follow_vllms_arithmetic_on_the_real_rounds(folder):
 @pytest.mark.parametrize("folder", TIER_RUNS, ids=lambda p: p.name)
 def test_the_recorded_proxy_scores_are_reproduced_here(folder):
     """score.json was written on the GPU machine (Python 3.12); scoring the same files here gives it again."""
-    from forge import score
+    from forge.run import score
     c = contest.load_contest()
     base = score.baseline_from_run(folder / "runs" / "upstream", c)
     for prof in (folder / "runs").iterdir():
@@ -533,7 +535,7 @@ def test_the_recorded_proxy_scores_are_reproduced_here(folder):
 def test_compare_on_the_real_repeats():
     """Round 1 at 16-32K was measured by four upstream servers (two runs, two repeats): one half of
     them against the other is within noise; the submitted profile against them is not."""
-    from forge import compare, score
+    from forge.run import compare, score
     c = contest.load_contest()
     r1 = lambda folder, prof: score.load_run(E2E / folder / "runs" / prof / "rounds" / "r1", c, partial=True)  # noqa: E731
     ups = [r1(f, "upstream") for f in ("2026-11-30-h200-fast-int8", "2026-11-30-h200-repeat-fast-int8",
@@ -570,7 +572,7 @@ def test_make_score_on_a_real_run_folder(tmp_path):
 
 
 @pytest.mark.parametrize("no_fault,summary,live,extra", [
-    (False, {"reference": "upstream"}, ["fast-int8", "upstream"], e2e.FAULT_NEED_S),
+    (False, {"reference": "upstream"}, ["fast-int8", "upstream"], rounds.FAULT_NEED_S),
     (True, {"reference": "upstream"}, ["fast-int8", "upstream"], 0.0),
     (False, {"reference": "upstream", "fault": {"ok": True}}, ["fast-int8", "upstream"], 0.0),
     (False, {"reference": "upstream"}, ["fast-int8"], 0.0),
@@ -578,4 +580,4 @@ def test_make_score_on_a_real_run_folder(tmp_path):
 def test_the_rounds_leave_time_for_a_fault_check_still_to_come(no_fault, summary, live, extra):
     import types
     args = types.SimpleNamespace(reserve_s=15.0, no_fault=no_fault)
-    assert e2e.rounds_reserve(args, summary, live) == 15.0 + extra
+    assert rounds.rounds_reserve(args, summary, live) == 15.0 + extra

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from forge import fetch
+from forge.build import fetch
 from forge.errors import ForgeError
 from forge.hashing import sha256_file, tree_sha256
 

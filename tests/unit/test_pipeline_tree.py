@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from forge import patches, patchfile, tree
+from forge.build import patches, patchfile, tree
 from forge.errors import ForgeError
 
 from pipeline_fixtures import REVIEW, make_patch, make_sdist, upstream_cfg

@@ -9,7 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import ROOT, forge  # noqa: E402
 
-from forge import contest, profiles  # noqa: E402
+from forge.run import contest, profiles  # noqa: E402
 
 
 def test_reports(tmp_path):
@@ -92,7 +92,7 @@ def test_provenance_versions_are_real(tmp_path):
     from importlib import metadata
     import shutil
     import subprocess
-    from forge import provenance
+    from forge.build import provenance
     tc = provenance.toolchain()
     for dist in ("setuptools", "setuptools_scm", "triton", "torch"):
         try:

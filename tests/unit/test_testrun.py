@@ -7,7 +7,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import ROOT  # noqa: E402
 
-from forge import image, rehearsal, testrun  # noqa: E402
+from forge import testrun  # noqa: E402
+
+from forge.build import image, rehearsal  # noqa: E402
 from forge.paths import REPORTS  # noqa: E402
 
 
@@ -37,7 +39,7 @@ def test_the_image_report_goes_where_it_is_told(tmp_path):
 
 def test_make_test_runs_the_fault_suite_first_and_the_rest_once(monkeypatch):
     seen = []
-    monkeypatch.setattr(testrun.subprocess, "run", lambda cmd, **kw: seen.append(cmd[cmd.index("-rs") + 1:])
+    monkeypatch.setattr(testrun.proc, "run", lambda cmd, **kw: seen.append(cmd[cmd.index("-rs") + 1:])
                         or types.SimpleNamespace(returncode=len(seen) - 1))
     args = types.SimpleNamespace(no_rehearsal=True, no_image=True, pytest_args=[])
     assert testrun.cmd_test(args) == 1, "a failure in either run fails make test"

@@ -1,0 +1,176 @@
+"""Patch tooling: lint (review records, forbidden paths), check (applies to the pinned source and
+matches build/vllm), refresh (export build/vllm's commits back to patches/)."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import shutil
+from pathlib import Path
+
+from . import tree
+from .. import proc, ui
+from ..run.contest import load_contest
+from ..errors import ForgeError
+from .patchfile import REVIEW_SECTIONS, parse, read_series
+from ..paths import BUILD, PATCHES, TREE, rel
+
+
+def lint_patch(patch, forbidden: list[dict], rules: dict) -> list[str]:
+    """Problems with one patch (empty list: fine)."""
+    problems = []
+    sections = patch.sections()
+    for s in REVIEW_SECTIONS:
+        if not sections.get(s):
+            problems.append(f"review record: missing or empty '{s}:' section")
+    if not patch.files:
+        problems.append("no diff")
+    for f in patch.files:
+        if f.created:
+            problems.append(f"creates {f.new}: new files come from kernels/ through kernels/overlay.yaml")
+    for path in patch.touched():
+        for fp in forbidden:
+            if fnmatch.fnmatchcase(path, fp["glob"]):
+                problems.append(f"touches {path}, forbidden by the contest ({fp['glob']}): "
+                                f"\"{rules[fp['rule']]['text']}\"")
+    return problems
+
+
+def lint(patches_dir: Path = PATCHES) -> int:
+    contest = load_contest()
+    names = read_series(patches_dir)
+    listed = set(names)
+    bad = 0
+    for stray in sorted(p.name for p in patches_dir.glob("*.patch") if p.name not in listed):
+        ui.warn(f"{rel(patches_dir / stray)} is not in patches/series and is not applied")
+    for name in names:
+        problems = lint_patch(parse(patches_dir / name, name), contest["forbidden_paths"], contest["rules"])
+        for p in problems:
+            print(f"{rel(patches_dir / name)}: {p}")
+        bad += bool(problems)
+    if bad:
+        raise ForgeError(f"{bad} patch(es) failed the lint",
+                         hint="every message needs Why:/What:/Risk:/Evidence:/Rule check: sections "
+                              "(see README 'Adding a patch'); forbidden paths are in configs/contest.yaml")
+    ui.info(f"lint: {len(names)} patches carry their review record and touch nothing forbidden")
+    return 0
+
+
+def check(patches_dir: Path = PATCHES, scratch: Path = BUILD / "patches-check") -> str:
+    """Apply the series to a fresh tree from the verified pristine source; compare with build/vllm.
+    Returns the checked tree's git tree id."""
+    lint(patches_dir)
+    shutil.rmtree(scratch, ignore_errors=True)
+    state = tree.build_tree(scratch, patches_dir=patches_dir)
+    checked = tree.git_out(scratch, "rev-parse", "HEAD^{tree}")
+    ui.info(f"series applies cleanly to the pinned source: {len(state['patches'])} patches")
+    if (TREE / ".git").is_dir() and patches_dir == PATCHES:
+        ours = tree.git_out(TREE, "rev-parse", "HEAD^{tree}")
+        dirty = tree.git_out(TREE, "status", "--porcelain", "--untracked-files=no")
+        if ours != checked or dirty:
+            raise ForgeError(f"{rel(TREE)} differs from what patches/ produces"
+                             + (" (uncommitted changes)" if dirty else ""),
+                             hint="export your build/vllm commits with `make patches-refresh`, "
+                                  "or rebuild the tree from patches/ with `make tree FORCE=1`")
+        ui.info(f"{rel(TREE)} matches patches/")
+    shutil.rmtree(scratch, ignore_errors=True)
+    return checked
+
+
+def _slug(subject: str) -> str:
+    s = re.sub(r"[^a-z0-9]+", "_", subject.lower()).strip("_")
+    return (s[:60].rstrip("_") or "patch") + ".patch"
+
+
+PATCH_AUTHOR = "From: dcu-forge <forge@localhost>"
+PATCH_DATE = "Date: Thu, 1 Jan 2026 00:00:00 +0000"
+
+
+def normalize_header(text: str) -> str:
+    """Patches carry the project's identity and a fixed date: re-exporting an unchanged commit
+    (after a rebase, on another machine) rewrites nothing, and no personal or machine identity
+    ends up in patches/."""
+    head, sep, rest = text.partition("\n\n")
+    out, skip = [], False
+    for line in head.split("\n"):
+        if skip and line.startswith((" ", "\t")):
+            continue
+        skip = False
+        if line.startswith("From: "):
+            out.append(PATCH_AUTHOR)
+            skip = True
+        elif line.startswith("Date: "):
+            out.append(PATCH_DATE)
+            skip = True
+        else:
+            out.append(line)
+    return "\n".join(out) + sep + rest
+
+
+def refresh(tree_dir: Path = TREE, patches_dir: Path = PATCHES) -> list[str]:
+    """Write each commit after the overlay back to patches/, keeping names where the subject is unchanged."""
+    if not (tree_dir / ".git").is_dir():
+        raise ForgeError(f"{rel(tree_dir)} does not exist", hint="run `make tree` first")
+    dirty = tree.git_out(tree_dir, "status", "--porcelain", "--untracked-files=no")
+    if dirty:
+        raise ForgeError(f"{rel(tree_dir)} has uncommitted changes:\n{dirty[:800]}",
+                         hint="commit them in build/vllm first (git commit, or git commit --fixup + rebase --autosquash)")
+    old = read_series(patches_dir)
+    old_subjects = {parse(patches_dir / n, n).subject: n for n in old}
+    commits = tree.git_out(tree_dir, "rev-list", "--reverse", f"{tree.OVERLAY_REF}..HEAD").split()
+    names, used = [], set()
+    patches_dir.mkdir(parents=True, exist_ok=True)
+    state = tree.read_state(tree_dir)
+    state["patches"] = []
+    for sha in commits:
+        # raw output: a context line of a blank line is a lone space that stripping would destroy
+        text = tree.git(tree_dir, "format-patch", "-1", "--stdout", "--zero-commit", "--no-signature",
+                        "--no-stat", "--full-index", sha, capture=True).stdout
+        text = normalize_header(text)
+        subject = tree.git_out(tree_dir, "log", "-1", "--format=%s", sha)
+        name = old_subjects.get(subject) or _slug(subject)
+        while name in used:
+            name = name.removesuffix(".patch") + "_2.patch"
+        used.add(name)
+        dest = patches_dir / name
+        if not dest.is_file() or dest.read_text() != text:
+            dest.write_text(text)
+            ui.info(f"wrote {rel(dest)}")
+        names.append(name)
+        from ..hashing import sha256_file
+        state["patches"].append([name, sha256_file(dest), sha])
+    for n in old:
+        if n not in names:
+            (patches_dir / n).unlink()
+            ui.info(f"removed {rel(patches_dir / n)} (no longer in the tree)")
+    (patches_dir / "series").write_text(
+        "# Order in which patches apply on top of upstream + kernel overlay (make tree).\n"
+        + "".join(f"{n}\n" for n in names))
+    state["head"] = tree.git_out(tree_dir, "rev-parse", "HEAD")
+    tree.write_state(tree_dir, state)
+    ui.info(f"patches/series: {len(names)} patches")
+    return names
+
+
+def cmd_lint(args) -> int:
+    return lint()
+
+
+def cmd_check(args) -> int:
+    tid = check()
+    print(f"patches-check: OK (tree {tid[:12]})")
+    return 0
+
+
+def cmd_refresh(args) -> int:
+    refresh()
+    return lint()
+
+
+def register(sub) -> None:
+    sub.add_parser("patches-lint", help="check review records and the contest's forbidden paths"
+                   ).set_defaults(func=cmd_lint)
+    sub.add_parser("patches-check", help="prove patches/ applies to the pinned source and matches build/vllm"
+                   ).set_defaults(func=cmd_check)
+    sub.add_parser("patches-refresh", help="write build/vllm's commits back to patches/ (messages preserved)"
+                   ).set_defaults(func=cmd_refresh)

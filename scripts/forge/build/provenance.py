@@ -1,0 +1,116 @@
+"""What a build was made from: upstream, overlay, patches, kernels, toolchain, our commit."""
+
+from __future__ import annotations
+
+import platform
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from .. import config, proc
+from ..errors import ForgeError
+from ..hashing import combine, sha256_file
+from ..paths import KERNELS, PATCHES, ROOT
+
+
+NOT_INSTALLED = "not installed"
+
+# How each tool prints its version: the pattern's first group is recorded, never the banner.
+TOOL_VERSION = {
+    "nvcc": r"release [\d.]+, V([\d.]+)",          # "Cuda compilation tools, release 13.0, V13.0.88"
+    "hipcc": r"HIP version: ([\w.\-]+)",            # "HIP version: 6.2.41133-dd7f95766"
+    "git": r"git version ([\w.\-]+)",
+}
+
+
+def _version_of(dist: str) -> str:
+    """The installed version of a Python distribution (from its metadata: nothing is imported),
+    or "not installed"."""
+    from importlib import metadata
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return NOT_INSTALLED
+
+
+def _tool_version(cmd: list[str], pattern: str) -> str:
+    """The version a command-line tool reports, "not installed" when it is not on PATH, or
+    "unknown (<first line>)" when its output has no version where expected."""
+    if not shutil.which(cmd[0]):
+        return NOT_INSTALLED
+    try:
+        out = proc.run(cmd, capture=True, check=False, timeout=30, what=cmd[0])
+    except ForgeError as e:
+        return f"unknown ({cmd[0]} did not run: {e.message})"
+    text = (out.stdout or "") + (out.stderr or "")
+    m = re.search(pattern, text)
+    if m:
+        return m.group(1)
+    first = next((l.strip() for l in text.splitlines() if l.strip()), "no output")
+    return f"unknown ({first[:80]})"
+
+
+def toolchain() -> dict:
+    tv: dict = {"python": platform.python_version(), "platform": platform.platform()}
+    tv["torch"] = _version_of("torch")
+    tv["torch_hip"] = tv["torch_cuda"] = NOT_INSTALLED
+    if tv["torch"] != NOT_INSTALLED:
+        try:
+            import torch
+            tv.update(torch_hip=torch.version.hip or "none (not a ROCm build)",
+                      torch_cuda=torch.version.cuda or "none (not a CUDA build)")
+        except Exception as e:          # installed but broken: say so rather than guess
+            tv["torch"] += f" (import failed: {type(e).__name__}: {e})"[:200]
+    for mod in ("triton", "setuptools", "setuptools_scm", "wheel"):
+        tv[mod] = _version_of(mod.replace("_", "-"))
+    tv["hipcc"] = _tool_version(["hipcc", "--version"], TOOL_VERSION["hipcc"])
+    tv["nvcc"] = _tool_version(["nvcc", "--version"], TOOL_VERSION["nvcc"])
+    tv["git"] = _tool_version(["git", "--version"], TOOL_VERSION["git"])
+    return tv
+
+
+def forge_commit() -> dict:
+    try:
+        sha = proc.output(["git", "-C", ROOT, "rev-parse", "HEAD"], what="git rev-parse")
+        dirty = bool(proc.output(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"]))
+    except Exception:
+        return {"commit": None, "dirty": None}
+    return {"commit": sha, "dirty": dirty}
+
+
+def kernel_hashes() -> dict[str, str]:
+    return {p.relative_to(ROOT).as_posix(): sha256_file(p)
+            for p in sorted(KERNELS.rglob("*")) if p.is_file() and "__pycache__" not in p.parts
+            and p.suffix in (".py", ".cu", ".cuh", ".h", ".hip", ".yaml")}
+
+
+def series_hash(state: dict) -> str:
+    """One hash for 'upstream + overlay + patches', as applied in the tree state."""
+    return combine(state["upstream"], state["overlay"], *(f"{n}:{d}" for n, d, _ in state["patches"]))
+
+
+DEVICE_MEANING = {"empty": "pure Python, no compiled extensions (VLLM_TARGET_DEVICE=empty)",
+                  "rocm": "ROCm build with compiled extensions (VLLM_TARGET_DEVICE=rocm)"}
+
+
+def record(state: dict, *, version: str, device: str, rocm_arch: list[str] | None = None) -> dict:
+    up = config.upstream()
+    return {
+        "version": version,
+        # VLLM_TARGET_DEVICE of the build: "empty" is vLLM's pure-Python build (no compiled
+        # extensions: the CPU rehearsal), "rocm" the full build for PYTORCH_ROCM_ARCH
+        "device": device,
+        "device_meaning": DEVICE_MEANING.get(device, device),
+        "rocm_arch": rocm_arch,
+        "upstream": {"name": up["name"], "version": up["version"], "sdist_sha256": up["sdist"]["sha256"],
+                     "tree_sha256": up["sdist"]["tree_sha256"], "git_commit": up["git"]["commit"]},
+        "series_hash": series_hash(state),
+        "tree_head": state["head"],
+        "overlay_hash": state["overlay"],
+        "patches": [{"name": n, "sha256": d} for n, d, _ in state["patches"]],
+        "kernels": kernel_hashes(),
+        "toolchain": toolchain(),
+        "forge": forge_commit(),
+        "python_executable": sys.executable,
+    }

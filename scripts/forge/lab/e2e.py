@@ -1,0 +1,213 @@
+"""`forge e2e-gpu`: the end-to-end run on a GPU machine, from the bundle `make gpu-bundle` built.
+
+One invocation: verify and install the bundle (harness build of the patched vLLM, extra wheels, model
+directory), start each profile's server through the same code as `forge serve` (the profile's checked
+command plus the harness's arguments: random weights, TRITON_ATTN, graph settings), all servers side
+by side on the one GPU, then:
+  1. warm each server (the first request compiles the Triton kernels; not measured);
+  2. plumbing check: greedy completions of the same prompts from the first profile and from the
+     reference profile (same random weights), compared token by token and by first-token logprobs;
+  3. rounds of the contest's tiers through `vllm bench serve` (the project's bench loop), one prompt
+     per tier and profile per round, tiers and profiles interleaved so every profile sees the same
+     conditions; rounds continue while the deadline allows;
+  4. fault check: the reference server is killed in the middle of a tier; the loop records the
+     failed requests and the score marks the tier failed;
+  5. per-profile results (rounds merged per tier), a proxy score of every profile against the
+     reference measured in the same run (reference = 60.0; needs every tier), each request's TPOT
+     saving beside the kernel benchmark's prediction (decode.{md,json}, as `forge e2e-decode`), and
+     summary.{md,json}.
+Results land in --out (default reports/e2e/<date>-<device>/); --pack FILE rewrites a .tar.gz of it
+after every step, so a run cut short still returns what it finished.
+"""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .. import ui
+from ..errors import ForgeError
+from ..run import serve
+from . import e2e_decode, gpu_bundle
+from .client import client_runner
+from .fault import fault_check
+from .install import install_bundle, site_env, versions
+from .packing import TRITON_MANIFEST, TRITON_PART_MIB, pack_triton_cache, seed_triton_cache
+from .plumbing import PLUMBING_PROMPT_TOKENS, plumbing
+from .rounds import (DEFAULT_TIER_ORDER, FAULT_NEED_S, bench_rounds, build_datasets, check_resume, finish_runs,
+                     harness_args, scores)
+from .serverlog import log_facts
+from .servers import guarded, start_all, stop_all, stop_stale_servers, synthetic_prompt
+from .session import Run, device_name
+
+
+FIRST_PORT = serve.LOCKED_PORT
+
+
+def cmd_e2e(args) -> int:
+    run = Run(args)
+    names, ref = run.names, run.ref
+    (run.out / "logs").mkdir(exist_ok=True)
+    stop_stale_servers(run.out)
+    site = None
+    wheel_sha = None
+    if args.bundle:
+        bundle = Path(args.bundle)
+        site = Path(args.site)
+        man = install_bundle(bundle, site)
+        wheel_sha = man["files"][f"wheels/{man['vllm_wheel']}"]["sha256"]
+        run.summary["bundle"] = {"version": man["version"], "wheel": man["vllm_wheel"], "wheel_sha256": wheel_sha,
+                                 "forge": man.get("forge")}
+        model = Path(args.model) if args.model else bundle / "model"
+    else:
+        if not args.model:
+            raise ForgeError("--model is needed when no --bundle is given")
+        model = Path(args.model)
+    run.child_env = site_env(site)
+    run.hargs = harness_args(run.h, [*(args.server_arg or []), *shlex.split(args.server_args or "")])
+    run.identity = {"bundle_wheel_sha256": wheel_sha, "server_args": run.hargs, "device": device_name()}
+    if args.triton_cache_from:
+        seeded = seed_triton_cache(Path(args.triton_cache_from), Path(run.triton_cache))
+        run.summary["triton_cache"] = {"seeded": seeded}
+        run.step("Triton cache seeded" if "skipped" not in seeded else "Triton cache not seeded", **seeded)
+
+    def record_versions():
+        v = versions(sys.executable, run.child_env)
+        with run.lock:
+            run.summary["versions"] = v
+    vt = threading.Thread(target=record_versions, daemon=True)
+    vt.start()
+    run.summary["profiles"] = names
+    run.summary["reference"] = ref
+    run.step("bundle installed" if site else "using the installed vLLM", model=str(model))
+    scored: dict = {}
+
+    def on_term(signum, frame):            # a machine's time limit: end like an interrupt, servers included
+        raise KeyboardInterrupt
+    old_term = signal.signal(signal.SIGTERM, on_term)
+    try:
+        datasets = build_datasets(run, model, args.num_prompts)
+        check_resume(run, names, datasets)
+        run.step("synthetic tier prompts built", prompts_per_tier=args.num_prompts)
+        # import vLLM's client while the servers start (about 20 s on a GPU machine)
+        run.worker_thread = threading.Thread(target=guarded, args=(run, "client", client_runner, run), daemon=True)
+        run.worker_thread.start()
+        live = start_all(run, model, names, site)
+        if not live:
+            raise ForgeError("no server came up; see summary.json server_errors and logs/")
+        if live != names:
+            run.summary["skipped"].append(f"profiles whose server did not come up: "
+                                          f"{', '.join(n for n in names if n not in live)}")
+        if run.summary.get("plumbing"):
+            run.step("plumbing check: kept from an earlier invocation")
+        elif not args.no_plumbing and names[0] != ref and names[0] in live and ref in live:
+            prompts = [synthetic_prompt(model, n, f"plumbing{n}") for n in PLUMBING_PROMPT_TOKENS]
+            pl = guarded(run, names[0], plumbing, run.servers[names[0]], run.servers[ref], prompts, run.left)
+            if pl is not None:
+                run.summary["plumbing"] = pl
+                run.step("plumbing check", verdict=pl["verdict"])
+        done = bench_rounds(run, live, model, datasets)
+        run_dirs = finish_runs(run, live, done)
+        scored = scores(run, run_dirs, ref)
+        run.summary["scores"] = {n: {"display": r["display"], "total": r["total"], "harness": r["harness"],
+                                     "tiers": {t: {"tok_s": v["tok_s"], "lift": v["lift"]} for t, v in r["tiers"].items()}}
+                                 for n, r in scored.items()}
+        run.step("scored", scores={n: r["display"] for n, r in scored.items()})
+        measured = any(rounds for per_tier in done.values() for rounds in per_tier.values())
+        if measured and e2e_decode.DEFAULT_BENCH.is_file():
+            # the decode saving against the kernel benchmark's prediction, also for a run of some tiers
+            try:
+                e2e_decode.write(run.out, reference=ref)
+                run.step("decode saving against the kernel benchmark: decode.md")
+            except (ForgeError, OSError, KeyError, ValueError) as e:
+                ui.warn(f"decode.md not written: {type(e).__name__}: {e}")
+        if run.summary.get("fault"):
+            run.step("fault check: kept from an earlier invocation")
+        elif not args.no_fault and ref in live:
+            if run.left() >= FAULT_NEED_S:
+                fc = guarded(run, ref, fault_check, run, ref, model, datasets)
+                if fc is not None:
+                    run.summary["fault"] = fc
+                    run.step("fault check", ok=fc["ok"])
+            else:
+                run.summary["skipped"].append(f"fault check: {run.left():.0f}s left, needs ~{FAULT_NEED_S:.0f}s")
+    except (ForgeError, KeyboardInterrupt) as e:
+        run.summary["error"] = getattr(e, "message", None) or "interrupted (SIGTERM or Ctrl-C)"
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        stop_all(run.servers)
+        if run.worker is not None:
+            run.worker.close()
+        vt.join(timeout=10)
+        for name, st in run.servers.items():
+            run.summary.setdefault("server_facts", {})[name] = log_facts(Path(st["log"]))
+        run.summary["seconds"] = round(time.monotonic() - run.t0, 1)
+        run.final = (names, scored, ref)
+        run.save()
+        if args.triton_cache_pack and run.triton_cache and Path(run.triton_cache).is_dir():
+            try:                               # after the results are saved: packing only saves time later
+                packed = pack_triton_cache(Path(run.triton_cache), Path(args.triton_cache_pack))
+                run.summary.setdefault("triton_cache", {})["packed"] = packed
+                ui.info(f"Triton cache packed: {packed['mib']} MiB in {packed['parts']} parts under {packed['to']}")
+                run.save()
+            except Exception as e:
+                ui.warn(f"Triton cache not packed: {type(e).__name__}: {e}")
+        ui.info(f"results: {run.out}")
+    return 0 if not run.summary.get("plumbing") or run.summary["plumbing"]["ok"] else 1
+
+
+def register(sub) -> None:
+    p = sub.add_parser("e2e-gpu", help="the end-to-end run on a GPU machine (serve, bench, plumbing, fault, score)",
+                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    p.add_argument("--bundle", default=str(gpu_bundle.BUNDLE),
+                   help="the bundle from `make gpu-bundle` (default build/gpu-bundle); '' uses the installed vLLM")
+    p.add_argument("--site", default="/tmp/forge-e2e-site", help="where the bundle's wheels are installed")
+    p.add_argument("--harness", help="harness settings (default: harness/gpu/harness.yaml)")
+    p.add_argument("--model", help="model directory (default: the bundle's)")
+    p.add_argument("--profiles", help="comma-separated profiles (default: harness/gpu/harness.yaml profiles)")
+    p.add_argument("--reference", help="the profile scored as 60.0 (default: upstream)")
+    p.add_argument("--num-prompts", type=int, default=2,
+                   help="prompts per tier, one per round (default 2): requests of the contest workload "
+                        "(configs/workload.yaml) evenly spaced by output length")
+    p.add_argument("--fixed-output", type=int, metavar="N",
+                   help="instead of the contest workload, prompts across each tier's range with N output tokens "
+                        "each (the earlier runs used 1024)")
+    p.add_argument("--tier-order", type=lambda s: s.split(","),
+                   help="tiers in the order they run; tiers not named are not run (default: "
+                        + ",".join(DEFAULT_TIER_ORDER) + ")")
+    p.add_argument("--deadline-s", type=float, default=560.0,
+                   help="stop starting new tier rounds so the run ends within this many seconds (default 560)")
+    p.add_argument("--reserve-s", type=float, default=15.0,
+                   help="seconds kept after the tier rounds for stopping the servers and writing the reports "
+                        f"(default 15; {FAULT_NEED_S:.0f} s more while the fault check is still to run)")
+    p.add_argument("--out", help="results folder (default: reports/e2e/<date>-<device>/)")
+    p.add_argument("--pack", help="also keep a .tar.gz of the results here, rewritten after every step")
+    p.add_argument("--vllm", help="how to start vLLM (default: this Python's vllm.entrypoints.cli.main)")
+    p.add_argument("--client", help="command for `vllm bench serve` (default: as forge bench-all-tiers)")
+    p.add_argument("--server-arg", action="append", help="one more server argument (repeatable; "
+                                                            "write --server-arg=--opt for options)")
+    p.add_argument("--server-args", help="more server arguments as one shell-quoted string, e.g. "
+                                         "--server-args='--tensor-parallel-size 2 --disable-custom-all-reduce'")
+    p.add_argument("--triton-cache", help="TRITON_CACHE_DIR shared by the servers (default /tmp/forge-triton "
+                                          "when --triton-cache-from or --triton-cache-pack is given)")
+    p.add_argument("--triton-cache-from", metavar="DIR",
+                   help="seed the Triton cache from the parts an earlier run wrote with --triton-cache-pack "
+                        "(DIR/triton-cache.json and its parts): a fresh machine then skips the kernel compiles "
+                        "that run made")
+    p.add_argument("--triton-cache-pack", metavar="DIR",
+                   help="at the end, write the Triton cache to DIR/triton-cache.tgz.NN in parts of at most "
+                        f"{TRITON_PART_MIB} MiB plus DIR/{TRITON_MANIFEST}, for --triton-cache-from on the "
+                        "next machine")
+    p.add_argument("--first-port", type=int, default=FIRST_PORT,
+                   help=f"port of the first profile's server; the others follow (default {FIRST_PORT})")
+    p.add_argument("--fault-delay-s", type=float, default=3.0, help="seconds into the request before the kill")
+    p.add_argument("--client-per-tier", action="store_true",
+                   help="start a fresh `vllm bench serve` per tier instead of one client process for all")
+    p.add_argument("--no-plumbing", action="store_true")
+    p.add_argument("--no-fault", action="store_true")
+    p.set_defaults(func=cmd_e2e)

@@ -1,0 +1,59 @@
+"""Installing the verified bundle's wheels into a private site folder on the GPU machine, and the
+versions its Python then sees."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from .. import proc, ui
+from ..errors import ForgeError
+from . import gpu_bundle
+
+
+def install_bundle(bundle: Path, site: Path) -> dict:
+    man = gpu_bundle.verify_bundle(bundle)
+    marker = site / ".forge-bundle"
+    wheels = sorted(str(bundle / n) for n in man["files"] if n.startswith("wheels/") and n.endswith(".whl"))
+    key = json.dumps({n: e["sha256"] for n, e in man["files"].items() if n.startswith("wheels/")}, sort_keys=True)
+    if marker.is_file() and marker.read_text() == key:
+        ui.info(f"bundle already installed in {site}")
+    else:
+        shutil.rmtree(site, ignore_errors=True)
+        with ui.step(f"installing {len(wheels)} wheels into {site}"):
+            r = proc.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                          "--no-cache-dir", "--target", str(site), *wheels], capture=True, check=False, what="pip")
+            if r.returncode != 0:
+                raise ForgeError(f"pip could not install the bundle:\n{r.stderr[-2000:]}",
+                                 hint="the bundle is built for Python " + man.get("python", "?"))
+        marker.write_text(key)
+    return man
+
+
+def site_env(site: Path | None) -> dict[str, str]:
+    """What the children (servers, the bench client, probes) need on top of this process's
+    environment to import the bundle's vLLM first; this process's own environment is left alone."""
+    if not site:
+        return {}
+    old = os.environ.get("PYTHONPATH", "")
+    return {"PYTHONPATH": str(site) + (os.pathsep + old if old else "")}
+
+
+def versions(py: str, env: dict[str, str] | None = None) -> dict:
+    """The Python, torch, triton, vLLM and transformers versions `py` imports, and its device."""
+    code = ("import json,sys\nout={'python':sys.version.split()[0]}\n"
+            "for m in ('torch','triton','vllm','transformers'):\n"
+            "  try:\n    out[m]=__import__(m).__version__\n  except Exception as e:\n    out[m]=f'unavailable: {e}'\n"
+            "try:\n  import torch\n  out['device']=torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'\n"
+            "except Exception:\n  pass\nprint(json.dumps(out))")
+    try:
+        r = proc.run([py, "-c", code], capture=True, check=False, timeout=300, env=env, what="version probe")
+    except ForgeError as e:
+        return {"error": e.message}
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"error": r.stderr[-500:]}

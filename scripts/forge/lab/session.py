@@ -1,0 +1,114 @@
+"""One end-to-end run's state (`Run`): its arguments checked up front, the deadline, the results
+folder and summary.json (kept across invocations of one folder), the servers and the client worker."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .. import paths, ui
+from ..errors import ForgeError
+from ..run import profiles, runs
+from ..run import contest as contest_mod
+from . import gpu_bundle
+from .packing import pack
+from .summary import render_summary
+
+
+class Run:
+    """What one invocation of `forge e2e-gpu` knows and keeps. Every attribute is set here; the
+    steps read and update them, nothing outside adds others."""
+
+    def __init__(self, args):
+        self.args = args
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + args.deadline_s
+        self.contest = contest_mod.load_contest()
+        self.h = gpu_bundle.harness_config(Path(args.harness) if args.harness else None)
+        # what the arguments name is checked before anything is created, installed or started
+        self.names = args.profiles.split(",") if args.profiles else list(self.h["profiles"])
+        self.ref = args.reference or ("upstream" if "upstream" in self.names else self.names[-1])
+        if self.ref not in self.names:
+            raise ForgeError(f"the reference profile {self.ref} is not among the profiles {self.names}",
+                             hint="add it to --profiles")
+        self.profiles = {n: profiles.load_profile(n, self.contest) for n in self.names}
+        known = contest_mod.tier_names(self.contest)
+        unknown = [t for t in (args.tier_order or []) if t not in known]
+        if unknown:
+            raise ForgeError(f"--tier-order {','.join(args.tier_order)}: no tier named {', '.join(unknown)} "
+                             "in configs/contest.yaml", hint=f"name tiers from: {', '.join(known)}")
+        self.out = Path(args.out) if args.out else default_out()
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.summary: dict = {"started": runs.now_iso(), "command": " ".join(["forge e2e-gpu", *sys.argv[2:]]),
+                              "git": runs.git_commit(), "steps": [], "skipped": [], "harness": {}}
+        self.servers: dict[str, dict] = {}
+        self.lock = threading.RLock()     # the warm-up thread reports steps too
+        self.runs_root = self.out / "runs"  # the profiles' run folders (not the project's reports/runs)
+        self.vllm_cmd: str = args.vllm or f"{sys.executable} -m vllm.entrypoints.cli.main"
+        self.triton_cache: str | None = args.triton_cache or (
+            "/tmp/forge-triton" if (args.triton_cache_from or args.triton_cache_pack) else None)
+        self.child_env: dict[str, str] = {}   # what the servers, the client and probes get on top of ours
+        self.hargs: list[str] = []        # the harness's server arguments, after the profile's checked ones
+        self.identity: dict = {}          # what makes rounds of two invocations comparable
+        self.worker = None                # the long-lived bench client (client.ClientWorker)
+        self.worker_thread: threading.Thread | None = None
+        self.worker_failed = False
+        self.final: tuple | None = None   # (profiles, scores, reference) once the run has ended
+        prev_path = self.out / "summary.json"
+        if prev_path.is_file():
+            # resuming this folder: keep what earlier invocations did (finished rounds are kept too)
+            prev = runs.read_json(prev_path)
+            earlier = prev.pop("earlier_invocations", [])
+            self.summary["earlier_invocations"] = earlier + [
+                {k: prev.get(k) for k in ("started", "command", "seconds", "steps", "skipped", "server_facts",
+                                          "server_errors", "error", "git", "bundle", "versions")}]
+            for k in ("plumbing", "fault"):
+                if prev.get(k) and prev[k].get("ok"):
+                    self.summary[k] = {**prev[k], "from_earlier_invocation": prev.get("started")}
+
+    def run_dir(self, name: str, create: bool = True) -> Path:
+        return runs.run_dir(name, create=create, root=self.runs_root)
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def step(self, name: str, **detail) -> None:
+        with self.lock:
+            rec = {"step": name, "at_s": round(time.monotonic() - self.t0, 1), **detail}
+            self.summary["steps"].append(rec)
+            ui.info(f"e2e [{rec['at_s']:.0f}s, {self.left():.0f}s left]: {name}")
+            self.save()
+
+    def save(self) -> None:
+        """summary.json and summary.md as they stand, and the pack: after every step, so a run cut
+        short by the machine's limit still returns them."""
+        with self.lock:
+            runs.write_json(self.out / "summary.json", self.summary)
+            names, scored, ref = self.final or (
+                self.summary.get("profiles") or [], {}, self.summary.get("reference") or "upstream")
+            try:
+                (self.out / "summary.md").write_text(render_summary(self, names, scored, ref))
+            except Exception as e:        # the summary must never stop the run
+                ui.warn(f"summary.md not written: {type(e).__name__}: {e}")
+            if self.args.pack:
+                try:
+                    pack(self.out, Path(self.args.pack), self.servers)
+                except OSError as e:
+                    ui.warn(f"pack not written: {e}")
+
+
+def default_out() -> Path:
+    slug = re.sub(r"[^a-z0-9]+", "", device_name().lower().replace("nvidia", "")) or "device"
+    return paths.REPORTS / "e2e" / f"{dt.date.today().isoformat()}-{slug[:16]}"
+
+
+def device_name() -> str:
+    dev = runs.device_info()
+    for tool in ("nvidia-smi", "hy-smi", "rocm-smi"):
+        if dev.get(tool):
+            return dev[tool].strip().splitlines()[0].split(",")[0].strip()
+    return "cpu"

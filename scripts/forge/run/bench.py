@@ -1,0 +1,404 @@
+"""`forge bench-all-tiers`: the contest's three tiers through vLLM's own client (`vllm bench serve`)
+with the contest's options, one result file per tier in reports/runs/<run-id>/, resumable."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+from . import contest as contest_mod
+from . import runs, serve, synth
+from .. import paths, proc, ui
+from ..errors import ForgeError
+from ..hashing import sha256_file
+
+CLIENT_ENV = "FORGE_BENCH_CLIENT"
+
+
+def client_launcher(arg: str | None) -> list[str]:
+    """How to start vLLM's CLI for `bench serve`: --client, $FORGE_BENCH_CLIENT, `vllm` on PATH,
+    or this Python's vllm module."""
+    cmd = arg or os.environ.get(CLIENT_ENV)
+    if cmd:
+        return shlex.split(cmd)
+    if shutil.which("vllm"):
+        return ["vllm"]
+    return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+
+
+def python_of(launcher: list[str]) -> str | None:
+    """The interpreter behind a launcher: `python -m ...` or a console script's #! line."""
+    exe = shutil.which(launcher[0]) or launcher[0]
+    if "python" in Path(exe).name:
+        return exe
+    try:
+        first = Path(exe).read_text(errors="replace").splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    return first[2:].strip().split()[0] if first.startswith("#!") else None
+
+
+def client_args(contest: dict, *, dataset: Path, num_prompts: int, model: str, host: str, port: int,
+                result_dir: Path, result_name: str, per_request_output: bool = False,
+                ignore_eos: bool = False) -> list[str]:
+    """`bench serve` with the contest's client options. per_request_output: each dataset line's
+    `output_tokens` is its cap (--custom-output-len -1, the contest workload); ignore_eos: every
+    request runs to that length (a harness run: random weights)."""
+    out = ["bench", "serve"]
+    for opt in contest["client"]["options"]:
+        if per_request_output and opt[0] == "--custom-output-len":
+            opt = ["--custom-output-len", "-1"]
+        out += opt
+    if ignore_eos:
+        out.append("--ignore-eos")
+    out += ["--dataset-path", str(dataset), "--num-prompts", str(num_prompts),
+            "--model", model, "--served-model-name", contest["server"]["served_model_name"],
+            "--host", host, "--port", str(port),
+            "--result-dir", str(result_dir), "--result-filename", result_name]
+    return out
+
+
+def result_path(rdir: Path, tier: str) -> Path:
+    return rdir / f"{tier}.json"
+
+
+def tier_done(rdir: Path, tier: str, keep_failed: bool = False) -> bool:
+    """A finished result for `tier`: one where every request completed, or with keep_failed any
+    result (failed requests included)."""
+    p = result_path(rdir, tier)
+    if not p.is_file():
+        return False
+    try:
+        d = runs.read_json(p)
+    except ForgeError:
+        return False
+    if not (isinstance(d, dict) and "completed" in d):
+        return False
+    return keep_failed or (not d.get("failed") and bool(d.get("completed")))
+
+
+def set_aside_failed(rdir: Path, tier: str) -> Path | None:
+    """Move a tier's result with failed requests to failed/<tier>.<n>.json before it is rerun."""
+    p = result_path(rdir, tier)
+    if not p.is_file():
+        return None
+    dest_dir = rdir / "failed"
+    dest_dir.mkdir(exist_ok=True)
+    n = 1
+    while (dest_dir / f"{tier}.{n}.json").exists():
+        n += 1
+    dest = dest_dir / f"{tier}.{n}.json"
+    os.replace(p, dest)
+    return dest
+
+
+def count_lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def failed_result(contest: dict, tier: str, n: int, reason: str) -> dict:
+    """A tier the server could not serve at all: every request failed. Same keys as a
+    `vllm bench serve` result, so scoring treats it like any other run of all-failed requests."""
+    return {"date": time.strftime("%Y%m%d-%H%M%S"), "backend": "openai-chat", "num_prompts": n,
+            "duration": 0.0, "completed": 0, "failed": n, "total_input_tokens": 0,
+            "total_output_tokens": 0, "request_throughput": 0.0, "output_throughput": 0.0,
+            "total_token_throughput": 0.0, "input_lens": [0] * n, "output_lens": [0] * n,
+            "ttfts": [0.0] * n, "itls": [[] for _ in range(n)], "start_times": [0.0] * n,
+            "generated_texts": [""] * n, "errors": [reason] * n,
+            "forge_synthesized": f"server unreachable; all {n} requests recorded as failed"}
+
+
+def _stop_stale_client(manifest: dict) -> None:
+    c = manifest.get("client_running")
+    if c and proc.process_start_time(c["pid"]) == c["start_time"]:
+        ui.warn(f"stopping a client left running by an interrupted run (pid {c['pid']})")
+        proc.stop_group(c["pgid"], grace_s=10)
+    manifest.pop("client_running", None)
+
+
+def _datasets(contest: dict, tiers: list[dict], data_dir: str | None, model: str | None, rdir: Path,
+              num_prompts: int | None, manifest: dict) -> dict:
+    out = {}
+    workload = None
+    for t in tiers:
+        name = t["name"]
+        prev = manifest.get("datasets", {}).get(name)
+        if data_dir:
+            path = Path(data_dir) / t["file"]
+            if not path.is_file():
+                raise ForgeError(f"DATA_DIR {data_dir}: the tier file {t['file']} is missing",
+                                 hint="DATA_DIR must hold the official tier files; leave it unset for synthetic data")
+            n = num_prompts or t["num_prompts"] or count_lines(path)
+            out[name] = {"kind": "official", "path": str(path.resolve()), "num_prompts": n}
+        else:
+            if workload is None:
+                workload = synth.load_workload(contest)
+            path = rdir / "datasets" / f"{name}.jsonl"
+            pairs = [list(x) for x in synth.stratified(workload["tiers"][name]["requests"], num_prompts)]
+            n = len(pairs)
+            if not (prev and path.is_file() and prev.get("requests") == pairs):
+                if not model:
+                    raise ForgeError("no model directory to build the synthetic tier prompts from",
+                                     hint="pass --model DIR (the served model), or DATA_DIR with the tier files")
+                with ui.step(f"synthetic dataset {name}: {n} requests of the contest workload (configs/workload.yaml)"):
+                    info = synth.build_workload_tier(Path(model), name, [tuple(x) for x in pairs], path)
+                out[name] = {"kind": "synthetic", "shape": "contest workload (configs/workload.yaml)",
+                             "path": str(path), "num_prompts": n, "requests": pairs,
+                             "input_lens": info["input_lens"], "prompt_tokens": info["prompt_tokens"],
+                             "chat_template": info["chat_template"], "tokenizer": str(model)}
+            else:
+                out[name] = prev
+        out[name]["sha256"] = sha256_file(Path(out[name]["path"]))
+        if prev and prev.get("sha256") not in (None, out[name]["sha256"]) and tier_done(rdir, name):
+            raise ForgeError(f"tier {name}: the dataset differs from the one run {rdir.name} was started with",
+                             hint="resume with the same DATA_DIR, or start a new run (omit --run-id)")
+    return out
+
+
+def run_tier(contest: dict, tier: dict, ds: dict, *, launcher: list[str], model: str, host: str, port: int,
+             rdir: Path, manifest: dict, health_url: str, poll_s: float = 15.0, runner=None,
+             ignore_eos: bool = False, env: dict[str, str] | None = None) -> str:
+    """One tier through vLLM's client. `runner(argv, log) -> exit code`, when given, runs the client
+    invocation `argv` (from "bench serve" on) itself, e.g. in a long-lived client process. `env` is
+    added to a fresh client's environment."""
+    name = tier["name"]
+    final = result_path(rdir, name)
+    partial = rdir / f"{name}.client.json"
+    log = rdir / f"{name}.client.log"
+    for p in (partial,):
+        if p.exists():
+            p.unlink()
+    if not serve.health_ok(health_url):
+        ui.warn(f"tier {name}: the server does not answer {health_url}; its requests are recorded as failed")
+        runs.write_json(final, failed_result(contest, name, ds["num_prompts"], f"server not reachable at {health_url}"))
+        return "server-down"
+    argv = client_args(contest, dataset=Path(ds["path"]), num_prompts=ds["num_prompts"], model=model,
+                       host=host, port=port, result_dir=rdir, result_name=partial.name,
+                       per_request_output=bool(ds.get("requests")), ignore_eos=ignore_eos)
+    cmd = launcher + argv
+    manifest.setdefault("client_commands", {})[name] = proc.fmt(cmd)
+    if runner is not None:
+        runs.write_json(rdir / "manifest.json", manifest)
+        rc = runner(argv, log)
+        return _tier_outcome(contest, name, ds, rc, partial, final, log, rdir, health_url)
+    from .profiles import loopback_env
+    p = proc.start(cmd, log=log, env={**(env or {}), **loopback_env()}, what="vllm bench serve",
+                   hint="install vLLM (our wheel) or pass --client")
+    manifest["client_running"] = {"pid": p.pid, "pgid": os.getpgid(p.pid),
+                                  "start_time": proc.process_start_time(p.pid), "tier": name}
+    runs.write_json(rdir / "manifest.json", manifest)
+    t0 = last = time.monotonic()
+    try:
+        while p.poll() is None:
+            time.sleep(0.2)
+            if time.monotonic() - last >= poll_s:
+                last = time.monotonic()
+                ui.info(f"tier {name}: running {last - t0:.0f}s (log: {paths.rel(log)})")
+    except BaseException:
+        proc.stop_group(manifest["client_running"]["pgid"], grace_s=5)
+        manifest.pop("client_running", None)
+        runs.write_json(rdir / "manifest.json", manifest)
+        raise
+    manifest.pop("client_running", None)
+    return _tier_outcome(contest, name, ds, p.returncode, partial, final, log, rdir, health_url)
+
+
+def _tier_outcome(contest: dict, name: str, ds: dict, rc: int, partial: Path, final: Path, log: Path, rdir: Path,
+                  health_url: str) -> str:
+    if rc == 0 and partial.is_file():
+        os.replace(partial, final)
+        return "done"
+    if not serve.health_ok(health_url):
+        ui.warn(f"tier {name}: the client failed and the server is gone; its requests are recorded as failed")
+        runs.write_json(final, failed_result(contest, name, ds["num_prompts"],
+                                             f"server died; client exit {rc}"))
+        return "server-died"
+    raise ForgeError(f"tier {name}: vllm bench serve failed (exit {rc}) while the server is up\n"
+                     f"--- last lines of {paths.rel(log)} ---\n{proc.tail(log, 25)}",
+                     hint="finished tiers are kept; fix the cause and rerun with --run-id " + rdir.name)
+
+
+def no_server_error(health: str, port: int, st: dict | None, given_port: bool) -> ForgeError:
+    """Why nothing answers `health`: no server at all, or one on another port."""
+    other = serve.running_server() if given_port else None
+    if other and other.get("port") != port:
+        return ForgeError(f"no server answers {health}: the server `forge serve` started listens on port "
+                          f"{other['port']}, not {port}",
+                          hint=f"drop --port (or use --port {other['port']})")
+    if st:
+        return ForgeError(f"the server `forge serve` started (profile {st.get('profile')}, pid {st.get('pid')}) does "
+                          f"not answer {health}", hint="see its server.log; make stop && make serve")
+    return ForgeError(f"no server answers {health}: nothing to benchmark"
+                      + ("" if given_port else f" (no server started by forge serve; port {port} is the default)"),
+                      hint="start one with make serve PROFILE=... MODEL=..., or give the port it listens on "
+                           "(--port N)")
+
+
+def run_tiers(*, profile: str | None = None, run_id: str | None = None, model: str | None = None,
+              data_dir: str | None = None, tiers: list[str] | None = None, num_prompts: int | None = None,
+              client: str | None = None, port: int | None = None, progress_every: float = 30.0,
+              keep_failed: bool = False, harness: bool = False, contest: dict | None = None) -> Path:
+    """Run the contest's tiers (or the named ones) against the running server and return the run
+    folder. With no `port`, the server `forge serve` started (else the locked port). A run id that
+    exists is resumed: finished tiers are kept, tiers with failed requests run again unless
+    `keep_failed`. Raises ForgeError (exit code 1) when a tier has failed requests."""
+    contest = contest or contest_mod.load_contest()
+    st = serve.running_server() if port is None else None
+    host = contest["server"]["host"]
+    given_port = port is not None
+    port = port or (st["port"] if st else serve.LOCKED_PORT)
+    health = f"http://{host}:{port}{contest['server']['health_path']}"
+    if not serve.health_ok(health):
+        raise no_server_error(health, port, st, given_port)
+    if st and profile and profile != st["profile"]:
+        ui.warn(f"the running server uses profile {st['profile']}, not {profile}; recording {st['profile']}")
+    profile = (st or {}).get("profile") or profile
+    model = model or (st or {}).get("model") or os.environ.get("MODEL") or None
+    if not model:
+        raise ForgeError("no model directory for the client's tokenizer",
+                         hint="pass --model DIR (or MODEL=DIR), or start the server with forge serve")
+    chosen = contest["tiers"]
+    if tiers:
+        unknown = [w for w in tiers if w not in contest_mod.tier_names(contest)]
+        if unknown:
+            raise ForgeError(f"unknown tier(s) {', '.join(unknown)}",
+                             hint=f"tiers: {', '.join(contest_mod.tier_names(contest))}")
+        chosen = [t for t in chosen if t["name"] in tiers]
+    run_id = run_id or (st or {}).get("run_id") or runs.new_run_id(profile)
+    rdir = runs.run_dir(run_id, create=False)
+    created = not rdir.exists()
+    rdir = runs.run_dir(run_id)
+    try:
+        _bench_in(contest, st, host, port, health, profile, model, run_id, rdir, chosen,
+                  data_dir=data_dir or os.environ.get("DATA_DIR") or None, num_prompts=num_prompts,
+                  client=client, progress_every=progress_every, keep_failed=keep_failed, harness=harness)
+    except BaseException:
+        # an early error leaves no empty run folder behind: nothing but what this invocation made
+        if created and not any(result_path(rdir, t["name"]).is_file() for t in contest["tiers"]):
+            shutil.rmtree(rdir, ignore_errors=True)
+        raise
+    return rdir
+
+
+def cmd_bench(args) -> int:
+    tiers = [x.strip() for x in args.tiers.split(",") if x.strip()] if args.tiers else None
+    rdir = run_tiers(profile=args.profile, run_id=args.run_id, model=args.model, data_dir=args.data_dir,
+                     tiers=tiers, num_prompts=args.num_prompts, client=args.client, port=args.port,
+                     progress_every=args.progress_every, keep_failed=args.keep_failed, harness=args.harness)
+    print(rdir)
+    return 0
+
+
+def _bench_in(contest: dict, st: dict | None, host: str, port: int, health: str, profile: str | None,
+              model: str, run_id: str, rdir: Path, tiers: list[dict], *, data_dir: str | None,
+              num_prompts: int | None, client: str | None, progress_every: float, keep_failed: bool,
+              harness: bool) -> None:
+    mpath = rdir / "manifest.json"
+    manifest = runs.read_json(mpath) if mpath.is_file() else {}
+    _stop_stale_client(manifest)
+    serve_json = rdir / "serve.json"
+    launcher = client_launcher(client)
+    manifest.update({
+        "run_id": run_id, "profile": profile, "created": manifest.get("created") or runs.now_iso(),
+        "updated": runs.now_iso(), "git": runs.git_commit(),
+        "server": runs.read_json(serve_json) if serve_json.is_file() else {"host": host, "port": port,
+                                                                          "started_by_forge": False},
+        "scored_port": port == serve.LOCKED_PORT, "model": str(model), "device": runs.device_info(),
+        "client": proc.fmt(launcher + ["bench", "serve"]),
+    })
+    if manifest.get("harness") is not None and manifest["harness"] != harness:
+        raise ForgeError(f"run {run_id} was started {'with' if manifest['harness'] else 'without'} --harness",
+                         hint="resume it the same way, or start a new run (omit --run-id)")
+    manifest["harness"] = harness
+    if "vllm" not in manifest:
+        manifest["vllm"] = runs.vllm_provenance(python_of(launcher))
+    manifest["datasets"] = _datasets(contest, tiers, data_dir, model, rdir, num_prompts, manifest)
+    manifest.setdefault("tiers", {})
+    runs.write_json(mpath, manifest)
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+    old = signal.signal(signal.SIGTERM, on_term)
+    failures: dict[str, str] = {}
+    try:
+        for i, t in enumerate(tiers, 1):
+            name = t["name"]
+            if tier_done(rdir, name, keep_failed=keep_failed):
+                prev = runs.read_json(result_path(rdir, name))
+                ui.info(f"tier {name} ({i}/{len(tiers)}): already done in run {run_id}; kept"
+                        + (f" with its {prev.get('failed')} failed request(s) (--keep-failed)" if prev.get("failed") else ""))
+                continue
+            aside = set_aside_failed(rdir, name)
+            if aside:
+                ui.info(f"tier {name}: the earlier result is not a complete one (failed requests, or unreadable); "
+                        f"set aside as {paths.rel(aside)} and run again (--keep-failed keeps one with failed requests)")
+            ds = manifest["datasets"][name]
+            with ui.step(f"tier {name} ({i}/{len(tiers)}): {ds['num_prompts']} {ds['kind']} prompts"):
+                t0 = time.monotonic()
+                status = run_tier(contest, t, ds, launcher=launcher, model=str(model), host=host, port=port,
+                                  rdir=rdir, manifest=manifest, health_url=health, poll_s=progress_every,
+                                  ignore_eos=harness)
+                res = runs.read_json(result_path(rdir, name))
+                manifest["tiers"][name] = {"status": status, "seconds": round(time.monotonic() - t0, 1),
+                                           "finished": runs.now_iso(), "completed": res.get("completed"),
+                                           "failed": res.get("failed"),
+                                           "output_throughput": res.get("output_throughput")}
+                runs.write_json(mpath, manifest)
+                ui.info(f"tier {name}: {res.get('output_throughput', 0):.2f} output tok/s, "
+                        f"{res.get('completed')} completed, {res.get('failed')} failed")
+                if status == "server-down":
+                    failures[name] = f"the server stopped answering {health} before the tier"
+                elif status == "server-died":
+                    failures[name] = f"the server died during the tier (no answer at {health})"
+                elif res.get("failed"):
+                    err = next((e for e in res.get("errors") or [] if e), "")
+                    failures[name] = f"{res['failed']} of {res['failed'] + res.get('completed', 0)} requests failed" \
+                                     + (f" (first error: {str(err).strip().splitlines()[-1][:200]})" if err else "")
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    if failures:
+        raise ForgeError(f"run {run_id}: {len(failures)} of {len(tiers)} tier(s) have failed requests:\n"
+                         + "\n".join(f"  {n}: {why}" for n, why in failures.items()),
+                         hint=f"fix the server and rerun with --run-id {run_id} (make bench-all-tiers RUN={run_id}): "
+                              "tiers with failed requests run again; --keep-failed keeps them", exit_code=1)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench-all-tiers", help="run the contest's tiers with `vllm bench serve` against the server",
+                       description="For each tier, run vLLM's own benchmark client with the contest's options "
+                                   "(configs/contest.yaml client.options) on the official tier file in DATA_DIR, "
+                                   "or on the contest's request shape (configs/workload.yaml): one synthetic prompt "
+                                   "per (input_len, output_len) pair of the official DCU run, exactly input_len "
+                                   "tokens of the model's tokenizer, each with its own output length "
+                                   "(--custom-output-len -1; end-of-text honoured unless --harness). "
+                                   "Results go to reports/runs/<run-id>/<tier>.json with manifest.json. Rerunning "
+                                   "with the same --run-id keeps finished tiers and runs the rest; a tier with "
+                                   "failed requests runs again unless --keep-failed. Exits 1 when a tier has "
+                                   "failed requests, 2 when no server answers.")
+    p.add_argument("--profile", default=None, help="profile label when the server was not started by forge serve")
+    p.add_argument("--run-id", help="run to write or resume (default: the running server's run, else a new one)")
+    p.add_argument("--model", help="model directory for the tokenizer (default: the running server's, or $MODEL)")
+    p.add_argument("--data-dir", help="folder with the official tier files (default: $DATA_DIR)")
+    p.add_argument("--tiers", help="comma-separated subset of tiers (default: all)")
+    p.add_argument("--num-prompts", type=int,
+                   help="prompts per tier (default: every official prompt with DATA_DIR, else every request of "
+                        "configs/workload.yaml; fewer: a subset evenly spaced by output length)")
+    p.add_argument("--harness", action="store_true",
+                   help="the server runs random weights (a GPU machine's harness): end-of-text is ignored so "
+                        "each request produces its output length, and the run is marked harness (scored only "
+                        "against harness runs)")
+    p.add_argument("--client", help="command that runs vLLM's CLI (default: $FORGE_BENCH_CLIENT, `vllm`, or "
+                                    "this Python's vllm module); `bench serve ...` is appended")
+    p.add_argument("--port", type=int, default=None,
+                   help="server port when not started by forge serve (default: the running server's, else 8001)")
+    p.add_argument("--progress-every", type=float, default=30.0, help="seconds between progress lines")
+    p.add_argument("--keep-failed", action="store_true",
+                   help="on resume, keep tiers whose result has failed requests (default: set them aside in "
+                        "failed/ and run them again)")
+    p.set_defaults(func=cmd_bench)

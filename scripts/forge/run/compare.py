@@ -1,0 +1,157 @@
+"""`forge compare`: per-tier deltas between two sets of runs, with a noise band from repeated runs;
+`forge sweep`: serve -> bench-all-tiers -> score -> stop for several profiles back to back."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from . import contest as contest_mod
+from . import bench, runs, score, serve
+from . import profiles as profiles_mod
+from .. import ui
+from ..errors import ForgeError
+
+
+def _side(paths: list[str], contest: dict) -> list[dict]:
+    if not paths:
+        raise ForgeError("each side needs at least one run", hint="forge compare --a RUN [RUN...] --b RUN [RUN...]")
+    side = [score.load_run(runs.resolve_run(p), contest, partial=True) for p in paths]
+    for r in side:
+        if not r["tiers"]:
+            raise ForgeError(f"{r['path']}: no tier results (<tier>.json) in this run folder",
+                             hint="give a run folder that bench-all-tiers (or e2e-gpu) wrote")
+    return side
+
+
+def _metric_rows(contest: dict, side: list[dict]) -> dict[str, list[float | None]]:
+    rows: dict[str, list] = {}
+    base = score.baseline_from_config(contest)
+    for r in side:
+        for name, m in r["tiers"].items():
+            rows.setdefault(f"{name} tok/s", []).append(m["tok_s"])
+            rows.setdefault(f"{name} TTFT P99 ms", []).append(m["ttft_p99_ms"])
+        if r["missing"]:                 # pooled TPOT and score need every tier: rows from complete runs only
+            continue
+        rows.setdefault("pooled TPOT P99 ms", []).append(r["tpot_p99_pooled_ms"])
+        rows.setdefault("score (default baseline)", []).append(score.score(contest, r, base)["total"])
+    return rows
+
+
+def delta(a: list[float], b: list[float], noise_pct: float) -> dict:
+    """Mean difference b - a and its noise band: twice the standard error of the difference when
+    either side has repeats (the side with repeats stands in for the other), else noise_pct of a."""
+    ma, mb = statistics.fmean(a), statistics.fmean(b)
+    sa = statistics.stdev(a) if len(a) > 1 else None
+    sb = statistics.stdev(b) if len(b) > 1 else None
+    if sa is None and sb is None:
+        band = abs(ma) * noise_pct / 100.0
+        how = f"assumed {noise_pct:g} % (one run per side)"
+    else:
+        sa = sa if sa is not None else sb
+        sb = sb if sb is not None else sa
+        band = 2.0 * math.sqrt(sa ** 2 / len(a) + sb ** 2 / len(b))
+        how = f"2 × std. error from {len(a)}+{len(b)} runs"
+    d = mb - ma
+    return {"a": ma, "b": mb, "delta": d, "rel": d / ma if ma else None, "band": band, "band_from": how,
+            "within_noise": abs(d) <= band, "n_a": len(a), "n_b": len(b)}
+
+
+def compare(contest: dict, a_runs: list[dict], b_runs: list[dict], noise_pct: float,
+            uncompared: list[str] | None = None) -> dict:
+    """Per metric, the delta of side B against side A; metrics without a value on one side are
+    appended to `uncompared` (as 'metric (no run on side X)')."""
+    ra, rb = _metric_rows(contest, a_runs), _metric_rows(contest, b_runs)
+    out = {}
+    for key in dict.fromkeys([*ra, *rb]):
+        av = [x for x in ra.get(key, []) if x is not None]
+        bv = [x for x in rb.get(key, []) if x is not None]
+        if av and bv:
+            out[key] = delta(av, bv, noise_pct)
+        elif uncompared is not None:
+            uncompared.append(f"{key} (no run on side {'A' if not av else 'B'})")
+    return out
+
+
+def cmd_compare(args) -> int:
+    contest = contest_mod.load_contest()
+    skipped: list[str] = []
+    res = compare(contest, _side(args.a, contest), _side(args.b, contest), args.noise_pct, skipped)
+    print(f"{'metric':<26} {'A':>10} {'B':>10} {'B-A':>10} {'rel':>8} {'band':>9} {'runs':>5}  verdict")
+    for key, d in res.items():
+        rel = f"{100 * d['rel']:+.1f}%" if d["rel"] is not None else "—"
+        verdict = "within noise" if d["within_noise"] else ("B higher" if d["delta"] > 0 else "B lower")
+        n = f"{d['n_a']}+{d['n_b']}"
+        print(f"{key:<26} {d['a']:>10.2f} {d['b']:>10.2f} {d['delta']:>+10.2f} {rel:>8} {d['band']:>9.2f} {n:>5}"
+              f"  {verdict}")
+    bands = {d["band_from"] for d in res.values()}
+    print(f"noise band: {'; '.join(sorted(bands))}")
+    if skipped:
+        print(f"not compared: {'; '.join(skipped)}")
+    return 0
+
+
+def sweep(profiles: list[str], *, model: str | None = None, image: str | None = None,
+          data_dir: str | None = None, num_prompts: int | None = None, repeat: int = 1, timeout: float = 1800,
+          shm_size: str = "64g", vllm_cmd: str | None = None, client: str | None = None,
+          port: int | None = None) -> list[tuple[str, str, dict]]:
+    """For each profile in turn (the whole list `repeat` times): start its server, run every tier,
+    stop the server and score the run. Returns (profile, run id, score) per run."""
+    if not profiles:
+        raise ForgeError("no profiles given", hint="forge sweep upstream contest (make sweep PROFILES=\"upstream contest\")")
+    contest = contest_mod.load_contest()
+    for prof in profiles:                 # a typo fails before the first server starts
+        profiles_mod.load_profile(prof, contest)
+    results = []
+    total = len(profiles) * repeat
+    for i, prof in enumerate(profiles * repeat, 1):
+        with ui.step(f"sweep {i}/{total}: profile {prof}"):
+            run_id = runs.new_run_id(prof) + (f"-r{i}" if repeat > 1 else "")
+            serve.serve_profile(prof, model, image=image, vllm_cmd=vllm_cmd, port=port, run_id=run_id,
+                                timeout=timeout, shm_size=shm_size, contest=contest)
+            try:
+                bench.run_tiers(profile=prof, run_id=run_id, model=model, data_dir=data_dir,
+                                num_prompts=num_prompts, client=client, port=port, contest=contest)
+            finally:
+                serve.stop_running_server()
+            res, _ = score.score_run(run_id, contest=contest)
+            results.append((prof, run_id, res))
+    return results
+
+
+def cmd_sweep(args) -> int:
+    results = sweep(args.profiles, model=args.model, image=args.image, data_dir=args.data_dir,
+                    num_prompts=args.num_prompts, repeat=args.repeat, timeout=args.timeout,
+                    shm_size=args.shm_size, vllm_cmd=args.vllm, client=args.client, port=args.port)
+    print(f"{'profile':<14} {'run':<36} {'score':>6}  tok/s per tier")
+    for prof, run_id, s in results:
+        tiers = " / ".join(f"{t['tok_s']:.2f}" for t in s["tiers"].values())
+        print(f"{prof:<14} {run_id:<36} {s['display']:>6}  {tiers}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("compare", help="per-tier deltas between runs A and B, with a noise band",
+                       description="Compare tok/s, TTFT P99, pooled TPOT P99 and score per tier between two sets of "
+                                   "runs. Several runs per side give a measured noise band (2 × standard error); "
+                                   "one run per side uses --noise-pct.")
+    p.add_argument("--a", nargs="+", required=True, help="run folder(s) or id(s) of side A")
+    p.add_argument("--b", nargs="+", required=True, help="run folder(s) or id(s) of side B")
+    p.add_argument("--noise-pct", type=float, default=3.0,
+                   help="assumed run-to-run noise in %% when neither side has repeats (default 3)")
+    p.set_defaults(func=cmd_compare)
+    s = sub.add_parser("sweep", help="serve, bench all tiers, score and stop for each profile in turn",
+                       description="For each profile: forge serve, forge bench-all-tiers, forge score, forge stop. "
+                                   "Prints one line per run at the end.")
+    s.add_argument("profiles", nargs="*", help="profiles (configs/serve/<name>.yaml)")
+    s.add_argument("--model", help="model directory (default: $MODEL)")
+    s.add_argument("--image", help="container image (default: $IMAGE; else the installed wheel)")
+    s.add_argument("--data-dir", help="official tier files (default: $DATA_DIR; else synthetic)")
+    s.add_argument("--num-prompts", type=int, help="prompts per tier (default: configs/contest.yaml)")
+    s.add_argument("--repeat", type=int, default=1, help="run the whole list this many times (noise estimate)")
+    s.add_argument("--timeout", type=float, default=1800, help="seconds to wait for each server's /health")
+    s.add_argument("--shm-size", default="64g", help="container shared memory (default 64g)")
+    s.add_argument("--vllm", help="how to start vLLM natively (see forge serve --help)")
+    s.add_argument("--client", help="how to start vLLM's CLI for the client (see forge bench-all-tiers --help)")
+    s.add_argument("--port", type=int, default=None, help="testing only: a port other than the locked 8001")
+    s.set_defaults(func=cmd_sweep)

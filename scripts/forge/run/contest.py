@@ -1,0 +1,237 @@
+"""configs/contest.yaml: the contest's rules, tiers, client options, formula and baselines, validated
+on load; and the one check every server command goes through (`check_options`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import Field, load
+from ..errors import ForgeError
+
+RULE = {"text": Field(str)}
+OPTION = {"option": Field(str), "rule": Field(str), "aliases": Field(list, item=str, required=False, default=[])}
+LOCKED = {"option": Field(str), "value": Field(str), "rule": Field(str)}
+ALLOWED = {"option": Field(str), "note": Field(str), "aliases": Field(list, item=str, required=False, default=[]),
+           "values": Field(list, item=str, required=False, default=None),
+           "rule": Field(str, required=False, default=None)}
+TIER = {"name": Field(str), "file": Field(str), "prompt_tokens": Field(list, item=int),
+        "weight": Field(float), "num_prompts": Field(int, required=False, default=None)}
+BASELINE = {"source": Field(str), "tok_s": Field(dict, value=float),
+            "ttft_p99_ms": Field(dict, value=object), "tpot_p99_ms": Field(float, required=False, default=None),
+            "accuracy": Field(dict, value=float, required=False, default={}),
+            "sla_from": Field(str, required=False, default=None)}
+TASK = {"file": Field(str), "metric": Field(str, choices=("qa_f1", "rouge_l", "list_match")),
+        "max_tokens": Field(int), "template": Field(str)}
+
+SCHEMA = {
+    "rules": Field(dict, value=RULE),
+    "forbidden_paths": Field(list, item={"glob": Field(str), "rule": Field(str)}),
+    "server": Field({"served_model_name": Field(str), "host": Field(str), "health_path": Field(str),
+                     "locked": Field(list, item=LOCKED)}),
+    "forbidden_options": Field(list, item=OPTION),
+    "allowed_options": Field(list, item=ALLOWED),
+    "tiers": Field(list, item=TIER),
+    "client": Field({"options": Field(list, item=list)}),
+    "scoring": Field({
+        "floor": Field(float), "gain": Field(float), "rate": Field(float),
+        "ttft_p99_max_ratio": Field(float), "tpot_p99_max_ratio": Field(float),
+        "min_completion": Field(float),
+        "below_baseline": Field(str),
+        "accuracy_factor": Field(list, item={"max_loss": Field(float), "factor": Field(float)}),
+        "display_decimals": Field(int),
+    }),
+    "baselines": Field({"default": Field(str), "sets": Field(dict, value=BASELINE)}),
+    "accuracy": Field({"script": Field(str), "tasks": Field(dict, value=TASK)}),
+}
+
+
+def _cross_check(data: dict, file: str) -> None:
+    rules = data["rules"]
+
+    def need_rule(key: str, rule: str | None) -> None:
+        if rule is not None and rule not in rules:
+            raise ForgeError(f"{file}: key '{key}': unknown rule {rule!r}",
+                             hint=f"rules defined: {', '.join(sorted(rules))}")
+
+    for i, fp in enumerate(data["forbidden_paths"]):
+        need_rule(f"forbidden_paths[{i}].rule", fp["rule"])
+    for section in ("forbidden_options", "allowed_options"):
+        for i, o in enumerate(data[section]):
+            need_rule(f"{section}[{i}].rule", o.get("rule"))
+            for name in [o["option"], *o["aliases"]]:
+                if not name.startswith("-"):
+                    raise ForgeError(f"{file}: key '{section}[{i}].option': {name!r} is not an option",
+                                     hint="write options as on the command line, e.g. --max-num-seqs")
+            if section == "allowed_options" and o["values"] is not None and o["rule"] is None:
+                raise ForgeError(f"{file}: key 'allowed_options[{i}]': 'values' needs a 'rule' to cite")
+    for i, o in enumerate(data["server"]["locked"]):
+        need_rule(f"server.locked[{i}].rule", o["rule"])
+    names = [t["name"] for t in data["tiers"]]
+    if len(set(names)) != len(names) or not names:
+        raise ForgeError(f"{file}: key 'tiers': tier names must be unique and non-empty")
+    for i, t in enumerate(data["tiers"]):
+        lo_hi = t["prompt_tokens"]
+        if len(lo_hi) != 2 or not 0 < lo_hi[0] < lo_hi[1]:
+            raise ForgeError(f"{file}: key 'tiers[{i}].prompt_tokens': expected [min, max] with 0 < min < max")
+    for i, opt in enumerate(data["client"]["options"]):
+        if not opt or not all(isinstance(x, str) for x in opt) or not opt[0].startswith("--") or len(opt) > 2:
+            raise ForgeError(f"{file}: key 'client.options[{i}]': expected [--flag] or [--option, \"value\"]",
+                             hint="quote numbers: [--max-concurrency, \"1\"]")
+    b = data["baselines"]
+    if b["default"] not in b["sets"]:
+        raise ForgeError(f"{file}: key 'baselines.default': {b['default']!r} is not in baselines.sets",
+                         hint=f"sets: {', '.join(sorted(b['sets']))}")
+    for name, s in b["sets"].items():
+        for key in ("tok_s", "ttft_p99_ms"):
+            missing = [n for n in names if n not in s[key]]
+            extra = [k for k in s[key] if k not in names]
+            if missing or extra:
+                raise ForgeError(f"{file}: key 'baselines.sets.{name}.{key}': needs exactly the tiers "
+                                 f"{', '.join(names)}" + (f" (unknown: {', '.join(extra)})" if extra else ""))
+        for k, v in s["ttft_p99_ms"].items():
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+                raise ForgeError(f"{file}: key 'baselines.sets.{name}.ttft_p99_ms.{k}': expected a positive number or null")
+        for k, v in s["tok_s"].items():
+            if not (v > 0 and v != float("inf")):
+                raise ForgeError(f"{file}: key 'baselines.sets.{name}.tok_s.{k}': expected a finite positive number, got {v}")
+        if s["tpot_p99_ms"] is not None and not (0 < s["tpot_p99_ms"] < float("inf")):
+            raise ForgeError(f"{file}: key 'baselines.sets.{name}.tpot_p99_ms': expected a finite positive number or null")
+        src = s["sla_from"]
+        if src is not None:
+            if src == name or src not in b["sets"]:
+                raise ForgeError(f"{file}: key 'baselines.sets.{name}.sla_from': {src!r} is not another set",
+                                 hint=f"sets: {', '.join(sorted(b['sets']))}")
+            if b["sets"][src].get("sla_from"):
+                raise ForgeError(f"{file}: key 'baselines.sets.{name}.sla_from': {src!r} takes its own SLA "
+                                 "limits from another set; name that set directly")
+    bounds = [a["max_loss"] for a in data["scoring"]["accuracy_factor"]]
+    if bounds != sorted(bounds):
+        raise ForgeError(f"{file}: key 'scoring.accuracy_factor': max_loss bounds must increase")
+
+
+def load_contest(path: str = "contest.yaml") -> dict:
+    """The validated contest config."""
+    data = load(path, SCHEMA)
+    from ..paths import CONFIGS, rel
+    from pathlib import Path
+    p = Path(path)
+    _cross_check(data, rel(p if p.is_absolute() or p.exists() else CONFIGS / p))
+    return data
+
+
+def rule_text(contest: dict, rule: str) -> str:
+    return contest["rules"][rule]["text"]
+
+
+def tier_names(contest: dict) -> list[str]:
+    return [t["name"] for t in contest["tiers"]]
+
+
+# --- options ------------------------------------------------------------------------------------
+
+def option_base(token: str) -> str:
+    """The option a command-line token names: `--max_num_seqs=4` -> `--max-num-seqs`,
+    `--compilation-config.mode` -> `--compilation-config`, `-O3` -> `-O`."""
+    t = token.split("=", 1)[0]
+    if t.startswith("--"):
+        t = "--" + t[2:].replace("_", "-")
+        t = t.split(".", 1)[0]
+    elif t.startswith("-") and len(t) > 2 and not t.startswith("-O.") and t[1] != "-":
+        # short option with an attached value (-O3, -q8) or a multi-letter short (-tp)
+        t = t if t in ("-tp", "-pp", "-dp") else t[:2]
+    elif t.startswith("-O."):
+        t = "-O"
+    return t
+
+
+def _index(contest: dict) -> tuple[dict, dict, dict]:
+    forbidden, allowed, locked = {}, {}, {}
+    for o in contest["forbidden_options"]:
+        for n in [o["option"], *o["aliases"]]:
+            forbidden[n] = o
+    for o in contest["allowed_options"]:
+        for n in [o["option"], *o["aliases"]]:
+            allowed[n] = o
+    for o in contest["server"]["locked"]:
+        locked[o["option"]] = o
+    return forbidden, allowed, locked
+
+
+def lookup_option(contest: dict, name: str) -> tuple[str, dict | None]:
+    """('forbidden'|'locked'|'allowed'|'unreviewed', entry) for an option name in any spelling."""
+    forbidden, allowed, locked = _index(contest)
+    base = option_base(name)
+    candidates = [base]
+    if base.startswith("--no-"):
+        candidates.append("--" + base[5:])
+    for c in candidates:
+        if c in forbidden:
+            return "forbidden", forbidden[c]
+        if c in locked:
+            return "locked", locked[c]
+        if c in allowed:
+            return "allowed", allowed[c]
+    return "unreviewed", None
+
+
+def check_option(contest: dict, name: str, value: Any, where: str) -> str:
+    """Raise ForgeError when a profile may not set `name` (to `value`); return its canonical name."""
+    kind, entry = lookup_option(contest, name)
+    if kind == "forbidden":
+        raise ForgeError(f"{where}: {name} is forbidden by the contest rules: "
+                         f"\"{rule_text(contest, entry['rule'])}\" (rule '{entry['rule']}')",
+                         hint=f"remove {name} from the profile")
+    if kind == "locked":
+        raise ForgeError(f"{where}: {name} is locked to {entry['value']} and always set by the tool: "
+                         f"\"{rule_text(contest, entry['rule'])}\" (rule '{entry['rule']}')",
+                         hint=f"remove {name} from the profile")
+    if kind == "unreviewed":
+        raise ForgeError(f"{where}: {name} has not been reviewed against the contest rules",
+                         hint="if it is allowed, add it to configs/contest.yaml allowed_options with a "
+                              "note saying which rule it was checked against; otherwise remove it")
+    if entry["values"] is not None and value is not True and str(value) not in entry["values"]:
+        raise ForgeError(f"{where}: {name} {value} is forbidden by the contest rules: "
+                         f"\"{rule_text(contest, entry['rule'])}\" (rule '{entry['rule']}')",
+                         hint=f"allowed values: {', '.join(entry['values'])}")
+    return entry["option"]
+
+
+def check_command(contest: dict, args: list[str], where: str = "server command") -> None:
+    """Check a full rendered `vllm serve` argument list (after `serve <model>`): the locked options
+    must appear exactly once with their values, nothing forbidden or unreviewed may appear."""
+    _, _, locked = _index(contest)
+    seen: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        if not tok.startswith("-"):
+            raise ForgeError(f"{where}: unexpected argument {tok!r}",
+                             hint="the model directory is the only positional argument")
+        value: Any = True
+        if "=" in tok:
+            value = tok.split("=", 1)[1]
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            value = args[i + 1]
+            i += 1
+        base = option_base(tok)
+        if base in locked:
+            if base in seen:
+                raise ForgeError(f"{where}: {base} given twice",
+                                 hint=f"\"{rule_text(contest, locked[base]['rule'])}\"")
+            if str(value) != locked[base]["value"]:
+                raise ForgeError(f"{where}: {base} {value} differs from the locked {locked[base]['value']}: "
+                                 f"\"{rule_text(contest, locked[base]['rule'])}\" (rule '{locked[base]['rule']}')")
+            seen[base] = str(value)
+        else:
+            check_option(contest, tok, value, where)
+        i += 1
+    for name, o in locked.items():
+        if name not in seen:
+            raise ForgeError(f"{where}: the locked option {name} {o['value']} is missing",
+                             hint=f"\"{rule_text(contest, o['rule'])}\"")
+
+
+def check_env_name(name: str, where: str) -> None:
+    import re
+    if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+        raise ForgeError(f"{where}: {name!r} is not a valid environment variable name")

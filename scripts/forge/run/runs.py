@@ -1,0 +1,123 @@
+"""Run folders: reports/runs/<run-id>/ holds one server start and/or one benchmark run — the server
+log, one result file per tier (`vllm bench serve`'s own JSON), and manifest.json with provenance."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import re
+from pathlib import Path
+from typing import Any
+
+from .. import paths
+from ..errors import ForgeError
+
+RUNS = paths.REPORTS / "runs"
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def runs_root() -> Path:
+    return Path(os.environ.get("FORGE_RUNS_DIR", RUNS))
+
+
+def new_run_id(profile: str | None) -> str:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{profile or 'run'}"
+
+
+def run_dir(run_id: str, create: bool = True, root: Path | None = None) -> Path:
+    """reports/runs/<run_id> (or <root>/<run_id>), created unless `create` is false."""
+    run_id = Path(run_id).name if "/" in run_id else run_id
+    if not _ID.match(run_id):
+        raise ForgeError(f"run id {run_id!r} is not a plain name",
+                         hint="use letters, digits, '.', '_' and '-' (e.g. 20260101-120000-contest)")
+    d = Path(root or runs_root()) / run_id
+    if create:
+        d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def resolve_run(arg: str) -> Path:
+    """A run given as a folder path or as a run id under reports/runs/."""
+    p = Path(arg)
+    if p.is_dir():
+        return p
+    q = runs_root() / arg
+    if q.is_dir():
+        return q
+    raise ForgeError(f"run {arg!r} not found (neither a folder nor reports/runs/{arg})",
+                     hint="list runs with: ls reports/runs/")
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write atomically: an interrupted write never leaves half a file that looks finished."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ForgeError(f"{paths.rel(path)}: not found")
+    except json.JSONDecodeError as e:
+        raise ForgeError(f"{paths.rel(path)}: not valid JSON ({e})",
+                         hint="the file was cut short; rerun the step that writes it")
+
+
+# --- provenance ----------------------------------------------------------------------------------
+
+def git_commit() -> dict:
+    from .. import proc
+    try:
+        commit = proc.output(["git", "-C", str(paths.ROOT), "rev-parse", "HEAD"], what="git")
+        dirty = bool(proc.output(["git", "-C", str(paths.ROOT), "status", "--porcelain", "--untracked-files=no"],
+                                 what="git"))
+    except ForgeError:
+        return {"commit": None, "dirty": None}
+    return {"commit": commit, "dirty": dirty}
+
+
+def vllm_provenance(python: str | None = None) -> dict:
+    """vLLM's version and our wheel's provenance record (vllm/_forge_provenance.py: PROVENANCE),
+    read from `python` (default: this interpreter) without importing vLLM's heavy modules."""
+    from .. import proc
+    code = ("import json, importlib.metadata as m\n"
+            "out = {}\n"
+            "try: out['version'] = m.version('vllm')\n"
+            "except Exception as e: out['version'] = None\n"
+            "try:\n"
+            "    import importlib.util, runpy\n"
+            "    spec = importlib.util.find_spec('vllm')\n"
+            "    import os\n"
+            "    f = os.path.join(os.path.dirname(spec.origin), '_forge_provenance.py') if spec else None\n"
+            "    out['provenance'] = runpy.run_path(f)['PROVENANCE'] if f and os.path.exists(f) else None\n"
+            "except Exception as e: out['provenance_error'] = str(e)\n"
+            "print(json.dumps(out, default=str))\n")
+    import sys
+    try:
+        text = proc.output([python or sys.executable, "-c", code], what="vllm provenance", timeout=60)
+        return json.loads(text.splitlines()[-1])
+    except (ForgeError, json.JSONDecodeError, IndexError):
+        return {"version": None, "provenance": None}
+
+
+def device_info() -> dict:
+    from .. import proc
+    info: dict[str, Any] = {"host": platform.node(), "machine": platform.machine(), "os": platform.platform()}
+    for tool, args in (("rocm-smi", ["--showproductname"]), ("hy-smi", ["--showproductname"]),
+                       ("nvidia-smi", ["--query-gpu=name,driver_version", "--format=csv,noheader"])):
+        from shutil import which
+        if which(tool):
+            try:
+                info[tool] = proc.output([tool, *args], what=tool, timeout=20)[-2000:]
+            except ForgeError:
+                pass
+    return info
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,367 @@
+"""`forge score`: the contest's formula over a benchmark run (or what-if tok/s) against a baseline.
+
+Per tier: lift = tok_s / baseline_tok_s - 1; score = weight * (floor + gain * (1 - exp(-rate * lift))),
+zero when the tier's TTFT P99 exceeds ratio x the baseline's, when the pooled TPOT P99 exceeds
+ratio x the baseline's, or when completion is below min_completion. The total is multiplied by the
+accuracy factor when both the run and the baseline have accuracy results.
+
+A tier below its baseline follows the same formula (not clamped; configs/contest.yaml
+scoring.below_baseline). What-if tok/s must be finite and positive. A recorded score file is never
+replaced without --force. A harness run (random weights on a GPU machine, manifest `harness: true`)
+is labelled as such in every score and is scored only against another harness run, never against a
+baseline measured on the DCU."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from . import contest as contest_mod
+from . import runs
+from .. import paths, ui
+from ..errors import ForgeError
+from .score_doc import HARNESS_LABEL, chart, render_md
+
+
+# --- metrics from `vllm bench serve` result files ----------------------------------------------
+
+def percentile(values: list[float], q: float) -> float | None:
+    """numpy's default (linear) percentile, as `vllm bench serve` computes its own."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def request_tpots_ms(res: dict) -> list[float] | None:
+    """Per-request TPOT (ms) of the successful requests: time after the first token over the
+    remaining tokens, as vLLM's client defines it (needs --save-detailed)."""
+    if "itls" not in res or "output_lens" not in res:
+        return None
+    errors = res.get("errors") or [""] * len(res["output_lens"])
+    out = []
+    for itl, n, err in zip(res["itls"], res["output_lens"], errors):
+        if err or not n or n <= 1:
+            continue
+        out.append(1000.0 * sum(itl) / (n - 1))
+    return out
+
+
+def finite_positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def tier_metrics(res: dict, file: str) -> dict:
+    for key in ("completed", "failed", "output_throughput"):
+        if key not in res:
+            raise ForgeError(f"{file}: not a `vllm bench serve` result (no '{key}')",
+                             hint="results are written by forge bench-all-tiers")
+    v = res["output_throughput"]
+    if not (finite_positive(v) or v == 0):
+        raise ForgeError(f"{file}: output_throughput is {v!r}, not a finite number >= 0",
+                         hint="the result file is damaged; rerun that tier (forge bench-all-tiers --run-id ...)")
+    total = res["completed"] + res["failed"]
+    return {
+        "tok_s": float(res["output_throughput"]),
+        "ttft_p99_ms": res.get("p99_ttft_ms") if res["completed"] else None,
+        "tpot_p99_ms": res.get("p99_tpot_ms") if res["completed"] else None,
+        "completed": res["completed"], "failed": res["failed"],
+        "completion": res["completed"] / total if total else 0.0,
+        "tpots_ms": request_tpots_ms(res),
+        "output_lens": res.get("output_lens"),
+        "synthesized": res.get("forge_synthesized"),
+    }
+
+
+def load_run(run: Path, contest: dict, partial: bool = False) -> dict:
+    """{tiers: {name: metrics}, tpot_p99_pooled_ms, accuracy, manifest, missing}. A tier without a
+    result is an error, or with partial=True listed in `missing` (no pooled TPOT then)."""
+    tiers = {}
+    missing = []
+    for name in contest_mod.tier_names(contest):
+        p = run / f"{name}.json"
+        if not p.is_file():
+            if partial:
+                missing.append(name)
+                continue
+            raise ForgeError(f"{run}: tier {name} has no result ({p.name})",
+                             hint=f"finish the run: forge bench-all-tiers --run-id {run.name}")
+        tiers[name] = tier_metrics(runs.read_json(p), str(p))
+    pooled = None                              # pooled over all tiers: none while one is missing
+    if not missing and all(t["tpots_ms"] is not None for t in tiers.values()):
+        pooled = percentile([x for t in tiers.values() for x in t["tpots_ms"]], 99)
+    elif not missing:
+        vals = [t["tpot_p99_ms"] for t in tiers.values() if t["tpot_p99_ms"] is not None]
+        pooled = max(vals) if vals else None
+    acc = runs.read_json(run / "accuracy.json") if (run / "accuracy.json").is_file() else None
+    man = runs.read_json(run / "manifest.json") if (run / "manifest.json").is_file() else {}
+    return {"tiers": tiers, "tpot_p99_pooled_ms": pooled, "accuracy": (acc or {}).get("scores"),
+            "manifest": man, "path": str(run), "missing": missing, "harness": bool(man.get("harness"))}
+
+
+
+
+def baseline_from_config(contest: dict, name: str | None = None) -> dict:
+    """A named baseline set; SLA values it lacks come from its `sla_from` set."""
+    sets = contest["baselines"]["sets"]
+    name = name or contest["baselines"]["default"]
+    if name not in sets:
+        raise ForgeError(f"baseline {name!r} is not in configs/contest.yaml baselines.sets",
+                         hint=f"sets: {', '.join(sorted(sets))}")
+    s = sets[name]
+    sla = sets[s["sla_from"]] if s.get("sla_from") else s
+    tiers = {}
+    for t in contest_mod.tier_names(contest):
+        ttft = s["ttft_p99_ms"][t] if s["ttft_p99_ms"][t] is not None else sla["ttft_p99_ms"][t]
+        tiers[t] = {"tok_s": s["tok_s"][t], "ttft_p99_ms": ttft, "output_lens": None}
+    tpot = s["tpot_p99_ms"] if s["tpot_p99_ms"] is not None else sla["tpot_p99_ms"]
+    source = s["source"] + (f"; SLA limits from set {s['sla_from']!r}" if s.get("sla_from") else "")
+    return {"label": f"{name} (configs/contest.yaml)", "source": source, "tiers": tiers,
+            "tpot_p99_pooled_ms": tpot, "accuracy": s["accuracy"] or None, "harness": False, "dcu": True}
+
+
+def baseline_from_run(run: Path, contest: dict) -> dict:
+    r = load_run(run, contest)
+    return {"label": f"run {run.name}" + (" (harness)" if r["harness"] else ""), "source": str(run),
+            "tiers": r["tiers"], "tpot_p99_pooled_ms": r["tpot_p99_pooled_ms"], "accuracy": r["accuracy"],
+            "harness": r["harness"], "dcu": None}
+
+
+def check_pairing(run: dict, base: dict, run_label: str) -> None:
+    """A harness run is scored only against a harness baseline, and a real run never against one."""
+    if run.get("harness") and not base.get("harness"):
+        raise ForgeError(f"{run_label} is a harness run (random weights on a GPU machine); its tok/s say nothing "
+                         f"about the DCU, so scoring it against {base['label']} is refused",
+                         hint="score it against the same run's reference profile: --baseline <harness run folder>")
+    if base.get("harness") and not run.get("harness"):
+        raise ForgeError(f"the baseline {base['label']} is a harness run (random weights on a GPU machine); "
+                         f"{run_label} is not", hint="score against a baseline measured like the run")
+
+
+# --- the formula ---------------------------------------------------------------------------------
+
+def tier_score(sc: dict, weight: float, tok_s: float, base_tok_s: float) -> tuple[float, float]:
+    if not finite_positive(base_tok_s):
+        raise ForgeError(f"baseline tok/s must be finite and positive, got {base_tok_s}")
+    if not (finite_positive(tok_s) or tok_s == 0):
+        raise ForgeError(f"tok/s must be a finite number >= 0, got {tok_s}")
+    lift = tok_s / base_tok_s - 1.0
+    return lift, weight * (sc["floor"] + sc["gain"] * (1.0 - math.exp(-sc["rate"] * lift)))
+
+
+def accuracy_factor(sc: dict, ours: dict | None, base: dict | None) -> dict:
+    if not ours or not base:
+        missing = " and ".join(x for x, have in (("the run", ours), ("the baseline", base)) if not have)
+        return {"factor": 1.0, "applied": False, "note": f"no accuracy results for {missing}"}
+    common = sorted(set(ours) & set(base))
+    if not common:
+        return {"factor": 1.0, "applied": False, "note": "run and baseline share no accuracy task"}
+    mo = sum(ours[t] for t in common) / len(common)
+    mb = sum(base[t] for t in common) / len(common)
+    loss = (mb - mo) / mb if mb else 0.0
+    factor = 0.0
+    for step in sc["accuracy_factor"]:
+        if loss <= step["max_loss"]:
+            factor = step["factor"]
+            break
+    return {"factor": factor, "applied": True, "relative_loss": loss, "tasks": common,
+            "per_task_change": {t: (ours[t] - base[t]) / base[t] if base[t] else 0.0 for t in common},
+            "run_mean": mo, "baseline_mean": mb}
+
+
+def score(contest: dict, run: dict, base: dict) -> dict:
+    sc = contest["scoring"]
+    tiers_out = {}
+    pooled = run.get("tpot_p99_pooled_ms")
+    bpooled = base.get("tpot_p99_pooled_ms")
+    tpot_limit = sc["tpot_p99_max_ratio"] * bpooled if bpooled else None
+    tpot_ok = None if tpot_limit is None or pooled is None else pooled <= tpot_limit
+    if tpot_limit is not None and pooled is None:
+        # a run where no request completed has no TPOT and breaches; a what-if has no counts at all
+        tpot_ok = False if all(t.get("completed") == 0 for t in run["tiers"].values()) else None
+    total = 0.0
+    for t in contest["tiers"]:
+        name = t["name"]
+        m = run["tiers"][name]
+        b = base["tiers"][name]
+        lift, s = tier_score(sc, t["weight"], m["tok_s"], b["tok_s"])
+        ttft_limit = sc["ttft_p99_max_ratio"] * b["ttft_p99_ms"] if b.get("ttft_p99_ms") else None
+        ttft = m.get("ttft_p99_ms")
+        ttft_ok = None if ttft_limit is None or ttft is None else ttft <= ttft_limit
+        completion = m.get("completion", 1.0)
+        comp_ok = completion >= sc["min_completion"]
+        reasons = []
+        if ttft_ok is False:
+            reasons.append(f"TTFT P99 {ttft:.0f} ms > {ttft_limit:.0f} ms")
+        if tpot_ok is False:
+            reasons.append(f"pooled TPOT P99 {pooled:.2f} ms > {tpot_limit:.2f} ms" if pooled is not None
+                           else "no TPOT (no request completed)")
+        if not comp_ok:
+            reasons.append(f"completion {100 * completion:.1f} % < {100 * sc['min_completion']:.0f} %")
+        contribution = 0.0 if reasons else s
+        total += contribution
+        tiers_out[name] = {
+            "weight": t["weight"], "tok_s": m["tok_s"], "baseline_tok_s": b["tok_s"], "lift": lift,
+            "formula_score": s, "contribution": contribution, "zeroed_by": reasons,
+            "ttft_p99_ms": ttft, "ttft_p99_limit_ms": ttft_limit, "ttft_ok": ttft_ok,
+            "completion": completion, "completion_ok": comp_ok,
+            "completed": m.get("completed"), "failed": m.get("failed"),
+            "tpot_p99_ms": m.get("tpot_p99_ms"),
+        }
+    acc = accuracy_factor(sc, run.get("accuracy"), base.get("accuracy"))
+    final = total * acc["factor"]
+    dec = sc["display_decimals"]
+    shown = math.floor(final * 10 ** dec + 1e-9) / 10 ** dec
+    unchecked = [n for n, t in tiers_out.items() if t["ttft_ok"] is None]
+    return {"total": final, "total_before_accuracy": total, "display": f"{shown:.{dec}f}",
+            "tiers": tiers_out, "tpot_p99_pooled_ms": pooled, "tpot_p99_limit_ms": tpot_limit, "tpot_ok": tpot_ok,
+            "accuracy": acc, "baseline": {"label": base["label"], "source": base.get("source"),
+                                          "harness": bool(base.get("harness"))},
+            "harness": bool(run.get("harness")), "kind": HARNESS_LABEL if run.get("harness") else "run",
+            "below_baseline": sc["below_baseline"],
+            "unchecked": {"ttft_tiers": unchecked, "tpot": tpot_ok is None}}
+
+
+def output_drift(run: dict, base: dict) -> dict:
+    """Per-request output-length differences against a baseline run: greedy decoding should give
+    the same lengths; a drift changes tok/s for reasons unrelated to speed."""
+    out = {}
+    for name, m in run["tiers"].items():
+        a, b = m.get("output_lens"), base["tiers"][name].get("output_lens")
+        if not a or not b:
+            continue
+        n = min(len(a), len(b))
+        diff = [i for i in range(n) if a[i] != b[i]]
+        out[name] = {"compared": n, "differ": len(diff), "requests": diff[:20],
+                     "total_run": sum(a[:n]), "total_baseline": sum(b[:n]),
+                     "count_mismatch": len(a) != len(b)}
+    return out
+
+
+def write_report(contest: dict, rpath: Path, run: dict, base: dict, drift: dict | None,
+                 shown: str | None = None, force: bool = False) -> tuple[dict, bool]:
+    """Score a loaded run and write score.json, score.md and score.png into its folder; returns the
+    result and whether the chart was drawn. A score already recorded there is replaced only with
+    force=True."""
+    check_pairing(run, base, f"run {rpath.name}")
+    old = rpath / "score.json"
+    if old.is_file() and not force:
+        try:
+            prev = runs.read_json(old)
+            was = f" ({prev.get('display')} against {prev.get('baseline', {}).get('label')})"
+        except (ForgeError, AttributeError):
+            was = ""
+        raise ForgeError(f"{paths.rel(old)}: run {rpath.name} already has a recorded score{was}; not replaced",
+                         hint="pass --force (make score ... FORCE=1) to replace it")
+    res = score(contest, run, base)
+    res["run"] = str(rpath)
+    res["output_drift"] = drift
+    if run["manifest"].get("scored_port") is False:
+        res["note"] = "the server did not listen on the locked port 8001 (testing run)"
+        ui.warn(f"run {rpath.name}: {res['note']}")
+    runs.write_json(rpath / "score.json", res)
+    (rpath / "score.md").write_text(render_md(res, shown or str(rpath), drift))
+    return res, chart(res, rpath / "score.png")
+
+
+def parse_tok_s(text: str, names: list[str]) -> list[float]:
+    """What-if tok/s, one finite positive number per tier."""
+    parts = [x.strip() for x in text.split(",")]
+    if len(parts) != len(names):
+        raise ForgeError(f"--tok-s {text!r}: needs {len(names)} values, one per tier ({', '.join(names)})",
+                         hint="e.g. --tok-s 15.97,14.44,11.04 (make score TOK_S=15.97,14.44,11.04)")
+    vals = []
+    for name, x in zip(names, parts):
+        try:
+            v = float(x)
+        except ValueError:
+            raise ForgeError(f"--tok-s: the {name} value {x!r} is not a number")
+        if not finite_positive(v):
+            raise ForgeError(f"--tok-s: the {name} value {x!r} is not a finite positive tok/s",
+                             hint="a tier that served nothing has no what-if; score the run itself (--run)")
+        vals.append(v)
+    return vals
+
+
+def score_run(run: "str | Path", *, baseline: "str | Path | None" = None, baseline_name: str | None = None,
+              force: bool = False, contest: dict | None = None) -> tuple[dict, bool]:
+    """Score a recorded run (a folder or a run id) against a baseline run or a configured baseline
+    set, and write score.json, score.md and score.png into it. Returns the result and whether the
+    chart was drawn. A score already recorded there is replaced only with force=True."""
+    contest = contest or contest_mod.load_contest()
+    if baseline and baseline_name:
+        raise ForgeError("both --baseline (a run) and --baseline-name (a configured set) given; pick one",
+                         hint="make score ... BASELINE=<run> or BASELINE_NAME=<set>")
+    rpath = runs.resolve_run(str(run))
+    loaded = load_run(rpath, contest)
+    drift = None
+    if baseline:
+        base = baseline_from_run(runs.resolve_run(str(baseline)), contest)
+        check_pairing(loaded, base, f"run {rpath.name}")
+        drift = output_drift(loaded, base)
+    else:
+        base = baseline_from_config(contest, baseline_name)
+    return write_report(contest, rpath, loaded, base, drift, force=force)
+
+
+def cmd_score(args) -> int:
+    contest = contest_mod.load_contest()
+    names = contest_mod.tier_names(contest)
+    if args.tok_s and args.run:
+        raise ForgeError("both --run and --tok-s given: score a recorded run or what-if tok/s, not both",
+                         hint="make score RUN=... or make score TOK_S=a,b,c")
+    if args.baseline and args.baseline_name:
+        raise ForgeError("both --baseline (a run) and --baseline-name (a configured set) given; pick one",
+                         hint="make score ... BASELINE=<run> or BASELINE_NAME=<set>")
+    if args.tok_s:
+        vals = parse_tok_s(args.tok_s, names)
+        base = (baseline_from_run(runs.resolve_run(args.baseline), contest) if args.baseline
+                else baseline_from_config(contest, args.baseline_name))
+        run = {"tiers": {n: {"tok_s": v, "completion": 1.0} for n, v in zip(names, vals)}}
+        res = score(contest, run, base)
+        for n, t in res["tiers"].items():
+            print(f"{n:>7}: {t['tok_s']:.2f} tok/s vs {t['baseline_tok_s']:.2f} (lift {100 * t['lift']:+.1f} %) "
+                  f"-> {t['contribution']:.2f} / {t['weight']:.0f}")
+        if base.get("harness"):
+            ui.warn(f"the baseline is a harness run ({HARNESS_LABEL}); this total compares against it only")
+        print(f"total {res['display']}  (exact {res['total']:.4f}; baseline {base['label']}; "
+              "throughput only, SLA and accuracy not applied)")
+        return 0
+    if not args.run:
+        raise ForgeError("nothing to score", hint="pass --run DIR (make score RUN=...) or --tok-s a,b,c")
+    res, drew = score_run(args.run, baseline=args.baseline, baseline_name=args.baseline_name,
+                          force=args.force, contest=contest)
+    rpath = Path(res["run"])
+    drift = res["output_drift"]
+    if res["harness"]:
+        ui.warn(f"run {rpath.name}: {HARNESS_LABEL}")
+    for n, t in res["tiers"].items():
+        flag = f"  ZERO: {'; '.join(t['zeroed_by'])}" if t["zeroed_by"] else ""
+        print(f"{n:>7}: {t['tok_s']:.2f} tok/s vs {t['baseline_tok_s']:.2f} -> {t['contribution']:.2f} / "
+              f"{t['weight']:.0f}{flag}")
+    if drift and any(d["differ"] for d in drift.values()):
+        ui.warn("output lengths differ from the baseline run: " +
+                ", ".join(f"{k} {d['differ']}/{d['compared']}" for k, d in drift.items() if d["differ"]))
+    print(f"total {res['display']}{' (harness proxy)' if res['harness'] else ''}  "
+          f"(exact {res['total']:.4f}; baseline {res['baseline']['label']})")
+    ui.info(f"wrote {rpath / 'score.json'}, score.md" + (", score.png" if drew else ""))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("score", help="the contest score of a run (or of what-if tok/s) against a baseline",
+                       description="Apply the contest formula (configs/contest.yaml scoring) to a run's tier results. "
+                                   "Writes score.json, score.md and score.png into the run folder; a score already "
+                                   "recorded there is replaced only with --force. A harness run (random weights) "
+                                   "is scored only against a harness baseline run.")
+    p.add_argument("--run", help="run folder or run id under reports/runs/")
+    p.add_argument("--baseline", help="a baseline run folder (its tok/s, TTFT/TPOT P99, output lengths, accuracy)")
+    p.add_argument("--baseline-name", help="a baseline set from configs/contest.yaml (default: baselines.default; "
+                                           "e.g. team, official)")
+    p.add_argument("--tok-s", help="what-if: comma-separated finite positive tok/s per tier, scored against the "
+                                   "baseline (a set, or --baseline RUN's tok/s)")
+    p.add_argument("--force", action="store_true", help="replace a score already recorded in the run folder")
+    p.set_defaults(func=cmd_score)

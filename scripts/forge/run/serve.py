@@ -1,0 +1,346 @@
+"""`forge serve` / `forge stop`: start the contest's server command for a profile (in the image or
+from the installed wheel), wait until it answers /health, and stop exactly the server we started."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from . import contest as contest_mod
+from . import profiles, runs
+from .. import paths, proc, ui
+from ..errors import ForgeError
+
+STATE = paths.BUILD / "serve" / "server.json"
+LOCKED_PORT = 8001
+
+# Device access for the DCU container (contest-facts: /dev/kfd, /dev/mkfd, /dev/dri, /opt/hyhal ro,
+# group video, large shm, host IPC).
+DOCKER_DEVICE_ARGS = ["--device=/dev/kfd", "--device=/dev/mkfd", "--device=/dev/dri",
+                      "-v", "/opt/hyhal:/opt/hyhal:ro", "--group-add", "video", "--ipc=host",
+                      "--network=host"]
+
+# (pattern in the server log, likely cause, what to do)
+KNOWN_FAILURES = [
+    (r"out of memory|OutOfMemoryError|No available memory for the cache blocks|"
+     r"insufficient memory|larger than the available KV cache memory",
+     "the card ran out of memory (weights + KV cache + graphs do not fit)",
+     "check that no other process holds the card; lower --gpu-memory-utilization in the profile"),
+    (r"[Aa]ddress already in use|Errno 98",
+     f"port {LOCKED_PORT} is already in use",
+     "stop the other server (`forge stop`, or find it with `ss -ltnp | grep 8001`)"),
+    (r"unrecognized arguments|error: argument |invalid choice",
+     "the server rejected an option of the command (unknown argument or value)",
+     "the installed vLLM may not be our patched build: check `pip show vllm`, or fix the profile"),
+    (r"config\.json|Repo id must|is not a local folder|HFValidationError|No such file or directory|"
+     r"does not appear to have a file named|Can't load tokenizer|Unrecognized model",
+     "the model directory is missing or incomplete",
+     "pass --model (MODEL=) a directory with config.json, the tokenizer and the weights"),
+    (r"Unable to find image|pull access denied|No such image",
+     "the image is not present on this machine",
+     "load or build the image (`make image`), or pass the right IMAGE"),
+    (r"permission denied.*docker\.sock|Cannot connect to the Docker daemon",
+     "docker is not usable by this user",
+     "start the docker daemon or add the user to the docker group"),
+    (r"ModuleNotFoundError|ImportError",
+     "a Python module is missing in the server's environment",
+     "install our vLLM wheel with its dependencies, or use the image"),
+]
+
+
+def diagnose(log_text: str) -> list[tuple[str, str]]:
+    found = []
+    for pat, cause, fix in KNOWN_FAILURES:
+        if re.search(pat, log_text):
+            found.append((cause, fix))
+    return found
+
+
+def _env_or(value: str | None, var: str) -> str | None:
+    return value or (os.environ.get(var) or None)
+
+
+def read_state() -> dict | None:
+    if not STATE.is_file():
+        return None
+    try:
+        return runs.read_json(STATE)
+    except ForgeError:
+        return None
+
+
+def running_server() -> dict | None:
+    """The state of the server `forge serve` started, when it is still that process."""
+    st = read_state()
+    if st and proc.process_start_time(st["pid"]) == st["start_time"] and proc.alive(st["pid"]):
+        return st
+    return None
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def health_ok(url: str, timeout: float = 2.0) -> bool:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def native_launcher(vllm_cmd: str | None) -> list[str]:
+    if vllm_cmd:
+        return shlex.split(vllm_cmd)
+    if shutil.which("vllm"):
+        return ["vllm"]
+    return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+
+
+def launch_command(rendered: dict, *, image: str | None, vllm_cmd: str | None, port: int,
+                   container: str, shm_size: str) -> list[str]:
+    argv = list(rendered["argv"])
+    if port != LOCKED_PORT:
+        i = argv.index("--port")
+        argv[i + 1] = str(port)
+    if image:
+        model = rendered["model"]
+        cmd = ["docker", "run", "--rm", "--name", container, *DOCKER_DEVICE_ARGS, f"--shm-size={shm_size}",
+               "-v", f"{model}:{model}:ro"]
+        for k, v in rendered["env"].items():
+            cmd += ["-e", f"{k}={v}"]
+        # the image's own entrypoint is `forge serve --foreground`; here the rendered command runs as is
+        return cmd + ["--entrypoint", argv[0], image, *argv[1:]]
+    return native_launcher(vllm_cmd) + argv[1:]
+
+
+def serve_profile(profile: str, model: str | None = None, *, image: str | None = None, vllm_cmd: str | None = None,
+                  port: int | None = None, run_id: str | None = None, timeout: float = 1800,
+                  shm_size: str = "64g", wait: bool = True, contest: dict | None = None) -> dict:
+    """Start the server of a profile (configs/serve/<profile>.yaml, checked against the contest's
+    rules) from the installed wheel, through `vllm_cmd`, or in `image`; record it for `forge stop`
+    and, with `wait`, return once /health answers. Returns the server's state (run_id, port, ...)."""
+    contest = contest or contest_mod.load_contest()
+    prof = profiles.load_profile(profile, contest)
+    model = _env_or(model, "MODEL")
+    image = _env_or(image, "IMAGE")
+    if not model:
+        raise ForgeError("no model directory given", hint="pass --model DIR (make serve MODEL=DIR)")
+    port = port or LOCKED_PORT
+    run_id = run_id or runs.new_run_id(prof["name"])
+    if not image and vllm_cmd is None and not shutil.which("vllm"):
+        probe = proc.run([sys.executable, "-c", "import vllm"], check=False, capture=True)
+        if probe.returncode != 0:
+            raise ForgeError("vLLM is not installed for this Python and no image was given",
+                             hint="install our wheel (pip install dist/vllm-*.whl) or pass --image IMAGE")
+    st = running_server()
+    if st:
+        raise ForgeError(f"a server started by forge is already running (pid {st['pid']}, run {st['run_id']})",
+                         hint="forge stop (make stop) first")
+    state = start_server(prof, Path(model).resolve(), contest=contest, port=port, run_id=run_id, image=image,
+                         vllm_cmd=vllm_cmd, shm_size=shm_size, wait=wait, timeout=timeout)
+    if state.get("ready"):
+        ui.info(f"server ready on http://{state['host']}:{port} (run {run_id}); `forge stop` ends it")
+    return state
+
+
+def stop_running_server() -> str:
+    """Stop the server `serve_profile` (or `forge serve`) started, if any; returns what happened."""
+    st = read_state()
+    if st is None:
+        ui.info("no server started by forge is recorded; nothing to stop")
+        return "none recorded"
+    if proc.process_start_time(st["pid"]) != st["start_time"]:
+        STATE.unlink()
+        ui.info(f"the recorded server (pid {st['pid']}, run {st['run_id']}) has already exited; state cleared")
+        return "already gone"
+    return stop_server(st)
+
+
+def cmd_serve(args) -> int:
+    if args.dry_run or args.foreground:
+        return _print_or_exec(args)
+    state = serve_profile(args.profile, args.model, image=args.image, vllm_cmd=args.vllm, port=args.port,
+                          run_id=args.run_id, timeout=args.timeout, shm_size=args.shm_size, wait=not args.no_wait)
+    print(state["run_id"])
+    return 0
+
+
+def _print_or_exec(args) -> int:
+    """--dry-run prints the checked command; --foreground (inside the image) becomes the server."""
+    contest = contest_mod.load_contest()
+    prof = profiles.load_profile(args.profile, contest)
+    model = _env_or(args.model, "MODEL")
+    image = _env_or(args.image, "IMAGE")
+    if not model:
+        raise ForgeError("no model directory given", hint="pass --model DIR (make serve MODEL=DIR)")
+    model_path = Path(model).resolve() if not args.dry_run else Path(model)
+    rendered = profiles.render(prof, str(model_path), contest)
+    port = args.port or LOCKED_PORT
+    run_id = args.run_id or runs.new_run_id(prof["name"])
+    container = f"forge-serve-{run_id}".lower()
+    cmd = launch_command(rendered, image=image, vllm_cmd=args.vllm, port=port,
+                         container=container, shm_size=args.shm_size)
+    env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in rendered["env"].items())
+    if args.dry_run:
+        print(f"# profile {prof['name']} ({' -> '.join(prof['chain'])}): checked against configs/contest.yaml")
+        print(f"{env_text} {proc.fmt(rendered['argv'])}")
+        if cmd[1:] != rendered["argv"][1:] or image:
+            print(f"# launched as:\n{proc.fmt(cmd)}")
+        return 0
+    # inside the image: the checked command replaces this process (PID 1 stays the server)
+    if image:
+        raise ForgeError("--foreground runs the server in this process; it cannot start an image")
+    ui.info(f"{env_text} {proc.fmt(cmd)}")
+    proc.replace_process(cmd, env=rendered["env"])
+    return 0                            # not reached
+
+
+def start_server(prof: dict, model_path: Path, *, contest: dict, port: int, run_id: str,
+                 image: str | None = None, vllm_cmd: str | None = None, shm_size: str = "64g",
+                 wait: bool = True, timeout: float = 1800, state_file: Path | None = None,
+                 harness_args: list[str] | None = None, extra_env: dict[str, str] | None = None,
+                 run_dir: Path | None = None, process_env: dict[str, str] | None = None) -> dict:
+    """Start one server for a loaded profile (the command checked against the contest rules), record
+    it in `state_file` (default: the one `forge stop` reads) and, with `wait`, return once /health
+    answers. `harness_args`/`extra_env` are the GPU harness's additions (random weights and the like):
+    they are appended after the check, recorded, and mark the run as not comparable to a scored one.
+    `run_dir` is the run folder (default reports/runs/<run_id>); `process_env` is added to the
+    server's environment without being recorded (e.g. where a private site folder is)."""
+    state_file = state_file or STATE
+    rendered = profiles.render(prof, str(model_path), contest)
+    container = f"forge-serve-{run_id}".lower()
+    cmd = launch_command(rendered, image=image, vllm_cmd=vllm_cmd, port=port,
+                         container=container, shm_size=shm_size) + list(harness_args or [])
+    env = {**rendered["env"], **(extra_env or {})}
+    scored = port == LOCKED_PORT and not harness_args
+    if not image and not (model_path / "config.json").is_file():
+        raise ForgeError(f"{model_path}: no config.json here; not a model directory",
+                         hint="pass --model DIR with the model's config.json, tokenizer and weights")
+    host = contest["server"]["host"]
+    if port_open(host, port):
+        raise ForgeError(f"port {port} on {host} is already in use by another process",
+                         hint="stop it first (find it with `ss -ltnp | grep :%d`)" % port)
+    rdir = Path(run_dir) if run_dir else runs.run_dir(run_id)
+    rdir.mkdir(parents=True, exist_ok=True)
+    log = rdir / "server.log"
+    runs.write_json(rdir / "serve.json", {
+        "profile": prof["name"], "profile_chain": prof["chain"], "description": prof["description"],
+        "model": str(model_path), "image": image, "command": rendered["argv"], "launch": cmd,
+        "env": rendered["env"], "port": port, "scored_port": scored, "started": runs.now_iso(),
+        **({"harness_args": list(harness_args), "harness_env": dict(extra_env or {})} if harness_args else {}),
+    })
+    if harness_args:
+        ui.info(f"harness server (not a scored run): {proc.fmt(harness_args)}")
+    elif not scored:
+        ui.warn(f"port {port} instead of the locked {LOCKED_PORT}: results of this server are not comparable to a scored run")
+    env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in rendered["env"].items())
+    ui.info(f"starting profile {prof['name']} (run {run_id}); log: {paths.rel(log)}")
+    ui.info(f"{env_text} {proc.fmt(cmd)}")
+    p = proc.start(cmd, log=log, env={**(process_env or {}), **env}, what="server",
+                   hint="install docker" if image else "install our vLLM wheel")
+    state = {"pid": p.pid, "pgid": os.getpgid(p.pid), "start_time": proc.process_start_time(p.pid),
+             "run_id": run_id, "run_dir": str(rdir), "log": str(log), "profile": prof["name"],
+             "model": str(model_path), "image": image, "container": container if image else None,
+             "host": host, "port": port, "health": contest["server"]["health_path"],
+             "served_model_name": contest["server"]["served_model_name"], "started": runs.now_iso(),
+             "state_file": str(state_file)}
+    state_file.parent.mkdir(parents=True, exist_ok=True)
+    runs.write_json(state_file, state)
+    state["popen"] = p
+    if wait:
+        try:
+            wait_healthy(p, state, timeout=timeout)
+        except BaseException:
+            stop_server(state, quiet=True)
+            raise
+        state["ready"] = True
+    return state
+
+
+def wait_healthy(p, state: dict, timeout: float) -> None:
+    url = f"http://{state['host']}:{state['port']}{state['health']}"
+    t0 = time.monotonic()
+    last = t0
+    while True:
+        rc = p.poll()
+        if rc is not None:
+            text = Path(state["log"]).read_text(errors="replace") if Path(state["log"]).exists() else ""
+            causes = diagnose(text)
+            msg = f"the server exited (code {rc}) before it became ready\n--- last lines of {paths.rel(state['log'])} ---\n" \
+                  + proc.tail(Path(state["log"]), 30)
+            hint = "; ".join(f"likely cause: {c} -> {f}" for c, f in causes) or "read the log above"
+            raise ForgeError(msg, hint=hint)
+        if health_ok(url):
+            return
+        now = time.monotonic()
+        if now - t0 > timeout:
+            raise ForgeError(f"the server did not answer {url} within {timeout:.0f}s\n--- last lines of "
+                             f"{paths.rel(state['log'])} ---\n" + proc.tail(Path(state["log"]), 30),
+                             hint="a first start compiles kernels; raise --timeout, or read the log")
+        if now - last >= 15:
+            ui.info(f"waiting for {url}: {now - t0:.0f}s / {timeout:.0f}s")
+            last = now
+        time.sleep(0.5)
+
+
+def stop_server(st: dict, quiet: bool = False, grace_s: float = 30.0) -> str:
+    """Stop the server `st` describes (its whole process group; SIGKILL after `grace_s`) and drop
+    its state file."""
+    if st.get("container") and shutil.which("docker"):
+        proc.run(["docker", "stop", "-t", str(int(grace_s)), st["container"]], check=False, capture=True,
+                 timeout=grace_s + 30)
+    how = "already gone"
+    if proc.process_start_time(st["pid"]) == st["start_time"]:
+        how = proc.stop_group(st["pgid"], grace_s=grace_s)
+    if st.get("popen") is not None:
+        st["popen"].poll()              # reap our own child
+    sf = Path(st.get("state_file") or STATE)
+    if sf.is_file():
+        sf.unlink()
+    if not quiet:
+        ui.info(f"server pid {st['pid']} (run {st['run_id']}): {how}")
+    return how
+
+
+def cmd_stop(args) -> int:
+    stop_running_server()
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="start the contest server command for a profile and wait for /health",
+                       description="Render `vllm serve <model> --port 8001 --max-model-len 32768` plus the "
+                                   "profile's options and environment, check it against configs/contest.yaml, "
+                                   "start it (in IMAGE, or from the installed wheel) and wait for /health. "
+                                   "Prints the run id; the log goes to reports/runs/<run-id>/server.log.")
+    p.add_argument("--profile", default="contest", help="configs/serve/<profile>.yaml (default: contest)")
+    p.add_argument("--model", help="model directory (default: $MODEL)")
+    p.add_argument("--image", help="run in this container image (default: $IMAGE); else the installed wheel")
+    p.add_argument("--dry-run", action="store_true", help="print the checked command and exit")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds to wait for /health (default 1800)")
+    p.add_argument("--run-id", help="run folder name under reports/runs/ (default: <time>-<profile>)")
+    p.add_argument("--shm-size", default="64g", help="container shared memory (default 64g)")
+    p.add_argument("--vllm", help="how to start vLLM natively, e.g. 'python3 -m vllm.entrypoints.cli.main' "
+                                  "(default: `vllm` on PATH, else this Python's module)")
+    p.add_argument("--port", type=int, default=None,
+                   help="testing only: listen elsewhere than the locked 8001 (the run is marked unscored)")
+    p.add_argument("--foreground", action="store_true",
+                   help="exec the checked server command in this process (the image's entrypoint)")
+    p.add_argument("--no-wait", action="store_true", help="return once started, without waiting for /health")
+    p.set_defaults(func=cmd_serve)
+    s = sub.add_parser("stop", help="stop the server `forge serve` started (and only that one)")
+    s.set_defaults(func=cmd_stop)
