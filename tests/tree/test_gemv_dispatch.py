@@ -78,6 +78,9 @@ ROCM = PRELUDE + textwrap.dedent(
     fake.amdsmi_get_gpu_asic_info = lambda h: {"target_graphics_version": "gfx936"}
     fake.amdsmi_topo_get_link_type = lambda a, b: {}
     sys.modules["amdsmi"] = fake
+    # the rehearsal's vLLM is a CPU build (its version says so): only the mocked ROCm device counts
+    import vllm.platforms as _platforms
+    _platforms.builtin_platform_plugins["cpu"] = lambda: None
     import vllm._custom_ops as ops
     import vllm.model_executor.layers.utils as U
     class RocmStub:
