@@ -48,6 +48,10 @@ def resolve_run(arg: str) -> Path:
     q = runs_root() / arg
     if q.is_dir():
         return q
+    if p.is_file():
+        raise ForgeError(f"{arg} is a file, not a run folder",
+                         hint=f"give the folder that holds the tier results (<tier>.json), e.g. {p.parent}, "
+                              "or a run id under reports/runs/")
     raise ForgeError(f"run {arg!r} not found (neither a folder nor reports/runs/{arg})",
                      hint="list runs with: ls reports/runs/")
 
@@ -63,7 +67,8 @@ def read_json(path: Path) -> Any:
     try:
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise ForgeError(f"{paths.rel(path)}: not found")
+        raise ForgeError(f"{paths.rel(path)}: not found",
+                         hint="check the path; if a forge step writes it, run that step first")
     except json.JSONDecodeError as e:
         raise ForgeError(f"{paths.rel(path)}: not valid JSON ({e})",
                          hint="the file was cut short; rerun the step that writes it")
