@@ -33,6 +33,22 @@ def write_atomic(path: Path, data: "str | bytes") -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    _sweep_dead_writers(path)
+
+
+def _sweep_dead_writers(path: Path) -> None:
+    """Remove the temporary files of earlier writes of `path` whose writer was killed mid-write
+    (.<name>.<pid>.tmp with no process <pid>); a live writer's is left alone."""
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = tmp.name[len(path.name) + 2:-4]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def set_aside(path: Path, suffix: str = "rejected") -> Path:

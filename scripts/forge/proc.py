@@ -71,11 +71,26 @@ def tail(path: Path, n: int = 40) -> str:
 
 # --- long-running processes (the server) -------------------------------------------------------
 
+def _terminate_with(parent: int):
+    """A preexec function: the child gets SIGTERM when `parent` dies (Linux; elsewhere nothing)."""
+    def hook() -> None:
+        try:
+            import ctypes
+            import signal
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))   # PR_SET_PDEATHSIG
+            if os.getppid() != parent:       # the parent died before the call
+                os.kill(os.getpid(), signal.SIGTERM)
+        except (OSError, AttributeError):
+            pass
+    return hook
+
+
 def start(cmd: Sequence[str | os.PathLike], *, log: Path, env: Mapping[str, str] | None = None,
-          cwd: str | Path | None = None, what: str | None = None, hint: str | None = None
-          ) -> subprocess.Popen:
+          cwd: str | Path | None = None, what: str | None = None, hint: str | None = None,
+          die_with_parent: bool = False) -> subprocess.Popen:
     """Start a long-running command in its own process group (so it can be stopped as a whole),
-    output appended to `log`. `env` is merged over os.environ."""
+    output appended to `log`. `env` is merged over os.environ. With `die_with_parent`, the command
+    is sent SIGTERM when this process dies, even by SIGKILL (Linux)."""
     cmd = [str(c) for c in cmd]
     full_env = merged_env(env)
     Path(log).parent.mkdir(parents=True, exist_ok=True)
@@ -84,7 +99,8 @@ def start(cmd: Sequence[str | os.PathLike], *, log: Path, env: Mapping[str, str]
         fh.flush()
         try:
             return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    cwd=cwd, env=full_env, start_new_session=True, text=True)
+                                    cwd=cwd, env=full_env, start_new_session=True, text=True,
+                                    preexec_fn=_terminate_with(os.getpid()) if die_with_parent else None)
         except FileNotFoundError:
             raise ForgeError(f"{what or 'command'}: '{cmd[0]}' is not installed or not on PATH",
                              hint=hint or f"install {cmd[0]} and retry")

@@ -116,8 +116,14 @@ def run(proj: dict, *args, timeout: float = 300, **env) -> subprocess.CompletedP
 def interrupt(proj: dict, args: list[str], after_s: float, sig: int, **env) -> int | None:
     """Start `forge args`, send `sig` to its whole process group (as Ctrl-C or a kill of the session
     does) after `after_s` seconds; returns its exit code (None if it finished before the signal)."""
-    p = subprocess.Popen(forge_cmd(*args), cwd=proj["root"], env=forge_env(proj, **env),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return signal_after(forge_cmd(*args), proj["root"], forge_env(proj, **env), after_s, sig)
+
+
+def signal_after(cmd: list[str], cwd: Path, env: dict, after_s: float, sig: int) -> int | None:
+    """Start `cmd` in its own process group and send `sig` to the group after `after_s` seconds;
+    returns its exit code (None if it finished first). What is left of the group is then killed."""
+    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
     try:
         p.wait(timeout=after_s)
         return None

@@ -175,3 +175,16 @@ def test_benchmark_without_server_fails(tmp_path):
     r = forge(tmp_path, "bench-all-tiers", "--model", str(m), "--port", str(free_port()), "--profile", "x",
               "--num-prompts", "1", "--tiers", "4-8K")
     assert r.returncode != 0 and "Traceback" not in r.stderr
+
+
+def test_a_result_file_given_for_a_run_folder_is_named(tmp_path):
+    """`score --baseline FILE` (a tier's JSON where a run folder is expected): the refusal says it
+    is a file and which folder to give, not that the run does not exist."""
+    res = FIXTURE_RUNS / "base" / "4-8K.json"
+    r = forge(tmp_path, "score", "--run", str(FIXTURE_RUNS / "base"), "--baseline", str(res))
+    refused(r, "is a file, not a run folder", str(res.parent))
+
+
+def test_a_missing_provenance_file_is_named_with_the_fix(tmp_path):
+    r = forge(tmp_path, "report", "--out", str(tmp_path / "out"), "--provenance", str(tmp_path / "nope.json"))
+    refused(r, "nope.json: not found", "fix:")

@@ -18,6 +18,7 @@ from ..errors import ForgeError
 from ..hashing import sha256_file
 
 CLIENT_ENV = "FORGE_BENCH_CLIENT"
+failed_result = runs.failed_result   # the result of a tier the server could not serve
 
 
 def client_launcher(arg: str | None) -> list[str]:
@@ -102,18 +103,6 @@ def count_lines(path: Path) -> int:
         return sum(1 for line in f if line.strip())
 
 
-def failed_result(contest: dict, tier: str, n: int, reason: str) -> dict:
-    """A tier the server could not serve at all: every request failed. Same keys as a
-    `vllm bench serve` result, so scoring treats it like any other run of all-failed requests."""
-    return {"date": time.strftime("%Y%m%d-%H%M%S"), "backend": "openai-chat", "num_prompts": n,
-            "duration": 0.0, "completed": 0, "failed": n, "total_input_tokens": 0,
-            "total_output_tokens": 0, "request_throughput": 0.0, "output_throughput": 0.0,
-            "total_token_throughput": 0.0, "input_lens": [0] * n, "output_lens": [0] * n,
-            "ttfts": [0.0] * n, "itls": [[] for _ in range(n)], "start_times": [0.0] * n,
-            "generated_texts": [""] * n, "errors": [reason] * n,
-            "forge_synthesized": f"server unreachable; all {n} requests recorded as failed"}
-
-
 def _stop_stale_client(manifest: dict) -> None:
     c = manifest.get("client_running")
     if c and proc.process_start_time(c["pid"]) == c["start_time"]:
@@ -176,7 +165,7 @@ def run_tier(contest: dict, tier: dict, ds: dict, *, launcher: list[str], model:
             p.unlink()
     if not serve.health_ok(health_url):
         ui.warn(f"tier {name}: the server does not answer {health_url}; its requests are recorded as failed")
-        runs.write_json(final, failed_result(contest, name, ds["num_prompts"], f"server not reachable at {health_url}"))
+        runs.write_json(final, runs.failed_result(contest, name, ds["num_prompts"], f"server not reachable at {health_url}"))
         return "server-down"
     argv = client_args(contest, dataset=Path(ds["path"]), num_prompts=ds["num_prompts"], model=model,
                        host=host, port=port, result_dir=rdir, result_name=partial.name,
@@ -189,7 +178,8 @@ def run_tier(contest: dict, tier: dict, ds: dict, *, launcher: list[str], model:
         return _tier_outcome(contest, name, ds, rc, partial, final, log, rdir, health_url)
     from .profiles import loopback_env
     p = proc.start(cmd, log=log, env={**(env or {}), **loopback_env()}, what="vllm bench serve",
-                   hint="install vLLM (our wheel) or pass --client")
+                   hint="install vLLM (our wheel) or pass --client",
+                   die_with_parent=True)   # a client whose forge was killed writes a result no one moves into place
     manifest["client_running"] = {"pid": p.pid, "pgid": os.getpgid(p.pid),
                                   "start_time": proc.process_start_time(p.pid), "tier": name}
     runs.write_json(rdir / "manifest.json", manifest)
@@ -216,7 +206,7 @@ def _tier_outcome(contest: dict, name: str, ds: dict, rc: int, partial: Path, fi
         return "done"
     if not serve.health_ok(health_url):
         ui.warn(f"tier {name}: the client failed and the server is gone; its requests are recorded as failed")
-        runs.write_json(final, failed_result(contest, name, ds["num_prompts"],
+        runs.write_json(final, runs.failed_result(contest, name, ds["num_prompts"],
                                              f"server died; client exit {rc}"))
         return "server-died"
     raise ForgeError(f"tier {name}: vllm bench serve failed (exit {rc}) while the server is up\n"
@@ -331,10 +321,14 @@ def _bench_in(contest: dict, st: dict | None, host: str, port: int, health: str,
             name = t["name"]
             if tier_done(rdir, name, keep_failed=keep_failed):
                 prev = runs.read_json(result_path(rdir, name))
+                if runs.record_kept_tier(manifest, name, prev):
+                    runs.write_json(mpath, manifest)
                 ui.info(f"tier {name} ({i}/{len(tiers)}): already done in run {run_id}; kept"
                         + (f" with its {prev.get('failed')} failed request(s) (--keep-failed)" if prev.get("failed") else ""))
                 continue
             aside = set_aside_failed(rdir, name)
+            if manifest["tiers"].pop(name, None) is not None:
+                runs.write_json(mpath, manifest)   # the record of a result no longer there
             if aside:
                 ui.info(f"tier {name}: the earlier result is not a complete one (failed requests, or unreadable); "
                         f"set aside as {paths.rel(aside)} and run again (--keep-failed keeps one with failed requests)")
@@ -345,10 +339,7 @@ def _bench_in(contest: dict, st: dict | None, host: str, port: int, health: str,
                                   rdir=rdir, manifest=manifest, health_url=health, poll_s=progress_every,
                                   ignore_eos=harness)
                 res = runs.read_json(result_path(rdir, name))
-                manifest["tiers"][name] = {"status": status, "seconds": round(time.monotonic() - t0, 1),
-                                           "finished": runs.now_iso(), "completed": res.get("completed"),
-                                           "failed": res.get("failed"),
-                                           "output_throughput": res.get("output_throughput")}
+                manifest["tiers"][name] = runs.tier_record(status, res, round(time.monotonic() - t0, 1))
                 runs.write_json(mpath, manifest)
                 ui.info(f"tier {name}: {res.get('output_throughput', 0):.2f} output tok/s, "
                         f"{res.get('completed')} completed, {res.get('failed')} failed")

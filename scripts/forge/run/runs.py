@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,10 @@ def resolve_run(arg: str) -> Path:
     q = runs_root() / arg
     if q.is_dir():
         return q
+    if p.is_file():
+        raise ForgeError(f"{arg} is a file, not a run folder",
+                         hint=f"give the folder that holds the tier results (<tier>.json), e.g. {p.parent}, "
+                              "or a run id under reports/runs/")
     raise ForgeError(f"run {arg!r} not found (neither a folder nor reports/runs/{arg})",
                      hint="list runs with: ls reports/runs/")
 
@@ -62,10 +67,46 @@ def read_json(path: Path) -> Any:
     try:
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise ForgeError(f"{paths.rel(path)}: not found")
+        raise ForgeError(f"{paths.rel(path)}: not found",
+                         hint="check the path; if a forge step writes it, run that step first")
     except json.JSONDecodeError as e:
         raise ForgeError(f"{paths.rel(path)}: not valid JSON ({e})",
                          hint="the file was cut short; rerun the step that writes it")
+
+
+# --- tier results and their records in the manifest --------------------------------------------
+
+def failed_result(contest: dict, tier: str, n: int, reason: str) -> dict:
+    """A tier the server could not serve at all: every request failed. Same keys as a
+    `vllm bench serve` result, so scoring treats it like any other run of all-failed requests."""
+    return {"date": time.strftime("%Y%m%d-%H%M%S"), "backend": "openai-chat", "num_prompts": n,
+            "duration": 0.0, "completed": 0, "failed": n, "total_input_tokens": 0,
+            "total_output_tokens": 0, "request_throughput": 0.0, "output_throughput": 0.0,
+            "total_token_throughput": 0.0, "input_lens": [0] * n, "output_lens": [0] * n,
+            "ttfts": [0.0] * n, "itls": [[] for _ in range(n)], "start_times": [0.0] * n,
+            "generated_texts": [""] * n, "errors": [reason] * n,
+            "forge_synthesized": f"server unreachable; all {n} requests recorded as failed"}
+
+
+def tier_record(status: str, res: dict, seconds: float | None) -> dict:
+    """The manifest's record of a tier's result file."""
+    return {"status": status, "seconds": seconds, "finished": now_iso(), "completed": res.get("completed"),
+            "failed": res.get("failed"), "output_throughput": res.get("output_throughput")}
+
+
+def record_kept_tier(manifest: dict, name: str, res: dict) -> bool:
+    """Make the manifest's record of a kept tier agree with its result file: a run stopped between
+    moving the result into place and updating the manifest has a result with no record (or the
+    record of an earlier attempt). Returns whether the record changed."""
+    rec = manifest.setdefault("tiers", {}).get(name)
+    keys = ("completed", "failed", "output_throughput")
+    if rec and all(rec.get(k) == res.get(k) for k in keys):
+        return False
+    errors = " ".join(str(e) for e in res.get("errors") or [] if e)
+    status = ("done" if not res.get("forge_synthesized")
+              else "server-died" if "server died" in errors else "server-down")
+    manifest["tiers"][name] = {**tier_record(status, res, None), "recorded_on_resume": True}
+    return True
 
 
 # --- provenance ----------------------------------------------------------------------------------
