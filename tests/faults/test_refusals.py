@@ -188,3 +188,13 @@ def test_a_result_file_given_for_a_run_folder_is_named(tmp_path):
 def test_a_missing_provenance_file_is_named_with_the_fix(tmp_path):
     r = forge(tmp_path, "report", "--out", str(tmp_path / "out"), "--provenance", str(tmp_path / "nope.json"))
     refused(r, "nope.json: not found", "fix:")
+
+
+def test_a_json_that_is_no_provenance_record_is_refused(tmp_path):
+    """A JSON object without a wheel's provenance keys (here: a tier result) is refused, naming the
+    missing keys, instead of writing a submission readme full of '?'."""
+    bad = tmp_path / "not-prov.json"
+    bad.write_text(json.dumps({"completed": 1, "output_throughput": 2.0}))
+    r = forge(tmp_path, "report", "--out", str(tmp_path / "out"), "--provenance", str(bad))
+    refused(r, "not a wheel's provenance record", "version", "fix:")
+    assert not (tmp_path / "out" / "submission-readme.md").exists()

@@ -113,15 +113,23 @@ def repo_record() -> dict:
             "patches": [{"name": n, "sha256": d} for n, d, _ in state["patches"]]}
 
 
+# what the submission readme reads from a wheel's provenance record (build/provenance.py writes them)
+PROVENANCE_KEYS = ("version", "upstream", "patches", "series_hash", "toolchain")
+
+
 def find_provenance(arg: str | None) -> tuple[dict, str]:
     """The record the third-party table is written from: a wheel's provenance file when one is
     named (its build machine's versions), else the repository's own inputs (repo_record)."""
     if arg:
         p = Path(arg)
         rec = runs.read_json(p)
+        from ..errors import ForgeError
         if not isinstance(rec, dict):
-            from ..errors import ForgeError
             raise ForgeError(f"{arg}: not a provenance record (a JSON object)",
+                             hint="pass a dist/<wheel>.provenance.json written by `make wheel`")
+        missing = [k for k in PROVENANCE_KEYS if k not in rec]
+        if missing:
+            raise ForgeError(f"{arg}: not a wheel's provenance record: no {', '.join(missing)}",
                              hint="pass a dist/<wheel>.provenance.json written by `make wheel`")
         return rec, str(p)
     return repo_record(), "computed from configs/upstream.yaml, kernels/overlay.yaml and patches/series"
