@@ -478,7 +478,8 @@ def test_a_resumed_run_estimates_tiers_from_its_kept_rounds(tmp_path):
     assert any(x.startswith("round 2 tier 4-8K upstream:") and "kept" not in x for x in steps)
 
 
-# --- the tier runs on the H200 (reports/e2e/2026-11-30-h200-*: see reports/e2e/README.md; the files: tests/data/h200-e2e)
+# --- the tier runs on the H200 (reports/e2e/2026-11-30-h200-*: see reports/e2e/README.md) -----------
+# (their files: tests/data/h200-e2e)
 
 E2E = H200
 TIER_RUNS = [E2E / "2026-11-30-h200-contest"]
