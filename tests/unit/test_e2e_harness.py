@@ -306,8 +306,10 @@ def test_e2e_resumes_its_folder_keeping_finished_rounds(tmp_path):
 
 
 # --- parsers on the real run's files (reports/e2e/2026-11-30-h200: vLLM 0.18.1 patched, H200) -----
+# copies of the recorded files, see tests/data/h200-e2e/README.md
 
-REAL = ROOT / "reports" / "e2e" / "2026-11-30-h200"
+H200 = ROOT / "tests" / "data" / "h200-e2e"
+REAL = H200 / "2026-11-30-h200"
 
 
 def test_log_facts_read_the_real_server_logs():
@@ -477,17 +479,15 @@ def test_a_resumed_run_estimates_tiers_from_its_kept_rounds(tmp_path):
 
 
 # --- the tier runs on the H200 (reports/e2e/2026-11-30-h200-*: see reports/e2e/README.md) -----------
+# (their files: tests/data/h200-e2e)
 
-E2E = ROOT / "reports" / "e2e"
-TIER_RUNS = [E2E / f"2026-11-30-h200-{n}" for n in ("fast-int8", "contest", "int8kv", "decode", "fast-int8-2p")]
+E2E = H200
+TIER_RUNS = [E2E / "2026-11-30-h200-contest"]
 
 
 @pytest.mark.parametrize("folder,expect", [
     ("2026-11-30-h200-fast-int8", {"fast-int8": ("1552", "63632"), "upstream": ("784", "32144")}),
     ("2026-11-30-h200x2-tp2", {"fast-int8": ("1552", "128816"), "upstream": ("784", "65072")}),
-    ("2026-11-30-h200-int8kv", {"int8kv": ("1552", "63632"), "upstream": ("784", "32144")}),
-    ("2026-11-30-h200-decode", {"fast-decode": ("784", "32144"), "upstream": ("784", "32144")}),
-    ("2026-11-30-h200-4-8k-4p", {"fast-int8": ("1552", "63632"), "upstream": ("784", "32144")}),
 ])
 def test_log_facts_of_the_tier_runs(folder, expect):
     """An 8 GiB KV cache per GPU: int8 pages hold 1552-token blocks and ~1.98x the tokens; with
@@ -558,14 +558,14 @@ def test_make_score_on_a_real_run_folder(tmp_path):
     total recorded there, and no output-length drift (1024 tokens every request, as the client asks)."""
     import shutil
     from helpers import forge
-    src = E2E / "2026-11-30-h200-fast-int8" / "runs"
-    for name in ("fast-int8", "upstream"):
+    src = E2E / "2026-11-30-h200-contest" / "runs"
+    for name in ("contest", "upstream"):
         shutil.copytree(src / name, tmp_path / name)
-    r = forge(tmp_path, "score", "--run", str(tmp_path / "fast-int8"), "--baseline", str(tmp_path / "upstream"),
+    r = forge(tmp_path, "score", "--run", str(tmp_path / "contest"), "--baseline", str(tmp_path / "upstream"),
               "--force")          # the copied folder holds its recorded score
     assert r.returncode == 0, r.stderr
-    rec = json.loads((src / "fast-int8" / "score.json").read_text())
-    res = json.loads((tmp_path / "fast-int8" / "score.json").read_text())
+    rec = json.loads((src / "contest" / "score.json").read_text())
+    res = json.loads((tmp_path / "contest" / "score.json").read_text())
     assert res["display"] == rec["display"] and res["total"] == pytest.approx(rec["total"], rel=1e-12)
     assert all(d["differ"] == 0 and d["total_run"] == 1024 * d["compared"] for d in res["output_drift"].values())
     assert f"total {rec['display']}" in r.stdout

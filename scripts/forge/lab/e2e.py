@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from .. import ui
+from .. import paths, ui
 from ..errors import ForgeError
 from ..run import serve
 from . import e2e_decode, gpu_bundle
@@ -118,10 +118,10 @@ def cmd_e2e(args) -> int:
                                  for n, r in scored.items()}
         run.step("scored", scores={n: r["display"] for n, r in scored.items()})
         measured = any(rounds for per_tier in done.values() for rounds in per_tier.values())
-        if measured and e2e_decode.DEFAULT_BENCH.is_file():
+        if measured and Path(args.kernel_bench).is_file():
             # the decode saving against the kernel benchmark's prediction, also for a run of some tiers
             try:
-                e2e_decode.write(run.out, reference=ref)
+                e2e_decode.write(run.out, bench_path=Path(args.kernel_bench), reference=ref)
                 run.step("decode saving against the kernel benchmark: decode.md")
             except (ForgeError, OSError, KeyError, ValueError) as e:
                 ui.warn(f"decode.md not written: {type(e).__name__}: {e}")
@@ -208,6 +208,9 @@ def register(sub) -> None:
     p.add_argument("--fault-delay-s", type=float, default=3.0, help="seconds into the request before the kill")
     p.add_argument("--client-per-tier", action="store_true",
                    help="start a fresh `vllm bench serve` per tier instead of one client process for all")
+    p.add_argument("--kernel-bench", default=str(e2e_decode.DEFAULT_BENCH), metavar="FILE",
+                   help="kernel benchmark JSON for decode.md's predicted saving (default "
+                        f"{paths.rel(e2e_decode.DEFAULT_BENCH)}; no decode.md when the file is missing)")
     p.add_argument("--no-plumbing", action="store_true")
     p.add_argument("--no-fault", action="store_true")
     p.set_defaults(func=cmd_e2e)

@@ -1,0 +1,145 @@
+"""Recorded run folders (reports/e2e/<run>/, reports/runs/<run>/): the documents stay as files, the raw
+files (per-tier `vllm bench serve` results, rounds, server and client logs, manifests, server records)
+go into one archive per folder, `raw.tgz`, which holds the whole folder as it was.
+
+`forge pack-run FOLDER` writes raw.tgz (deterministic: sorted members, fixed times and owners, gzip
+header without a time, so the same files give the same bytes) and removes the raw files; `forge
+unpack-run FOLDER [--to DIR]` restores them (the same as `tar -xzf FOLDER/raw.tgz -C FOLDER`)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import tarfile
+from pathlib import Path
+
+from .. import paths, ui
+from ..errors import ForgeError
+
+ARCHIVE = "raw.tgz"
+# what stays a tracked file of a run folder (by file name, anywhere in the folder) ...
+DOCUMENT_NAMES = frozenset({"README.md", "summary.md", "summary.json", "decode.md", "decode.json",
+                            "score.md", "score.json", "score.png"})
+# ... and every file below these top-level folders (forge predict --e2e writes predict/<profile>/)
+DOCUMENT_DIRS = frozenset({"predict"})
+MTIME = 0           # members' time in the archive (the files' own times are not part of the record)
+
+
+def is_document(rel: Path) -> bool:
+    """A file of a run folder (path relative to it) that stays out of the archive's removal."""
+    return rel.name in DOCUMENT_NAMES or (len(rel.parts) > 1 and rel.parts[0] in DOCUMENT_DIRS)
+
+
+def folder_files(folder: Path) -> list[Path]:
+    """Every file of a run folder except its archive, relative to it, sorted."""
+    return sorted(p.relative_to(folder) for p in folder.rglob("*")
+                  if p.is_file() and p.relative_to(folder) != Path(ARCHIVE))
+
+
+def raw_files(folder: Path) -> list[Path]:
+    return [p for p in folder_files(folder) if not is_document(p)]
+
+
+def write_archive(folder: Path, members: list[Path], dest: Path) -> None:
+    """A .tar.gz of `members` (relative to `folder`), byte for byte the same for the same files."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tf:
+        for rel in sorted(members, key=lambda p: p.as_posix()):
+            data = (folder / rel).read_bytes()
+            info = tarfile.TarInfo(rel.as_posix())
+            info.size, info.mtime, info.mode = len(data), MTIME, 0o644
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            tf.addfile(info, io.BytesIO(data))
+    tmp = dest.with_name(f".{dest.name}.part")
+    try:
+        with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0,
+                                                   compresslevel=9) as gz:
+            gz.write(buf.getvalue())
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def pack_run(folder: Path, remove: bool = True) -> dict:
+    """Pack a run folder: raw.tgz holds every file of it (documents included, so the archive alone is
+    the whole record); the raw files are then removed unless `remove` is false. Returns
+    {archive, members, removed}. A folder already packed (raw.tgz and no raw file left) is left as it is."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ForgeError(f"{folder}: not a folder", hint="give a run folder, e.g. reports/e2e/<date>-<device>")
+    dest = folder / ARCHIVE
+    raw = raw_files(folder)
+    if dest.exists():
+        if raw:
+            raise ForgeError(f"{paths.rel(dest)} exists and the folder holds raw files outside it "
+                             f"({', '.join(p.as_posix() for p in raw[:3])}{', ...' if len(raw) > 3 else ''})",
+                             hint=f"unpack it first (forge unpack-run {paths.rel(folder)}), then pack again")
+        return {"archive": dest, "members": None, "removed": []}
+    if not raw:
+        raise ForgeError(f"{paths.rel(folder)}: no raw files to pack (only documents)",
+                         hint="a run folder holds runs/, logs/ or per-tier results next to its summary")
+    members = folder_files(folder)
+    write_archive(folder, members, dest)
+    removed = []
+    if remove:
+        for rel in raw:
+            (folder / rel).unlink()
+            removed.append(rel)
+        for d in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            if not any(d.iterdir()):
+                d.rmdir()
+    return {"archive": dest, "members": members, "removed": removed}
+
+
+def unpack_run(folder: Path, to: Path | None = None) -> list[str]:
+    """Extract a run folder's raw.tgz into `to` (default: the folder itself); returns the member names."""
+    folder = Path(folder)
+    src = folder / ARCHIVE
+    if not src.is_file():
+        raise ForgeError(f"{paths.rel(src)} not found", hint="give a run folder that holds raw.tgz")
+    dest = Path(to) if to else folder
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(src, "r:gz") as tf:
+            names = tf.getnames()
+            kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            if not kw:      # Python without extraction filters: refuse names that leave the folder
+                bad = [n for n in names if n.startswith("/") or ".." in Path(n).parts]
+                if bad:
+                    raise ForgeError(f"{paths.rel(src)}: member {bad[0]!r} leaves the folder")
+            tf.extractall(dest, **kw)
+    except (tarfile.TarError, EOFError, OSError) as e:
+        raise ForgeError(f"{paths.rel(src)}: cannot be read ({e})", hint="the archive is damaged; take it from git")
+    return names
+
+
+def cmd_pack_run(args) -> int:
+    for folder in args.folders:
+        r = pack_run(Path(folder), remove=not args.keep_raw)
+        if r["members"] is None:
+            ui.info(f"{paths.rel(r['archive'])}: already packed")
+        else:
+            ui.info(f"{paths.rel(r['archive'])}: {len(r['members'])} files, "
+                    f"{len(r['removed'])} raw files removed from the folder")
+    return 0
+
+
+def cmd_unpack_run(args) -> int:
+    names = unpack_run(Path(args.folder), Path(args.to) if args.to else None)
+    ui.info(f"{len(names)} files from {paths.rel(Path(args.folder) / ARCHIVE)} into {args.to or args.folder}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("pack-run", help="pack a recorded run folder's raw files into its raw.tgz",
+                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    p.add_argument("folders", nargs="+", metavar="FOLDER", help="run folder(s), e.g. reports/e2e/<date>-<device>")
+    p.add_argument("--keep-raw", action="store_true", help="write raw.tgz but leave the raw files in place")
+    p.set_defaults(func=cmd_pack_run)
+    p = sub.add_parser("unpack-run", help="restore a recorded run folder's raw files from its raw.tgz",
+                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    p.add_argument("folder", help="run folder holding raw.tgz")
+    p.add_argument("--to", help="extract into this folder instead (the archive's paths are relative to the run folder)")
+    p.set_defaults(func=cmd_unpack_run)

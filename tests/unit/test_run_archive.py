@@ -1,0 +1,113 @@
+"""forge pack-run / unpack-run: a recorded run folder keeps its documents as files and every file in
+one deterministic raw.tgz; checked with tarfile/gzip directly on random folders."""
+
+import gzip
+import io
+import os
+import shutil
+import sys
+import tarfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
+from helpers import forge  # noqa: E402
+
+# the folder's files, and which of them stay as documents (written out here, not taken from the code)
+DOCS = ["summary.md", "summary.json", "decode.md", "decode.json", "runs/a/score.md", "runs/a/score.json",
+        "runs/a/score.png", "predict/a/predict.md", "predict/a/predict.png", "README.md"]
+RAW = ["e2e.log", "logs/server-a.log", "logs/bench-worker.log", "runs/a/4-8K.json", "runs/a/manifest.json",
+       "runs/a/serve.json", "runs/a/rounds/r1/4-8K.json", "runs/a/rounds/r1/4-8K.client.log",
+       "runs/fault-a/16-32K.json", "datasets/4-8K.jsonl"]
+
+
+def _folder(root: Path, seed: int) -> dict:
+    rng = __import__("random").Random(seed)
+    files = {}
+    for i, rel in enumerate(DOCS + RAW):
+        body = os.urandom(rng.randrange(0, 3000)) if i % 3 else b""      # some empty files too
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(body)
+        t = rng.randrange(10**9, 2 * 10**9)
+        os.utime(p, (t, t))
+        files[rel] = body
+    return files
+
+
+def test_pack_keeps_the_documents_and_archives_the_whole_folder(tmp_path):
+    run = tmp_path / "run"
+    files = _folder(run, 1)
+    r = forge(tmp_path, "pack-run", str(run))
+    assert r.returncode == 0, r.stderr
+    left = sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file())
+    assert left == sorted(DOCS + ["raw.tgz"])
+    assert not (run / "logs").exists() and not (run / "runs" / "fault-a").exists()   # emptied folders go
+    raw = (run / "raw.tgz").read_bytes()
+    assert raw[:2] == b"\x1f\x8b" and raw[4:8] == b"\0\0\0\0"        # gzip header without a time
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(raw))) as tf:
+        members = tf.getmembers()
+        assert [m.name for m in members] == sorted(files)
+        for m in members:
+            assert (m.mtime, m.uid, m.gid, m.uname, m.gname, m.mode) == (0, 0, 0, "", "", 0o644)
+            assert tf.extractfile(m).read() == files[m.name]
+    # the same files with other times and another folder name give the same bytes
+    other = tmp_path / "other"
+    _folder(other, 2)
+    for rel, body in files.items():
+        (other / rel).write_bytes(body)
+    assert forge(tmp_path, "pack-run", str(other)).returncode == 0
+    assert (other / "raw.tgz").read_bytes() == raw
+
+
+def test_unpack_restores_the_folder_and_a_packed_folder_is_left_alone(tmp_path):
+    run = tmp_path / "run"
+    files = _folder(run, 3)
+    assert forge(tmp_path, "pack-run", str(run)).returncode == 0
+    r = forge(tmp_path, "unpack-run", str(run), "--to", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    assert {str(p.relative_to(tmp_path / "out")): p.read_bytes()
+            for p in (tmp_path / "out").rglob("*") if p.is_file()} == files
+    before = (run / "raw.tgz").read_bytes()
+    r = forge(tmp_path, "pack-run", str(run))
+    assert r.returncode == 0 and "already packed" in r.stderr + r.stdout
+    assert (run / "raw.tgz").read_bytes() == before
+    # raw files next to an archive: refused, nothing lost
+    assert forge(tmp_path, "unpack-run", str(run)).returncode == 0
+    r = forge(tmp_path, "pack-run", str(run))
+    assert r.returncode == 2 and "unpack-run" in r.stderr and "Traceback" not in r.stderr
+    assert (run / "raw.tgz").read_bytes() == before and (run / "e2e.log").read_bytes() == files["e2e.log"]
+
+
+def test_user_mistakes_are_named(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "summary.md").write_text("x")
+    r = forge(tmp_path, "pack-run", str(docs))
+    assert r.returncode == 2 and "no raw files" in r.stderr and not (docs / "raw.tgz").exists()
+    r = forge(tmp_path, "unpack-run", str(docs))
+    assert r.returncode == 2 and "raw.tgz not found" in r.stderr and "Traceback" not in r.stderr
+    shutil.rmtree(docs)
+    r = forge(tmp_path, "pack-run", str(docs))
+    assert r.returncode == 2 and "not a folder" in r.stderr
+
+
+def test_the_recorded_run_folders_hold_documents_and_one_archive():
+    """The repository's own layout (file names only): each recorded e2e run folder tracks its
+    documents and raw.tgz, no raw file."""
+    import subprocess
+    root = Path(__file__).resolve().parents[2]
+    ls = subprocess.run(["git", "-C", str(root), "ls-files", "reports/e2e"], capture_output=True, text=True)
+    if ls.returncode != 0:
+        import pytest
+        pytest.skip("not a git work tree")
+    folders: dict[str, list[str]] = {}
+    for f in ls.stdout.splitlines():
+        parts = f.split("/")
+        if len(parts) > 3:
+            folders.setdefault(parts[2], []).append("/".join(parts[3:]))
+    assert len(folders) >= 11, sorted(folders)
+    doc_names = {Path(d).name for d in DOCS}
+    for name, files in folders.items():
+        assert "raw.tgz" in files, name
+        stray = [f for f in files if f != "raw.tgz" and Path(f).name not in doc_names and not f.startswith("predict/")]
+        assert not stray, (name, stray)
