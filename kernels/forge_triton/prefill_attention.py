@@ -55,6 +55,10 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 @triton.jit
 def _dot(a, b, IEEE: tl.constexpr):
     # IEEE: fp32 operands, full-precision products (the CPU interpreter's bf16 dot is unreliable)
@@ -326,7 +330,8 @@ def prefill_attention(q, k_new, v_new, key_cache, value_cache, block_table, cu_s
     for symmetry with vLLM's kernels and not needed.
 
     int8 caches: ``int8_prefix="widen"`` (the default when ``max_seqlen_k``, a host-side bound on
-    every ``seq_lens`` entry, is given and the copy fits ``WIDEN_MAX_BYTES``) first copies each
+    every ``seq_lens`` entry, is given, the copy fits ``WIDEN_MAX_BYTES`` and no graph is being
+    captured) first copies each
     prefix's int8 codes into a contiguous 16-bit tensor of the query dtype (exact) with its scales
     (the only allocations), then attends over that copy; ``"inline"`` converts int8 tiles inside the
     attention loop (no allocation). Both compute the same function to rounding.
@@ -355,7 +360,9 @@ def prefill_attention(q, k_new, v_new, key_cache, value_cache, block_table, cu_s
         if int8_prefix is None:
             fits = (max_seqlen_k is not None and num_seqs * int(max_seqlen_k) * num_kv_heads
                     * (head_size * q.element_size() + 4) * 2 <= WIDEN_MAX_BYTES)
-            int8_prefix = "widen" if fits else "inline"
+            # under CUDA/HIP graph capture the copy's size (a host int) would be frozen into the
+            # graph: the inline path needs no allocation and no host-side bound
+            int8_prefix = "widen" if fits and not _capturing() else "inline"
         if int8_prefix == "widen":
             if max_seqlen_k is None:
                 raise ValueError("int8_prefix='widen' needs max_seqlen_k")
