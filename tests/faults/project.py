@@ -5,13 +5,11 @@ second or two, as the `forge` command line."""
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
@@ -21,8 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from forge.hashing import sha256_file, tree_sha256  # noqa: E402
-from pipeline_fixtures import REVIEW, make_patch  # noqa: E402
+from pipeline_fixtures import REVIEW, make_patch, make_sdist  # noqa: E402
 
 SETUP_PY = """import os
 from setuptools import setup, find_namespace_packages
@@ -49,19 +46,9 @@ def make_project(root: Path, n_modules: int = 400, n_patches: int = 4) -> dict:
     # the fake sdist
     files = upstream_files(n_modules)
     work = root.parent / "upstream-src"
-    tb = work / "vllm-0.18.1.tar.gz"
     work.mkdir(parents=True)
-    with tarfile.open(tb, "w:gz") as tf:
-        for name, text in sorted(files.items()):
-            data = text.encode()
-            info = tarfile.TarInfo(f"vllm-0.18.1/{name}")
-            info.size, info.mode, info.mtime = len(data), 0o644, 0
-            tf.addfile(info, io.BytesIO(data))
-    ex = work / "ex"
-    with tarfile.open(tb) as tf:
-        tf.extractall(ex)
-    pristine = ex / "vllm-0.18.1"
-    sha, th = sha256_file(tb), tree_sha256(pristine)
+    tb, sha, th = make_sdist(work, files)
+    pristine = work / "ex" / "vllm-0.18.1"
     up = yaml.safe_load((REPO / "configs" / "upstream.yaml").read_text())
     up["sdist"].update(sha256=sha, tree_sha256=th)
     (root / "configs" / "upstream.yaml").write_text(yaml.safe_dump(up))
