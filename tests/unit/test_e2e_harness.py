@@ -581,3 +581,29 @@ def test_the_rounds_leave_time_for_a_fault_check_still_to_come(no_fault, summary
     import types
     args = types.SimpleNamespace(reserve_s=15.0, no_fault=no_fault)
     assert rounds.rounds_reserve(args, summary, live) == 15.0 + extra
+
+
+def test_a_profile_added_later_is_measured_beside_the_kept_reference_without_restarting_it(tmp_path):
+    """Two servers fit one GPU: a third profile extends the folder while the reference's rounds are
+    kept, and no server is started for a profile whose rounds are all kept."""
+    r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--tier-order", "4-8K",
+                        "--profiles", "fast-int8,upstream")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--tier-order", "4-8K",
+                        "--profiles", "contest,upstream")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    started = [x["step"] for x in s["steps"] if x["step"].startswith("server ") and x["step"].endswith(" ready")]
+    assert started == ["server contest ready"]
+    assert any(x.get("profiles") == ["upstream"] for x in s["steps"])
+    calls = [json.loads(x)["tier"] for x in (tmp_path / "replay.log").read_text().splitlines()]
+    assert calls == ["4-8K"] * 3                      # two in the first invocation, contest's in the second
+    # all three merged, no server at all
+    r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--tier-order", "4-8K",
+                        "--profiles", "fast-int8,contest,upstream")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert not [x for x in s["steps"] if x["step"].endswith(" ready")]
+    for name in ("fast-int8", "contest", "upstream"):
+        m = json.loads((out / "runs" / name / "manifest.json").read_text())
+        assert m["rounds"]["4-8K"] == ["rounds/r1/4-8K.json"] and m["model"]

@@ -71,11 +71,17 @@ def test_unpack_restores_the_folder_and_a_packed_folder_is_left_alone(tmp_path):
     r = forge(tmp_path, "pack-run", str(run))
     assert r.returncode == 0 and "already packed" in r.stderr + r.stdout
     assert (run / "raw.tgz").read_bytes() == before
-    # raw files next to an archive: refused, nothing lost
+    # unpacked in place: packed again, the same bytes for the same files
     assert forge(tmp_path, "unpack-run", str(run)).returncode == 0
     r = forge(tmp_path, "pack-run", str(run))
-    assert r.returncode == 2 and "unpack-run" in r.stderr and "Traceback" not in r.stderr
-    assert (run / "raw.tgz").read_bytes() == before and (run / "e2e.log").read_bytes() == files["e2e.log"]
+    assert r.returncode == 0, r.stderr
+    assert (run / "raw.tgz").read_bytes() == before and not (run / "e2e.log").exists()
+    # raw files beside an archive whose members are not all in the folder: refused, nothing lost
+    assert forge(tmp_path, "unpack-run", str(run)).returncode == 0
+    (run / "e2e.log").unlink()
+    r = forge(tmp_path, "pack-run", str(run))
+    assert r.returncode == 2 and "lacks members of the archive (e2e.log)" in r.stderr and "unpack-run" in r.stderr
+    assert "Traceback" not in r.stderr and (run / "raw.tgz").read_bytes() == before
 
 
 def test_user_mistakes_are_named(tmp_path):

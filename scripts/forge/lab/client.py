@@ -35,6 +35,19 @@ def post_json(url: str, body: dict, timeout: float) -> dict:
         raise ForgeError(f"{url}: {type(e).__name__}: {e}")
 
 
+def post_empty(url: str, timeout: float) -> int:
+    """POST with no body (vLLM's /start_profile, /stop_profile); the HTTP status."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(urllib.request.Request(url, data=b"", method="POST"), timeout=timeout) as r:
+            r.read()
+            return r.status
+    except urllib.error.HTTPError as e:
+        raise ForgeError(f"{url}: HTTP {e.code}: {e.read()[:500].decode(errors='replace')}")
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+        raise ForgeError(f"{url}: {type(e).__name__}: {e}")
+
+
 def complete(state: dict, prompt: str, max_tokens: int, *, logprobs: int | None = None,
              timeout: float = 600) -> dict:
     body = {"model": state["served_model_name"], "prompt": prompt, "max_tokens": max_tokens,

@@ -10,6 +10,9 @@ by side on the one GPU, then:
   3. rounds of the contest's tiers through `vllm bench serve` (the project's bench loop), one prompt
      per tier and profile per round, tiers and profiles interleaved so every profile sees the same
      conditions; rounds continue while the deadline allows;
+     a profile whose every round an earlier invocation of the folder kept gets no server, so a run can
+     be extended one profile at a time beside a reference measured once (two servers fit one GPU);
+     with --profile-prefill, one long prefill per server under the torch profiler afterwards;
   4. fault check: the reference server is killed in the middle of a tier; the loop records the
      failed requests and the score marks the tier failed;
   5. per-profile results (rounds merged per tier), a proxy score of every profile against the
@@ -38,8 +41,9 @@ from .fault import fault_check
 from .install import install_bundle, site_env, versions
 from .packing import TRITON_MANIFEST, TRITON_PART_MIB, pack_triton_cache, seed_triton_cache
 from .plumbing import PLUMBING_PROMPT_TOKENS, plumbing
+from . import prefill_profile
 from .rounds import (DEFAULT_TIER_ORDER, FAULT_NEED_S, bench_rounds, build_datasets, check_resume, finish_runs,
-                     harness_args, scores)
+                     fully_kept, harness_args, scores)
 from .serverlog import log_facts
 from .servers import guarded, start_all, stop_all, stop_stale_servers, synthetic_prompt
 from .session import Run, device_name
@@ -96,12 +100,17 @@ def cmd_e2e(args) -> int:
         # import vLLM's client while the servers start (about 20 s on a GPU machine)
         run.worker_thread = threading.Thread(target=guarded, args=(run, "client", client_runner, run), daemon=True)
         run.worker_thread.start()
-        live = start_all(run, model, names, site)
-        if not live:
+        kept = [n for n in names if fully_kept(run, n, datasets)]
+        if kept:
+            run.step("every round kept from an earlier invocation: no server started", profiles=kept)
+        to_start = [n for n in names if n not in kept]
+        live = start_all(run, model, to_start, site) if to_start else []
+        if to_start and not live:
             raise ForgeError("no server came up; see summary.json server_errors and logs/")
-        if live != names:
+        if live != to_start:
             run.summary["skipped"].append(f"profiles whose server did not come up: "
-                                          f"{', '.join(n for n in names if n not in live)}")
+                                          f"{', '.join(n for n in to_start if n not in live)}")
+        measured = [n for n in names if n in live or n in kept]
         if run.summary.get("plumbing"):
             run.step("plumbing check: kept from an earlier invocation")
         elif not args.no_plumbing and names[0] != ref and names[0] in live and ref in live:
@@ -110,8 +119,13 @@ def cmd_e2e(args) -> int:
             if pl is not None:
                 run.summary["plumbing"] = pl
                 run.step("plumbing check", verdict=pl["verdict"])
-        done = bench_rounds(run, live, model, datasets)
-        run_dirs = finish_runs(run, live, done)
+        done = bench_rounds(run, measured, model, datasets)
+        if args.profile_prefill:
+            for name in live:
+                prof = guarded(run, name, prefill_profile.capture, run, name, model, args.profile_prefill)
+                if prof is not None:
+                    run.step(f"prefill profile {name}", **prof["headline"])
+        run_dirs = finish_runs(run, measured, done)
         scored = scores(run, run_dirs, ref)
         run.summary["scores"] = {n: {"display": r["display"], "total": r["total"], "harness": r["harness"],
                                      "tiers": {t: {"tok_s": v["tok_s"], "lift": v["lift"]} for t, v in r["tiers"].items()}}
@@ -211,6 +225,10 @@ def register(sub) -> None:
     p.add_argument("--kernel-bench", default=str(e2e_decode.DEFAULT_BENCH), metavar="FILE",
                    help="kernel benchmark JSON for decode.md's predicted saving (default "
                         f"{paths.rel(e2e_decode.DEFAULT_BENCH)}; no decode.md when the file is missing)")
+    p.add_argument("--profile-prefill", type=int, metavar="TOKENS",
+                   help="after the rounds, profile one TOKENS-token prefill on each server with the torch "
+                        "profiler (servers get --profiler-config; the trace's kernels are summed by name per "
+                        "forward step into prefill-profile/<profile>.json; render with `forge prefill-profile`)")
     p.add_argument("--no-plumbing", action="store_true")
     p.add_argument("--no-fault", action="store_true")
     p.set_defaults(func=cmd_e2e)

@@ -150,6 +150,16 @@ def check_resume(run: Run, names: list[str], datasets: dict[str, list[Path]]) ->
                 kept_round(run, run.run_dir(name, create=False) / "rounds" / f"r{r}", tname, round_identity(run, ds))
 
 
+def fully_kept(run: Run, name: str, datasets: dict[str, list[Path]]) -> bool:
+    """Every round of every tier this invocation runs is kept from an earlier invocation: the
+    profile needs no server (a folder can then be extended one profile at a time, the reference
+    measured once, when the GPU holds fewer servers than the run has profiles)."""
+    order = [t for t in (run.args.tier_order or DEFAULT_TIER_ORDER) if t in datasets]
+    return bool(order) and all(
+        kept_round(run, run.run_dir(name, create=False) / "rounds" / f"r{r}", t, round_identity(run, ds))
+        for t in order for r, ds in enumerate(datasets[t], 1))
+
+
 def rounds_reserve(args, summary: dict, live: list[str]) -> float:
     """Seconds the tier rounds leave before the deadline: --reserve-s, plus the fault check's need
     while it is still to run (not --no-fault, not kept from an earlier invocation, reference up)."""
@@ -238,8 +248,9 @@ def finish_runs(run: Run, names: list[str], done: dict) -> dict[str, Path]:
                 run.summary["skipped"].append(f"{name} tier {tname}: round(s) {extra} left out of the merge "
                                               "(not every profile has them)")
         st = run.servers.get(name, {})
+        prev = runs.read_json(rdir / "manifest.json") if (rdir / "manifest.json").is_file() else {}
         runs.write_json(rdir / "manifest.json", {
-            "run_id": name, "profile": name, "harness": True, "model": st.get("model"),
+            "run_id": name, "profile": name, "harness": True, "model": st.get("model") or prev.get("model"),
             "server": runs.read_json(rdir / "serve.json") if (rdir / "serve.json").is_file() else None,
             "git": runs.git_commit(), "device": runs.device_info(), **run.identity,
             "client": "vllm bench serve (contest options; --num-warmups 0, --ready-check-timeout-sec 0)",

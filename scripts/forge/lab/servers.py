@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from .. import proc, ui
 from ..errors import ForgeError
 from ..run import runs, serve, synth
+from . import prefill_profile
 from .client import complete
 from .serverlog import log_facts
 
@@ -67,6 +68,8 @@ def _launch(run: Run, model: Path, name: str, i: int) -> dict | None:
     if run.triton_cache:
         extra_env["TRITON_CACHE_DIR"] = run.triton_cache
     hargs = run.hargs
+    if run.args.profile_prefill:          # not part of the rounds' identity: the profiler idles until asked
+        hargs = hargs + prefill_profile.server_args(run.out, name)
     run.summary["harness"] = {"server_args": hargs, "env": extra_env}
     prof = run.profiles[name]
     st = guarded(run, name, functools.partial(

@@ -68,7 +68,9 @@ class Run:
                                           "server_errors", "error", "git", "bundle", "versions")}]
             for k in ("plumbing", "fault"):
                 if prev.get(k) and prev[k].get("ok"):
-                    self.summary[k] = {**prev[k], "from_earlier_invocation": prev.get("started")}
+                    # where it ran first: an invocation that kept it passes the first one's start on
+                    self.summary[k] = {**prev[k], "from_earlier_invocation":
+                                       prev[k].get("from_earlier_invocation") or prev.get("started")}
 
     def run_dir(self, name: str, create: bool = True) -> Path:
         return runs.run_dir(name, create=create, root=self.runs_root)

@@ -16,6 +16,22 @@ if TYPE_CHECKING:
     from .session import Run
 
 
+def _server_facts(run: Run, s: dict, name: str) -> tuple:
+    """(ready s, first request s, log facts) of a profile's server: this invocation's, or, for a profile
+    whose rounds were all kept, the latest earlier invocation's that started it."""
+    st = run.servers.get(name)
+    if st:
+        return st.get("ready_s", "—"), st.get("warm_s", "—"), log_facts(Path(st["log"])) if st.get("log") else {}
+    for e in reversed(s.get("earlier_invocations", [])):
+        facts = (e.get("server_facts") or {}).get(name)
+        if facts is not None:
+            steps = e.get("steps") or []
+            ready = next((x.get("seconds") for x in steps if x.get("step") == f"server {name} ready"), "—")
+            warm_s = next((x.get("seconds") for x in steps if x.get("step", "").startswith(f"server {name} warmed")), "—")
+            return ready, warm_s, facts
+    return "—", "—", {}
+
+
 def tier_ratio_lines(run: Run, names: list[str], ref: str) -> list[str]:
     """Per tier and profile: mean TTFT and TPOT, the TTFT share of the tier's wall time, the ratios to
     the reference, and what `forge predict` makes of those ratios on the DCU."""
@@ -95,9 +111,8 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
     L += ["", "## Servers", "", "| profile | ready s | first request s | attention block | KV cache tokens | errors in log |",
           "|---|---|---|---|---|---|"]
     for n in names:
-        st = run.servers.get(n, {})
-        f = log_facts(Path(st["log"])) if st.get("log") else {}
-        L.append(f"| {n} | {st.get('ready_s', '—')} | {st.get('warm_s', '—')} | {f.get('attention_block_size', '—')} "
+        ready, warm_s, f = _server_facts(run, s, n)
+        L.append(f"| {n} | {ready} | {warm_s} | {f.get('attention_block_size', '—')} "
                  f"| {f.get('kv_cache_tokens', '—')} | {len(f.get('error_lines', []))} |")
     shape = next((d.get("shape") for d in (s.get("datasets") or {}).values() if d.get("shape")), None)
     L += ["", f"## Tiers (output tok/s, concurrency 1, {shape or 'prompts as in summary.json datasets'})", "",

@@ -65,18 +65,26 @@ def write_archive(folder: Path, members: list[Path], dest: Path) -> None:
 def pack_run(folder: Path, remove: bool = True) -> dict:
     """Pack a run folder: raw.tgz holds every file of it (documents included, so the archive alone is
     the whole record); the raw files are then removed unless `remove` is false. Returns
-    {archive, members, removed}. A folder already packed (raw.tgz and no raw file left) is left as it is."""
+    {archive, members, removed}. A folder already packed (raw.tgz and no raw file left) is left as it is;
+    an unpacked one (every member back in the folder) is packed again."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ForgeError(f"{folder}: not a folder", hint="give a run folder, e.g. reports/e2e/<date>-<device>")
     dest = folder / ARCHIVE
     raw = raw_files(folder)
     if dest.exists():
-        if raw:
-            raise ForgeError(f"{paths.rel(dest)} exists and the folder holds raw files outside it "
-                             f"({', '.join(p.as_posix() for p in raw[:3])}{', ...' if len(raw) > 3 else ''})",
-                             hint=f"unpack it first (forge unpack-run {paths.rel(folder)}), then pack again")
-        return {"archive": dest, "members": None, "removed": []}
+        if not raw:
+            return {"archive": dest, "members": None, "removed": []}
+        # raw files beside the archive: packed again only when the folder holds every member (an
+        # unpacked folder, documents perhaps redone), so rewriting the archive loses nothing
+        present = {p.as_posix() for p in folder_files(folder)}
+        missing = [n for n in archive_members(dest) if n not in present]
+        if missing:
+            raise ForgeError(f"{paths.rel(dest)} exists, the folder holds raw files outside it "
+                             f"({', '.join(p.as_posix() for p in raw[:3])}{', ...' if len(raw) > 3 else ''}) and "
+                             f"lacks members of the archive ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})",
+                             hint=f"unpack it (forge unpack-run {paths.rel(folder)}) so the folder holds the whole "
+                                  "record, then pack again")
     if not raw:
         raise ForgeError(f"{paths.rel(folder)}: no raw files to pack (only documents)",
                          hint="a run folder holds runs/, logs/ or per-tier results next to its summary")
@@ -91,6 +99,14 @@ def pack_run(folder: Path, remove: bool = True) -> dict:
             if not any(d.iterdir()):
                 d.rmdir()
     return {"archive": dest, "members": members, "removed": removed}
+
+
+def archive_members(src: Path) -> list[str]:
+    try:
+        with tarfile.open(src, "r:gz") as tf:
+            return tf.getnames()
+    except (tarfile.TarError, EOFError, OSError) as e:
+        raise ForgeError(f"{paths.rel(src)}: cannot be read ({e})", hint="the archive is damaged; take it from git")
 
 
 def unpack_run(folder: Path, to: Path | None = None) -> list[str]:

@@ -1,0 +1,358 @@
+"""Where one long prefill's time goes, by component: a torch-profiler trace of one request on a
+harness server, summed by kernel and forward step, then grouped as full attention, GDN, GEMM and the
+rest, with the GEMM time as the floor under the TTFT (what is left if every other kernel cost nothing).
+
+On the GPU machine (`forge e2e-gpu --profile-prefill TOKENS`): each server is started with vLLM's
+`--profiler-config` (torch profiler, idle until /start_profile); after the rounds one fresh prompt of
+TOKENS tokens is sent without the profiler (its latency with one output token is the TTFT), then
+another under it; the trace's GPU kernels are assigned to vLLM's forward steps (one per prefill
+chunk) through their launch's correlation id and written to <run>/prefill-profile/<profile>.json
+(kernel names kept, so the grouping below can be redone). Here: `forge prefill-profile RUN...`
+renders the table, the chart and a JSON under reports/."""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import random
+import re
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .. import paths, ui
+from ..errors import ForgeError
+from ..run import runs, synth
+from .client import complete, post_empty
+
+if TYPE_CHECKING:
+    from .session import Run
+
+# vLLM's record_function around one model step: execute_context_<requests>(<tokens>)_generation_<n>(<tokens>)
+STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
+SUBDIR = "prefill-profile"
+TRACES = "traces"                              # full traces stay on the machine (left out of the pack)
+# (category, name fragments), first match wins; names are matched lower-cased
+CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
+    ("full attention", ("unified_attention", "prefill_attention", "widen_prefix", "reshape_and_cache",
+                        "int8_kv", "kv_write", "reduce_segments", "split_kv")),
+    ("GDN", ("gated_delta", "chunk_fwd", "chunk_local", "chunk_scaled", "fused_recurrent", "causal_conv1d",
+             "solve_tril", "recompute_w_u", "l2norm", "gdn", "kkt", "merge_16x16", "sigmoid_gating")),
+    ("GEMM", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul", "splitk", "gemv", "wvsplitk", "llmm1")),
+]
+ORDER = ["full attention", "GDN", "GEMM", "rest"]
+
+
+def category(kernel: str) -> str:
+    low = kernel.lower()
+    for cat, frags in CATEGORIES:
+        if any(f in low for f in frags):
+            return cat
+    return "rest"
+
+
+# --- on the GPU machine -----------------------------------------------------------------------------
+
+def trace_dir(out: Path, name: str) -> Path:
+    return out / TRACES / name
+
+
+def server_args(out: Path, name: str) -> list[str]:
+    cfg = {"profiler": "torch", "torch_profiler_dir": str(trace_dir(out, name).resolve()), "ignore_frontend": True,
+           "torch_profiler_dump_cuda_time_total": False, "torch_profiler_use_gzip": True}
+    return ["--profiler-config", json.dumps(cfg)]
+
+
+def _prompt(model: Path, tokens: int, seed: str) -> str:
+    tok = synth.Tok(model)
+    text, _ = synth.make_prompt(tok, synth.word_pool(tok), tokens, random.Random(seed))
+    return text
+
+
+def capture(run: Run, name: str, model: Path, tokens: int) -> dict:
+    st = run.servers[name]
+    base = f"http://{st['host']}:{st['port']}"
+    tdir = trace_dir(run.out, name)
+    tdir.mkdir(parents=True, exist_ok=True)
+    plain, profiled = _prompt(model, tokens, f"profile-a-{tokens}"), _prompt(model, tokens, f"profile-b-{tokens}")
+    t = time.monotonic()
+    complete(st, plain, 1, timeout=600)
+    ttft_plain = time.monotonic() - t
+    before = {p: p.stat().st_mtime_ns for p in tdir.rglob("*.json*")}
+    post_empty(f"{base}/start_profile", timeout=120)
+    t = time.monotonic()
+    try:
+        complete(st, profiled, 1, timeout=600)
+        ttft_prof = time.monotonic() - t
+    finally:
+        post_empty(f"{base}/stop_profile", timeout=900)
+    new = []
+    for _ in range(120):                      # the worker writes the trace after answering
+        new = [p for p in tdir.rglob("*.json*") if before.get(p) != p.stat().st_mtime_ns]
+        if new:
+            time.sleep(2)                     # let a writer still at it finish
+            break
+        time.sleep(1)
+    if not new:
+        raise ForgeError(f"{tdir}: no trace written after /stop_profile", hint="see the server log")
+    trace = max(new, key=lambda p: p.stat().st_size)
+    dig = digest(trace)
+    dig.update(profile=name, prompt_tokens=tokens, ttft_s_unprofiled=round(ttft_plain, 3),
+               ttft_s_profiled=round(ttft_prof, 3), trace=trace.name, trace_mib=round(trace.stat().st_size / 2**20, 1),
+               recorded=runs.now_iso())
+    (run.out / SUBDIR).mkdir(exist_ok=True)
+    runs.write_json(run.out / SUBDIR / f"{name}.json", dig)
+    cats = totals(dig)
+    dig["headline"] = {"ttft_s": round(ttft_plain, 2), "steps": len(dig["steps"]),
+                       **{k.replace(" ", "_") + "_ms": round(v, 1) for k, v in cats.items()}}
+    return dig
+
+
+# --- the trace ------------------------------------------------------------------------------------
+
+def _load(trace: Path) -> list[dict]:
+    opener = gzip.open if trace.suffix == ".gz" else open
+    try:
+        with opener(trace, "rt") as f:
+            data = json.load(f)
+    except (OSError, ValueError, EOFError) as e:
+        raise ForgeError(f"{trace}: not a readable Chrome trace ({type(e).__name__}: {e})")
+    return data.get("traceEvents", []) if isinstance(data, dict) else data
+
+
+def digest(trace: Path) -> dict:
+    """GPU kernel time by name per model step that had prompt tokens to process: {"steps":
+    [{"prefill_tokens", "decode_tokens", "cpu_ms", "gpu_span_ms", "kernels": {name: [count, us]}}],
+    "outside": {...}} (outside: kernels launched outside those steps)."""
+    launches: dict = {}
+    fwd: list[tuple[float, float]] = []
+    toks: list[tuple[int, int]] = []
+    gpu: list[dict] = []
+    for e in _load(trace):
+        if e.get("ph") != "X":
+            continue
+        cat = e.get("cat", "")
+        if cat in ("cuda_runtime", "cuda_driver"):
+            c = (e.get("args") or {}).get("correlation")
+            if c is not None:
+                launches[c] = float(e["ts"])
+        elif cat == "user_annotation" and (m := STEP.fullmatch(e.get("name", ""))) and int(m.group(2)) > 0:
+            fwd.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))))
+            toks.append((int(m.group(2)), int(m.group(4))))
+        elif cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+            gpu.append(e)
+    order = sorted(range(len(fwd)), key=lambda i: fwd[i])
+    fwd, toks = [fwd[i] for i in order], [toks[i] for i in order]
+    starts = [s for s, _ in fwd]
+    steps = [{"prefill_tokens": p, "decode_tokens": d, "cpu_ms": round((b - a) / 1000, 3), "kernels": {},
+              "_span": [None, None]} for (a, b), (p, d) in zip(fwd, toks)]
+    outside: dict = {"kernels": {}, "_span": [None, None]}
+    for k in gpu:
+        t = launches.get((k.get("args") or {}).get("correlation"))
+        i = bisect.bisect_right(starts, t) - 1 if t is not None else -1
+        slot = steps[i] if i >= 0 and t <= fwd[i][1] else outside
+        name = k["name"] if k.get("cat") == "kernel" else f"[{k['cat']}] {k['name']}"
+        acc = slot["kernels"].setdefault(name, [0, 0.0])
+        acc[0] += 1
+        acc[1] += float(k.get("dur", 0))
+        a, b = float(k["ts"]), float(k["ts"]) + float(k.get("dur", 0))
+        span = slot["_span"]
+        span[0] = a if span[0] is None else min(span[0], a)
+        span[1] = b if span[1] is None else max(span[1], b)
+    firsts = [st["_span"][0] for st in steps if st["_span"][0] is not None]
+    lasts = [st["_span"][1] for st in steps if st["_span"][1] is not None]
+    span_ms = round((max(lasts) - min(firsts)) / 1000, 3) if firsts else 0.0
+    for slot in (*steps, outside):
+        s = slot.pop("_span")
+        slot["gpu_span_ms"] = round((s[1] - s[0]) / 1000, 3) if s[0] is not None else 0.0
+        slot["kernels"] = {n: [c, round(us, 1)] for n, (c, us) in sorted(slot["kernels"].items())}
+    if not steps:
+        raise ForgeError(f"{trace}: no model step with prompt tokens (no execute_context_N(T) annotation, T > 0)",
+                         hint="the profiler did not see the prefill; was the request served while it ran?")
+    return {"prefill_span_ms": span_ms, "steps": steps, "outside": outside}
+
+
+def by_category(kernels: dict) -> dict[str, float]:
+    out = {c: 0.0 for c in ORDER}
+    for name, (_, us) in kernels.items():
+        out[category(name)] += us / 1000
+    return out
+
+
+def totals(dig: dict) -> dict[str, float]:
+    out = {c: 0.0 for c in ORDER}
+    for slot in (*dig["steps"], dig["outside"]):
+        for c, ms in by_category(slot["kernels"]).items():
+            out[c] += ms
+    return out
+
+
+# --- here: the document -----------------------------------------------------------------------------
+
+def load_profiles(folders: list[Path]) -> dict[str, dict]:
+    found: dict[str, dict] = {}
+    for f in folders:
+        files = sorted((Path(f) / SUBDIR).glob("*.json"))
+        if not files:
+            raise ForgeError(f"{f}: no {SUBDIR}/*.json here",
+                             hint="give a results folder of `forge e2e-gpu --profile-prefill TOKENS`")
+        for p in files:
+            d = runs.read_json(p)
+            if "steps" not in d or "profile" not in d:
+                raise ForgeError(f"{p}: not a prefill profile (no steps/profile)")
+            found[d["profile"]] = {**d, "source": str(p)}
+    return found
+
+
+def analyse(profs: dict[str, dict]) -> dict:
+    out = {}
+    for name, d in profs.items():
+        cats = totals(d)
+        busy = sum(cats.values())
+        span = d["prefill_span_ms"] / 1000
+        if not span > 0:
+            raise ForgeError(f"{d['source']}: the prefill span is {span} s; no kernel in its steps")
+        top: dict[str, float] = {}
+        for slot in (*d["steps"], d["outside"]):
+            for k, (_, us) in slot["kernels"].items():
+                top[k] = top.get(k, 0.0) + us / 1000
+        out[name] = {
+            "prompt_tokens": d["prompt_tokens"], "ttft_s": d.get("ttft_s_unprofiled"),
+            "ttft_s_profiled": d.get("ttft_s_profiled"), "prefill_span_s": round(span, 3),
+            "gpu_busy_ms": round(busy, 1), "categories_ms": {c: round(v, 1) for c, v in cats.items()},
+            "shares_of_prefill": {c: round(v / 1000 / span, 4) for c, v in cats.items()},
+            "gemm_floor_s": round(cats["GEMM"] / 1000, 3),
+            "steps": [{"tokens": s["prefill_tokens"], "cpu_ms": s["cpu_ms"], "gpu_span_ms": s["gpu_span_ms"],
+                       **{c: round(v, 1) for c, v in by_category(s["kernels"]).items()}} for s in d["steps"]],
+            "top_kernels": [{"name": k, "category": category(k), "ms": round(v, 2)}
+                            for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:15]],
+            "source": d["source"]}
+    return out
+
+
+def provenance(folders: list[Path]) -> list[dict]:
+    """Per results folder: what its summary.json says of the run (commit, bundle, versions, device)."""
+    out = []
+    for f in folders:
+        sp = Path(f) / "summary.json"
+        s = runs.read_json(sp) if sp.is_file() else {}
+        first = (s.get("earlier_invocations") or [s])[0]
+        out.append({"folder": paths.rel(Path(f)), "git": s.get("git"), "bundle": (s.get("bundle") or {}).get("version"),
+                    "versions": s.get("versions"), "device": (s.get("identity") or {}).get("device"),
+                    "started": first.get("started")})
+    return out
+
+
+def render_md(res: dict, title: str, prov: list[dict] | None = None) -> str:
+    L = [f"# {title}", "", "One fresh prompt per profile, sent alone to a warm server under the torch profiler. "
+         "Prefill span: from the first kernel of the request's first model step to the last kernel of its "
+         "last (the GPU side of the TTFT); TTFT: a one-token request of the same length without the profiler, "
+         "where it was measured. Kernel times are summed by kernel name and grouped "
+         "(`forge.lab.prefill_profile.CATEGORIES`); shares are of the prefill span. The GEMM floor is the "
+         "prefill if every kernel but the GEMMs cost nothing. On the GPU harness \"rest\" includes the plain-torch "
+         "stand-ins of vLLM's compiled norms and activations (fp32 elementwise and copy kernels), which a real "
+         "build runs as fused kernels.", "",
+         "| profile | tokens | TTFT s | prefill span s | GPU busy s | "
+         + " | ".join(f"{c} s (share)" for c in ORDER) + " | GEMM floor / span |",
+         "|---|---|---|---|---|" + "---|" * len(ORDER) + "---|"]
+    for n, r in res.items():
+        cells = [f"{r['categories_ms'][c] / 1000:.3f} ({100 * r['shares_of_prefill'][c]:.0f} %)" for c in ORDER]
+        ttft = f"{r['ttft_s']:.3f}" if r.get("ttft_s") else "—"
+        L.append(f"| {n} | {r['prompt_tokens']} | {ttft} | {r['prefill_span_s']:.3f} | {r['gpu_busy_ms'] / 1000:.3f} | "
+                 + " | ".join(cells) + f" | {r['gemm_floor_s'] / r['prefill_span_s']:.2f} |")
+    for n, r in res.items():
+        L += ["", f"## {n}: per forward step (prefill chunk), ms", "",
+              "| step | prompt tokens | CPU span | GPU span | " + " | ".join(ORDER) + " |",
+              "|---|---|---|---|" + "---|" * len(ORDER)]
+        for i, s in enumerate(r["steps"], 1):
+            L.append(f"| {i} | {s['tokens']} | {s['cpu_ms']:.1f} | {s['gpu_span_ms']:.1f} | "
+                     + " | ".join(f"{s[c]:.1f}" for c in ORDER) + " |")
+        L += ["", "Largest kernels:", "", "| kernel | group | ms |", "|---|---|---|"]
+        L += [f"| `{k['name'][:90]}` | {k['category']} | {k['ms']:.1f} |" for k in r["top_kernels"]]
+    if prov:
+        L += ["", "## Provenance", ""]
+        for p in prov:
+            g = p.get("git") or {}
+            v = p.get("versions") or {}
+            L.append(f"- `{p['folder']}`: started {p.get('started')}, forge commit `{str(g.get('commit'))[:12]}`"
+                     f"{' (dirty)' if g.get('dirty') else ''}, bundle vLLM `{p.get('bundle')}`, Python "
+                     f"{v.get('python')}, torch {v.get('torch')}, triton {v.get('triton')}")
+    return "\n".join(L) + "\n"
+
+
+def chart(res: dict, png: Path) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        ui.warn("matplotlib is not installed; chart skipped (pip install matplotlib)")
+        return False
+    names = list(res)
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.8 * len(names)))
+    left = [0.0] * len(names)
+    for c in ORDER:
+        vals = [res[n]["categories_ms"][c] / 1000 for n in names]
+        ax.barh(names, vals, left=left, label=c)
+        left = [a + b for a, b in zip(left, vals)]
+    for i, n in enumerate(names):
+        ax.plot([res[n]["prefill_span_s"]] * 2, [i - 0.4, i + 0.4], color="black", lw=2)
+        ax.plot([res[n]["gemm_floor_s"]] * 2, [i - 0.4, i + 0.4], color="red", ls="--", lw=1.5)
+    ax.set_xlabel("seconds (bars: GPU kernel time by group; black: prefill span; red dashed: GEMM floor)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def add_trace(run_dir: Path, name: str, trace: Path, tokens: int) -> Path:
+    """A trace brought back from the GPU machine, digested into <run>/prefill-profile/<name>.json
+    (what `e2e-gpu --profile-prefill` writes there, without the unprofiled TTFT)."""
+    if not trace.is_file():
+        raise ForgeError(f"--trace {name}={trace}: no such file")
+    dig = digest(trace)
+    dig.update(profile=name, prompt_tokens=tokens, trace=trace.name,
+               trace_mib=round(trace.stat().st_size / 2**20, 1), recorded=runs.now_iso())
+    dest = run_dir / SUBDIR / f"{name}.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    runs.write_json(dest, dig)
+    return dest
+
+
+def cmd_prefill_profile(args) -> int:
+    for spec in args.trace or []:
+        name, sep, file = spec.partition("=")
+        if not sep or not name or not file:
+            raise ForgeError(f"--trace {spec}: expected PROFILE=FILE")
+        if not args.tokens:
+            raise ForgeError("--trace needs --tokens (the profiled prompt's length)")
+        ui.info(f"digested {paths.rel(add_trace(Path(args.folders[0]), name, Path(file), args.tokens))}")
+    folders = [Path(f) for f in args.folders]
+    res = analyse(load_profiles(folders))
+    prov = provenance(folders)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    title = args.title or "Where a long prefill's time goes"
+    runs.write_json(out / "prefill-profile.json", {"title": title, "profiles": res, "provenance": prov,
+                                                   "command": "forge prefill-profile " + " ".join(args.folders)})
+    (out / "prefill-profile.md").write_text(render_md(res, title, prov))
+    drawn = chart(res, out / "prefill-profile.png")
+    ui.info(f"wrote {paths.rel(out / 'prefill-profile.md')}" + (" and the chart" if drawn else ""))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("prefill-profile", help="one long prefill by component (attention, GDN, GEMM, rest) "
+                                                "from e2e-gpu --profile-prefill results", description=__doc__,
+                       formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    p.add_argument("folders", nargs="+", metavar="RUN", help="results folders of forge e2e-gpu --profile-prefill")
+    p.add_argument("--out", default=str(paths.REPORTS / "prefill-profile"),
+                   help="where the table, chart and JSON go (default reports/prefill-profile)")
+    p.add_argument("--title", help="the document's heading")
+    p.add_argument("--trace", action="append", metavar="PROFILE=FILE",
+                   help="first digest a torch-profiler trace brought back from the GPU machine into the first "
+                        "RUN's prefill-profile/PROFILE.json (repeatable; needs --tokens)")
+    p.add_argument("--tokens", type=int, help="the traced prompt's length in tokens (with --trace)")
+    p.set_defaults(func=cmd_prefill_profile)

@@ -1,0 +1,125 @@
+"""The prefill profile (forge.lab.prefill_profile): kernels of a torch-profiler trace assigned to vLLM's
+model steps through their launch's correlation id, grouped, and rendered. The traces here are built
+by hand in the Chrome-trace layout the profiler writes (kernel, cuda_runtime/cuda_driver and
+user_annotation events), so every expected figure is computed from the events below."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from forge.errors import ForgeError
+from forge.lab import prefill_profile as pp
+
+from helpers import ROOT, forge_env  # noqa: E402
+
+
+def _trace(path, steps, kernels, extra=()):
+    """steps: [(ts, dur, prefill_tokens)]; kernels: [(name, launch_ts, gpu_ts, dur, launch_cat)]; times in
+    ms here, in µs in the trace (as the profiler writes them)."""
+    steps = [(ts * 1000, dur * 1000, n) for ts, dur, n in steps]
+    kernels = [(name, lts * 1000, gts * 1000, dur * 1000, lcat) for name, lts, gts, dur, lcat in kernels]
+    ev = [{"ph": "X", "cat": "user_annotation", "name": f"execute_context_1({n})_generation_0(0)", "ts": ts,
+           "dur": dur} for ts, dur, n in steps]
+    ev += [{"ph": "X", "cat": "user_annotation", "name": "execute_context_0(0)_generation_0(0)", "ts": 1, "dur": 5}]
+    for i, (name, lts, gts, dur, lcat) in enumerate(kernels):
+        ev.append({"ph": "X", "cat": lcat, "name": "cudaLaunchKernel", "ts": lts, "dur": 2, "args": {"correlation": i}})
+        ev.append({"ph": "X", "cat": "kernel", "name": name, "ts": gts, "dur": dur, "args": {"correlation": i}})
+    ev += list(extra)
+    random.Random(7).shuffle(ev)                      # the profiler's event order is not relied on
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+    return path
+
+
+KERNELS = [
+    # step 1 (CPU 100..300): an attention kernel, a GEMM, a GDN kernel, an elementwise one
+    ("kernel_unified_attention_2d", 110, 400, 50.0, "cuda_driver"),
+    ("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_TNT", 120, 450, 30.0, "cuda_runtime"),
+    ("chunk_gated_delta_rule_fwd_kernel_h_blockdim64", 130, 480, 20.0, "cuda_driver"),
+    ("void at::native::elementwise_kernel<128, 4>", 140, 500, 5.0, "cuda_runtime"),
+    # step 2 (CPU 1000..1200), launched late in the step, run after it ends on the CPU side
+    ("_prefill_attention_kernel", 1190, 1300, 40.0, "cuda_driver"),
+    ("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_TNT", 1195, 1340, 30.0, "cuda_runtime"),
+    # between steps: sampling
+    ("sampling_kernel", 1500, 1510, 7.0, "cuda_runtime"),
+]
+
+
+def test_kernels_go_to_the_step_that_launched_them_and_are_grouped(tmp_path):
+    d = pp.digest(_trace(tmp_path / "t.json.gz", [(1000, 200, 5616), (100, 200, 8192)], KERNELS))
+    assert [s["prefill_tokens"] for s in d["steps"]] == [8192, 5616]         # in time order, the empty step dropped
+    s1, s2 = d["steps"]
+    assert s1["kernels"]["nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_TNT"] == [1, 30000.0]      # µs
+    assert s2["kernels"] == {"_prefill_attention_kernel": [1, 40000.0],
+                             "nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_TNT": [1, 30000.0]}
+    assert s1["gpu_span_ms"] == pytest.approx(505 - 400) and s1["cpu_ms"] == pytest.approx(200)
+    assert s2["gpu_span_ms"] == pytest.approx(1370 - 1300)
+    assert d["outside"]["kernels"] == {"sampling_kernel": [1, 7000.0]}
+    assert d["prefill_span_ms"] == pytest.approx(1370 - 400)
+    tot = pp.totals(d)
+    assert tot == pytest.approx({"full attention": 90, "GDN": 20, "GEMM": 60, "rest": 12})
+
+
+@pytest.mark.parametrize("name, cat", [
+    ("kernel_unified_attention_2d", "full attention"), ("_prefill_attention_kernel", "full attention"),
+    ("_widen_prefix_kernel", "full attention"), ("reshape_and_cache_kernel_flash", "full attention"),
+    ("merge_16x16_to_64x64_inverse_kernel", "GDN"), ("chunk_fwd_kernel_o", "GDN"),
+    ("_causal_conv1d_fwd_kernel", "GDN"), ("fused_gdn_gating_kernel", "GDN"),
+    ("nvjet_sm90_tst_192x208_64x4_2x1_v_bz_coopB_TNT", "GEMM"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "GEMM"), ("wvSplitK_hf_sml_", "GEMM"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, MeanOps>>", "rest"),
+    ("layer_norm_fwd_kernel", "rest"), ("[gpu_memcpy] Memcpy DtoD (Device -> Device)", "rest"),
+])
+def test_categories(name, cat):
+    assert pp.category(name) == cat
+
+
+def test_a_trace_without_a_prefill_step_is_refused(tmp_path):
+    t = _trace(tmp_path / "t.json.gz", [], KERNELS[:2])
+    with pytest.raises(ForgeError, match="no model step with prompt tokens"):
+        pp.digest(t)
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(b"not gzip")
+    with pytest.raises(ForgeError, match="not a readable Chrome trace"):
+        pp.digest(bad)
+
+
+def test_the_document_from_traces_brought_back(tmp_path):
+    run = tmp_path / "run"
+    a = _trace(tmp_path / "a.json.gz", [(100, 200, 8192), (1000, 200, 5616)], KERNELS)
+    b = _trace(tmp_path / "b.json.gz", [(100, 200, 8192), (1000, 200, 5616)], KERNELS[:4])
+    out = tmp_path / "doc"
+    r = subprocess.run([sys.executable, "-m", "forge", "prefill-profile", str(run), "--trace", f"upstream={a}",
+                        "--trace", f"contest={b}", "--tokens", "13808", "--out", str(out)],
+                       cwd=ROOT, env=forge_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    res = json.loads((out / "prefill-profile.json").read_text())["profiles"]
+    up = res["upstream"]
+    assert up["prefill_span_s"] == pytest.approx(0.970) and up["gemm_floor_s"] == pytest.approx(0.060)
+    assert up["shares_of_prefill"]["full attention"] == pytest.approx(0.090 / 0.970, abs=1e-4)
+    assert up["steps"][1] == {"tokens": 5616, "cpu_ms": 200.0, "gpu_span_ms": 70.0, "full attention": 40.0,
+                              "GDN": 0.0, "GEMM": 30.0, "rest": 0.0}
+    assert res["contest"]["steps"][0]["tokens"] == 8192 and res["contest"]["categories_ms"]["GDN"] == 20.0
+    assert res["contest"]["prefill_span_s"] == pytest.approx(0.105)     # its second step launched nothing
+    md = (out / "prefill-profile.md").read_text()
+    assert "| upstream | 13808 | — | 0.970 |" in md
+    assert (run / "prefill-profile" / "upstream.json").is_file()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--trace", "upstream"], "expected PROFILE=FILE"),
+    (["--trace", "upstream=/nonexistent.json.gz", "--tokens", "5"], "no such file"),
+    (["--trace", "upstream=x.json.gz"], "needs --tokens"),
+    ([], "no prefill-profile/*.json here"),
+])
+def test_bad_inputs_are_refused_with_the_reason(tmp_path, args, words):
+    r = subprocess.run([sys.executable, "-m", "forge", "prefill-profile", str(tmp_path / "run"), *args,
+                        "--out", str(tmp_path / "doc")],
+                       cwd=ROOT, env=forge_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and words in r.stderr, r.stderr
