@@ -7,6 +7,8 @@ compiled for the visible device only (TORCH_CUDA_ARCH_LIST is set from it when u
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -19,13 +21,38 @@ def build_dir() -> Path:
     return Path(os.environ.get("FORGE_GEMV_BUILD_DIR") or REPO / "build" / "forge-gemv-ext")
 
 
+def own_cxx_runtime(so: Path) -> str | None:
+    """Why a refusal (a C++ exception) from this built extension would crash the process, or None.
+    Seen on a GPU machine whose default compiler (CXX unset: /opt/gcc's g++) links the C++ runtime into
+    the extension statically: the .so then defines __cxa_throw itself and needs no libstdc++.so, and an
+    exception torch throws through it kills the process (SIGSEGV). Built with the system g++
+    (CXX=/usr/bin/g++) the same source refuses with a RuntimeError. Needs binutils' readelf."""
+    if not shutil.which("readelf") or not so.is_file():
+        return None
+    try:
+        dyn = subprocess.run(["readelf", "-dW", str(so)], capture_output=True, text=True, timeout=60).stdout
+        syms = subprocess.run(["readelf", "--dyn-syms", "-W", str(so)], capture_output=True, text=True,
+                              timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    needs_libstdcxx = "libstdc++.so" in dyn
+    defines_throw = any(len(t) >= 8 and t[6] != "UND" and t[7].split("@")[0] == "__cxa_throw"
+                        for t in (l.split() for l in syms.splitlines()))
+    if defines_throw and not needs_libstdcxx:
+        return (f"{so.name} carries its own C++ runtime (linked statically by the compiler "
+                f"{os.environ.get('CXX') or 'c++ on PATH'}): a refusal would crash the process; rebuild with a "
+                "compiler that links libstdc++ dynamically, e.g. CXX=/usr/bin/g++ and a fresh FORGE_GEMV_BUILD_DIR")
+    return None
+
+
 class Ops:
     """The extension's ops, called through torch's dispatcher as vLLM calls _C.forge_gemv: forge_gemv(out,
     x, w, block=0, rows=0) and forge_gemv_silu_mul(out, x, w, block=0, rows=0). A refused configuration
-    raises RuntimeError ("... is not built ...")."""
+    raises RuntimeError ("... is not built ..."), unless `unsafe_refusals` says why it would crash."""
 
-    def __init__(self, namespace):
+    def __init__(self, namespace, unsafe_refusals: str | None = None):
         self._ns = namespace
+        self.unsafe_refusals = unsafe_refusals
 
     def forge_gemv(self, out, x, w, block: int = 0, rows: int = 0) -> None:
         self._ns.forge_gemv(out, x, w, block, rows)
@@ -50,4 +77,7 @@ def load(verbose: bool = False):
     t0 = time.time()
     ce.load(name=NAME, sources=[str(SOURCE)], build_directory=str(out), extra_cflags=["-O3"],
             extra_cuda_cflags=["-O3"], is_python_module=False, verbose=verbose)
-    return Ops(getattr(torch.ops, NAME)), time.time() - t0
+    note = own_cxx_runtime(out / f"{NAME}.so")
+    if note:
+        print(f"warning: {note}", flush=True)
+    return Ops(getattr(torch.ops, NAME), note), time.time() - t0
