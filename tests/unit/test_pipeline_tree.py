@@ -230,3 +230,18 @@ def test_interrupted_patch_step_is_resumed(env):
     (t / ".git" / "index.lock").write_text("")
     assert tree.build_tree(t, patches_dir=env["pdir"])["head"] == want
     assert tree.git_out(t, "status", "--porcelain") == "" and "pending" not in tree.read_state(t)
+
+
+def test_export_refuses_a_bad_into_before_building_anything(tmp_path, monkeypatch):
+    """`forge export --into <not a directory>` says so at once; the tree (minutes on a fresh machine)
+    is not built first."""
+    from forge.build import export
+
+    def no_build(*a, **k):
+        raise AssertionError("the tree was built before the argument was checked")
+    monkeypatch.setattr(export.tree, "build_tree", no_build)
+    (tmp_path / "file").write_text("x")
+    for bad in (tmp_path / "missing", tmp_path / "file"):
+        with pytest.raises(ForgeError, match="not a directory"):
+            export.export(tmp_path / "out", into=bad)
+    assert not (tmp_path / "out").exists()

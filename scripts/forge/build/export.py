@@ -17,6 +17,10 @@ from ..paths import DIST, TREE, rel
 
 
 def export(out_dir: Path = DIST / "export", into: Path | None = None) -> dict:
+    if into is not None:            # checked before the tree is built (minutes on a fresh machine)
+        into = Path(into)
+        if not into.is_dir():
+            raise ForgeError(f"--into {into}: not a directory", hint="give the checkout of your scoring repository")
     state = tree.build_tree()
     up = config.upstream()
     sh = provenance.series_hash(state)[:10]
@@ -37,9 +41,6 @@ def export(out_dir: Path = DIST / "export", into: Path | None = None) -> dict:
     }
     (out_dir / f"{name}.manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     if into is not None:
-        into = Path(into)
-        if not into.is_dir():
-            raise ForgeError(f"--into {into}: not a directory", hint="give the checkout of your scoring repository")
         if any(into.glob("build/lib*")):
             ui.warn(f"{into}/build/ holds old build outputs: remove it before `setup.py bdist_wheel` "
                     "(stale build/lib has broken submissions)")
