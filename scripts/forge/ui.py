@@ -49,3 +49,16 @@ class Progress:
     def close(self) -> None:
         if self._tty and self.total:
             print(file=sys.stderr)
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only backend, or None (with a warning) where matplotlib is not
+    installed: charts are optional, the tables and JSON beside them are the record."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        warn("matplotlib is not installed; chart skipped (pip install matplotlib)")
+        return None
+    return plt

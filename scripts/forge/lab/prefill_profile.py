@@ -282,12 +282,8 @@ def render_md(res: dict, title: str, prov: list[dict] | None = None) -> str:
 
 
 def chart(res: dict, png: Path) -> bool:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        ui.warn("matplotlib is not installed; chart skipped (pip install matplotlib)")
+    plt = ui.pyplot()
+    if plt is None:
         return False
     names = list(res)
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.8 * len(names)))

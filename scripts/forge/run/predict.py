@@ -230,12 +230,8 @@ def synth_source() -> str:
 
 
 def chart(label: str, pred: dict, res: dict, path: Path) -> bool:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        ui.warn("matplotlib is not installed; chart skipped (pip install matplotlib)")
+    plt = ui.pyplot()
+    if plt is None:
         return False
     names = list(pred)
     x = list(range(len(names)))

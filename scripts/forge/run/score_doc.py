@@ -58,12 +58,8 @@ def render_md(res: dict, run_path: str | None, drift: dict | None) -> str:
 
 
 def chart(res: dict, path: Path) -> bool:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        ui.warn("matplotlib is not installed; chart skipped (pip install matplotlib)")
+    plt = ui.pyplot()
+    if plt is None:
         return False
     names = list(res["tiers"])
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
