@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import ForgeError
-from .paths import CONFIGS, rel
+from .paths import CONFIGS, ROOT, rel
 
 _MISSING = object()
 
@@ -158,3 +158,23 @@ def upstream() -> dict:
 
 def build() -> dict:
     return load("build.yaml", BUILD_SCHEMA)
+
+
+MEASUREMENTS_SCHEMA = {"documents": Field(list, item=dict, doc="[{path, what}], in the order the plan lists them")}
+MEASUREMENT_DOC_SCHEMA = {"path": Field(str, doc="repository-relative path of the document"),
+                          "what": Field(str, doc="one line: what it measures")}
+
+
+def measurements(path: Path | str = "measurements.yaml") -> list[dict]:
+    """The measurement documents the optimization plan links (configs/measurements.yaml), each checked
+    to exist."""
+    p = Path(path)
+    if not p.is_absolute() and not p.exists():
+        p = CONFIGS / p
+    cfg = load(p, MEASUREMENTS_SCHEMA)
+    docs = [validate(d, MEASUREMENT_DOC_SCHEMA, rel(p), f"documents[{i}]") for i, d in enumerate(cfg["documents"])]
+    for i, d in enumerate(docs):
+        if not (ROOT / d["path"]).is_file():
+            raise ForgeError(f"{rel(p)}: key 'documents[{i}].path': {d['path']} does not exist",
+                             hint="fix the path, or remove the entry if the document is gone")
+    return docs

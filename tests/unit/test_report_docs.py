@@ -107,3 +107,33 @@ def test_provenance_versions_are_real(tmp_path):
         assert tc["nvcc"] == "not installed"
     assert re.fullmatch(r"\d+\.\d+(\.\d+)?", tc["git"])
     assert None not in tc.values() and "?" not in tc.values()
+
+
+def test_the_plan_links_the_measurement_documents_of_the_config(tmp_path):
+    """The plan's measurements are links to the documents configs/measurements.yaml lists (it does not
+    read their text), relative to where the plan is written; a listed document that is gone is named."""
+    from forge import config
+    out = tmp_path / "out"
+    r = forge(tmp_path, "report", "--profile", "contest", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    plan = (out / "optimization-plan.md").read_text()
+    docs = config.measurements()
+    assert docs and len(docs) == len(set(d["path"] for d in docs))
+    for d in docs:
+        link = re.search(r"\[`" + re.escape(d["path"]) + r"`\]\(([^)]+)\)", plan).group(1)
+        assert (out / link).resolve() == (ROOT / d["path"]).resolve()
+    bad = tmp_path / "measurements.yaml"
+    bad.write_text("documents:\n  - {path: reports/e2e/README.md, what: runs}\n  - {path: reports/gone.md, what: x}\n")
+    try:
+        config.measurements(bad)
+    except Exception as e:
+        assert "documents[1].path" in str(e) and "reports/gone.md does not exist" in str(e)
+    else:
+        raise AssertionError("a missing document was accepted")
+    bad.write_text("documents:\n  - {path: reports/e2e/README.md}\n")
+    try:
+        config.measurements(bad)
+    except Exception as e:
+        assert "documents[0].what" in str(e)
+    else:
+        raise AssertionError("an entry without `what` was accepted")

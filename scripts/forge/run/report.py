@@ -1,15 +1,16 @@
 """`forge report`: the submission's documents, regenerated from the repository's own records —
 reports/env-vars.md (the profile's variables and options), reports/optimization-plan.md (each
-patch's review record plus the measured tables) and reports/submission-readme.md."""
+patch's review record plus links to the measurement documents of configs/measurements.yaml) and reports/submission-readme.md."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from . import contest as contest_mod
 from . import profiles, runs
-from .. import paths, ui
+from .. import config, paths, ui
 
 # Licences of the components a submission is built from (as published by each project).
 LICENCES = {
@@ -63,17 +64,7 @@ def _series() -> list[Path]:
     return [paths.PATCHES / n for n in read_series(paths.PATCHES)]
 
 
-def _measured_tables() -> list[tuple[str, str]]:
-    out = []
-    for d in (paths.REPORTS / "kernels", paths.REPORTS / "e2e"):
-        for p in sorted(d.glob("*.md")) if d.is_dir() else []:
-            text = p.read_text(errors="replace")
-            lines = [l for l in text.splitlines() if not l.startswith("<!--")]
-            out.append((paths.rel(p), "\n".join(lines).strip()))
-    return out
-
-
-def optimization_plan_md() -> str:
+def optimization_plan_md(out_dir: Path = paths.REPORTS) -> str:
     from ..build.patchfile import REVIEW_SECTIONS, parse
     L = [_header(), "", "# Optimization plan", "",
          "Each change to vLLM 0.18.1 is one patch in `patches/` (applied in the order of `patches/series`); "
@@ -88,13 +79,12 @@ def optimization_plan_md() -> str:
               + ", ".join(f"`{t}`" for t in patch.touched()), ""]
         for s in REVIEW_SECTIONS:
             L += [f"**{s}.**", "", sec.get(s) or "_missing_", ""]
-    L += ["# Measurements", ""]
-    tables = _measured_tables()
-    if not tables:
-        L.append("_No measured tables under reports/kernels/ or reports/e2e/ yet._")
-    for src, text in tables:
-        body = "\n".join(("#" + l) if l.startswith("#") else l for l in text.splitlines())
-        L += [f"## From `{src}`", "", body, ""]
+    L += ["# Measurements", "",
+          "Each figure is in one of these documents, with its provenance (commit, device, versions, command); "
+          "the list is `configs/measurements.yaml`.", "", "| document | what it holds |", "|---|---|"]
+    for d in config.measurements():
+        link = os.path.relpath(paths.ROOT / d["path"], out_dir)
+        L.append(f"| [`{d['path']}`]({link}) | {d['what']} |")
     return "\n".join(L).rstrip() + "\n"
 
 
@@ -189,7 +179,7 @@ def write_report(profile: str = "contest", out: Path | None = None, provenance: 
     out = Path(out) if out else paths.REPORTS
     out.mkdir(parents=True, exist_ok=True)
     prov, src = find_provenance(provenance)
-    docs = {"env-vars.md": env_vars_md(prof, contest), "optimization-plan.md": optimization_plan_md(),
+    docs = {"env-vars.md": env_vars_md(prof, contest), "optimization-plan.md": optimization_plan_md(out),
             "submission-readme.md": submission_readme_md(prof, contest, prov, src)}
     written = []
     for name, text in docs.items():
@@ -211,8 +201,8 @@ def cmd_report(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("report", help="regenerate reports/env-vars.md, optimization-plan.md, submission-readme.md",
                        description="Write the submission documents from configs/serve/<profile>.yaml, "
-                                   "configs/contest.yaml, patches/ (review records), reports/kernels/*.md, "
-                                   "reports/e2e/*.md and the wheel's provenance record.")
+                                   "configs/contest.yaml, patches/ (review records), configs/measurements.yaml (the "
+                                   "measurement documents the plan links) and the wheel's provenance record.")
     p.add_argument("--profile", default="contest", help="profile to document (default: contest)")
     p.add_argument("--provenance", help="a <wheel>.provenance.json: its build machine's versions go into the "
                                          "third-party table (default: the repository's own inputs only, so the "
