@@ -15,7 +15,6 @@ from __future__ import annotations
 import bisect
 import gzip
 import json
-import random
 import re
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from .. import paths, ui
 from ..errors import ForgeError
-from ..run import runs, synth
+from ..run import runs
 from .client import complete, post_empty
 
 if TYPE_CHECKING:
@@ -64,18 +63,14 @@ def server_args(out: Path, name: str) -> list[str]:
     return ["--profiler-config", json.dumps(cfg)]
 
 
-def _prompt(model: Path, tokens: int, seed: str) -> str:
-    tok = synth.Tok(model)
-    text, _ = synth.make_prompt(tok, synth.word_pool(tok), tokens, random.Random(seed))
-    return text
-
-
 def capture(run: Run, name: str, model: Path, tokens: int) -> dict:
     st = run.servers[name]
     base = f"http://{st['host']}:{st['port']}"
     tdir = trace_dir(run.out, name)
     tdir.mkdir(parents=True, exist_ok=True)
-    plain, profiled = _prompt(model, tokens, f"profile-a-{tokens}"), _prompt(model, tokens, f"profile-b-{tokens}")
+    from .servers import synthetic_prompt     # here: servers imports this module for server_args
+    plain = synthetic_prompt(model, tokens, f"profile-a-{tokens}")
+    profiled = synthetic_prompt(model, tokens, f"profile-b-{tokens}")
     t = time.monotonic()
     complete(st, plain, 1, timeout=600)
     ttft_plain = time.monotonic() - t
