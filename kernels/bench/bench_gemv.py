@@ -39,7 +39,7 @@ MS = (1, 2, 4)
 L2_BYTES = 60 * 2**20          # H200: 60 MB (rotate past 3x that)
 MEM_CAP = 40 * 2**30           # total weight copies per shape
 # (block, rows) variants timed besides the built-in choice (0, 0)
-VARIANTS_CUDA = [(128, 4), (256, 2), (256, 4), (256, 8), (512, 4), (640, 4)]
+VARIANTS_CUDA = [(128, 2), (128, 4), (256, 2), (256, 4), (256, 8), (512, 2), (512, 4), (640, 4), (768, 4)]
 VARIANTS_AMD = [(640, 2), (640, 4), (256, 4), (512, 2), (128, 4), (768, 2)]
 FUSED_VARIANTS = [(128, 2), (256, 2), (256, 4), (640, 2)]
 
@@ -218,6 +218,9 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="folder for bench_gemv.json and bench_gemv.md")
     ap.add_argument("--quick", action="store_true", help="smoke test: two shapes, M = 1, fewer repetitions")
     ap.add_argument("--verbose-build", action="store_true")
+    ap.add_argument("--define", action="append", default=[], metavar="MACRO",
+                    help="build the kernel with -DMACRO (repeatable), for an A/B of a variant the source guards with "
+                         "a macro; the build is cached apart and the macros are recorded in the provenance")
     args = ap.parse_args()
 
     import torch
@@ -230,7 +233,7 @@ def main() -> int:
     t_start = time.time()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    ext, build_s = gemv_ext.load(verbose=args.verbose_build)
+    ext, build_s = gemv_ext.load(verbose=args.verbose_build, defines=tuple(args.define))
     print(f"extension built/loaded in {build_s:.1f} s", flush=True)
     on_amd = torch.version.hip is not None
     shapes = [s for s in SHAPES if s[0] in ("o_proj", "in_proj_ba", "gate_up")] if args.quick else SHAPES
@@ -239,7 +242,7 @@ def main() -> int:
     fused_variants = [(0, 0)] + ([] if args.quick else FUSED_VARIANTS)
     timer = Timer(torch, reps=5 if args.quick else 9, target_ms=1.0 if args.quick else 2.0)
 
-    result = {"provenance": provenance(torch, build_s), "quick": args.quick,
+    result = {"provenance": {**provenance(torch, build_s), "defines": args.define}, "quick": args.quick,
               "convention": "tbps = (bytes read + bytes written) / time; GEMV: W + x read, y written; "
                             "frac_copy = tbps / copy.tbps_read_write (the fastest device-to-device copy, "
                             "read + written)"}
@@ -335,7 +338,8 @@ def main() -> int:
     lines = [f"# Decode GEMV benchmark ({result['provenance']['device']})", "",
              f"{result['provenance']['date']}, commit `{(result['provenance']['git_commit'] or '?')[:12]}`"
              f"{' (dirty)' if result['provenance']['git_dirty'] else ''}, torch {torch.__version__}, "
-             f"CUDA {torch.version.cuda}, command `{result['provenance']['command']}`", "",
+             f"CUDA {torch.version.cuda}, command `{result['provenance']['command']}`"
+             + (f", kernel built with {', '.join('-D' + d for d in args.define)}" if args.define else ""), "",
              f"Copy reference: {bw:.2f} TB/s, the fastest large device-to-device copy ({copy['best']}; "
              + ", ".join(f"{k} {v['tbps_read_plus_write']:.2f}" for k, v in copy["methods"].items())
              + "). Convention: every TB/s here counts bytes read + bytes written; a copy moves 2 x its "

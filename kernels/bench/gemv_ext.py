@@ -61,9 +61,14 @@ class Ops:
         self._ns.forge_gemv_silu_mul(out, x, w, block, rows)
 
 
-def load(verbose: bool = False):
+def load(verbose: bool = False, defines: tuple[str, ...] = ()):
     """Returns (Ops, seconds spent). The source registers its ops with TORCH_LIBRARY under the
-    extension's name (torch.ops.forge_gemv_ext), the same schemas as vLLM's _C."""
+    extension's name (torch.ops.forge_gemv_ext), the same schemas as vLLM's _C. `defines` (macro names,
+    for an A/B of a variant the source guards with a macro) build a separate extension, named and cached
+    apart (forge_gemv_ext_<macros>), so both can be loaded in one process."""
+    for d in defines:
+        if not d.isidentifier():
+            raise ValueError(f"gemv_ext.load: macro name expected, got {d!r}")
     import torch
     import torch.utils.cpp_extension as ce
 
@@ -72,12 +77,14 @@ def load(verbose: bool = False):
     if torch.version.cuda and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
         major, minor = torch.cuda.get_device_capability()
         os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
-    out = build_dir()
+    name = "_".join([NAME, *(d.lower() for d in defines)])
+    out = build_dir() if not defines else build_dir() / name
     out.mkdir(parents=True, exist_ok=True)
+    flags = ["-O3", *(f"-D{d}" for d in defines)]
     t0 = time.time()
-    ce.load(name=NAME, sources=[str(SOURCE)], build_directory=str(out), extra_cflags=["-O3"],
-            extra_cuda_cflags=["-O3"], is_python_module=False, verbose=verbose)
-    note = own_cxx_runtime(out / f"{NAME}.so")
+    ce.load(name=name, sources=[str(SOURCE)], build_directory=str(out), extra_cflags=flags,
+            extra_cuda_cflags=flags, is_python_module=False, verbose=verbose)
+    note = own_cxx_runtime(out / f"{name}.so")
     if note:
         print(f"warning: {note}", flush=True)
-    return Ops(getattr(torch.ops, NAME), note), time.time() - t0
+    return Ops(getattr(torch.ops, name), note), time.time() - t0
