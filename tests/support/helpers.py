@@ -17,6 +17,7 @@ SUPPORT = ROOT / "tests" / "support"
 DATA = ROOT / "tests" / "data"
 FIXTURE_RUNS = DATA / "runs"
 REHEARSAL_PY = ROOT / "build" / "rehearsal" / "venv" / "bin" / "python"
+H200_E2E_ARCHIVE = DATA / "h200-e2e.tgz"   # copies of recorded H200 run files (tests/data/README.md)
 
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(SUPPORT))
@@ -98,3 +99,25 @@ def fake_server(model: Path, port: int | None = None, **env: str):
 def tiny_model(dest: Path) -> Path:
     import tinymodel
     return tinymodel.build(dest)
+
+
+_h200_dir: Path | None = None
+
+
+def h200_e2e() -> Path:
+    """The recorded H200 run files of tests/data/h200-e2e.tgz, extracted once per test process into a
+    temporary folder (removed at exit); tests copy what they change."""
+    global _h200_dir
+    if _h200_dir is None:
+        import atexit
+        import shutil
+        import tarfile
+        import tempfile
+        d = Path(tempfile.mkdtemp(prefix="forge-h200-e2e-"))
+        atexit.register(shutil.rmtree, d, True)
+        with tarfile.open(H200_E2E_ARCHIVE, "r:gz") as tf:
+            kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tf.extractall(d, **kw)
+        _h200_dir = d / "h200-e2e"
+    return _h200_dir
+

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
-from helpers import ROOT, forge  # noqa: E402
+from helpers import ROOT, forge, h200_e2e  # noqa: E402
 
 from forge.lab import e2e_decode  # noqa: E402
 from forge.errors import ForgeError  # noqa: E402
@@ -95,7 +95,7 @@ def test_attention_layers_of_the_model_config():
 def test_cli_on_the_recorded_h200_run(tmp_path):
     """The real run's files: one row per (round, tier) both servers served, savings from their TPOTs."""
     import shutil
-    src = ROOT / "tests" / "data" / "h200-e2e" / "2026-11-30-h200-contest"
+    src = h200_e2e() / "2026-11-30-h200-contest"
     dst = tmp_path / "run"
     shutil.copytree(src / "runs", dst / "runs")
     r = forge(tmp_path, "e2e-decode", str(dst))
@@ -117,7 +117,7 @@ def test_no_prediction_where_the_benchmark_did_not_measure_the_profiles_kernel(t
     """int8kv runs vLLM's decode kernel on an int8 cache, which the kernel benchmark did not measure:
     its rows carry the measured TPOT difference and no predicted saving (no guess)."""
     import shutil
-    src = ROOT / "tests" / "data" / "h200-e2e" / "2026-11-30-h200-int8kv"
+    src = h200_e2e() / "2026-11-30-h200-int8kv"
     dst = tmp_path / "run"
     shutil.copytree(src / "runs", dst / "runs")
     r = forge(tmp_path, "e2e-decode", str(dst))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
-from helpers import FIXTURE_RUNS, ROOT, SUPPORT, forge_env, free_port_pair, health  # noqa: E402
+from helpers import FIXTURE_RUNS, ROOT, SUPPORT, forge_env, free_port_pair, h200_e2e, health  # noqa: E402
 
 from forge.lab import gpu_bundle, packing, plumbing, rounds, serverlog  # noqa: E402
 
@@ -306,9 +306,9 @@ def test_e2e_resumes_its_folder_keeping_finished_rounds(tmp_path):
 
 
 # --- parsers on the real run's files (reports/e2e/2026-11-30-h200: vLLM 0.18.1 patched, H200) -----
-# copies of the recorded files, see tests/data/h200-e2e/README.md
+# copies of the recorded files (tests/data/h200-e2e.tgz, see tests/data/README.md)
 
-H200 = ROOT / "tests" / "data" / "h200-e2e"
+H200 = h200_e2e()
 REAL = H200 / "2026-11-30-h200"
 
 

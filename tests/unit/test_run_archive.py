@@ -13,9 +13,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"
 from helpers import forge  # noqa: E402
 
 # the folder's files, and which of them stay as documents (written out here, not taken from the code)
-DOCS = ["summary.md", "summary.json", "decode.md", "decode.json", "runs/a/score.md", "runs/a/score.json",
-        "runs/a/score.png", "predict/a/predict.md", "predict/a/predict.png", "README.md"]
-RAW = ["e2e.log", "logs/server-a.log", "logs/bench-worker.log", "runs/a/4-8K.json", "runs/a/manifest.json",
+DOCS = ["summary.md", "decode.md", "README.md"]
+RAW = ["summary.json", "decode.json", "runs/a/score.md", "runs/a/score.json", "runs/a/score.png",
+       "predict/a/predict.md", "predict/a/predict.png", "runs/a/README.md",
+       "e2e.log", "logs/server-a.log", "logs/bench-worker.log", "runs/a/4-8K.json", "runs/a/manifest.json",
        "runs/a/serve.json", "runs/a/rounds/r1/4-8K.json", "runs/a/rounds/r1/4-8K.client.log",
        "runs/fault-a/16-32K.json", "datasets/4-8K.jsonl"]
 
@@ -115,5 +116,5 @@ def test_the_recorded_run_folders_hold_documents_and_one_archive():
     doc_names = {Path(d).name for d in DOCS}
     for name, files in folders.items():
         assert "raw.tgz" in files, name
-        stray = [f for f in files if f != "raw.tgz" and Path(f).name not in doc_names and not f.startswith("predict/")]
+        stray = [f for f in files if f != "raw.tgz" and f not in doc_names]
         assert not stray, (name, stray)

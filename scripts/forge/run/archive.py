@@ -1,6 +1,8 @@
-"""Recorded run folders (reports/e2e/<run>/, reports/runs/<run>/): the documents stay as files, the raw
-files (per-tier `vllm bench serve` results, rounds, server and client logs, manifests, server records)
-go into one archive per folder, `raw.tgz`, which holds the whole folder as it was.
+"""Recorded run folders (reports/e2e/<run>/, reports/runs/<run>/): the documents people read stay as files
+(README.md, summary.md, decode.md: the summary carries the per-tier figures, the proxy scores and the DCU
+prediction); everything else (summary.json, the per-profile scores and charts, predict/, per-tier `vllm
+bench serve` results, rounds, server and client logs, manifests, server records) goes into one archive per
+folder, `raw.tgz`, which holds the whole folder as it was, documents included.
 
 `forge pack-run FOLDER` writes raw.tgz (deterministic: sorted members, fixed times and owners, gzip
 header without a time, so the same files give the same bytes) and removes the raw files; `forge
@@ -18,17 +20,15 @@ from .. import paths, ui
 from ..errors import ForgeError
 
 ARCHIVE = "raw.tgz"
-# what stays a tracked file of a run folder (by file name, anywhere in the folder) ...
-DOCUMENT_NAMES = frozenset({"README.md", "summary.md", "summary.json", "decode.md", "decode.json",
-                            "score.md", "score.json", "score.png"})
-# ... and every file below these top-level folders (forge predict --e2e writes predict/<profile>/)
-DOCUMENT_DIRS = frozenset({"predict"})
+# what stays a file of a run folder: these names at its top level (the machine-readable files and the
+# per-profile scores are in the archive; `forge unpack-run` brings them back for the tools that read them)
+DOCUMENT_NAMES = frozenset({"README.md", "summary.md", "decode.md"})
 MTIME = 0           # members' time in the archive (the files' own times are not part of the record)
 
 
 def is_document(rel: Path) -> bool:
     """A file of a run folder (path relative to it) that stays out of the archive's removal."""
-    return rel.name in DOCUMENT_NAMES or (len(rel.parts) > 1 and rel.parts[0] in DOCUMENT_DIRS)
+    return len(rel.parts) == 1 and rel.name in DOCUMENT_NAMES
 
 
 def folder_files(folder: Path) -> list[Path]:
