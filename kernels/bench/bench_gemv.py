@@ -39,9 +39,10 @@ MS = (1, 2, 4)
 L2_BYTES = 60 * 2**20          # H200: 60 MB (rotate past 3x that)
 MEM_CAP = 40 * 2**30           # total weight copies per shape
 # (block, rows) variants timed besides the built-in choice (0, 0)
-VARIANTS_CUDA = [(128, 2), (128, 4), (256, 2), (256, 4), (256, 8), (512, 2), (512, 4), (640, 4), (768, 4)]
+VARIANTS_CUDA = [(64, 2), (64, 4), (128, 1), (128, 2), (128, 4), (256, 1), (256, 2), (256, 4), (256, 8), (512, 2), (512, 4), (640, 4),
+                 (768, 4)]
 VARIANTS_AMD = [(640, 2), (640, 4), (256, 4), (512, 2), (128, 4), (768, 2)]
-FUSED_VARIANTS = [(128, 2), (256, 2), (256, 4), (640, 2)]
+FUSED_VARIANTS = [(64, 1), (64, 2), (128, 1), (128, 2), (256, 2), (256, 4), (640, 2)]
 
 
 def sh(cmd: list[str]) -> str | None:

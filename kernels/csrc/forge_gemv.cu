@@ -176,6 +176,55 @@ __global__ void __launch_bounds__(BLOCK) gemv_kernel(const Params p) {
     // U chunks per iteration: U*NWR 16-byte weight loads in flight per thread when registers allow
     constexpr int U = (NWR <= 4 && NV <= 8) ? 2 : 1;
     int kv = tid;
+    // 3-4 x-rows: four FMAs per weight element, so a load-then-compute loop leaves the memory idle while
+    // a thread computes. Here the weight loads of the chunk(s) ahead are issued before this chunk's
+    // FMAs (a software pipeline; distance 1, or 2 with -DFORGE_GEMV_PIPE2); x is loaded when used (an
+    // L1 hit), so only weight vectors are buffered. One or two weight rows per thread and blocks up to
+    // 512 threads: with four rows the extra registers cost more occupancy than the pipeline gains
+    // (H200, kernels/NOTES.md).
+    constexpr bool PIPE_W = MT == 4 && NWR <= 2 && BLOCK <= 512;
+    if (PIPE_W) {
+      if (kv < K8) {
+        uint4 w0[NWR];
+#pragma unroll
+        for (int r = 0; r < NWR; ++r) w0[r] = reinterpret_cast<const uint4*>(wr[r])[kv];
+#ifdef FORGE_GEMV_PIPE2
+        uint4 w1[NWR];
+        if (kv + BLOCK < K8) {
+#pragma unroll
+          for (int r = 0; r < NWR; ++r) w1[r] = reinterpret_cast<const uint4*>(wr[r])[kv + BLOCK];
+        }
+        constexpr int AHEAD = 2;
+#else
+        constexpr int AHEAD = 1;
+#endif
+        for (;;) {
+          const int ahead = kv + AHEAD * BLOCK;
+          uint4 wn[NWR];
+          if (ahead < K8) {
+#pragma unroll
+            for (int r = 0; r < NWR; ++r) wn[r] = reinterpret_cast<const uint4*>(wr[r])[ahead];
+          }
+          uint4 xv[MT];
+#pragma unroll
+          for (int m = 0; m < MT; ++m)
+            xv[m] = m < p.M ? reinterpret_cast<const uint4*>(xr[m])[kv] : make_uint4(0u, 0u, 0u, 0u);
+          fma_chunk<NWR, MT>(acc, w0, xv);
+          if (kv + BLOCK >= K8) break;
+#pragma unroll
+          for (int r = 0; r < NWR; ++r) {
+#ifdef FORGE_GEMV_PIPE2
+            w0[r] = w1[r];
+            w1[r] = wn[r];
+#else
+            w0[r] = wn[r];
+#endif
+          }
+          kv += BLOCK;
+        }
+      }
+      kv = K8;  // done; skips the loops below
+    }
     for (; kv + (U - 1) * BLOCK < K8; kv += U * BLOCK) {
       uint4 wv[U][NWR];
       uint4 xv[U][MT];
@@ -240,15 +289,15 @@ __global__ void __launch_bounds__(BLOCK) gemv_kernel(const Params p) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Launch menu. block in {128, 256, 512, 640, 768}, rows in {1, 2, 4, 8} (fused: {1, 2, 4}) (see Built);
+// Launch menu. block in {64, 128, 256, 512, 640, 768}, rows in {1, 2, 4, 8} (fused: {1, 2, 4}) (see Built);
 // (0, 0) = the built-in choice below. Returns 0, -2 for a config outside the menu, or a CUDA/HIP
 // error code.
 
 inline bool divides(int a, int b) { return b > 0 && a % b == 0; }
 
 // Built-in choice. NVIDIA: at the Qwen3.5-27B decode shapes, the fastest (block, rows) the benchmark
-// found on an H200 (kernels/bench/bench_gemv.py, 2026-12-01; M = 3..4 from its second run with more
-// variants; kernels/NOTES.md); M = 3 takes
+// found on an H200 (kernels/bench/bench_gemv.py, 2026-12-01; M = 3..4 from its later runs with the
+// pipelined loop and 64-thread blocks; kernels/NOTES.md); M = 3 takes
 // M = 4's entry (the same MT = 4 kernel). Elsewhere: 256 threads when it divides K/8, else 128, and 4
 // rows per block (fused: 2). AMD (wave64): one block covers a whole row of 16-byte vectors when K/8 is
 // a block size of the menu (K = 5120: 640 threads, as measured fastest on gfx936; K = 6144: 768); else
@@ -260,13 +309,13 @@ struct TunedConfig {
   short block[3], rows[3];  // M = 1, 2, 3..4
 };
 constexpr TunedConfig kTunedCuda[] = {
-    {14336, 5120, false, {640, 128, 128}, {4, 4, 2}},   // full-attention qkv + gate
+    {14336, 5120, false, {640, 128, 64}, {4, 4, 2}},    // full-attention qkv + gate
     {5120, 6144, false, {256, 256, 128}, {4, 4, 2}},    // o_proj, GDN out_proj
-    {16384, 5120, false, {640, 128, 128}, {4, 4, 2}},   // GDN in_proj_qkvz
+    {16384, 5120, false, {640, 128, 64}, {4, 4, 2}},    // GDN in_proj_qkvz
     {96, 5120, false, {640, 640, 512}, {4, 4, 2}},      // GDN in_proj_ba
-    {34816, 5120, false, {640, 128, 128}, {4, 4, 2}},   // MLP gate_up (unfused)
+    {34816, 5120, false, {640, 128, 64}, {4, 4, 2}},    // MLP gate_up (unfused)
     {5120, 17408, false, {128, 256, 256}, {4, 2, 2}},   // MLP down
-    {248320, 5120, false, {256, 128, 128}, {4, 4, 4}},  // LM head
+    {248320, 5120, false, {256, 128, 64}, {4, 4, 2}},   // LM head
     {17408, 5120, true, {640, 128, 128}, {2, 2, 2}},    // fused gate_up + SiLU-and-mul (I = 17408)
 };
 
@@ -354,6 +403,7 @@ inline int launch(const Params& p, bool silu, bool vec, int block, int rows, boo
 #define FORGE_GEMV_BLOCK_CASE(B) \
   case B: rc = silu ? launch_rows<B, true>(p, rows, stream) : launch_rows<B, false>(p, rows, stream); break;
     switch (block) {
+      FORGE_GEMV_BLOCK_CASE(64)
       FORGE_GEMV_BLOCK_CASE(128)
       FORGE_GEMV_BLOCK_CASE(256)
       FORGE_GEMV_BLOCK_CASE(512)
@@ -443,7 +493,7 @@ inline void run_op(torch::Tensor& out, const torch::Tensor& x, const torch::Tens
   const int rc = launch(p, silu, vec, static_cast<int>(block), static_cast<int>(rows), FORGE_ON_AMD,
                         c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(rc != -2, name, ": block = ", block, ", rows = ", rows,
-              " is not built for M = ", M, " (block 0/128/256/512/640/768, rows 0/1/2/4/8, fused rows 0/1/2/4;",
+              " is not built for M = ", M, " (block 0/64/128/256/512/640/768, rows 0/1/2/4/8, fused rows 0/1/2/4;",
               " at M > 2 on AMD or block >= 640: rows <= 4, fused rows <= 2)");
   TORCH_CHECK(rc == 0, name, ": launch failed with error ", rc, " (", launch_error_text(rc), ") for M = ", M,
               ", K = ", K, ", N = ", n_out, ", block = ", block, ", rows = ", rows);

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "kernels" / "csrc" / "forge_gemv.cu"
 OUT = Path(os.environ.get("FORGE_BUILD_DIR", ROOT / "build")) / "forge-gemv-resources"
 
-BLOCKS = (128, 256, 512, 640, 768)
+BLOCKS = (64, 128, 256, 512, 640, 768)
 ROWS = (1, 2, 4, 8)
 MTS = (1, 2, 4)
 

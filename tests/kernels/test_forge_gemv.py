@@ -172,7 +172,7 @@ def test_every_built_config(ext, gen, silu):
         ref = ref_gemv(x, w)
         if silu:
             ref = F.silu(ref[:, : N // 2]) * ref[:, N // 2:]
-        for block in (128, 256, 512, 640, 768):
+        for block in (64, 128, 256, 512, 640, 768):
             for rows in (1, 2, 4, 8):
                 what = f"silu={silu} M={M} block={block} rows={rows}"
                 # named before the call, so a crash inside it names the configuration (run with -s)
