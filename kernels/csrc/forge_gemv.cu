@@ -296,8 +296,8 @@ __global__ void __launch_bounds__(BLOCK) gemv_kernel(const Params p) {
 inline bool divides(int a, int b) { return b > 0 && a % b == 0; }
 
 // Built-in choice. NVIDIA: at the Qwen3.5-27B decode shapes, the fastest (block, rows) the benchmark
-// found on an H200 (kernels/bench/bench_gemv.py, 2026-12-01; M = 3..4 from its later runs with the
-// pipelined loop and 64-thread blocks; kernels/NOTES.md); M = 3 takes
+// found on an H200 (kernels/bench/bench_gemv.py, 2026-12-01, the run with the pipelined loop at 3-4
+// rows and 64-thread blocks: reports/kernels/gemv/bench_gemv.json); M = 3 takes
 // M = 4's entry (the same MT = 4 kernel). Elsewhere: 256 threads when it divides K/8, else 128, and 4
 // rows per block (fused: 2). AMD (wave64): one block covers a whole row of 16-byte vectors when K/8 is
 // a block size of the menu (K = 5120: 640 threads, as measured fastest on gfx936; K = 6144: 768); else
@@ -309,14 +309,14 @@ struct TunedConfig {
   short block[3], rows[3];  // M = 1, 2, 3..4
 };
 constexpr TunedConfig kTunedCuda[] = {
-    {14336, 5120, false, {640, 128, 64}, {4, 4, 2}},    // full-attention qkv + gate
-    {5120, 6144, false, {256, 256, 128}, {4, 4, 2}},    // o_proj, GDN out_proj
+    {14336, 5120, false, {640, 64, 64}, {4, 4, 2}},     // full-attention qkv + gate
+    {5120, 6144, false, {128, 64, 128}, {1, 4, 2}},     // o_proj, GDN out_proj
     {16384, 5120, false, {640, 128, 64}, {4, 4, 2}},    // GDN in_proj_qkvz
     {96, 5120, false, {640, 640, 512}, {4, 4, 2}},      // GDN in_proj_ba
     {34816, 5120, false, {640, 128, 64}, {4, 4, 2}},    // MLP gate_up (unfused)
-    {5120, 17408, false, {128, 256, 256}, {4, 2, 2}},   // MLP down
-    {248320, 5120, false, {256, 128, 64}, {4, 4, 2}},   // LM head
-    {17408, 5120, true, {640, 128, 128}, {2, 2, 2}},    // fused gate_up + SiLU-and-mul (I = 17408)
+    {5120, 17408, false, {128, 64, 256}, {1, 4, 2}},    // MLP down
+    {248320, 5120, false, {128, 128, 64}, {1, 4, 4}},   // LM head
+    {17408, 5120, true, {128, 128, 64}, {1, 2, 1}},     // fused gate_up + SiLU-and-mul (I = 17408)
 };
 
 inline void default_config(int M, int K, int n_out, bool silu, bool on_amd, int* block, int* rows) {

@@ -258,9 +258,10 @@ def test_tables_follow_the_measurements(run_in_vllm):
 
 
 def test_kernel_defaults_are_the_benchmarks_best():
-    """The CUDA (block, rows) table in forge_gemv.cu against the best variant of the recorded run
-    ("forge_gemv" alone: the built-in choice of that run, 128 threads at K/8 = 640 or 2176, 256 at
-    768, 4 rows; fused 2)."""
+    """The CUDA (block, rows) table in forge_gemv.cu against the recorded run: each entry is the best
+    variant the run timed; where the run's built-in choice ("forge_gemv", block = rows = 0) was best,
+    the entry must be a variant the run also timed, within 3 % of it (the built-in choice was that entry
+    when the run was made; the same launch timed twice differs by about 1 %)."""
     src = (ROOT / "kernels" / "csrc" / "forge_gemv.cu").read_text()
     table = {}
     for n, k, silu, b1, b2, b4, r1, r2, r4 in re.findall(
@@ -268,29 +269,37 @@ def test_kernel_defaults_are_the_benchmarks_best():
         table[(int(n), int(k), silu == "true")] = {1: (int(b1), int(r1)), 2: (int(b2), int(r2)),
                                                   4: (int(b4), int(r4))}
     data = json.loads(BENCH.read_text())
-    old_default = lambda K, silu: (256 if (K // 8) % 256 == 0 else 128, 2 if silu else 4)
 
-    def parse(impl, K, silu):
+    def parse(impl):
         m = re.search(r"b(\d+) r(\d+)$", impl)
-        return (int(m.group(1)), int(m.group(2))) if m else old_default(K, silu)
+        return (int(m.group(1)), int(m.group(2))) if m else None
+
+    def check(got, timed: dict, what):
+        """timed: impl -> us of our kernel's launches in one (shape, M) cell."""
+        best_impl = min(timed, key=timed.get)
+        us = {parse(i): u for i, u in timed.items() if parse(i)}
+        if parse(best_impl) is None:
+            assert got in us and us[got] <= 1.03 * timed[best_impl], (what, got, best_impl)
+        else:
+            assert got == parse(best_impl), (what, got, best_impl)
 
     checked = 0
     for r in data["summary"]:
         N, K = SHAPE_NK[r["shape"]]
-        best = parse(r["best_impl"], K, False)
         got = table[(N, K, False)][r["M"]]
-        if r["shape"] == "out_proj" and got != best:
+        timed = {x["impl"]: x["us"] for x in data["rows"]
+                 if x["shape"] == r["shape"] and x["M"] == r["M"] and x["impl"].startswith("forge_gemv")}
+        if r["shape"] == "out_proj" and parse(min(timed, key=timed.get)) not in (None, got):
             # shares o_proj's shape: the entry must be within 1 % of the best for both
-            rows = [x for x in data["rows"] if x["shape"] == "out_proj" and x["M"] == r["M"]]
-            us = {parse(x["impl"], K, False): x["us"] for x in rows if x["impl"].startswith("forge_gemv")}
+            us = {parse(i): u for i, u in timed.items()}
             assert got in us and us[got] <= 1.01 * r["best_us"], (r, got)
         else:
-            assert got == best, (r["shape"], r["M"], got, best)
+            check(got, timed, (r["shape"], r["M"]))
         checked += 1
     for M in (1, 2, 4):
-        rows = [x for x in data["fused_gate_up"] if x["M"] == M and x["impl"].startswith("forge_gemv_silu_mul")]
-        best = min(rows, key=lambda x: x["us"])
-        assert table[(17408, 5120, True)][M] == parse(best["impl"], 5120, True), (M, best)
+        timed = {x["impl"]: x["us"] for x in data["fused_gate_up"]
+                 if x["M"] == M and x["impl"].startswith("forge_gemv_silu_mul")}
+        check(table[(17408, 5120, True)][M], timed, ("fused", M))
         checked += 1
     assert checked == 27
 
