@@ -10,6 +10,8 @@
 //   of its block's weight rows, so one wavefront reads WARP*16 contiguous bytes of a row per load and
 //   a block sweeps BLOCK*16 contiguous bytes (K = 5120 is one sweep at BLOCK = 640). The ROWS rows are
 //   loaded together (independent loads in flight); x is read once per K chunk and reused for all rows.
+//   At 3-4 rows of x (four FMAs per weight element) with 1-2 weight rows per thread, the next chunk's
+//   weight loads are issued before this chunk's FMAs (software pipeline), x loaded when used.
 //   Reduction: ROWS*MT partial sums per thread are reduced inside the wavefront with a halving
 //   exchange (each xor-shuffle step halves the values a lane keeps: NV-1 shuffles instead of
 //   NV*log2(WARP)), then across wavefronts through LDS; one thread per (row, m) writes the output.
