@@ -1,5 +1,6 @@
 """Build kernels/csrc/forge_gemv.cu as a standalone torch extension (torch.utils.cpp_extension.load) on a
-GPU machine: the tests and the benchmark use it; inside vLLM the same source is part of `_C`.
+GPU machine: the tests, the benchmark and the GPU harness's stand-in `_C` use it; inside vLLM the same
+source is part of `_C`.
 
 The build is cached in FORGE_GEMV_BUILD_DIR (default: build/forge-gemv-ext under the repository) and
 compiled for the visible device only (TORCH_CUDA_ARCH_LIST is set from it when unset)."""
@@ -61,28 +62,33 @@ class Ops:
         self._ns.forge_gemv_silu_mul(out, x, w, block, rows)
 
 
-def load(verbose: bool = False, defines: tuple[str, ...] = ()):
+def load(verbose: bool = False, defines: tuple[str, ...] = (), source: Path = SOURCE, arch_list: str | None = None):
     """Returns (Ops, seconds spent). The source registers its ops with TORCH_LIBRARY under the
     extension's name (torch.ops.forge_gemv_ext), the same schemas as vLLM's _C. `defines` (macro names,
     for an A/B of a variant the source guards with a macro) build a separate extension, named and cached
-    apart (forge_gemv_ext_<macros>), so both can be loaded in one process."""
+    apart (forge_gemv_ext_<macros>), so both can be loaded in one process. `arch_list` (e.g. "9.0") sets
+    TORCH_CUDA_ARCH_LIST when it is unset, instead of asking the device (a caller that must not touch
+    CUDA yet, such as the GPU harness's stand-in _C, passes it); `source` is the .cu file to build."""
     for d in defines:
         if not d.isidentifier():
             raise ValueError(f"gemv_ext.load: macro name expected, got {d!r}")
     import torch
     import torch.utils.cpp_extension as ce
 
-    if not torch.cuda.is_available():
+    if not arch_list and not torch.cuda.is_available():
         raise RuntimeError("forge_gemv needs a CUDA/ROCm device")
     if torch.version.cuda and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
-        major, minor = torch.cuda.get_device_capability()
-        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
+        if arch_list:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list
+        else:
+            major, minor = torch.cuda.get_device_capability()
+            os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
     name = "_".join([NAME, *(d.lower() for d in defines)])
     out = build_dir() if not defines else build_dir() / name
     out.mkdir(parents=True, exist_ok=True)
     flags = ["-O3", *(f"-D{d}" for d in defines)]
     t0 = time.time()
-    ce.load(name=name, sources=[str(SOURCE)], build_directory=str(out), extra_cflags=flags,
+    ce.load(name=name, sources=[str(source)], build_directory=str(out), extra_cflags=flags,
             extra_cuda_cflags=flags, is_python_module=False, verbose=verbose)
     note = own_cxx_runtime(out / f"{name}.so")
     if note:

@@ -44,6 +44,17 @@ def test_missing_source_is_named(tmp_path):
     assert "FORGE_GEMV_SOURCE" in res.stderr and "nope.cu" in res.stderr
 
 
+def test_source_outside_a_checkout_is_named(tmp_path):
+    """The stand-in builds through the product's builder beside the source (kernels/bench/gemv_ext.py):
+    a source without it is refused, naming the builder, before anything is compiled."""
+    src = tmp_path / "kernels" / "csrc" / "forge_gemv.cu"
+    src.parent.mkdir(parents=True)
+    src.write_bytes((ROOT / "kernels" / "csrc" / "forge_gemv.cu").read_bytes())
+    res = run(LOAD, VLLM_FORGE_GEMV="1", FORGE_GEMV_SOURCE=str(src))
+    assert res.returncode != 0
+    assert "gemv_ext.py" in res.stderr and "FORGE_GEMV_SOURCE" in res.stderr
+
+
 def test_schemas_match_the_patched_bindings(patched_tree):
     binds = (patched_tree / "csrc" / "torch_bindings.cpp").read_text()
     standin = STANDIN.read_text()

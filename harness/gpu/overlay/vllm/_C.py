@@ -184,14 +184,17 @@ def _register_forge_gemv() -> None:
     if not src.is_file():
         raise RuntimeError(f"VLLM_FORGE_GEMV=1: the GEMV source {src} does not exist; set FORGE_GEMV_SOURCE "
                            "to kernels/csrc/forge_gemv.cu of the checkout (or VLLM_FORGE_GEMV=0)")
-    build = Path(os.environ.get("FORGE_GEMV_BUILD_DIR") or Path.cwd() / "build" / "forge-gemv-ext")
-    build.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", _cuda_arch_list())
-    import torch.utils.cpp_extension as ce
-    # the source registers torch.ops.forge_gemv_ext.* (TORCH_LIBRARY, the schemas of _C's)
-    ce.load(name="forge_gemv_ext", sources=[str(src)], build_directory=str(build),
-            extra_cflags=["-O3"], extra_cuda_cflags=["-O3"], is_python_module=False, verbose=False)
-    ext = torch.ops.forge_gemv_ext
+    # built by the product's own builder (kernels/bench/gemv_ext.py beside the source: the same build
+    # directory, FORGE_GEMV_BUILD_DIR, and its check of the C++ runtime); torch.ops.forge_gemv_ext.*
+    builder = src.resolve().parents[1] / "bench" / "gemv_ext.py"
+    if not builder.is_file():
+        raise RuntimeError(f"VLLM_FORGE_GEMV=1: {builder} (the GEMV's builder) does not exist; "
+                           "FORGE_GEMV_SOURCE must name kernels/csrc/forge_gemv.cu of a checkout")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("forge_gemv_build", builder)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    ext, _ = mod.load(source=src, arch_list=_cuda_arch_list())
 
     def gemv(out, x, w, block=0, rows=0):  # defaults: torch drops trailing default arguments
         ext.forge_gemv(out, x, w, block, rows)
