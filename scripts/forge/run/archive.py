@@ -10,6 +10,7 @@ unpack-run FOLDER [--to DIR]` restores them (the same as `tar -xzf FOLDER/raw.tg
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import os
@@ -101,12 +102,19 @@ def pack_run(folder: Path, remove: bool = True) -> dict:
     return {"archive": dest, "members": members, "removed": removed}
 
 
-def archive_members(src: Path) -> list[str]:
+@contextlib.contextmanager
+def _opened(src: Path):
+    """The archive open for reading; a damaged or unreadable one is a ForgeError naming it."""
     try:
         with tarfile.open(src, "r:gz") as tf:
-            return tf.getnames()
+            yield tf
     except (tarfile.TarError, EOFError, OSError) as e:
         raise ForgeError(f"{paths.rel(src)}: cannot be read ({e})", hint="the archive is damaged; take it from git")
+
+
+def archive_members(src: Path) -> list[str]:
+    with _opened(src) as tf:
+        return tf.getnames()
 
 
 def unpack_run(folder: Path, to: Path | None = None) -> list[str]:
@@ -117,17 +125,14 @@ def unpack_run(folder: Path, to: Path | None = None) -> list[str]:
         raise ForgeError(f"{paths.rel(src)} not found", hint="give a run folder that holds raw.tgz")
     dest = Path(to) if to else folder
     dest.mkdir(parents=True, exist_ok=True)
-    try:
-        with tarfile.open(src, "r:gz") as tf:
-            names = tf.getnames()
-            kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-            if not kw:      # Python without extraction filters: refuse names that leave the folder
-                bad = [n for n in names if n.startswith("/") or ".." in Path(n).parts]
-                if bad:
-                    raise ForgeError(f"{paths.rel(src)}: member {bad[0]!r} leaves the folder")
-            tf.extractall(dest, **kw)
-    except (tarfile.TarError, EOFError, OSError) as e:
-        raise ForgeError(f"{paths.rel(src)}: cannot be read ({e})", hint="the archive is damaged; take it from git")
+    with _opened(src) as tf:
+        names = tf.getnames()
+        kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        if not kw:      # Python without extraction filters: refuse names that leave the folder
+            bad = [n for n in names if n.startswith("/") or ".." in Path(n).parts]
+            if bad:
+                raise ForgeError(f"{paths.rel(src)}: member {bad[0]!r} leaves the folder")
+        tf.extractall(dest, **kw)
     return names
 
 
