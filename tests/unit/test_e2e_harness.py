@@ -479,7 +479,7 @@ def test_a_resumed_run_estimates_tiers_from_its_kept_rounds(tmp_path):
 
 
 # --- the tier runs on the H200 (reports/e2e/2026-11-30-h200-*: see reports/e2e/README.md) -----------
-# (their files: tests/data/h200-e2e)
+# (their files: tests/data/h200-e2e.tgz)
 
 E2E = H200
 TIER_RUNS = [E2E / "2026-11-30-h200-contest"]
