@@ -179,50 +179,33 @@ __global__ void __launch_bounds__(BLOCK) gemv_kernel(const Params p) {
     constexpr int U = (NWR <= 4 && NV <= 8) ? 2 : 1;
     int kv = tid;
     // 3-4 x-rows: four FMAs per weight element, so a load-then-compute loop leaves the memory idle while
-    // a thread computes. Here the weight loads of the chunk(s) ahead are issued before this chunk's
-    // FMAs (a software pipeline; distance 1, or 2 with -DFORGE_GEMV_PIPE2); x is loaded when used (an
-    // L1 hit), so only weight vectors are buffered. One or two weight rows per thread and blocks up to
-    // 512 threads: with four rows the extra registers cost more occupancy than the pipeline gains
-    // (H200, kernels/NOTES.md).
+    // a thread computes. Here the next chunk's weight loads are issued before this chunk's FMAs (a
+    // software pipeline); x is loaded when used (an L1 hit), so only weight vectors are buffered. One or
+    // two weight rows per thread and blocks up to 512 threads: with four rows the extra registers cost
+    // more occupancy than the pipeline gains, and a prefetch distance of 2 was slower (H200,
+    // reports/kernels/gemv/README.md).
     constexpr bool PIPE_W = MT == 4 && NWR <= 2 && BLOCK <= 512;
     if (PIPE_W) {
       if (kv < K8) {
         uint4 w0[NWR];
 #pragma unroll
         for (int r = 0; r < NWR; ++r) w0[r] = reinterpret_cast<const uint4*>(wr[r])[kv];
-#ifdef FORGE_GEMV_PIPE2
-        uint4 w1[NWR];
-        if (kv + BLOCK < K8) {
-#pragma unroll
-          for (int r = 0; r < NWR; ++r) w1[r] = reinterpret_cast<const uint4*>(wr[r])[kv + BLOCK];
-        }
-        constexpr int AHEAD = 2;
-#else
-        constexpr int AHEAD = 1;
-#endif
         for (;;) {
-          const int ahead = kv + AHEAD * BLOCK;
+          const int next = kv + BLOCK;
           uint4 wn[NWR];
-          if (ahead < K8) {
+          if (next < K8) {
 #pragma unroll
-            for (int r = 0; r < NWR; ++r) wn[r] = reinterpret_cast<const uint4*>(wr[r])[ahead];
+            for (int r = 0; r < NWR; ++r) wn[r] = reinterpret_cast<const uint4*>(wr[r])[next];
           }
           uint4 xv[MT];
 #pragma unroll
           for (int m = 0; m < MT; ++m)
             xv[m] = m < p.M ? reinterpret_cast<const uint4*>(xr[m])[kv] : make_uint4(0u, 0u, 0u, 0u);
           fma_chunk<NWR, MT>(acc, w0, xv);
-          if (kv + BLOCK >= K8) break;
+          if (next >= K8) break;
 #pragma unroll
-          for (int r = 0; r < NWR; ++r) {
-#ifdef FORGE_GEMV_PIPE2
-            w0[r] = w1[r];
-            w1[r] = wn[r];
-#else
-            w0[r] = wn[r];
-#endif
-          }
-          kv += BLOCK;
+          for (int r = 0; r < NWR; ++r) w0[r] = wn[r];
+          kv = next;
         }
       }
       kv = K8;  // done; skips the loops below
