@@ -118,3 +118,20 @@ def test_the_recorded_run_folders_hold_documents_and_one_archive():
         assert "raw.tgz" in files, name
         stray = [f for f in files if f != "raw.tgz" and f not in doc_names]
         assert not stray, (name, stray)
+
+
+def test_tools_on_a_packed_record_say_how_to_read_it(tmp_path):
+    """predict --e2e, e2e-decode and prefill-profile on a packed run folder name unpack-run in their hint."""
+    run = tmp_path / "run"
+    _folder(run, 4)
+    assert forge(tmp_path, "pack-run", str(run)).returncode == 0
+    for args in (["predict", "--e2e", str(run), "--out", str(tmp_path / "p")], ["e2e-decode", str(run)],
+                 ["prefill-profile", str(run), "--out", str(tmp_path / "pp")]):
+        r = forge(tmp_path, *args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "packed record" in r.stderr and f"unpack-run {run}" in r.stderr.replace("\n", " "), (args, r.stderr)
+    # not packed: the tools' own hints
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    r = forge(tmp_path, "e2e-decode", str(plain))
+    assert r.returncode == 2 and "packed record" not in r.stderr and "--reference" in r.stderr

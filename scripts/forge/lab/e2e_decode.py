@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..run import contest as contest_mod
 from .. import paths, ui
-from ..run import runs
+from ..run import archive, runs
 from ..errors import ForgeError
 
 # the kernel benchmark the prediction comes from: a copy of the H200 run recorded in
@@ -78,7 +78,8 @@ def analyse(folder: Path, bench: dict, layers: int, reference: str = "upstream")
     rdir = folder / "runs"
     if not (rdir / reference / "serve.json").is_file():
         raise ForgeError(f"{folder}: no runs/{reference}/serve.json (the reference server's record)",
-                         hint="give an e2e-gpu results folder and its reference profile (--reference)")
+                         hint=archive.read_hint(folder, "give an e2e-gpu results folder and its reference "
+                                                                "profile (--reference)"))
     ref_kernel = server_kernel(runs.read_json(rdir / reference / "serve.json"))
     tiers = contest_mod.tier_names(contest_mod.load_contest())
     ref_rounds = _rounds(rdir / reference, tiers)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from .. import paths, ui
 from ..errors import ForgeError
-from ..run import runs
+from ..run import archive, runs
 from .client import complete, post_empty
 
 if TYPE_CHECKING:
@@ -191,7 +191,8 @@ def load_profiles(folders: list[Path]) -> dict[str, dict]:
         files = sorted((Path(f) / SUBDIR).glob("*.json"))
         if not files:
             raise ForgeError(f"{f}: no {SUBDIR}/*.json here",
-                             hint="give a results folder of `forge e2e-gpu --profile-prefill TOKENS`")
+                             hint=archive.read_hint(Path(f), "give a results folder of `forge e2e-gpu "
+                                                                     "--profile-prefill TOKENS`"))
         for p in files:
             d = runs.read_json(p)
             if "steps" not in d or "profile" not in d:

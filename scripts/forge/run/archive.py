@@ -136,6 +136,16 @@ def unpack_run(folder: Path, to: Path | None = None) -> list[str]:
     return names
 
 
+def read_hint(folder: Path, hint: str) -> str:
+    """The hint of a tool that found no input in `folder`: for a packed record (one holding raw.tgz) how
+    to read it, else `hint`."""
+    folder = Path(folder)
+    if (folder / ARCHIVE).is_file():
+        return (f"{paths.rel(folder)} is a packed record (its files are in {ARCHIVE}): "
+                f"forge unpack-run {paths.rel(folder)} --to /tmp/{folder.name}, then give /tmp/{folder.name}")
+    return hint
+
+
 def cmd_pack_run(args) -> int:
     for folder in args.folders:
         r = pack_run(Path(folder), remove=not args.keep_raw)

@@ -25,7 +25,7 @@ import math
 from pathlib import Path
 
 from . import contest as contest_mod
-from . import runs, score, synth
+from . import archive, runs, score, synth
 from .. import paths, ui
 from ..errors import ForgeError
 
@@ -353,7 +353,8 @@ def cmd_predict(args) -> int:
         ref_name = args.reference or "upstream"
         if not (rdir / ref_name).is_dir():
             raise ForgeError(f"{root}: no runs/{ref_name}/ (the reference profile's results)",
-                             hint="give an e2e results folder (reports/e2e/<date>-<device>) and --reference PROFILE")
+                             hint=archive.read_hint(root, "give an e2e results folder (reports/e2e/<date>-<device>) "
+                                                          "and --reference PROFILE"))
         for d in sorted(p for p in rdir.iterdir() if p.is_dir() and p.name != ref_name
                         and not p.name.startswith("fault-")):
             if not all((d / f"{t}.json").is_file() for t in names):
