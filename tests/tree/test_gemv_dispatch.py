@@ -260,8 +260,8 @@ def test_tables_follow_the_measurements(run_in_vllm):
 def test_kernel_defaults_are_the_benchmarks_best():
     """The CUDA (block, rows) table in forge_gemv.cu against the recorded run: each entry is the best
     variant the run timed; where the run's built-in choice ("forge_gemv", block = rows = 0) was best,
-    the entry must be a variant the run also timed, within 3 % of it (the built-in choice was that entry
-    when the run was made; the same launch timed twice differs by about 1 %)."""
+    the entry must be a variant the run also timed, within 1 % of it (the built-in choice was that entry
+    when the run was made, and the same launch timed twice differs by less than that)."""
     src = (ROOT / "kernels" / "csrc" / "forge_gemv.cu").read_text()
     table = {}
     for n, k, silu, b1, b2, b4, r1, r2, r4 in re.findall(
@@ -279,7 +279,7 @@ def test_kernel_defaults_are_the_benchmarks_best():
         best_impl = min(timed, key=timed.get)
         us = {parse(i): u for i, u in timed.items() if parse(i)}
         if parse(best_impl) is None:
-            assert got in us and us[got] <= 1.03 * timed[best_impl], (what, got, best_impl)
+            assert got in us and us[got] <= 1.01 * timed[best_impl], (what, got, best_impl)
         else:
             assert got == parse(best_impl), (what, got, best_impl)
 
