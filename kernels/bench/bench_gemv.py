@@ -3,7 +3,7 @@
 (cuBLAS / hipBLASLt) at the Qwen3.5-27B decode shapes, M = 1, 2, 4, and the fused gate_up + SiLU-and-mul
 against GEMV + separate activation.
 
-    python3 kernels/bench/bench_gemv.py --out DIR [--quick]
+    python3 kernels/bench/bench_gemv.py --out DIR [--quick] [--ops vllm]
 
 Builds the extension (kernels/bench/gemv_ext.py), checks every shape against a float64 reference first
 (stops on a mismatch), measures the device-to-device copy bandwidth, then times each case with CUDA
@@ -11,7 +11,11 @@ graphs: one graph holds many launches that rotate over enough weight copies to e
 weights come from memory, as in decode), replayed several times; the median replay / launches is the
 time per call. Reports µs, achieved TB/s (bytes read + written: W + x read, y written) and the fraction
 of the copy reference (the fastest large device-to-device copy, also counted as read + written).
-Writes DIR/bench_gemv.json (with provenance) and DIR/bench_gemv.md; prints the table last.
+Writes DIR/bench_gemv.json (with provenance) and DIR/bench_gemv.md; prints the table last, then the
+route this run supports: the VLLM_FORGE_GEMV_SHAPES value naming the (shape, token count) pairs where the
+kernel's built-in launch beat F.linear (`route()`), for a serve profile's env on the machine it ran on.
+`--ops vllm` times the kernel compiled into the installed vLLM (`torch.ops._C.forge_gemv`, a forge wheel
+or image) instead of building the source, so on the DCU it measures what serves.
 """
 
 from __future__ import annotations
@@ -214,15 +218,79 @@ def check_correct(torch, F, ext, shapes, ms) -> list[dict]:
     return out
 
 
+SHAPE_NK = {name: (N, K) for name, N, K in SHAPES}
+GATE_UP = SHAPE_NK["gate_up"]
+
+
+def route(result: dict) -> dict:
+    """The (N, K) -> token counts one run says should take the kernel, as the route calls it (the
+    built-in launch, block = rows = 0): where it was faster than F.linear. 3 tokens run the 4-row kernel
+    and follow M = 4; shapes that share (N, K) (o_proj and out_proj) take it only where every one won.
+    Returns {"plain": [[N, K, [M...]], ...], "fused": [[N, K, [M...]]], "env": str}: "plain" is the
+    GEMV's own table, "fused" the fused gate_up + SiLU-and-mul's (against F.linear + the activation), and
+    "env" the VLLM_FORGE_GEMV_SHAPES value (it replaces both tables; gate_up's entry follows the fused
+    kernel, the MLP's path with the switch on). Shapes or M the run did not time are left out."""
+    plain: dict = {}
+    for r in result["summary"]:
+        won = r["default_us"] < r["linear_us"]
+        for m in ((3, 4) if r["M"] == 4 else (r["M"],)):
+            cell = plain.setdefault(SHAPE_NK[r["shape"]], {})
+            cell[m] = cell.get(m, True) and won
+    fused: dict = {}
+    for M in sorted({r["M"] for r in result.get("fused_gate_up", [])}):
+        rows = [r for r in result["fused_gate_up"] if r["M"] == M]
+        ref = [r["us"] for r in rows if r["impl"].startswith("F.linear")]
+        ours = [r["us"] for r in rows if r["impl"] == "forge_gemv_silu_mul"]
+        if ref and ours:
+            for m in ((3, 4) if M == 4 else (M,)):
+                fused[m] = ours[0] < ref[0]
+
+    def table(d: dict) -> list:
+        return sorted([n, k, sorted(m for m, w in ms.items() if w)] for (n, k), ms in d.items()
+                      if any(ms.values()))
+
+    chosen = {nk: {m for m, w in ms.items() if w} for nk, ms in plain.items()}
+    if fused:
+        chosen[GATE_UP] = {m for m, w in fused.items() if w}
+    items = []
+    for (n, k), ms in sorted(chosen.items()):
+        if ms == {1, 2, 3, 4}:
+            items.append(f"{n}x{k}")
+        else:
+            items += [f"{n}x{k}/{m}" for m in sorted(ms)]
+    return {"plain": table(plain), "fused": [[*GATE_UP, sorted(m for m, w in fused.items() if w)]] if fused else [],
+            "env": ",".join(items)}
+
+
+def vllm_ops(torch):
+    """The kernel compiled into the installed vLLM's _C (the patch series' build), as gemv_ext.Ops."""
+    import gemv_ext
+    try:
+        import vllm
+        import vllm._C  # noqa: F401  (registers torch.ops._C.*)
+    except ImportError as e:
+        raise SystemExit(f"bench_gemv --ops vllm: the installed vLLM's compiled extension does not import ({e}); "
+                         "run it where a forge wheel or image is installed, or leave --ops at 'build'")
+    if not hasattr(torch.ops._C, "forge_gemv") or not hasattr(torch.ops._C, "forge_gemv_silu_mul"):
+        raise SystemExit(f"bench_gemv --ops vllm: vLLM {vllm.__version__} has no _C.forge_gemv / forge_gemv_silu_mul: "
+                         "it is not built from the patch series (make wheel / make image)")
+    return gemv_ext.Ops(torch.ops._C), vllm.__version__
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder for bench_gemv.json and bench_gemv.md")
-    ap.add_argument("--quick", action="store_true", help="smoke test: two shapes, M = 1, fewer repetitions")
+    ap.add_argument("--quick", action="store_true", help="smoke test: three shapes (o_proj, in_proj_ba, gate_up), M = 1, fewer repetitions")
     ap.add_argument("--verbose-build", action="store_true")
     ap.add_argument("--define", action="append", default=[], metavar="MACRO",
                     help="build the kernel with -DMACRO (repeatable), for an A/B of a variant the source guards with "
                          "a macro; the build is cached apart and the macros are recorded in the provenance")
+    ap.add_argument("--ops", choices=("build", "vllm"), default="build",
+                    help="build (default): compile kernels/csrc/forge_gemv.cu as a torch extension; vllm: time the "
+                         "kernel compiled into the installed vLLM (torch.ops._C.forge_gemv: a forge wheel or image)")
     args = ap.parse_args()
+    if args.ops == "vllm" and args.define:
+        ap.error("--define builds the source; it does not apply to --ops vllm (the installed build)")
 
     import torch
     import torch.nn.functional as F
@@ -234,8 +302,14 @@ def main() -> int:
     t_start = time.time()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    ext, build_s = gemv_ext.load(verbose=args.verbose_build, defines=tuple(args.define))
-    print(f"extension built/loaded in {build_s:.1f} s", flush=True)
+    vllm_version = None
+    if args.ops == "vllm":
+        ext, vllm_version = vllm_ops(torch)
+        build_s = 0.0
+        print(f"kernel: torch.ops._C.forge_gemv of the installed vLLM {vllm_version}", flush=True)
+    else:
+        ext, build_s = gemv_ext.load(verbose=args.verbose_build, defines=tuple(args.define))
+        print(f"extension built/loaded in {build_s:.1f} s", flush=True)
     on_amd = torch.version.hip is not None
     shapes = [s for s in SHAPES if s[0] in ("o_proj", "in_proj_ba", "gate_up")] if args.quick else SHAPES
     ms = (1,) if args.quick else MS
@@ -243,7 +317,8 @@ def main() -> int:
     fused_variants = [(0, 0)] + ([] if args.quick else FUSED_VARIANTS)
     timer = Timer(torch, reps=5 if args.quick else 9, target_ms=1.0 if args.quick else 2.0)
 
-    result = {"provenance": {**provenance(torch, build_s), "defines": args.define}, "quick": args.quick,
+    result = {"provenance": {**provenance(torch, build_s), "defines": args.define, "ops": args.ops,
+                             "vllm": vllm_version}, "quick": args.quick,
               "convention": "tbps = (bytes read + bytes written) / time; GEMV: W + x read, y written; "
                             "frac_copy = tbps / copy.tbps_read_write (the fastest device-to-device copy, "
                             "read + written)"}
@@ -340,7 +415,8 @@ def main() -> int:
              f"{result['provenance']['date']}, commit `{(result['provenance']['git_commit'] or '?')[:12]}`"
              f"{' (dirty)' if result['provenance']['git_dirty'] else ''}, torch {torch.__version__}, "
              f"CUDA {torch.version.cuda}, command `{result['provenance']['command']}`"
-             + (f", kernel built with {', '.join('-D' + d for d in args.define)}" if args.define else ""), "",
+             + (f", kernel built with {', '.join('-D' + d for d in args.define)}" if args.define else "")
+             + (f", the kernel of the installed vLLM {vllm_version} (_C)" if vllm_version else ""), "",
              f"Copy reference: {bw:.2f} TB/s, the fastest large device-to-device copy ({copy['best']}; "
              + ", ".join(f"{k} {v['tbps_read_plus_write']:.2f}" for k, v in copy["methods"].items())
              + "). Convention: every TB/s here counts bytes read + bytes written; a copy moves 2 x its "
@@ -369,7 +445,11 @@ def main() -> int:
                   "| M | impl | µs | TB/s | % copy |", "|---|---|---|---|---|"]
         for r in fused_rows:
             lines.append(f"| {r['M']} | {r['impl']} | {r['us']:.1f} | {r['tbps']:.2f} | {100 * r['frac_copy']:.0f} |")
-    lines += ["", f"Wall time {result['wall_s']} s (extension build {build_s:.0f} s)."]
+    result["route"] = route(result)
+    lines += ["", "Route from this run (the built-in launch faster than F.linear; 3 tokens follow 4; gate_up follows "
+              "the fused kernel): " + (f"`VLLM_FORGE_GEMV_SHAPES={result['route']['env']}`" if result["route"]["env"]
+                                       else "no pair (leave VLLM_FORGE_GEMV off on this machine)"),
+              "", f"Wall time {result['wall_s']} s (extension build {build_s:.0f} s)."]
     (out_dir / "bench_gemv.json").write_text(json.dumps(result, indent=1) + "\n")
     (out_dir / "bench_gemv.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

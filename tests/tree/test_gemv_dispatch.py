@@ -219,28 +219,48 @@ TABLES = textwrap.dedent(
 )
 
 
-def wins_from_bench() -> tuple[dict, dict]:
-    """(N, K) -> token counts where the benchmark's best kernel configuration beat F.linear (3 rows
-    follow 4: the same kernel), for the plain GEMV and the fused gate_up + SiLU."""
-    data = json.loads(BENCH.read_text())
-    plain: dict = {}
-    for r in data["summary"]:
-        # o_proj and out_proj share a shape: it takes the kernel only where both rows won
-        nk = SHAPE_NK[r["shape"]]
-        won = r["best_us"] < r["linear_us"]
-        for m in ((3, 4) if r["M"] == 4 else (r["M"],)):
-            plain.setdefault(nk, {}).setdefault(m, True)
-            plain[nk][m] = plain[nk][m] and won
-    fused: dict = {}
+def bench_gemv():
+    """kernels/bench/bench_gemv.py as a module (its route() derives the tables from a run; no torch needed)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_gemv", ROOT / "kernels" / "bench" / "bench_gemv.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def wins_from_bench() -> tuple[list, list]:
+    """(N, K) -> token counts where the recorded run's built-in launch beat F.linear (3 rows follow 4: the
+    same kernel), for the plain GEMV and the fused gate_up + SiLU: bench_gemv.route() of that run."""
+    r = bench_gemv().route(json.loads(BENCH.read_text()))
+    return r["plain"], r["fused"]
+
+
+def test_route_from_a_run():
+    """route() on a made-up run: a shared (N, K) takes the kernel only where both rows won, 3 tokens follow
+    4, gate_up's env entry follows the fused kernel, all four token counts collapse to NxK."""
+    summary = []
+
+    def cell(shape, M, ours, linear):
+        summary.append({"shape": shape, "M": M, "default_us": ours, "linear_us": linear})
+
     for M in (1, 2, 4):
-        rows = [r for r in data["fused_gate_up"] if r["M"] == M]
-        ref = next(r["us"] for r in rows if r["impl"].startswith("F.linear"))
-        best = min(r["us"] for r in rows if r["impl"].startswith("forge_gemv_silu_mul"))
-        for m in ((3, 4) if M == 4 else (M,)):
-            fused[m] = best < ref
-    as_list = lambda d: sorted([n, k, sorted(m for m, w in ms.items() if w)] for (n, k), ms in d.items()
-                               if any(ms.values()))
-    return as_list(plain), [[34816, 5120, sorted(m for m, w in fused.items() if w)]]
+        cell("o_proj", M, 9.0, 10.0)
+        cell("out_proj", M, 9.0 if M != 2 else 11.0, 10.0)   # out_proj lost at 2 rows
+        cell("down", M, 9.0, 10.0)
+        cell("gate_up", M, 11.0, 10.0)                          # plain gate_up lost everywhere
+        cell("qkv_gate", M, 12.0, 10.0)                         # never won: left out
+    fused = [{"M": M, "impl": impl, "us": us} for M, impl, us in (
+        (1, "F.linear + silu_and_mul (1 Triton kernel)", 20.0), (1, "forge_gemv_silu_mul", 18.0),
+        (1, "forge_gemv_silu_mul b64 r1", 5.0),                 # a variant: not what the route calls
+        (2, "F.linear + silu_and_mul (1 Triton kernel)", 20.0), (2, "forge_gemv_silu_mul", 21.0),
+        (4, "F.linear + silu_and_mul (1 Triton kernel)", 20.0), (4, "forge_gemv_silu_mul", 19.0))]
+    r = bench_gemv().route({"summary": summary, "fused_gate_up": fused})
+    assert r["plain"] == [[5120, 6144, [1, 3, 4]], [5120, 17408, [1, 2, 3, 4]]]
+    assert r["fused"] == [[34816, 5120, [1, 3, 4]]]
+    assert r["env"] == "5120x6144/1,5120x6144/3,5120x6144/4,5120x17408,34816x5120/1,34816x5120/3,34816x5120/4"
+    # no fused rows (a run that did not time gate_up): gate_up's entry is the plain GEMV's, here none
+    r = bench_gemv().route({"summary": summary})
+    assert r["fused"] == [] and "34816x5120" not in r["env"]
 
 
 def test_tables_follow_the_measurements(run_in_vllm):
