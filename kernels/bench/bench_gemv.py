@@ -24,6 +24,7 @@ import argparse
 import datetime as dt
 import json
 import math
+import os
 import platform
 import statistics
 import subprocess
@@ -222,9 +223,14 @@ SHAPE_NK = {name: (N, K) for name, N, K in SHAPES}
 GATE_UP = SHAPE_NK["gate_up"]
 
 
+ROUTE_IMPL = "vLLM route without the kernel"
+
+
 def route(result: dict) -> dict:
     """The (N, K) -> token counts one run says should take the kernel, as the route calls it (the
-    built-in launch, block = rows = 0): where it was faster than F.linear. 3 tokens run the 4-row kernel
+    built-in launch, block = rows = 0): where it was faster than what vLLM runs without it, its own
+    GEMM route where the run timed that (`--ops vllm` on ROCm: wvSplitK / LLMM1 / rocBLAS), else
+    F.linear (and the same + the activation for the fused kernel). 3 tokens run the 4-row kernel
     and follow M = 4; shapes that share (N, K) (o_proj and out_proj) take it only where every one won.
     Returns {"plain": [[N, K, [M...]], ...], "fused": [[N, K, [M...]]], "env": str}: "plain" is the
     GEMV's own table, "fused" the fused gate_up + SiLU-and-mul's (against F.linear + the activation), and
@@ -232,14 +238,15 @@ def route(result: dict) -> dict:
     kernel, the MLP's path with the switch on). Shapes or M the run did not time are left out."""
     plain: dict = {}
     for r in result["summary"]:
-        won = r["default_us"] < r["linear_us"]
+        won = r["default_us"] < (r.get("route_us") or r["linear_us"])
         for m in ((3, 4) if r["M"] == 4 else (r["M"],)):
             cell = plain.setdefault(SHAPE_NK[r["shape"]], {})
             cell[m] = cell.get(m, True) and won
     fused: dict = {}
     for M in sorted({r["M"] for r in result.get("fused_gate_up", [])}):
         rows = [r for r in result["fused_gate_up"] if r["M"] == M]
-        ref = [r["us"] for r in rows if r["impl"].startswith("F.linear")]
+        ref = ([r["us"] for r in rows if r["impl"].startswith(ROUTE_IMPL)]
+               or [r["us"] for r in rows if r["impl"].startswith("F.linear")])
         ours = [r["us"] for r in rows if r["impl"] == "forge_gemv_silu_mul"]
         if ref and ours:
             for m in ((3, 4) if M == 4 else (M,)):
@@ -277,6 +284,21 @@ def vllm_ops(torch):
     return gemv_ext.Ops(torch.ops._C), vllm.__version__
 
 
+def vllm_route(torch):
+    """On ROCm, with the installed vLLM: its GEMM route for a bf16 linear layer with the forge kernel
+    switched off (rocm_unquantized_gemm: wvSplitK / LLMM1 where VLLM_ROCM_USE_SKINNY_GEMM and the arch
+    allow, else rocBLAS / hipBLASLt), the call the kernel replaces; fn(x, w). None elsewhere (there the
+    route without the kernel is F.linear, timed anyway)."""
+    if not torch.version.hip:
+        return None
+    os.environ["VLLM_FORGE_GEMV"] = "0"
+    import vllm.model_executor.layers.utils as U
+    for f in ("forge_gemv_enabled", "forge_gemv_table"):
+        if hasattr(getattr(U, f, None), "cache_clear"):
+            getattr(U, f).cache_clear()
+    return lambda x, w: U.rocm_unquantized_gemm_impl(x, w, None)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder for bench_gemv.json and bench_gemv.md")
@@ -303,8 +325,10 @@ def main() -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     vllm_version = None
+    route_fn = None
     if args.ops == "vllm":
         ext, vllm_version = vllm_ops(torch)
+        route_fn = vllm_route(torch)
         build_s = 0.0
         print(f"kernel: torch.ops._C.forge_gemv of the installed vLLM {vllm_version}", flush=True)
     else:
@@ -362,6 +386,8 @@ def main() -> int:
                 return r
 
             rec("F.linear", timer.per_call_us(lambda i: F.linear(x, ws[i % ncopies]), n_launch))
+            if route_fn is not None:
+                rec(ROUTE_IMPL, timer.per_call_us(lambda i: route_fn(x, ws[i % ncopies]), n_launch))
             for block, nrows in variants:
                 try:
                     us = timer.per_call_us(lambda i: ext.forge_gemv(y, x, ws[i % ncopies], block, nrows), n_launch)
@@ -392,6 +418,9 @@ def main() -> int:
                     act(y, act_out)
 
                 frec(f"F.linear + {act_label}", timer.per_call_us(lin_act, n_launch))
+                if route_fn is not None:
+                    frec(f"{ROUTE_IMPL} + {act_label}",
+                         timer.per_call_us(lambda i: act(route_fn(x, ws[i % ncopies]), act_out), n_launch))
                 frec(f"forge_gemv + {act_label}", timer.per_call_us(gemv_act, n_launch))
                 for block, nrows in fused_variants:
                     try:
@@ -414,7 +443,8 @@ def main() -> int:
     lines = [f"# Decode GEMV benchmark ({result['provenance']['device']})", "",
              f"{result['provenance']['date']}, commit `{(result['provenance']['git_commit'] or '?')[:12]}`"
              f"{' (dirty)' if result['provenance']['git_dirty'] else ''}, torch {torch.__version__}, "
-             f"CUDA {torch.version.cuda}, command `{result['provenance']['command']}`"
+             + (f"HIP {torch.version.hip}" if torch.version.hip else f"CUDA {torch.version.cuda}")
+             + f", command `{result['provenance']['command']}`"
              + (f", kernel built with {', '.join('-D' + d for d in args.define)}" if args.define else "")
              + (f", the kernel of the installed vLLM {vllm_version} (_C)" if vllm_version else ""), "",
              f"Copy reference: {bw:.2f} TB/s, the fastest large device-to-device copy ({copy['best']}; "
@@ -436,17 +466,27 @@ def main() -> int:
                             "best_impl": best["impl"], "best_us": best["us"],
                             "default_vs_linear": round(dflt["us"] / lin["us"], 3),
                             "best_vs_linear": round(best["us"] / lin["us"], 3)})
+            vr = next((r for r in rs if r["impl"] == ROUTE_IMPL), None)
+            if vr:
+                summary[-1].update(route_us=vr["us"], default_vs_route=round(dflt["us"] / vr["us"], 3))
             lines.append(f"| {name} | {N}x{K} | {M} | {lin['us']:.1f} | {lin['tbps']:.2f} | {100 * lin['frac_copy']:.0f} | "
                          f"{dflt['us']:.1f} | {dflt['tbps']:.2f} | {100 * dflt['frac_copy']:.0f} | {best['impl']} | "
                          f"{best['us']:.1f} | {best['us'] / lin['us']:.3f} |")
     result["summary"] = summary
+    if any("route_us" in c for c in summary):
+        lines += ["", "vLLM's own GEMM route with the kernel switched off (the call the kernel replaces: "
+                  "rocm_unquantized_gemm, wvSplitK / LLMM1 / rocBLAS), the anchor of the route below:", "",
+                  "| shape | M | vLLM route µs | forge_gemv µs | forge_gemv / route |", "|---|---|---|---|---|"]
+        lines += [f"| {c['shape']} | {c['M']} | {c['route_us']:.1f} | {c['default_us']:.1f} | {c['default_vs_route']:.3f} |"
+                  for c in summary if "route_us" in c]
     if fused_rows:
         lines += ["", "Fused gate_up (34816 x 5120) + SiLU-and-mul, output (M, 17408):", "",
                   "| M | impl | µs | TB/s | % copy |", "|---|---|---|---|---|"]
         for r in fused_rows:
             lines.append(f"| {r['M']} | {r['impl']} | {r['us']:.1f} | {r['tbps']:.2f} | {100 * r['frac_copy']:.0f} |")
     result["route"] = route(result)
-    lines += ["", "Route from this run (the built-in launch faster than F.linear; 3 tokens follow 4; gate_up follows "
+    anchor = "vLLM's route without it" if any("route_us" in c for c in summary) else "F.linear"
+    lines += ["", f"Route from this run (the built-in launch faster than {anchor}; 3 tokens follow 4; gate_up follows "
               "the fused kernel): " + (f"`VLLM_FORGE_GEMV_SHAPES={result['route']['env']}`" if result["route"]["env"]
                                        else "no pair (leave VLLM_FORGE_GEMV off on this machine)"),
               "", f"Wall time {result['wall_s']} s (extension build {build_s:.0f} s)."]

@@ -261,6 +261,13 @@ def test_route_from_a_run():
     # no fused rows (a run that did not time gate_up): gate_up's entry is the plain GEMV's, here none
     r = bench_gemv().route({"summary": summary})
     assert r["fused"] == [] and "34816x5120" not in r["env"]
+    # a run that timed vLLM's own route (--ops vllm on ROCm): that is the anchor, not F.linear
+    for c in summary:
+        if c["shape"] == "down":
+            c["route_us"] = 8.0 if c["M"] == 1 else 10.0       # the skinny kernel beats ours at one row
+    fused.append({"M": 1, "impl": "vLLM route without the kernel + silu_and_mul (1 Triton kernel)", "us": 17.0})
+    r = bench_gemv().route({"summary": summary, "fused_gate_up": fused})
+    assert [5120, 17408, [2, 3, 4]] in r["plain"] and r["fused"] == [[34816, 5120, [3, 4]]]
 
 
 def test_tables_follow_the_measurements(run_in_vllm):
