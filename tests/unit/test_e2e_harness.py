@@ -485,6 +485,23 @@ E2E = H200
 TIER_RUNS = [E2E / "2026-11-30-h200-contest"]
 
 
+@pytest.mark.parametrize("ref,basis", [
+    ("upstream", "assumes the ratios carry over to the DCU"),
+    ("contest", "the ratios are to contest, not upstream: each figure prices only the difference from contest"),
+])
+def test_dcu_prediction_says_what_its_ratios_are_to(ref, basis):
+    """The summary's DCU figures apply ratios to the reference; with a reference other than upstream
+    (an A/B of two product profiles) they price only the difference, and the text says so."""
+    from types import SimpleNamespace
+    from forge.lab import summary
+    folder = E2E / "2026-11-30-h200-contest" / "runs"
+    run = SimpleNamespace(contest=contest.load_contest(), run_dir=lambda n, create=False: folder / n)
+    md = "\n".join(summary.tier_ratio_lines(run, ["contest", "upstream"], ref))
+    assert f"ratios to {ref}" in md and basis in md
+    other = "upstream" if ref == "contest" else "contest"
+    assert f"- {other}: **" in md and f"- {ref}: **" not in md      # the reference is not predicted
+
+
 @pytest.mark.parametrize("folder,expect", [
     ("2026-11-30-h200-fast-int8", {"fast-int8": ("1552", "63632"), "upstream": ("784", "32144")}),
     ("2026-11-30-h200x2-tp2", {"fast-int8": ("1552", "128816"), "upstream": ("784", "65072")}),

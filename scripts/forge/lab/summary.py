@@ -81,8 +81,11 @@ def tier_ratio_lines(run: Run, names: list[str], ref: str) -> list[str]:
     except ForgeError as e:
         preds.append(f"- not computed: {e.message}")
     if preds:
-        L += ["", "DCU prediction from these ratios (`forge predict --e2e`; assumes the ratios carry over to the "
-                  "DCU, applied to the official upstream run's mean TTFT and TPOT):", "", *preds]
+        basis = ("assumes the ratios carry over to the DCU, applied to the official upstream run's mean TTFT and "
+                 "TPOT" if ref == "upstream" else
+                 f"the ratios are to {ref}, not upstream: each figure prices only the difference from {ref}, "
+                 "applied to the official upstream run's mean TTFT and TPOT as if it were the whole change")
+        L += ["", f"DCU prediction from these ratios (`forge predict --e2e`; {basis}):", "", *preds]
     return L
 
 
