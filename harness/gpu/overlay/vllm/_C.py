@@ -34,29 +34,32 @@ def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x[..., :d], x[..., d:]
 
 
+# The products are written into `out` directly (torch.mul(..., out=)): the same kernels as vLLM's native
+# forward, without one more pass over the activations (a copy would make every caller of the op, such as
+# the forge GEMV's fused op at prefill, look ~1 % slower than the native path it stands beside).
 def _silu_and_mul(out, x):
     a, b = _halves(x)
-    out.copy_(F.silu(a) * b)
+    torch.mul(F.silu(a), b, out=out)
 
 
 def _mul_and_silu(out, x):
     a, b = _halves(x)
-    out.copy_(a * F.silu(b))
+    torch.mul(a, F.silu(b), out=out)
 
 
 def _gelu_and_mul(out, x):
     a, b = _halves(x)
-    out.copy_(F.gelu(a) * b)
+    torch.mul(F.gelu(a), b, out=out)
 
 
 def _gelu_tanh_and_mul(out, x):
     a, b = _halves(x)
-    out.copy_(F.gelu(a, approximate="tanh") * b)
+    torch.mul(F.gelu(a, approximate="tanh"), b, out=out)
 
 
 def _fatrelu_and_mul(out, x, threshold):
     a, b = _halves(x)
-    out.copy_(torch.where(a > threshold, a, torch.zeros_like(a)) * b)
+    torch.mul(torch.where(a > threshold, a, torch.zeros_like(a)), b, out=out)
 
 
 _op("silu_and_mul(Tensor! result, Tensor input) -> ()", _silu_and_mul)
