@@ -13,9 +13,11 @@ time per call. Reports µs, achieved TB/s (bytes read + written: W + x read, y w
 of the copy reference (the fastest large device-to-device copy, also counted as read + written).
 Writes DIR/bench_gemv.json (with provenance) and DIR/bench_gemv.md; prints the table last, then the
 route this run supports: the VLLM_FORGE_GEMV_SHAPES value naming the (shape, token count) pairs where the
-kernel's built-in launch beat F.linear (`route()`), for a serve profile's env on the machine it ran on.
-`--ops vllm` times the kernel compiled into the installed vLLM (`torch.ops._C.forge_gemv`, a forge wheel
-or image) instead of building the source, so on the DCU it measures what serves.
+kernel's built-in launch beat what runs without it (`route()`), for a serve profile's env on the machine it
+ran on. `--ops vllm` times the kernel compiled into the installed vLLM (`torch.ops._C.forge_gemv`, a forge
+wheel or image) instead of building the source, so on the DCU it measures what serves; on ROCm it also
+times vLLM's own GEMM route with the kernel off (wvSplitK / LLMM1 / rocBLAS), the anchor of the route
+there (elsewhere F.linear).
 """
 
 from __future__ import annotations
