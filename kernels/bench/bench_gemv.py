@@ -282,7 +282,8 @@ def vllm_ops(torch):
                          "run it where a forge wheel or image is installed, or leave --ops at 'build'")
     if not hasattr(torch.ops._C, "forge_gemv") or not hasattr(torch.ops._C, "forge_gemv_silu_mul"):
         raise SystemExit(f"bench_gemv --ops vllm: vLLM {vllm.__version__} has no _C.forge_gemv / forge_gemv_silu_mul: "
-                         "it is not built from the patch series (make wheel / make image)")
+                         "it is not built from the patch series (make wheel / make image); under the GPU harness's "
+                         "stand-in _C, set VLLM_FORGE_GEMV=1 (it registers the op only then)")
     return gemv_ext.Ops(torch.ops._C), vllm.__version__
 
 
