@@ -3,22 +3,13 @@ statically, as the GPU machine's default compiler does) is recognised, so the GE
 with the reason instead of crashing; a normally linked one is not flagged. Two tiny shared objects that
 throw, built here with g++."""
 
-import importlib.util
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
+from helpers import bench_module
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not (shutil.which("g++") and shutil.which("readelf")), reason="needs g++ and readelf")
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("gemv_ext_under_test", ROOT / "kernels" / "bench" / "gemv_ext.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _so(tmp_path, name, *flags):
@@ -33,7 +24,7 @@ def _so(tmp_path, name, *flags):
 
 
 def test_a_statically_linked_cxx_runtime_is_named(tmp_path):
-    mod = _module()
+    mod = bench_module("gemv_ext")
     normal = _so(tmp_path, "normal.so")
     assert mod.own_cxx_runtime(normal) is None
     static = _so(tmp_path, "forge_gemv_ext.so", "-static-libstdc++", "-static-libgcc")

@@ -9,14 +9,13 @@ relative to sum |x w|, which the rms floor covers for outputs that cancel to nea
 a missed K chunk or an unwritten output (outputs are poisoned with NaN first) fails by orders of
 magnitude. Inputs are fresh random tensors per test (the seed is in the failure message)."""
 
-import importlib.util
 import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from kernel_env import KDIR
+from helpers import bench_module
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (GPU machine)")
 
@@ -31,10 +30,7 @@ TOL = 1e-2
 
 @pytest.fixture(scope="module")
 def ext():
-    spec = importlib.util.spec_from_file_location("forge_gemv_build", os.path.join(KDIR, "bench", "gemv_ext.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    m, _ = mod.load()
+    m, _ = bench_module("gemv_ext").load()
     return m
 
 

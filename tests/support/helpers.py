@@ -102,6 +102,19 @@ def tiny_model(dest: Path) -> Path:
 
 
 _h200_dir: Path | None = None
+_bench_modules: dict = {}
+
+
+def bench_module(name: str):
+    """kernels/bench/<name>.py as a module (the benchmark scripts sit beside each other, not in a package),
+    loaded once per test process."""
+    if name not in _bench_modules:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location(f"kernels_bench_{name}", ROOT / "kernels" / "bench" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _bench_modules[name] = mod
+    return _bench_modules[name]
 
 
 def h200_e2e() -> Path:

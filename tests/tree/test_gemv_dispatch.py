@@ -10,6 +10,7 @@ import re
 import textwrap
 
 import pytest
+from helpers import bench_module
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
@@ -219,19 +220,10 @@ TABLES = textwrap.dedent(
 )
 
 
-def bench_gemv():
-    """kernels/bench/bench_gemv.py as a module (its route() derives the tables from a run; no torch needed)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("bench_gemv", ROOT / "kernels" / "bench" / "bench_gemv.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def wins_from_bench() -> tuple[list, list]:
     """(N, K) -> token counts where the recorded run's built-in launch beat F.linear (3 rows follow 4: the
     same kernel), for the plain GEMV and the fused gate_up + SiLU: bench_gemv.route() of that run."""
-    r = bench_gemv().route(json.loads(BENCH.read_text()))
+    r = bench_module("bench_gemv").route(json.loads(BENCH.read_text()))
     return r["plain"], r["fused"]
 
 
@@ -254,19 +246,19 @@ def test_route_from_a_run():
         (1, "forge_gemv_silu_mul b64 r1", 5.0),                 # a variant: not what the route calls
         (2, "F.linear + silu_and_mul (1 Triton kernel)", 20.0), (2, "forge_gemv_silu_mul", 21.0),
         (4, "F.linear + silu_and_mul (1 Triton kernel)", 20.0), (4, "forge_gemv_silu_mul", 19.0))]
-    r = bench_gemv().route({"summary": summary, "fused_gate_up": fused})
+    r = bench_module("bench_gemv").route({"summary": summary, "fused_gate_up": fused})
     assert r["plain"] == [[5120, 6144, [1, 3, 4]], [5120, 17408, [1, 2, 3, 4]]]
     assert r["fused"] == [[34816, 5120, [1, 3, 4]]]
     assert r["env"] == "5120x6144/1,5120x6144/3,5120x6144/4,5120x17408,34816x5120/1,34816x5120/3,34816x5120/4"
     # no fused rows (a run that did not time gate_up): gate_up's entry is the plain GEMV's, here none
-    r = bench_gemv().route({"summary": summary})
+    r = bench_module("bench_gemv").route({"summary": summary})
     assert r["fused"] == [] and "34816x5120" not in r["env"]
     # a run that timed vLLM's own route (--ops vllm on ROCm): that is the anchor, not F.linear
     for c in summary:
         if c["shape"] == "down":
             c["route_us"] = 8.0 if c["M"] == 1 else 10.0       # the skinny kernel beats ours at one row
     fused.append({"M": 1, "impl": "vLLM route without the kernel + silu_and_mul (1 Triton kernel)", "us": 17.0})
-    r = bench_gemv().route({"summary": summary, "fused_gate_up": fused})
+    r = bench_module("bench_gemv").route({"summary": summary, "fused_gate_up": fused})
     assert [5120, 17408, [2, 3, 4]] in r["plain"] and r["fused"] == [[34816, 5120, [3, 4]]]
 
 
