@@ -204,8 +204,8 @@ def test_rocm_switch_off(run_in_vllm, patched_tree):
     assert r["route"]["ba M=1"] == "wvSplitK" and r["route"]["ba M=4"] == "wvSplitK"
 
 
-# the H200 run the CUDA table comes from (reports/kernels/gemv/bench_gemv.json; the copy: tests/data/README.md)
-BENCH = ROOT / "tests" / "data" / "gemv" / "bench_gemv.json"
+# the H200 run the CUDA table comes from: configs/kernels/gemv-h200.json, a copy of reports/kernels/gemv/bench_gemv.json
+BENCH = ROOT / "configs" / "kernels" / "gemv-h200.json"
 SHAPE_NK = {"qkv_gate": (14336, 5120), "o_proj": (5120, 6144), "in_proj_qkvz": (16384, 5120),
             "in_proj_ba": (96, 5120), "out_proj": (5120, 6144), "gate_up": (34816, 5120),
             "down": (5120, 17408), "lm_head": (248320, 5120)}

@@ -131,3 +131,112 @@ def test_no_prediction_where_the_benchmark_did_not_measure_the_profiles_kernel(t
     assert body((dst / "decode.md").read_text()) == body((src / "decode.md").read_text()).replace(
         "reports/e2e/2026-11-30-h200-int8kv", str(dst)).replace("reports/kernels/bench.json",
                                                                 "configs/kernels/bench-h200.json")
+
+
+# --- the GEMV term ----------------------------------------------------------------------------------
+GEMV_BENCH = ROOT / "configs" / "kernels" / "gemv-h200.json"
+
+
+def _gemv_one_row_saving_us(bench: dict) -> dict:
+    """µs saved per call at one row by the kernel's built-in launch against F.linear (the fused gate_up +
+    SiLU against F.linear + the activation), written out from the benchmark's rows, not its summary."""
+    out = {}
+    for r in bench["rows"]:
+        if r["M"] == 1 and r["impl"] == "F.linear":
+            ours = next(x["us"] for x in bench["rows"]
+                        if x["M"] == 1 and x["shape"] == r["shape"] and x["impl"] == "forge_gemv")
+            out[r["shape"]] = r["us"] - ours
+    fused = {x["impl"]: x["us"] for x in bench["fused_gate_up"] if x["M"] == 1}
+    out["gate_up"] = next(u for i, u in fused.items() if i.startswith("F.linear")) - fused["forge_gemv_silu_mul"]
+    return out
+
+
+def _gemv_run(tmp_path) -> Path:
+    import shutil
+    dst = tmp_path / "run"
+    shutil.copytree(h200_e2e() / "2026-12-01-h200-gemv-upstream" / "runs", dst / "runs")
+    return dst
+
+
+def _set_env(run: Path, profile: str, **env):
+    f = run / "runs" / profile / "serve.json"
+    serve = json.loads(f.read_text())
+    for k, v in env.items():
+        if v is None:
+            serve["env"].pop(k, None)
+        else:
+            serve["env"][k] = v
+    f.write_text(json.dumps(serve))
+
+
+def _rows(tmp_path, run: Path, *args) -> list[dict]:
+    r = forge(tmp_path, "e2e-decode", str(run), *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads((run / "decode.json").read_text())["profiles"]
+
+
+def test_gemv_term_of_a_recorded_run(tmp_path):
+    """contest-gemv (VLLM_FORGE_GEMV=1, the CUDA table: every Qwen3.5-27B shape at one token) against
+    upstream on an H200: each request's prediction is the attention term (the same run with the switch
+    off) plus the GEMV benchmark's one-row savings times the calls per token (16 full-attention layers,
+    48 linear-attention layers, 64 MLPs, one LM head)."""
+    bench = json.loads(GEMV_BENCH.read_text())
+    us = _gemv_one_row_saving_us(bench)
+    calls = {"qkv_gate": 16, "o_proj": 16, "in_proj_qkvz": 48, "in_proj_ba": 48, "out_proj": 48,
+             "gate_up": 64, "down": 64, "lm_head": 1}
+    expected_ms = sum(calls[s] * us[s] for s in calls) / 1000.0
+    run = _gemv_run(tmp_path)
+    on = _rows(tmp_path, run)["contest-gemv"]
+    md = (run / "decode.md").read_text()
+    assert "of which GEMV ms" in md and "`contest-gemv` ran our decode GEMV (route: the platform's table)" in md
+    _set_env(run, "contest-gemv", VLLM_FORGE_GEMV=None)
+    off = _rows(tmp_path, run)["contest-gemv"]
+    assert "gemv" not in off and "of which GEMV" not in (run / "decode.md").read_text()
+    assert on["predicted_gemv_saved_ms"] == pytest.approx(expected_ms, rel=1e-9)
+    assert len(on["rows"]) == len(off["rows"]) == 18
+    for a, b in zip(on["rows"], off["rows"]):
+        assert a["saved_ms"] == b["saved_ms"]
+        assert a["predicted_saved_ms"] - b["predicted_saved_ms"] == pytest.approx(expected_ms, rel=1e-9)
+
+
+def test_gemv_term_follows_the_servers_route_and_sign(tmp_path):
+    bench = json.loads(GEMV_BENCH.read_text())
+    us = _gemv_one_row_saving_us(bench)
+    run = _gemv_run(tmp_path)
+    # only down (5120x17408) at one token; 14336x5120 at two tokens does not count at one
+    _set_env(run, "contest-gemv", VLLM_FORGE_GEMV_SHAPES="5120x17408/1, 14336x5120/2")
+    p = _rows(tmp_path, run)["contest-gemv"]
+    assert p["predicted_gemv_saved_ms"] == pytest.approx(64 * us["down"] / 1000.0, rel=1e-9)
+    assert p["gemv"]["route"] == "5120x17408/1, 14336x5120/2"
+    # the GEMV in the reference instead: the profile is predicted slower by the same amount
+    _set_env(run, "contest-gemv", VLLM_FORGE_GEMV=None, VLLM_FORGE_GEMV_SHAPES=None)
+    _set_env(run, "upstream", VLLM_FORGE_GEMV="1", VLLM_FORGE_GEMV_SHAPES="5120x17408")
+    p = _rows(tmp_path, run)["contest-gemv"]
+    assert p["predicted_gemv_saved_ms"] == pytest.approx(-64 * us["down"] / 1000.0, rel=1e-9)
+    # "auto" is off on the CUDA machines the harness runs on
+    _set_env(run, "upstream", VLLM_FORGE_GEMV="auto")
+    assert "gemv" not in _rows(tmp_path, run)["contest-gemv"]
+    # a value the patch would refuse is refused here too, naming it
+    _set_env(run, "upstream", VLLM_FORGE_GEMV="1", VLLM_FORGE_GEMV_SHAPES="5120by17408")
+    bad = forge(tmp_path, "e2e-decode", str(run))
+    assert bad.returncode == 2 and "'5120by17408'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_gemv_route_of_the_benchmark_needs_every_layer_of_a_shared_shape(tmp_path):
+    """Without VLLM_FORGE_GEMV_SHAPES the route is the benchmark's at one token: o_proj and out_proj share
+    5120x6144, so a loss at one of them keeps both off."""
+    bench = json.loads(GEMV_BENCH.read_text())
+    for r in bench["summary"]:
+        if r["shape"] == "o_proj" and r["M"] == 1:
+            r["default_us"] = r["linear_us"] + 1.0
+    f = tmp_path / "gemv.json"
+    f.write_text(json.dumps(bench))
+    us = _gemv_one_row_saving_us(json.loads(GEMV_BENCH.read_text()))
+    run = _gemv_run(tmp_path)
+    full = _rows(tmp_path, run)["contest-gemv"]["predicted_gemv_saved_ms"]
+    p = _rows(tmp_path, run, "--gemv-bench", str(f))["contest-gemv"]
+    assert p["gemv"]["terms"]["o_proj"] == 0.0 and p["gemv"]["terms"]["out_proj"] == 0.0
+    assert p["predicted_gemv_saved_ms"] == pytest.approx(
+        full - (16 * us["o_proj"] + 48 * us["out_proj"]) / 1000.0, rel=1e-9)
+    missing = forge(tmp_path, "e2e-decode", str(run), "--gemv-bench", str(tmp_path / "none.json"))
+    assert missing.returncode == 2 and "GEMV benchmark not found" in missing.stderr

@@ -6,12 +6,20 @@ attention time of the reference's kernel minus the profile's, at batch 1 and the
 context (prompt + half the output), interpolated linearly between the benchmark's context lengths,
 times the model's full-attention layers. Which kernel a server ran follows from its recorded launch
 (serve.json): `VLLM_FORGE_DECODE=1` is our split-KV kernel, otherwise vLLM's unified 3D kernel; the KV
-dtype from `--kv-cache-dtype`. Writes decode.json and decode.md into the run folder.
+dtype from `--kv-cache-dtype`. Where a server ran our decode GEMV (`VLLM_FORGE_GEMV=1`), the GEMV
+benchmark adds its term: at one token, for each linear layer the route sends to the kernel, the anchor's
+time (what runs without the kernel) minus the kernel's built-in launch, times the layer's calls per token
+(full-attention, linear-attention, every layer, the LM head once; the MLP's gate_up as the fused gate_up +
+SiLU against GEMM + activation). The route is the server's VLLM_FORGE_GEMV_SHAPES where set, else the
+benchmark's own at one token (where the kernel won; a shared (N, K) only where every layer of it won),
+which is the patch's table on the run it was recorded from. Writes decode.json and decode.md into the run
+folder.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from ..run import contest as contest_mod
@@ -23,6 +31,13 @@ from ..errors import ForgeError
 # reports/kernels/bench.json (tools read their inputs from configs/ or arguments, never from reports/)
 DEFAULT_BENCH = paths.ROOT / "configs" / "kernels" / "bench-h200.json"
 DEFAULT_CONFIG = paths.ROOT / "configs" / "models" / "qwen3.5-27b" / "config.json"
+# the GEMV benchmark (kernels/bench/bench_gemv.py): a copy of the H200 run in reports/kernels/gemv/bench_gemv.json
+DEFAULT_GEMV_BENCH = paths.ROOT / "configs" / "kernels" / "gemv-h200.json"
+# which layers call each benchmarked GEMV shape once per decoded token
+GEMV_CALLERS = {"qkv_gate": "full_attention", "o_proj": "full_attention", "in_proj_qkvz": "linear_attention",
+                "in_proj_ba": "linear_attention", "out_proj": "linear_attention", "gate_up": "all",
+                "down": "all", "lm_head": "once"}
+GEMV_ROUTE_IMPL = "vLLM route without the kernel"   # bench_gemv.py's anchor on ROCm (--ops vllm)
 UPSTREAM_KERNEL = "vllm_unified_3d"     # TRITON_ATTN's decode launch in vLLM 0.18.1 (bench.json name)
 
 
@@ -40,6 +55,63 @@ def attention_layers(config: dict) -> int:
         return n
     raise ForgeError("model config has neither layer_types nor num_hidden_layers",
                      hint="give --config the model's config.json")
+
+
+def layer_counts(config: dict) -> dict[str, int]:
+    """Calls per decoded token of each GEMV_CALLERS kind."""
+    tc = config.get("text_config", config)
+    types = tc.get("layer_types") or []
+    n = tc.get("num_hidden_layers") or len(types)
+    full = attention_layers(config)
+    return {"full_attention": full, "linear_attention": n - full, "all": n, "once": 1}
+
+
+def server_gemv(serve: dict) -> str | None:
+    """The GEMV route a recorded server ran: None (the kernel off: VLLM_FORGE_GEMV unset, "0", or "auto",
+    which is off on the CUDA machines the harness runs on), else its VLLM_FORGE_GEMV_SHAPES ("" = the
+    platform's table)."""
+    env = serve.get("env") or {}
+    if str(env.get("VLLM_FORGE_GEMV", "")) != "1":
+        return None
+    return str(env.get("VLLM_FORGE_GEMV_SHAPES", "")).strip()
+
+
+def _shapes_at_one_token(spec: str) -> set[tuple[int, int]] | None:
+    """(N, K) a VLLM_FORGE_GEMV_SHAPES value sends to the kernel at one token; None for "all"."""
+    if spec == "all":
+        return None
+    out = set()
+    for item in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*(?:/\s*([1-4])\s*)?", item)
+        if not m:
+            raise ForgeError(f"VLLM_FORGE_GEMV_SHAPES: {item!r} is not NxK or NxK/M",
+                             hint='the form the patch reads, e.g. "14336x5120,5120x17408/1", or "all"')
+        if m.group(3) in (None, "1"):
+            out.add((int(m.group(1)), int(m.group(2))))
+    return out
+
+
+def gemv_saving(gbench: dict, calls: dict[str, int], spec: str) -> dict:
+    """Predicted ms per decoded token the GEMV route saves against the same server without the kernel,
+    at one token: {"ms", "terms": {shape: ms}} (see the module's docstring)."""
+    nk = {r["shape"]: (r["N"], r["K"]) for r in gbench.get("rows", [])}
+    one = {r["shape"]: r for r in gbench.get("summary", []) if r.get("M") == 1}
+    missing = [s for s in GEMV_CALLERS if s not in one or s not in nk]
+    if missing:
+        raise ForgeError(f"the GEMV benchmark has no one-row result for {', '.join(missing)}",
+                         hint="give --gemv-bench the bench_gemv.json of a full run (not --quick)")
+    saved = {s: (r.get("route_us") or r["linear_us"]) - r["default_us"] for s, r in one.items() if s in GEMV_CALLERS}
+    fused = [r for r in gbench.get("fused_gate_up", []) if r.get("M") == 1]
+    anchor = ([r["us"] for r in fused if r["impl"].startswith(GEMV_ROUTE_IMPL)]
+              or [r["us"] for r in fused if r["impl"].startswith("F.linear")])
+    ours = [r["us"] for r in fused if r["impl"] == "forge_gemv_silu_mul"]
+    if anchor and ours:                    # with the switch on, the MLP's gate_up runs as the fused op
+        saved["gate_up"] = anchor[0] - ours[0]
+    routed = _shapes_at_one_token(spec) if spec else {
+        k for k in set(nk.values()) if all(saved[s] > 0 for s in GEMV_CALLERS if nk[s] == k)}
+    terms = {s: calls[GEMV_CALLERS[s]] * saved[s] / 1000.0 if routed is None or nk[s] in routed else 0.0
+             for s in GEMV_CALLERS}
+    return {"ms": sum(terms.values()), "terms": terms}
 
 
 def server_kernel(serve: dict) -> tuple[str, str]:
@@ -74,19 +146,35 @@ def _rounds(run_dir: Path, tiers: list[str]) -> dict[tuple[str, str], dict]:
             for f in sorted((run_dir / "rounds").glob(f"r*/{t}.json"))}
 
 
-def analyse(folder: Path, bench: dict, layers: int, reference: str = "upstream") -> dict:
+def analyse(folder: Path, bench: dict, layers: int, reference: str = "upstream", gbench: dict | None = None,
+            calls: dict[str, int] | None = None) -> dict:
     rdir = folder / "runs"
     if not (rdir / reference / "serve.json").is_file():
         raise ForgeError(f"{folder}: no runs/{reference}/serve.json (the reference server's record)",
                          hint=archive.read_hint(folder, "give an e2e-gpu results folder and its reference "
                                                                 "profile (--reference)"))
-    ref_kernel = server_kernel(runs.read_json(rdir / reference / "serve.json"))
+    ref_serve = runs.read_json(rdir / reference / "serve.json")
+    ref_kernel = server_kernel(ref_serve)
+
+    def gemv(serve: dict) -> dict | None:
+        spec = server_gemv(serve)
+        if spec is None:
+            return None
+        if gbench is None or calls is None:
+            return {"route": spec or "the platform's table", "ms": None, "terms": {}}
+        return {"route": spec or "the platform's table", **gemv_saving(gbench, calls, spec)}
+
+    ref_gemv = gemv(ref_serve)
     tiers = contest_mod.tier_names(contest_mod.load_contest())
     ref_rounds = _rounds(rdir / reference, tiers)
     profiles = {}
     for pdir in sorted(p for p in rdir.iterdir() if p.is_dir() and p.name != reference
                        and not p.name.startswith("fault-") and (p / "serve.json").is_file()):
-        kern = server_kernel(runs.read_json(pdir / "serve.json"))
+        serve = runs.read_json(pdir / "serve.json")
+        kern = server_kernel(serve)
+        own_gemv = gemv(serve)
+        g_ms = [0.0 if g is None else g["ms"] for g in (own_gemv, ref_gemv)]
+        gemv_pred = None if None in g_ms else g_ms[0] - g_ms[1]
         rows = []
         measured = sorted(_rounds(pdir, tiers).items(), key=lambda kv: ((kv[1].get("input_lens") or [0])[0], kv[0][0]))
         for key, res in measured:
@@ -102,52 +190,93 @@ def analyse(folder: Path, bench: dict, layers: int, reference: str = "upstream")
             u_ref = decode_us(bench, *ref_kernel, ctx)
             u_prof = decode_us(bench, *kern, ctx)
             pred = None if u_ref is None or u_prof is None else layers * (u_ref - u_prof) / 1000.0
+            if pred is not None and (own_gemv or ref_gemv):
+                pred = None if gemv_pred is None else pred + gemv_pred
             rows.append({"round": key[0], "tier": key[1], "prompt_tokens": prompt, "output_tokens": out_tokens,
                          "reference_tpot_ms": ref["mean_tpot_ms"], "tpot_ms": res["mean_tpot_ms"],
                          "saved_ms": ref["mean_tpot_ms"] - res["mean_tpot_ms"], "predicted_saved_ms": pred,
                          "reference_attention_ms": None if u_ref is None else layers * u_ref / 1000.0})
         profiles[pdir.name] = {"kv": kern[0], "kernel": kern[1], "rows": rows}
+        if own_gemv or ref_gemv:
+            profiles[pdir.name].update(gemv=own_gemv, predicted_gemv_saved_ms=gemv_pred)
     return {"folder": paths.rel(folder), "reference": reference, "reference_kv": ref_kernel[0],
-            "reference_kernel": ref_kernel[1], "attention_layers": layers,
+            "reference_kernel": ref_kernel[1], "reference_gemv": ref_gemv, "attention_layers": layers,
             "bench_provenance": {k: bench.get("provenance", {}).get(k) for k in ("git_commit", "device", "torch",
                                                                                "triton", "date", "command")},
+            "gemv_bench_provenance": None if gbench is None else {
+                k: gbench.get("provenance", {}).get(k) for k in ("git_commit", "device", "torch", "date", "command")},
             "profiles": profiles}
+
+
+def _gemv_line(who: str, g: dict | None) -> str:
+    if g is None:
+        return f"- GEMV: `{who}` ran without our decode GEMV"
+    if g["ms"] is None:
+        return f"- GEMV: `{who}` ran our decode GEMV (route: {g['route']}); no GEMV benchmark, no prediction"
+    terms = ", ".join(f"{s} {v:.2f}" for s, v in sorted(g["terms"].items(), key=lambda kv: -kv[1]) if v)
+    return (f"- GEMV: `{who}` ran our decode GEMV (route: {g['route']}): the GEMV benchmark predicts "
+            f"{g['ms']:.2f} ms per token saved against the same server without it ({terms or 'no routed shape'})")
 
 
 def render_md(res: dict) -> str:
     bp = res["bench_provenance"]
+    with_gemv = bool(res.get("reference_gemv")) or any("gemv" in p for p in res["profiles"].values())
     L = ["<!-- generated by `forge e2e-decode` (scripts/forge/lab/e2e_decode.py); do not edit -->",
          f"# Decode: measured TPOT saving against the kernel benchmark ({res['folder']})", "",
          f"- reference `{res['reference']}`: {res['reference_kv']} KV, decode kernel `{res['reference_kernel']}`",
          f"- prediction: `{res.get('bench', 'reports/kernels/bench.json')}` "
          f"(commit `{(bp.get('git_commit') or '?')[:12]}`, "
          f"{bp.get('device')}, torch {bp.get('torch')}, triton {bp.get('triton')}), batch 1, linear between "
-         f"measured contexts at prompt + output/2, × {res['attention_layers']} full-attention layers", ""]
+         f"measured contexts at prompt + output/2, × {res['attention_layers']} full-attention layers"]
+    gp = res.get("gemv_bench_provenance")
+    if with_gemv and gp:
+        L.append(f"- GEMV prediction: `{res.get('gemv_bench')}` (commit `{(gp.get('git_commit') or '?')[:12]}`, "
+                 f"{gp.get('device')}, torch {gp.get('torch')}), one row, the built-in launch against the route "
+                 f"without the kernel, × calls per token; added to the attention term")
+    if with_gemv:
+        L.append(_gemv_line(res["reference"], res.get("reference_gemv")))
+    L.append("")
     for name, p in res["profiles"].items():
-        L += [f"## {name} ({p['kv']} KV, decode kernel `{p['kernel']}`)", "",
-              "| round | tier | prompt tokens | reference TPOT ms | TPOT ms | saved ms | predicted ms | "
-              "reference decode attention ms (predicted) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+        L += [f"## {name} ({p['kv']} KV, decode kernel `{p['kernel']}`)", ""]
+        cols = ["round", "tier", "prompt tokens", "reference TPOT ms", "TPOT ms", "saved ms", "predicted ms"]
+        if with_gemv:
+            g = p.get("predicted_gemv_saved_ms")
+            L += [_gemv_line(name, p.get("gemv")),
+                  "- predicted = decode attention + GEMV ("
+                  + ("—" if g is None else f"{g:.2f} ms") + " per token)", ""]
+            cols.append("of which GEMV ms")
+        cols.append("reference decode attention ms (predicted)")
+        L += ["| " + " | ".join(cols) + " |", "|---|---|" + "---:|" * (len(cols) - 2)]
         for r in p["rows"]:
             pred = "—" if r["predicted_saved_ms"] is None else f"{r['predicted_saved_ms']:.2f}"
             att = "—" if r["reference_attention_ms"] is None else f"{r['reference_attention_ms']:.2f}"
-            L.append(f"| {r['round']} | {r['tier']} | {r['prompt_tokens']:,} | {r['reference_tpot_ms']:.2f} | "
-                     f"{r['tpot_ms']:.2f} | {r['saved_ms']:.2f} | {pred} | {att} |")
+            cells = [r["round"], r["tier"], f"{r['prompt_tokens']:,}", f"{r['reference_tpot_ms']:.2f}",
+                     f"{r['tpot_ms']:.2f}", f"{r['saved_ms']:.2f}", pred]
+            if with_gemv:
+                g = p.get("predicted_gemv_saved_ms")
+                cells.append("—" if g is None else f"{g:.2f}")
+            L.append("| " + " | ".join(cells + [att]) + " |")
         if not p["rows"]:
-            L.append("| — | no round with one served request from both servers | | | | | | |")
+            L.append("| — | no round with one served request from both servers |" + " |" * (len(cols) - 2))
         L.append("")
     return "\n".join(L).rstrip() + "\n"
 
 
 def write(folder: Path, bench_path: Path = DEFAULT_BENCH, config_path: Path = DEFAULT_CONFIG,
-          reference: str = "upstream") -> dict:
-    for what, p in (("kernel benchmark", bench_path), ("model config", config_path)):
+          reference: str = "upstream", gemv_bench_path: Path = DEFAULT_GEMV_BENCH) -> dict:
+    for what, p in (("kernel benchmark", bench_path), ("model config", config_path),
+                    ("GEMV benchmark", gemv_bench_path)):
         if not Path(p).is_file():
-            raise ForgeError(f"{what} not found: {p}",
-                             hint="run the kernel benchmark (kernels/bench/bench_kernels.py) or give its JSON "
-                                  "with --bench" if what == "kernel benchmark" else "give --config")
-    res = analyse(folder, json.loads(Path(bench_path).read_text()),
-                  attention_layers(json.loads(Path(config_path).read_text())), reference)
+            raise ForgeError(f"{what} not found: {p}", hint={
+                "kernel benchmark": "run the kernel benchmark (kernels/bench/bench_kernels.py) or give its JSON "
+                                    "with --bench",
+                "GEMV benchmark": "run kernels/bench/bench_gemv.py or give its bench_gemv.json with --gemv-bench",
+            }.get(what, "give --config"))
+    config = json.loads(Path(config_path).read_text())
+    res = analyse(folder, json.loads(Path(bench_path).read_text()), attention_layers(config), reference,
+                  json.loads(Path(gemv_bench_path).read_text()), layer_counts(config))
     res["bench"] = paths.rel(Path(bench_path))
+    res["gemv_bench"] = paths.rel(Path(gemv_bench_path))
     runs.write_json(folder / "decode.json", res)
     (folder / "decode.md").write_text(render_md(res))
     return res
@@ -157,7 +286,7 @@ def cmd_e2e_decode(args) -> int:
     folder = Path(args.folder)
     if not folder.is_dir():
         raise ForgeError(f"{folder}: not a folder", hint="give a results folder of forge e2e-gpu")
-    res = write(folder, Path(args.bench), Path(args.config), args.reference)
+    res = write(folder, Path(args.bench), Path(args.config), args.reference, Path(args.gemv_bench))
     for name, p in res["profiles"].items():
         print(f"{name} vs {res['reference']} ({p['kv']}, {p['kernel']}):")
         for r in p["rows"]:
@@ -175,6 +304,9 @@ def register(sub) -> None:
     p.add_argument("--bench", default=str(DEFAULT_BENCH),
                    help=f"kernel benchmark JSON (default {paths.rel(DEFAULT_BENCH)}, "
                         "a copy of reports/kernels/bench.json)")
+    p.add_argument("--gemv-bench", default=str(DEFAULT_GEMV_BENCH),
+                   help=f"GEMV benchmark JSON, for servers with VLLM_FORGE_GEMV=1 (default "
+                        f"{paths.rel(DEFAULT_GEMV_BENCH)}, a copy of reports/kernels/gemv/bench_gemv.json)")
     p.add_argument("--config", default=str(DEFAULT_CONFIG), help="model config.json (default: Qwen3.5-27B's)")
     p.add_argument("--reference", default="upstream", help="the reference profile (default upstream)")
     p.set_defaults(func=cmd_e2e_decode)
