@@ -107,5 +107,5 @@ e2e-gpu: ## on a GPU machine: install the bundle, serve the profiles side by sid
 test: venv ## what CI runs: unit tests, patches-check, rehearsal, kernel and tree tests
 	@$(FORGE) test
 
-clean: ## remove build/ and dist/ (keeps the verified source cache)
+clean: ## remove build/ and dist/ (keeps the verified source cache); refuses to lose build/vllm work or a running server (FORCE=1)
 	@$(FORGE) clean

@@ -6,6 +6,7 @@ This module imports only the standard library: `forge venv` runs before anything
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from . import proc
 from .errors import ForgeError
-from .paths import BUILD, DIST, ROOT, rel
+from .paths import BUILD, DIST, ROOT, TREE, rel
 
 
 def cmd_venv(args) -> int:
@@ -47,7 +48,29 @@ def cmd_help_make(args) -> int:
     return 0
 
 
+def _work_clean_would_lose() -> None:
+    """Refuse (ForgeError) when build/ holds what `make clean` would lose for good: a running server's
+    record (it would keep running with nothing to stop it by) or work in build/vllm not in patches/."""
+    from .build import tree as tree_mod
+    from .run import serve
+    st = serve.running_server()
+    if st:
+        raise ForgeError(f"a server started by forge is running (pid {st['pid']}, run {st['run_id']}); clean "
+                         f"would remove its record ({rel(serve.STATE)}) and leave it running",
+                         hint="stop it first with `make stop`, or remove build/ anyway with `make clean FORCE=1`")
+    state = tree_mod.read_state(TREE) if (TREE / ".git").is_dir() else {}
+    if state and not state.get("pending"):
+        try:
+            tree_mod.check_clean(TREE, state)
+        except ForgeError as e:
+            raise ForgeError(e.message + "\nclean would delete it",
+                             hint="export it with `make patches-refresh` (commit in build/vllm first), or "
+                                  "remove build/ anyway with `make clean FORCE=1`") from None
+
+
 def cmd_clean(args) -> int:
+    if not (args.force or os.environ.get("FORCE") == "1"):
+        _work_clean_would_lose()
     for d in (BUILD, DIST):
         if d.exists():
             print(f"[forge] removing {rel(d)}", file=sys.stderr)
@@ -62,4 +85,7 @@ def register(sub) -> None:
     p = sub.add_parser("help-make", help="list the Makefile targets")
     p.add_argument("makefile", nargs="?", default=str(ROOT / "Makefile"))
     p.set_defaults(func=cmd_help_make)
-    sub.add_parser("clean", help="remove build/ and dist/ (keeps the verified source cache)").set_defaults(func=cmd_clean)
+    p = sub.add_parser("clean", help="remove build/ and dist/ (keeps the verified source cache); refuses while a "
+                                     "server started by forge runs or build/vllm holds work not in patches/")
+    p.add_argument("--force", action="store_true", help="remove them anyway (also FORCE=1)")
+    p.set_defaults(func=cmd_clean)

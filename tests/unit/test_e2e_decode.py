@@ -240,3 +240,9 @@ def test_gemv_route_of_the_benchmark_needs_every_layer_of_a_shared_shape(tmp_pat
         full - (16 * us["o_proj"] + 48 * us["out_proj"]) / 1000.0, rel=1e-9)
     missing = forge(tmp_path, "e2e-decode", str(run), "--gemv-bench", str(tmp_path / "none.json"))
     assert missing.returncode == 2 and "GEMV benchmark not found" in missing.stderr
+    (tmp_path / "list.json").write_text("[]")
+    (tmp_path / "cut.json").write_text('{"summary": [')
+    for flag, f, words in (("--bench", "list.json", "not a kernel benchmark"),
+                           ("--gemv-bench", "cut.json", "not valid JSON")):
+        bad = forge(tmp_path, "e2e-decode", str(run), flag, str(tmp_path / f))
+        assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr

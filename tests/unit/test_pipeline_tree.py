@@ -142,6 +142,52 @@ def test_lint_refuses_new_files(env):
     assert any("creates pkg/new.py" in p and "overlay" in p for p in problems)
 
 
+def test_lint_refuses_an_overlay_file_in_a_forbidden_path(env, monkeypatch):
+    """A kernel the overlay adds under a forbidden path changes that code as much as a patch would."""
+    (env["root"] / "kernels" / "overlay.yaml").write_text(
+        "files:\n  - src: kernels/k.py\n    dst: pkg/ops/k.py\n  - src: kernels/k.py\n    dst: pkg/sched/helper.py\n")
+    problems = patches.lint_overlay(tree.overlay_entries(), FORBIDDEN, RULES)
+    assert len(problems) == 1 and "files[1].dst" in problems[0] and "pkg/sched/helper.py" in problems[0]
+    assert "scheduler is forbidden" in problems[0]
+    monkeypatch.setattr(patches, "load_contest", lambda: {"forbidden_paths": FORBIDDEN, "rules": RULES})
+    with pytest.raises(ForgeError, match="kernels/overlay.yaml adds 1 file"):
+        patches.lint(env["pdir"])
+    (env["root"] / "kernels" / "overlay.yaml").write_text("files:\n  - src: kernels/k.py\n    dst: pkg/ops/k.py\n")
+    assert patches.lint(env["pdir"]) == 0
+
+
+def test_clean_keeps_unexported_work_and_a_running_servers_record(env, monkeypatch):
+    """`make clean` removes build/ only when nothing there would be lost for good (FORCE=1: anyway)."""
+    import argparse
+    from forge import devenv
+    from forge.run import serve
+    build = env["tree"].parent
+    monkeypatch.setattr(devenv, "TREE", env["tree"])
+    monkeypatch.setattr(devenv, "BUILD", build)
+    monkeypatch.setattr(devenv, "DIST", build.parent / "dist")
+    monkeypatch.delenv("FORCE", raising=False)
+    tree.build_tree(env["tree"], patches_dir=env["pdir"])
+    f = env["tree"] / "pkg" / "config.py"
+    f.write_text(f.read_text() + "WIP = 1\n")
+    with pytest.raises(ForgeError, match="uncommitted") as e:
+        devenv.cmd_clean(argparse.Namespace(force=False))
+    assert "make clean FORCE=1" in str(e.value) and "WIP = 1" in f.read_text()
+    tree.git(env["tree"], "commit", "-qam", "wip")
+    with pytest.raises(ForgeError, match="not in patches/"):
+        devenv.cmd_clean(argparse.Namespace(force=False))
+    tree.git(env["tree"], "reset", "-q", "--hard", "HEAD~1")            # back to what patches/ builds
+    monkeypatch.setattr(serve, "running_server", lambda: {"pid": 4242, "run_id": "r1"})
+    with pytest.raises(ForgeError, match="pid 4242") as e:
+        devenv.cmd_clean(argparse.Namespace(force=False))
+    assert "make stop" in str(e.value) and env["tree"].is_dir()
+    monkeypatch.setattr(serve, "running_server", lambda: None)
+    assert devenv.cmd_clean(argparse.Namespace(force=False)) == 0 and not build.exists()
+    tree.build_tree(env["tree"], patches_dir=env["pdir"])
+    f.write_text(f.read_text() + "WIP = 1\n")
+    monkeypatch.setenv("FORCE", "1")
+    assert devenv.cmd_clean(argparse.Namespace(force=False)) == 0 and not build.exists()
+
+
 def test_series_names_missing_file(env):
     (env["pdir"] / "series").write_text("# comment\nmissing.patch\n")
     with pytest.raises(ForgeError, match="missing.patch"):

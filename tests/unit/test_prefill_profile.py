@@ -112,6 +112,30 @@ def test_the_document_from_traces_brought_back(tmp_path):
     assert (run / "prefill-profile" / "upstream.json").is_file()
 
 
+def test_a_packed_record_is_read_without_unpacking_it(tmp_path):
+    """A recorded results folder keeps its raw files in raw.tgz (forge pack-run): the document is made from
+    it directly, names the folder as given, and leaves the folder as it was."""
+    from forge.run import archive
+    run = tmp_path / "run"
+    a = _trace(tmp_path / "a.json.gz", [(100, 200, 8192), (1000, 200, 5616)], KERNELS)
+    cmd = [sys.executable, "-m", "forge", "prefill-profile", str(run)]
+    kw = dict(cwd=ROOT, env=forge_env(tmp_path), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(cmd + ["--trace", f"upstream={a}", "--tokens", "13808", "--out", str(tmp_path / "doc1")], **kw)
+    assert r.returncode == 0, r.stderr
+    archive.pack_run(run)
+    before = sorted(p.name for p in run.iterdir())
+    assert before == ["raw.tgz"]
+    r = subprocess.run(cmd + ["--out", str(tmp_path / "doc2"), "--title", "It's packed"], **kw)
+    assert r.returncode == 0, r.stderr
+    first = json.loads((tmp_path / "doc1" / "prefill-profile.json").read_text())
+    second = json.loads((tmp_path / "doc2" / "prefill-profile.json").read_text())
+    assert second["profiles"] == first["profiles"]
+    assert second["profiles"]["upstream"]["source"].endswith("run/prefill-profile/upstream.json")
+    assert second["provenance"][0]["folder"] == first["provenance"][0]["folder"]
+    assert second["command"].endswith("--title 'It'\"'\"'s packed'")
+    assert sorted(p.name for p in run.iterdir()) == before
+
+
 @pytest.mark.parametrize("args, words", [
     (["--trace", "upstream"], "expected PROFILE=FILE"),
     (["--trace", "upstream=/nonexistent.json.gz", "--tokens", "5"], "no such file"),

@@ -121,15 +121,19 @@ def test_the_recorded_run_folders_hold_documents_and_one_archive():
 
 
 def test_tools_on_a_packed_record_say_how_to_read_it(tmp_path):
-    """predict --e2e, e2e-decode and prefill-profile on a packed run folder name unpack-run in their hint."""
+    """predict --e2e and e2e-decode on a packed run folder name unpack-run in their hint; prefill-profile reads it."""
     run = tmp_path / "run"
     _folder(run, 4)
     assert forge(tmp_path, "pack-run", str(run)).returncode == 0
-    for args in (["predict", "--e2e", str(run), "--out", str(tmp_path / "p")], ["e2e-decode", str(run)],
-                 ["prefill-profile", str(run), "--out", str(tmp_path / "pp")]):
+    for args in (["predict", "--e2e", str(run), "--out", str(tmp_path / "p")], ["e2e-decode", str(run)]):
         r = forge(tmp_path, *args)
         assert r.returncode == 2, (args, r.stderr)
         assert "packed record" in r.stderr and f"unpack-run {run}" in r.stderr.replace("\n", " "), (args, r.stderr)
+    # prefill-profile reads a packed record itself: it says the archive holds no prefill profile
+    before = sorted(p.name for p in run.iterdir())
+    r = forge(tmp_path, "prefill-profile", str(run), "--out", str(tmp_path / "pp"))
+    assert r.returncode == 2 and f"{run}: no prefill-profile/*.json here (nor in its raw.tgz)" in r.stderr, r.stderr
+    assert sorted(p.name for p in run.iterdir()) == before
     # not packed: the tools' own hints
     plain = tmp_path / "plain"
     plain.mkdir()

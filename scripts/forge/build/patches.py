@@ -29,11 +29,20 @@ def lint_patch(patch, forbidden: list[dict], rules: dict) -> list[str]:
         if f.created:
             problems.append(f"creates {f.new}: new files come from kernels/ through kernels/overlay.yaml")
     for path in patch.touched():
-        for fp in forbidden:
-            if fnmatch.fnmatchcase(path, fp["glob"]):
-                problems.append(f"touches {path}, forbidden by the contest ({fp['glob']}): "
-                                f"\"{rules[fp['rule']]['text']}\"")
+        problems += [f"touches {path}, {hit}" for hit in forbidden_hits(path, forbidden, rules)]
     return problems
+
+
+def forbidden_hits(path: str, forbidden: list[dict], rules: dict) -> list[str]:
+    return [f"forbidden by the contest ({fp['glob']}): \"{rules[fp['rule']]['text']}\""
+            for fp in forbidden if fnmatch.fnmatchcase(path, fp["glob"])]
+
+
+def lint_overlay(entries: list[dict], forbidden: list[dict], rules: dict) -> list[str]:
+    """Problems with kernels/overlay.yaml: a file it adds to the tree where the contest forbids changes
+    (a new file there changes that code as much as a patch does)."""
+    return [f"kernels/overlay.yaml: key 'files[{i}].dst': {e['dst']} is {hit}"
+            for i, e in enumerate(entries) for hit in forbidden_hits(e["dst"], forbidden, rules)]
 
 
 def lint(patches_dir: Path = PATCHES) -> int:
@@ -48,11 +57,18 @@ def lint(patches_dir: Path = PATCHES) -> int:
         for p in problems:
             print(f"{rel(patches_dir / name)}: {p}")
         bad += bool(problems)
-    if bad:
-        raise ForgeError(f"{bad} patch(es) failed the lint",
+    overlay = lint_overlay(tree.overlay_entries(), contest["forbidden_paths"], contest["rules"])
+    for p in overlay:
+        print(p)
+    if bad or overlay:
+        what = [f"{bad} patch(es) failed the lint"] if bad else []
+        what += [f"kernels/overlay.yaml adds {len(overlay)} file(s) where the contest forbids changes"] if overlay else []
+        raise ForgeError("; ".join(what),
                          hint="every message needs Why:/What:/Risk:/Evidence:/Rule check: sections "
-                              "(see README 'Adding a patch'); forbidden paths are in configs/contest.yaml")
-    ui.info(f"lint: {len(names)} patches carry their review record and touch nothing forbidden")
+                              "(see README 'Adding a patch'); forbidden paths are in configs/contest.yaml, and "
+                              "neither a patch nor an overlay destination may fall under them")
+    ui.info(f"lint: {len(names)} patches carry their review record, and they and kernels/overlay.yaml touch "
+            "nothing forbidden")
     return 0
 
 

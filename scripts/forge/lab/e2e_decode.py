@@ -272,9 +272,17 @@ def write(folder: Path, bench_path: Path = DEFAULT_BENCH, config_path: Path = DE
                                     "with --bench",
                 "GEMV benchmark": "run kernels/bench/bench_gemv.py or give its bench_gemv.json with --gemv-bench",
             }.get(what, "give --config"))
-    config = json.loads(Path(config_path).read_text())
-    res = analyse(folder, json.loads(Path(bench_path).read_text()), attention_layers(config), reference,
-                  json.loads(Path(gemv_bench_path).read_text()), layer_counts(config))
+    loaded = {}
+    for what, p, key in (("model config", config_path, None), ("kernel benchmark", bench_path, "decode"),
+                         ("GEMV benchmark", gemv_bench_path, "summary")):
+        d = runs.read_json(Path(p))
+        if not isinstance(d, dict) or (key and not isinstance(d.get(key), list)):
+            raise ForgeError(f"{paths.rel(Path(p))}: not a {what}" + (f" (no '{key}' list)" if key else ""),
+                             hint=f"give the {what}'s JSON as written by its tool")
+        loaded[what] = d
+    config = loaded["model config"]
+    res = analyse(folder, loaded["kernel benchmark"], attention_layers(config), reference,
+                  loaded["GEMV benchmark"], layer_counts(config))
     res["bench"] = paths.rel(Path(bench_path))
     res["gemv_bench"] = paths.rel(Path(gemv_bench_path))
     runs.write_json(folder / "decode.json", res)

@@ -13,9 +13,11 @@ renders the table, the chart and a JSON under reports/."""
 from __future__ import annotations
 
 import bisect
+import contextlib
 import gzip
 import json
 import re
+import shlex
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -185,19 +187,22 @@ def totals(dig: dict) -> dict[str, float]:
 
 # --- here: the document -----------------------------------------------------------------------------
 
-def load_profiles(folders: list[Path]) -> dict[str, dict]:
+def load_profiles(folders: list[Path], labels: list[Path] | None = None) -> dict[str, dict]:
+    """The prefill profiles of results folders ({profile: digest}); labels: the folders as the user named
+    them, for the recorded source paths (see provenance)."""
     found: dict[str, dict] = {}
-    for f in folders:
+    for f, label in zip(folders, labels or folders):
         files = sorted((Path(f) / SUBDIR).glob("*.json"))
         if not files:
-            raise ForgeError(f"{f}: no {SUBDIR}/*.json here",
-                             hint=archive.read_hint(Path(f), "give a results folder of `forge e2e-gpu "
-                                                                     "--profile-prefill TOKENS`"))
+            packed = Path(f) != Path(label)
+            raise ForgeError(f"{paths.rel(Path(label))}: no {SUBDIR}/*.json here"
+                             + (f" (nor in its {archive.ARCHIVE})" if packed else ""),
+                             hint="give a results folder of `forge e2e-gpu --profile-prefill TOKENS`")
         for p in files:
             d = runs.read_json(p)
             if "steps" not in d or "profile" not in d:
                 raise ForgeError(f"{p}: not a prefill profile (no steps/profile)")
-            found[d["profile"]] = {**d, "source": str(p)}
+            found[d["profile"]] = {**d, "source": paths.rel(Path(label) / SUBDIR / p.name)}
     return found
 
 
@@ -227,14 +232,15 @@ def analyse(profs: dict[str, dict]) -> dict:
     return out
 
 
-def provenance(folders: list[Path]) -> list[dict]:
-    """Per results folder: what its summary.json says of the run (commit, bundle, versions, device)."""
+def provenance(folders: list[Path], labels: list[Path] | None = None) -> list[dict]:
+    """Per results folder: what its summary.json says of the run (commit, bundle, versions, device);
+    labels: the folders as the user named them (a packed record is read from a temporary extraction)."""
     out = []
-    for f in folders:
+    for f, label in zip(folders, labels or folders):
         sp = Path(f) / "summary.json"
         s = runs.read_json(sp) if sp.is_file() else {}
         first = (s.get("earlier_invocations") or [s])[0]
-        out.append({"folder": paths.rel(Path(f)), "git": s.get("git"), "bundle": (s.get("bundle") or {}).get("version"),
+        out.append({"folder": paths.rel(Path(label)), "git": s.get("git"), "bundle": (s.get("bundle") or {}).get("version"),
                     "versions": s.get("versions"), "device": (s.get("identity") or {}).get("device"),
                     "started": first.get("started")})
     return out
@@ -322,13 +328,17 @@ def cmd_prefill_profile(args) -> int:
             raise ForgeError("--trace needs --tokens (the profiled prompt's length)")
         ui.info(f"digested {paths.rel(add_trace(Path(args.folders[0]), name, Path(file), args.tokens))}")
     folders = [Path(f) for f in args.folders]
-    res = analyse(load_profiles(folders))
-    prov = provenance(folders)
+    with contextlib.ExitStack() as stack:          # a packed record (raw.tgz) is read without unpacking it here
+        readable = [stack.enter_context(archive.readable(f)) for f in folders]
+        res = analyse(load_profiles(readable, folders))
+        prov = provenance(readable, folders)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     title = args.title or "Where a long prefill's time goes"
+    command = "forge prefill-profile " + " ".join(args.folders) + (f" --title {shlex.quote(args.title)}"
+                                                                   if args.title else "")
     runs.write_json(out / "prefill-profile.json", {"title": title, "profiles": res, "provenance": prov,
-                                                   "command": "forge prefill-profile " + " ".join(args.folders)})
+                                                   "command": command})
     (out / "prefill-profile.md").write_text(render_md(res, title, prov))
     drawn = chart(res, out / "prefill-profile.png")
     ui.info(f"wrote {paths.rel(out / 'prefill-profile.md')}" + (" and the chart" if drawn else ""))

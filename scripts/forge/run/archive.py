@@ -15,6 +15,7 @@ import gzip
 import io
 import os
 import tarfile
+import tempfile
 from pathlib import Path
 
 from .. import paths, ui
@@ -134,6 +135,19 @@ def unpack_run(folder: Path, to: Path | None = None) -> list[str]:
                 raise ForgeError(f"{paths.rel(src)}: member {bad[0]!r} leaves the folder")
         tf.extractall(dest, **kw)
     return names
+
+
+@contextlib.contextmanager
+def readable(folder: Path):
+    """The folder to read a run's raw files from: the folder itself, or for a packed record (raw.tgz and
+    none of its raw files beside it) a temporary extraction of raw.tgz, removed on exit."""
+    folder = Path(folder)
+    if not (folder / ARCHIVE).is_file() or raw_files(folder):
+        yield folder
+        return
+    with tempfile.TemporaryDirectory(prefix=f"forge-{folder.name}-") as tmp:
+        unpack_run(folder, Path(tmp))
+        yield Path(tmp)
 
 
 def read_hint(folder: Path, hint: str) -> str:
