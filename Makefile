@@ -92,8 +92,8 @@ compare: ## per-tier deltas of run A vs run B with a noise band
 sweep: ## serve + bench a list of profiles back to back (PROFILES="a b")
 	@$(FORGE) sweep $(PROFILES)
 
-accuracy: ## accuracy: official run_accuracy.sh (DATA_DIR) or our LongBench-format evaluator
-	@$(FORGE) accuracy $(if $(RUN),--run-id $(RUN)) $(if $(BASELINE),--baseline $(BASELINE))
+accuracy: ## accuracy: official run_accuracy.sh (DATA_DIR) or our LongBench-format evaluator; resumes; FORCE=1 replaces a recorded result
+	@$(FORGE) accuracy $(if $(RUN),--run-id $(RUN)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(filter 1,$(FORCE)),--force)
 
 report: ## regenerate reports/env-vars.md, optimization-plan.md, submission-readme.md
 	@$(FORGE) report --profile $(PROFILE)

@@ -80,3 +80,103 @@ def test_no_server_is_a_clear_error(tmp_path):
     from helpers import free_port
     r = forge(tmp_path, "accuracy", "--data", str(tmp_path), "--port", str(free_port()))
     assert r.returncode == 2 and "no server answers" in r.stderr
+
+
+# --- failures, interruptions and recorded results ------------------------------------------------
+
+def _official(tmp_path, body: str) -> Path:
+    data = tmp_path / "official"
+    data.mkdir()
+    (data / "run_accuracy.sh").write_text(body)
+    return data
+
+
+@pytest.mark.parametrize("body", ['echo "hotpotqa 55.0"\nexit 3\n', "exit 1\n"])
+def test_failed_official_script_is_an_error_and_not_recorded(tmp_path, body):
+    model = tiny_model(tmp_path / "model")
+    data = _official(tmp_path, body)
+    with fake_server(model) as (port, _):
+        r = forge(tmp_path, "accuracy", "--port", str(port), "--run-id", "f1", DATA_DIR=str(data))
+    code = body.rsplit("exit ", 1)[1].strip()
+    assert r.returncode == 2, r.stderr
+    assert "run_accuracy.sh" in r.stderr and f"exited {code}" in r.stderr and "accuracy.failed.log" in r.stderr
+    rdir = tmp_path / "runs" / "f1"
+    assert not (rdir / "accuracy.json").exists()              # score finds no accuracy result
+    failed = json.loads((rdir / "accuracy.failed.json").read_text())
+    assert failed["exit_code"] == int(code)
+    assert (rdir / "accuracy.failed.log").is_file()
+
+
+def _hotpot(data: Path, n: int) -> None:
+    data.mkdir(exist_ok=True)
+    recs = [{"context": f"Answer key: {'Paris' if i % 2 == 0 else 'Rome'}", "input": "capital of France?",
+             "answers": ["Paris"]} for i in range(n)]
+    (data / "hotpotqa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_interrupted_evaluation_resumes_where_it_stopped(tmp_path):
+    import signal
+    import subprocess
+    import time
+    from helpers import ROOT, forge_env
+    model = tiny_model(tmp_path / "model")
+    data = tmp_path / "acc"
+    _hotpot(data, 5000)
+    rdir = tmp_path / "runs" / "r1"
+    errlog = tmp_path / "first.err"
+    with fake_server(model) as (port, _), open(errlog, "w") as err:
+        p = subprocess.Popen([sys.executable, "-m", "forge", "accuracy", "--data", str(data), "--port", str(port),
+                              "--run-id", "r1"], cwd=ROOT, env=forge_env(tmp_path),
+                             stdout=subprocess.DEVNULL, stderr=err, text=True)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 60 and p.poll() is None and "hotpotqa: 100/" not in errlog.read_text():
+            time.sleep(0.05)
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=60)
+        assert p.returncode == 130, errlog.read_text()
+        assert not (rdir / "accuracy.json").exists()
+        saved = (rdir / "accuracy.progress.jsonl").read_text().splitlines()
+        done = len(saved) - 1                                  # the first line holds the settings
+        assert 60 <= done < 5000
+        # a cut-short last line (an interrupted write) is dropped, not misread
+        with open(rdir / "accuracy.progress.jsonl", "a") as f:
+            f.write('{"task": "hotpotqa", "i": ')
+        # other settings are not mixed into the saved results
+        r = forge(tmp_path, "accuracy", "--data", str(data), "--port", str(port), "--run-id", "r1", "--limit", "10")
+        assert r.returncode == 2 and "--force" in r.stderr, r.stderr
+        r = forge(tmp_path, "accuracy", "--data", str(data), "--port", str(port), "--run-id", "r1")
+    assert r.returncode == 0, r.stderr
+    assert f"resuming: {done} records" in r.stderr
+    assert "accuracy hotpotqa: 10/" not in r.stderr            # the saved records are not asked again
+    out = json.loads((rdir / "accuracy.json").read_text())
+    assert len(out["per_request"]["hotpotqa"]) == 5000
+    assert out["scores"]["hotpotqa"] == pytest.approx(50.0)
+    assert not (rdir / "accuracy.progress.jsonl").exists()
+
+
+def test_recorded_accuracy_is_replaced_only_with_force(tmp_path):
+    model = tiny_model(tmp_path / "model")
+    data = tmp_path / "acc"
+    _hotpot(data, 4)
+    rdir = tmp_path / "runs" / "k1"
+    rdir.mkdir(parents=True)
+    full = {"mode": "forge", "limit": None, "scores": {"hotpotqa": 77.0}}
+    (rdir / "accuracy.json").write_text(json.dumps(full))
+    with fake_server(model) as (port, _):
+        r = forge(tmp_path, "accuracy", "--data", str(data), "--port", str(port), "--run-id", "k1", "--limit", "2")
+        assert r.returncode == 2 and "already has" in r.stderr and "--force" in r.stderr, r.stderr
+        assert json.loads((rdir / "accuracy.json").read_text()) == full
+        r = forge(tmp_path, "accuracy", "--data", str(data), "--port", str(port), "--run-id", "k1", "--limit", "2",
+                  "--force")
+    assert r.returncode == 0, r.stderr
+    out = json.loads((rdir / "accuracy.json").read_text())
+    assert out["limit"] == 2 and out["scores"]["hotpotqa"] == pytest.approx(50.0)
+
+
+def test_no_server_leaves_no_run_folder(tmp_path):
+    from helpers import free_port
+    data = tmp_path / "acc"
+    _hotpot(data, 2)
+    r = forge(tmp_path, "accuracy", "--data", str(data), "--port", str(free_port()), "--run-id", "n1")
+    assert r.returncode == 2 and "no server answers" in r.stderr
+    assert not (tmp_path / "runs" / "n1").exists()

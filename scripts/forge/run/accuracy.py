@@ -19,6 +19,7 @@ from . import contest as contest_mod
 from . import runs, score, serve
 from .. import paths, proc, ui
 from ..errors import ForgeError
+from ..hashing import sha256_file
 
 
 # --- metrics (LongBench's definitions) -----------------------------------------------------------
@@ -83,6 +84,11 @@ def record_score(metric: str, prediction: str, answers) -> float:
 
 # --- evaluation against the server -------------------------------------------------------------------
 
+RESULT = "accuracy.json"                      # what `forge score` reads: complete results only
+PROGRESS = "accuracy.progress.jsonl"          # our evaluator's per-record scores while it runs
+FAILED = "accuracy.failed.json"               # a failed official run's record, for diagnosis
+
+
 def read_jsonl(path: Path) -> list[dict]:
     out = []
     with open(path) as f:
@@ -120,30 +126,96 @@ def chat(url: str, model: str, prompt: str, max_tokens: int, timeout: float = 90
     return data["choices"][0]["message"]["content"] or ""
 
 
-def evaluate(contest: dict, data_dir: Path, url: str, model: str, limit: int | None) -> dict:
-    scores, per_request = {}, {}
+def eval_settings(contest: dict, data_dir: Path, model: str, limit: int | None) -> tuple[dict, dict]:
+    """The tasks found in data_dir, and everything a record's score depends on besides the server:
+    saved scores are reused only under equal settings."""
     tasks = contest["accuracy"]["tasks"]
     found = {n: t for n, t in tasks.items() if (data_dir / t["file"]).is_file()}
     if not found:
         raise ForgeError(f"{data_dir}: none of the accuracy files is here",
                          hint="expected: " + ", ".join(t["file"] for t in tasks.values()))
-    for name, t in found.items():
-        path = data_dir / t["file"]
-        recs = read_jsonl(path)[: limit or None]
-        vals = []
-        t0 = time.monotonic()
-        for i, rec in enumerate(recs):
-            prompt = build_prompt(t, rec, f"{path}:{i + 1}")
-            pred = chat(url, model, prompt, t["max_tokens"])
-            answers = rec.get("answers", rec.get("answer", []))
-            if isinstance(answers, str):
-                answers = [answers]
-            vals.append(record_score(t["metric"], pred, answers))
-            if (i + 1) % 10 == 0 or i + 1 == len(recs):
-                ui.info(f"accuracy {name}: {i + 1}/{len(recs)} ({time.monotonic() - t0:.0f}s)")
-        scores[name] = 100.0 * sum(vals) / len(vals) if vals else 0.0
-        per_request[name] = vals
-    return {"scores": scores, "per_request": per_request}
+    settings = {"model": model, "limit": limit, "tasks": {
+        n: {"file": t["file"], "sha256": sha256_file(data_dir / t["file"]), "metric": t["metric"],
+            "max_tokens": t["max_tokens"], "template": t.get("template")} for n, t in found.items()}}
+    return found, settings
+
+
+def saved_progress(path: Path, settings: dict) -> dict | None:
+    """Per-task scores saved in `path` under the same settings, else None. A line cut short by an
+    interruption (and anything after it) is dropped from the file."""
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    try:
+        head = json.loads(lines[0])
+    except ValueError:
+        return None
+    if not isinstance(head, dict) or head.get("settings") != settings:
+        return None
+    saved = {n: [] for n in settings["tasks"]}
+    good = len(lines[0]) + 1
+    for line in lines[1:]:
+        try:
+            r = json.loads(line)
+            name, i, v = r["task"], r["i"], float(r["score"])
+        except (ValueError, TypeError, KeyError):
+            break
+        if name not in saved or i != len(saved[name]):
+            break
+        saved[name].append(v)
+        good += len(line) + 1
+    if good < len(data):
+        os.truncate(path, good)
+    return saved
+
+
+def evaluate(contest: dict, data_dir: Path, url: str, model: str, limit: int | None,
+             rdir: Path, force: bool = False) -> dict:
+    """Our evaluator. Each record's score is appended to rdir/accuracy.progress.jsonl as soon as it
+    is known; a rerun with the same settings continues after the last saved record."""
+    found, settings = eval_settings(contest, data_dir, model, limit)
+    prog = rdir / PROGRESS
+    saved = saved_progress(prog, settings) if prog.is_file() else None
+    if prog.is_file() and saved is None:
+        if not force:
+            raise ForgeError(f"{paths.rel(prog)}: run {rdir.name} holds an unfinished evaluation with other "
+                             "data or settings (--data files, --limit, the model, the tasks in "
+                             "configs/contest.yaml); its scores are not mixed with this one",
+                             hint="rerun with the same settings to resume it, pass --force to discard it and "
+                                  "start over, or use another --run-id")
+        ui.warn(f"{paths.rel(prog)}: discarding an unfinished evaluation with other settings (--force)")
+    rdir.mkdir(parents=True, exist_ok=True)
+    if saved is None:
+        saved = {n: [] for n in found}
+        head = {"settings": settings, "data": str(data_dir), "started": runs.now_iso()}
+        paths.write_atomic(prog, json.dumps(head) + "\n")
+    elif sum(map(len, saved.values())):
+        ui.info(f"resuming: {sum(map(len, saved.values()))} records already evaluated in {paths.rel(prog)}")
+    scores = {}
+    with open(prog, "a") as out:
+        try:
+            for name, t in found.items():
+                path = data_dir / t["file"]
+                recs = read_jsonl(path)[: limit or None]
+                vals = saved[name]
+                t0 = time.monotonic()
+                for i in range(len(vals), len(recs)):
+                    rec = recs[i]
+                    pred = chat(url, model, build_prompt(t, rec, f"{path}:{i + 1}"), t["max_tokens"])
+                    answers = rec.get("answers", rec.get("answer", []))
+                    if isinstance(answers, str):
+                        answers = [answers]
+                    v = record_score(t["metric"], pred, answers)
+                    out.write(json.dumps({"task": name, "i": i, "score": v}) + "\n")
+                    out.flush()
+                    vals.append(v)
+                    if (i + 1) % 10 == 0 or i + 1 == len(recs):
+                        ui.info(f"accuracy {name}: {i + 1}/{len(recs)} ({time.monotonic() - t0:.0f}s)")
+                scores[name] = 100.0 * sum(vals) / len(vals) if vals else 0.0
+        except BaseException:
+            ui.info(f"{sum(map(len, saved.values()))} evaluated records are saved in {paths.rel(prog)}; "
+                    f"rerun with --run-id {rdir.name} and the same settings to resume")
+            raise
+    return {"scores": scores, "per_request": saved}
 
 
 def parse_official(text: str, tasks: list[str]) -> dict:
@@ -157,46 +229,86 @@ def parse_official(text: str, tasks: list[str]) -> dict:
     return out
 
 
+def run_official(contest: dict, script: Path, data_dir: Path, rdir: Path, host: str, port: int,
+                 model: str) -> dict:
+    """Run the official script; its scores are returned only when it exits 0 and reports some. A
+    failed run is kept as accuracy.failed.json and accuracy.failed.log, which `forge score` ignores."""
+    from .profiles import loopback_env
+    rdir.mkdir(parents=True, exist_ok=True)
+    live = rdir / "accuracy.run.log"
+    live.unlink(missing_ok=True)
+    with ui.step(f"official accuracy script {script} (output: {paths.rel(live)})"):
+        res = proc.run(["bash", str(script)], cwd=data_dir, log=live, check=False,
+                       env={**loopback_env(), "HOST": host, "PORT": str(port), "MODEL_NAME": model})
+    tasks = list(contest["accuracy"]["tasks"])
+    scores = parse_official(live.read_text(errors="replace"), tasks)
+    ok = res.returncode == 0 and bool(scores)
+    log = rdir / ("accuracy.log" if ok else "accuracy.failed.log")
+    os.replace(live, log)
+    out = {"mode": "official", "script": str(script), "exit_code": res.returncode, "scores": scores,
+           "log": str(log), "finished": runs.now_iso()}
+    if not ok:
+        runs.write_json(rdir / FAILED, out)
+        why = f"exited {res.returncode}" if res.returncode else "printed no task score"
+        kept = f"; the earlier {RESULT} is unchanged" if (rdir / RESULT).is_file() else ""
+        raise ForgeError(f"the official accuracy script {script} {why}; nothing recorded as run {rdir.name}'s "
+                         f"accuracy{kept} (output: {paths.rel(log)}, scores it printed: {paths.rel(rdir / FAILED)})",
+                         hint="read the log, fix the cause (the server, DATA_DIR, what the script needs) and "
+                              "rerun forge accuracy")
+    (rdir / FAILED).unlink(missing_ok=True)
+    (rdir / "accuracy.failed.log").unlink(missing_ok=True)
+    missing = [t for t in tasks if t not in scores]
+    if missing:
+        ui.warn(f"the official script printed no score for {', '.join(missing)}; see {paths.rel(log)}")
+    return out
+
+
 def cmd_accuracy(args) -> int:
     contest = contest_mod.load_contest()
     if args.a or args.b:
         if not (args.a and args.b):
             raise ForgeError("A/B mode needs both --a and --b")
         return ab(contest, args.a, args.b)
+    if args.limit is not None and args.limit < 1:
+        raise ForgeError(f"--limit {args.limit}: needs a number of records of at least 1")
     st = serve.running_server() if args.port is None else None
     port = args.port or (st["port"] if st else serve.LOCKED_PORT)
     host = contest["server"]["host"]
     run_id = args.run_id or (st or {}).get("run_id") or runs.new_run_id("accuracy")
-    rdir = runs.run_dir(run_id)
+    rdir = runs.run_dir(run_id, create=False)
+    result = rdir / RESULT
+    if result.is_file() and not args.force:
+        try:
+            prev = runs.read_json(result)
+            lim = prev.get("limit")
+            was = f" ({prev.get('mode')}, {f'first {lim} records per task' if lim else 'all records'})"
+        except (ForgeError, AttributeError):
+            was = ""
+        raise ForgeError(f"{paths.rel(result)}: run {rdir.name} already has recorded accuracy results{was}; "
+                         "not replaced", hint="pass --force to replace them, or use another --run-id")
     data_dir_s = args.data_dir or os.environ.get("DATA_DIR") or ""
     data_dir = Path(data_dir_s) if data_dir_s else None
     script = data_dir / contest["accuracy"]["script"] if data_dir else None
-    model_name = contest["server"]["served_model_name"]
-    if not serve.health_ok(f"http://{host}:{port}{contest['server']['health_path']}"):
-        raise ForgeError(f"no server answers on {host}:{port}", hint="start it first: forge serve --profile P")
-    if script and script.is_file() and not args.own:
-        log = rdir / "accuracy.log"
-        with ui.step(f"official accuracy script {script}"):
-            from .profiles import loopback_env
-            res = proc.run(["bash", str(script)], cwd=data_dir, log=log, check=False,
-                           env={**loopback_env(), "HOST": host, "PORT": str(port), "MODEL_NAME": model_name})
-        text = log.read_text(errors="replace")
-        scores = parse_official(text, list(contest["accuracy"]["tasks"]))
-        out = {"mode": "official", "script": str(script), "exit_code": res.returncode, "scores": scores,
-               "log": str(log), "finished": runs.now_iso()}
-        if res.returncode != 0:
-            ui.warn(f"the official script exited {res.returncode}; see {paths.rel(log)}")
-    else:
+    official = bool(script and script.is_file() and not args.own)
+    src = None
+    if not official:
         src = Path(args.data) if args.data else data_dir
         if src is None or not src.is_dir():
             raise ForgeError("no accuracy data", hint="pass --data DIR with LongBench-format jsonl files, or DATA_DIR")
+    model_name = contest["server"]["served_model_name"]
+    if not serve.health_ok(f"http://{host}:{port}{contest['server']['health_path']}"):
+        raise ForgeError(f"no server answers on {host}:{port}", hint="start it first: forge serve --profile P")
+    if official:
+        out = run_official(contest, script, data_dir, rdir, host, port, model_name)
+    else:
         url = f"http://{host}:{port}/v1/chat/completions"
-        ev = evaluate(contest, src, url, model_name, args.limit)
+        ev = evaluate(contest, src, url, model_name, args.limit, rdir, force=args.force)
         out = {"mode": "forge", "data": str(src), "limit": args.limit, **ev, "finished": runs.now_iso()}
-    runs.write_json(rdir / "accuracy.json", out)
+    runs.write_json(result, out)
+    (rdir / PROGRESS).unlink(missing_ok=True)        # complete: accuracy.json holds every record's score
     for t, v in out["scores"].items():
         print(f"{t:<36} {v:7.2f}")
-    ui.info(f"wrote {rdir / 'accuracy.json'}")
+    ui.info(f"wrote {result}")
     if args.baseline:
         return ab(contest, [args.baseline], [str(rdir)])
     return 0
@@ -226,7 +338,11 @@ def register(sub) -> None:
     p = sub.add_parser("accuracy", help="accuracy sets against the running server (official script or ours)",
                        description="With DATA_DIR holding run_accuracy.sh, run it and record its scores; otherwise "
                                    "evaluate LongBench-format jsonl (files named in configs/contest.yaml accuracy.tasks) "
-                                   "by querying the server. Results: reports/runs/<run-id>/accuracy.json. "
+                                   "by querying the server; each record's score is saved as it comes "
+                                   "(accuracy.progress.jsonl), so a rerun with the same --run-id and settings "
+                                   "resumes an interrupted evaluation. Results: reports/runs/<run-id>/accuracy.json, "
+                                   "written only when complete and replaced only with --force; a failing official "
+                                   "script is an error and its output is kept as accuracy.failed.log. "
                                    "--a RUN --b RUN compares two results: per-task change and accuracy factor.")
     p.add_argument("--data-dir", help="official data folder (default: $DATA_DIR)")
     p.add_argument("--data", help="folder of LongBench-format jsonl files for our evaluator")
@@ -234,6 +350,9 @@ def register(sub) -> None:
     p.add_argument("--limit", type=int, help="first N records per task (quick checks)")
     p.add_argument("--run-id", help="run folder to write into (default: the running server's run)")
     p.add_argument("--port", type=int, default=None, help="server port (default: the running server's, else 8001)")
+    p.add_argument("--force", action="store_true",
+                   help="replace accuracy results already recorded in the run folder, and discard an unfinished "
+                        "evaluation there made with other data or settings")
     p.add_argument("--baseline", help="after evaluating, compare with this run's accuracy.json")
     p.add_argument("--a", nargs=1, help="A/B mode: baseline run")
     p.add_argument("--b", nargs=1, help="A/B mode: candidate run")
