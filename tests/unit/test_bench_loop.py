@@ -218,3 +218,91 @@ def test_official_data_dir_is_used_and_hashed(tmp_path, model):
                            timeout=60)
     assert r.returncode == 2 and "16-32K_throughput.jsonl is missing" in r.stderr
     assert not (tmp_path / "runs" / "off2").exists()      # no empty run folder
+
+
+def test_resume_under_another_profile_is_refused_and_changes_nothing(tmp_path, model):
+    env = forge_env(tmp_path, REPLAY_FROM=str(FIXTURE_RUNS / "base"), REPLAY_LOG=str(tmp_path / "l"))
+    run = tmp_path / "runs" / "r1"
+    with fake_server(model) as (port, _):
+        r = _run_bench(tmp_path, port, model, "--tiers", "4-8K", env=env)
+        assert r.returncode == 0, r.stderr
+        before = (run / "manifest.json").read_bytes()
+        r = _run_bench(tmp_path, port, model, "--tiers", "8-16K", "--profile", "other", env=env)
+        assert r.returncode == 2, r.stderr
+        assert "run r1 was measured with profile test (tier(s) 4-8K)" in r.stderr and "profile other" in r.stderr
+        assert "new run" in r.stderr and "Traceback" not in r.stderr
+        assert (run / "manifest.json").read_bytes() == before and not (run / "8-16K.json").exists()
+        r = _run_bench(tmp_path, port, model, "--tiers", "8-16K", env=env)   # the same profile resumes
+    assert r.returncode == 0, r.stderr
+    man = json.loads((run / "manifest.json").read_text())
+    assert man["profile"] == "test" and set(man["tiers"]) == {"4-8K", "8-16K"}
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_refused_dataset_change_writes_nothing_and_a_changed_file_is_caught(tmp_path, model):
+    env = forge_env(tmp_path, REPLAY_FROM=str(FIXTURE_RUNS / "base"), REPLAY_LOG=str(tmp_path / "l"))
+    run = tmp_path / "runs" / "r1"
+    ds = run / "datasets" / "4-8K.jsonl"
+    with fake_server(model) as (port, _):
+        r = _run_bench(tmp_path, port, model, "--tiers", "4-8K", env=env)
+        assert r.returncode == 0, r.stderr
+        data, manifest = ds.read_bytes(), (run / "manifest.json").read_bytes()
+        r = _run_bench(tmp_path, port, model, "--tiers", "4-8K", "--num-prompts", "3", env=env)
+        assert r.returncode == 2 and "tier 4-8K: the dataset differs" in r.stderr, r.stderr
+        assert ds.read_bytes() == data and (run / "manifest.json").read_bytes() == manifest
+        assert sorted(p.name for p in ds.parent.iterdir()) == ["4-8K.jsonl"]   # no half-built file left
+        # a dataset file changed since the tier was measured: built again from its record, not re-hashed
+        ds.write_bytes(data + b'{"prompt": "x", "output_tokens": 1}\n')
+        r = _run_bench(tmp_path, port, model, "--tiers", "4-8K", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "already done in run r1; kept" in r.stderr
+    rec = json.loads((run / "manifest.json").read_text())["datasets"]["4-8K"]
+    assert ds.read_bytes() == data and rec["sha256"] == _sha(ds) and rec["num_prompts"] == 2
+
+
+def test_client_failure_before_any_tier_keeps_the_log_it_points_at(tmp_path, model):
+    env = forge_env(tmp_path, REPLAY_FROM=str(FIXTURE_RUNS / "base"), REPLAY_LOG=str(tmp_path / "l"), REPLAY_FAIL="1")
+    run = tmp_path / "runs" / "r1"
+    with fake_server(model) as (port, _):
+        r = _run_bench(tmp_path, port, model, "--tiers", "4-8K", env=env)
+        assert r.returncode == 2, r.stderr
+        assert "--- last lines of" in r.stderr and "4-8K.client.log ---" in r.stderr
+        assert "replay: failing as told" in (run / "4-8K.client.log").read_text()
+        data = (run / "datasets" / "4-8K.jsonl").read_bytes()
+        env.pop("REPLAY_FAIL")
+        r = _run_bench(tmp_path, port, model, "--tiers", "4-8K", env=env)   # the rerun the error asks for
+    assert r.returncode == 0, r.stderr
+    assert "synthetic dataset 4-8K" not in r.stderr            # the kept dataset is used
+    assert (run / "datasets" / "4-8K.jsonl").read_bytes() == data and (run / "4-8K.json").is_file()
+
+
+def test_interrupt_in_the_dataset_step_keeps_the_built_datasets(tmp_path, model, monkeypatch):
+    monkeypatch.setenv("FORGE_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("REPLAY_FROM", str(FIXTURE_RUNS / "base"))
+    monkeypatch.setenv("REPLAY_LOG", str(tmp_path / "l"))
+    real, built = synth.build_workload_tier, []
+
+    def build(model_dir, tier, pairs, out, **kw):
+        if tier == "8-16K" and "-" not in built:
+            raise KeyboardInterrupt          # Ctrl-C while the second tier's prompts are built
+        built.append(tier)
+        return real(model_dir, tier, pairs, out, **kw)
+
+    monkeypatch.setattr(bench.synth, "build_workload_tier", build)
+    run = tmp_path / "runs" / "r1"
+    kw = dict(profile="test", run_id="r1", model=str(model), num_prompts=2, client=REPLAY)
+    with fake_server(model) as (port, _):
+        with pytest.raises(KeyboardInterrupt):
+            bench.run_tiers(port=port, **kw)
+        assert built == ["4-8K"]
+        ds = run / "datasets" / "4-8K.jsonl"
+        rec = json.loads((run / "manifest.json").read_text())["datasets"]
+        assert set(rec) == {"4-8K"} and rec["4-8K"]["sha256"] == _sha(ds)
+        assert sorted(p.name for p in ds.parent.iterdir()) == ["4-8K.jsonl"]
+        built.append("-")
+        bench.run_tiers(port=port, **kw)
+    assert built == ["4-8K", "-", "8-16K", "16-32K"]            # the kept one is not built again
+    assert all((run / f"{t}.json").is_file() for t in ("4-8K", "8-16K", "16-32K"))

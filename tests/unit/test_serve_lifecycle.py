@@ -150,3 +150,40 @@ def test_foreground_execs_the_checked_command(monkeypatch, tmp_path):
     assert seen["argv"][:3] == ["vllm", "serve", str(tmp_path.resolve())]
     assert "--kv-cache-dtype" in seen["argv"] and seen["argv"][seen["argv"].index("--port") + 1] == "8001"
     assert seen["env"]["NO_PROXY"]
+
+
+def test_a_run_keeps_the_profile_it_was_measured_with(tmp_path, model):
+    client = f"{sys.executable} {SUPPORT / 'benchclient.py'}"
+    bench = ("bench-all-tiers", "--num-prompts", "1", "--tiers", "4-8K", "--client", client)
+    run = tmp_path / "runs" / "t1"
+
+    def serve_(profile, *extra):
+        return forge(tmp_path, "serve", "--profile", profile, "--model", str(model), "--vllm", FAKE,
+                     "--port", str(free_port()), "--timeout", "30", *extra)
+
+    try:
+        assert serve_("contest", "--run-id", "t1").returncode == 0
+        r = forge(tmp_path, *bench)
+        assert r.returncode == 0, r.stderr
+        assert forge(tmp_path, "stop").returncode == 0
+        serve_json, manifest = (run / "serve.json").read_bytes(), (run / "manifest.json").read_bytes()
+        # another profile's server is refused that run id: serve.json and the log stay the contest server's
+        r = serve_("upstream", "--run-id", "t1")
+        assert r.returncode == 2 and "run t1 was measured with profile contest" in r.stderr, r.stderr
+        assert "would run profile upstream" in r.stderr and "new run" in r.stderr and "Traceback" not in r.stderr
+        assert (run / "serve.json").read_bytes() == serve_json
+        assert not (tmp_path / "build" / "serve" / "server.json").exists()
+        # results of another profile's server are refused that run: nothing is relabelled
+        assert serve_("upstream").returncode == 0
+        r = forge(tmp_path, *bench, "--run-id", "t1")
+        assert r.returncode == 2 and "run t1 was measured with profile contest" in r.stderr, r.stderr
+        assert "the server answering now runs profile upstream" in r.stderr
+        assert (run / "manifest.json").read_bytes() == manifest
+        assert forge(tmp_path, "stop").returncode == 0
+        # the same profile resumes
+        assert serve_("contest", "--run-id", "t1").returncode == 0
+        r = forge(tmp_path, *bench)
+        assert r.returncode == 0 and "already done in run t1; kept" in r.stderr, r.stderr
+        assert json.loads((run / "manifest.json").read_text())["profile"] == "contest"
+    finally:
+        forge(tmp_path, "stop")

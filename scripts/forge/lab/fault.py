@@ -66,10 +66,10 @@ def fault_check(run: Run, name: str, model: Path, datasets: dict) -> dict:
         stop.set()
         k.join(timeout=5)
     st["popen"].poll()
-    res = {t["name"]: runs.read_json(bench.result_path(rdir, t["name"])) for t in tiers}
+    res = {t["name"]: runs.read_json(runs.result_path(rdir, t["name"])) for t in tiers}
     ref_dir = run.run_dir(name)
     verdict = {}
-    if all(bench.result_path(ref_dir, t["name"]).is_file() for t in tiers):
+    if all(runs.result_path(ref_dir, t["name"]).is_file() for t in tiers):
         base = score.baseline_from_run(ref_dir, run.contest)
         if all(m["tok_s"] > 0 for m in base["tiers"].values()):
             base["label"] = f"{name} measured in this run, before the fault (H200 proxy: {name} = 60.0)"

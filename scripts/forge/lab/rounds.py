@@ -127,9 +127,9 @@ def round_identity(run: Run, dataset: Path) -> dict:
 def kept_round(run: Run, rdir: Path, tname: str, ident: dict) -> bool:
     """A finished round from an earlier invocation is kept when it was measured (not recorded as
     failed for a missing server) with the same prompts, bundle, server arguments and device."""
-    if not bench.tier_done(rdir, tname, keep_failed=True):
+    if not runs.tier_done(rdir, tname, keep_failed=True):
         return False
-    if runs.read_json(bench.result_path(rdir, tname)).get("forge_synthesized"):
+    if runs.read_json(runs.result_path(rdir, tname)).get("forge_synthesized"):
         return False
     idf = rdir / f"{tname}.identity.json"
     prev = runs.read_json(idf) if idf.is_file() else None
@@ -188,7 +188,7 @@ def bench_rounds(run: Run, names: list[str], model: Path, datasets: dict[str, li
                 rdir = run.run_dir(name) / "rounds" / f"r{r}"
                 rdir.mkdir(parents=True, exist_ok=True)
                 if kept_round(run, rdir, tname, ident):
-                    done[name][tname][r] = bench.result_path(rdir, tname)
+                    done[name][tname][r] = runs.result_path(rdir, tname)
                     # what a served round took then is the best guess for this tier's later rounds
                     kept = runs.read_json(done[name][tname][r])
                     if kept.get("completed") and not kept.get("failed") and \
@@ -220,8 +220,8 @@ def bench_rounds(run: Run, names: list[str], model: Path, datasets: dict[str, li
                 if status is None:
                     continue
                 est[tname] = max(est[tname] or 0.0, took)
-                res = runs.read_json(bench.result_path(rdir, tname))
-                done[name][tname][r] = bench.result_path(rdir, tname)
+                res = runs.read_json(runs.result_path(rdir, tname))
+                done[name][tname][r] = runs.result_path(rdir, tname)
                 run.step(f"round {r} tier {tname} {name}: {res.get('output_throughput', 0):.2f} tok/s",
                          status=status, seconds=round(took, 1), completed=res.get("completed"),
                          failed=res.get("failed"), ttft_ms=res.get("p99_ttft_ms"), tpot_ms=res.get("p99_tpot_ms"))
@@ -238,7 +238,7 @@ def finish_runs(run: Run, names: list[str], done: dict) -> dict[str, Path]:
         for tname in done[name]:
             common = sorted(set.intersection(*(set(done[n][tname]) for n in names)))
             used[tname] = common
-            final = bench.result_path(rdir, tname)
+            final = runs.result_path(rdir, tname)
             if common:
                 runs.write_json(final, merge_results([runs.read_json(done[name][tname][r]) for r in common]))
             elif final.is_file():
@@ -261,7 +261,7 @@ def finish_runs(run: Run, names: list[str], done: dict) -> dict[str, Path]:
 
 def scores(run: Run, run_dirs: dict[str, Path], ref: str) -> dict:
     tiers = contest_mod.tier_names(run.contest)
-    complete_runs = {n: d for n, d in run_dirs.items() if all(bench.result_path(d, t).is_file() for t in tiers)}
+    complete_runs = {n: d for n, d in run_dirs.items() if all(runs.result_path(d, t).is_file() for t in tiers)}
     out = {}
     if ref not in complete_runs:
         run.summary["score_note"] = f"no proxy score: the reference {ref} lacks a result for some tier"

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ForgeError
-from ..run import bench, runs, synth
+from ..run import runs, synth
 from ..run.score_doc import fmt
 from ..run import contest as contest_mod
 from .serverlog import log_facts
@@ -40,13 +40,13 @@ def tier_ratio_lines(run: Run, names: list[str], ref: str) -> list[str]:
     rows, ratios = [], {}
     for t in tiers:
         ref_m = None
-        if bench.result_path(run.run_dir(ref, create=False), t).is_file():
+        if runs.result_path(run.run_dir(ref, create=False), t).is_file():
             try:
                 ref_m = predict.run_means(run.run_dir(ref, create=False), t)
             except ForgeError:
                 pass
         for n in names:
-            p = bench.result_path(run.run_dir(n, create=False), t)
+            p = runs.result_path(run.run_dir(n, create=False), t)
             if not p.is_file():
                 continue
             try:
@@ -125,7 +125,7 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
         cells, tok = [], {}
         ttft, tpot, nprompt = [], [], []
         for n in names:
-            p = bench.result_path(run.run_dir(n, create=False), t)
+            p = runs.result_path(run.run_dir(n, create=False), t)
             if p.is_file():
                 r = runs.read_json(p)
                 tok[n] = r.get("output_throughput") or 0.0

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import contest as contest_mod
 from . import runs, serve, synth
+from .runs import count_lines, result_path, set_aside_failed, tier_done
 from .. import paths, proc, ui
 from ..errors import ForgeError
 from ..hashing import sha256_file
@@ -64,45 +65,6 @@ def client_args(contest: dict, *, dataset: Path, num_prompts: int, model: str, h
     return out
 
 
-def result_path(rdir: Path, tier: str) -> Path:
-    return rdir / f"{tier}.json"
-
-
-def tier_done(rdir: Path, tier: str, keep_failed: bool = False) -> bool:
-    """A finished result for `tier`: one where every request completed, or with keep_failed any
-    result (failed requests included)."""
-    p = result_path(rdir, tier)
-    if not p.is_file():
-        return False
-    try:
-        d = runs.read_json(p)
-    except ForgeError:
-        return False
-    if not (isinstance(d, dict) and "completed" in d):
-        return False
-    return keep_failed or (not d.get("failed") and bool(d.get("completed")))
-
-
-def set_aside_failed(rdir: Path, tier: str) -> Path | None:
-    """Move a tier's result with failed requests to failed/<tier>.<n>.json before it is rerun."""
-    p = result_path(rdir, tier)
-    if not p.is_file():
-        return None
-    dest_dir = rdir / "failed"
-    dest_dir.mkdir(exist_ok=True)
-    n = 1
-    while (dest_dir / f"{tier}.{n}.json").exists():
-        n += 1
-    dest = dest_dir / f"{tier}.{n}.json"
-    os.replace(p, dest)
-    return dest
-
-
-def count_lines(path: Path) -> int:
-    with open(path, "rb") as f:
-        return sum(1 for line in f if line.strip())
-
-
 def _stop_stale_client(manifest: dict) -> None:
     c = manifest.get("client_running")
     if c and proc.process_start_time(c["pid"]) == c["start_time"]:
@@ -112,42 +74,66 @@ def _stop_stale_client(manifest: dict) -> None:
 
 
 def _datasets(contest: dict, tiers: list[dict], data_dir: str | None, model: str | None, rdir: Path,
-              num_prompts: int | None, manifest: dict) -> dict:
-    out = {}
-    workload = None
-    for t in tiers:
+              num_prompts: int | None, manifest: dict, save) -> dict:
+    """Each tier's dataset record (the manifest's "datasets"). A tier with a complete result keeps
+    the dataset it was measured on: a resume that would change one is refused before anything is
+    written. A synthetic file is built beside its place and moved there once checked, and recorded
+    at once (`save()` writes the manifest), so an interrupted run keeps what it built."""
+    recorded = manifest.get("datasets") or {}
+    out, todo, workload = {}, [], None
+    for t in tiers:                      # first what can be checked without building anything
         name = t["name"]
-        prev = manifest.get("datasets", {}).get(name)
+        prev = recorded.get(name)
+        done = bool(prev) and tier_done(rdir, name)
         if data_dir:
             path = Path(data_dir) / t["file"]
             if not path.is_file():
                 raise ForgeError(f"DATA_DIR {data_dir}: the tier file {t['file']} is missing",
                                  hint="DATA_DIR must hold the official tier files; leave it unset for synthetic data")
             n = num_prompts or t["num_prompts"] or count_lines(path)
-            out[name] = {"kind": "official", "path": str(path.resolve()), "num_prompts": n}
+            out[name] = {"kind": "official", "path": str(path.resolve()), "num_prompts": n,
+                         "sha256": sha256_file(path)}
+            if done and prev.get("sha256") not in (None, out[name]["sha256"]):
+                raise _dataset_differs(rdir, name)
         else:
-            if workload is None:
-                workload = synth.load_workload(contest)
-            path = rdir / "datasets" / f"{name}.jsonl"
+            workload = workload or synth.load_workload(contest)
             pairs = [list(x) for x in synth.stratified(workload["tiers"][name]["requests"], num_prompts)]
-            n = len(pairs)
-            if not (prev and path.is_file() and prev.get("requests") == pairs):
-                if not model:
-                    raise ForgeError("no model directory to build the synthetic tier prompts from",
-                                     hint="pass --model DIR (the served model), or DATA_DIR with the tier files")
-                with ui.step(f"synthetic dataset {name}: {n} requests of the contest workload (configs/workload.yaml)"):
-                    info = synth.build_workload_tier(Path(model), name, [tuple(x) for x in pairs], path)
-                out[name] = {"kind": "synthetic", "shape": "contest workload (configs/workload.yaml)",
-                             "path": str(path), "num_prompts": n, "requests": pairs,
-                             "input_lens": info["input_lens"], "prompt_tokens": info["prompt_tokens"],
-                             "chat_template": info["chat_template"], "tokenizer": str(model)}
-            else:
-                out[name] = prev
-        out[name]["sha256"] = sha256_file(Path(out[name]["path"]))
-        if prev and prev.get("sha256") not in (None, out[name]["sha256"]) and tier_done(rdir, name):
-            raise ForgeError(f"tier {name}: the dataset differs from the one run {rdir.name} was started with",
-                             hint="resume with the same DATA_DIR, or start a new run (omit --run-id)")
-    return out
+            if done and prev.get("requests") != pairs:
+                raise _dataset_differs(rdir, name)
+            todo.append((not done, name, pairs))
+    for _, name, pairs in sorted(todo, key=lambda x: x[0]):   # measured tiers first: a refusal comes first
+        prev = recorded.get(name)
+        path = rdir / "datasets" / f"{name}.jsonl"
+        sha = sha256_file(path) if path.is_file() else None
+        if prev and sha and prev.get("requests") == pairs and prev.get("sha256") in (None, sha):
+            out[name] = {**prev, "sha256": sha}
+            continue
+        if not model:
+            raise ForgeError("no model directory to build the synthetic tier prompts from",
+                             hint="pass --model DIR (the served model), or DATA_DIR with the tier files")
+        new = path.with_name(f"{name}.new.jsonl")
+        try:
+            with ui.step(f"synthetic dataset {name}: {len(pairs)} requests of the contest workload (configs/workload.yaml)"):
+                info = synth.build_workload_tier(Path(model), name, [tuple(x) for x in pairs], new)
+            sha = sha256_file(new)
+            if prev and prev.get("sha256") not in (None, sha) and tier_done(rdir, name):
+                raise _dataset_differs(rdir, name)
+            os.replace(new, path)
+        finally:
+            for p in (new, new.with_suffix(".tmp")):
+                p.unlink(missing_ok=True)
+        out[name] = {"kind": "synthetic", "shape": "contest workload (configs/workload.yaml)",
+                     "path": str(path), "num_prompts": len(pairs), "requests": pairs,
+                     "input_lens": info["input_lens"], "prompt_tokens": info["prompt_tokens"],
+                     "chat_template": info["chat_template"], "tokenizer": str(model), "sha256": sha}
+        manifest["datasets"] = {**recorded, **out}
+        save()
+    return {**recorded, **{t["name"]: out[t["name"]] for t in tiers}}
+
+
+def _dataset_differs(rdir: Path, name: str) -> ForgeError:
+    return ForgeError(f"tier {name}: the dataset differs from the one run {rdir.name} was measured on",
+                      hint="resume with the same DATA_DIR, --num-prompts and --model, or start a new run (omit --run-id)")
 
 
 def run_tier(contest: dict, tier: dict, ds: dict, *, launcher: list[str], model: str, host: str, port: int,
@@ -269,9 +255,10 @@ def run_tiers(*, profile: str | None = None, run_id: str | None = None, model: s
                   data_dir=data_dir or os.environ.get("DATA_DIR") or None, num_prompts=num_prompts,
                   client=client, progress_every=progress_every, keep_failed=keep_failed, harness=harness)
     except BaseException:
-        # an early error leaves no empty run folder behind: nothing but what this invocation made
-        if created and not any(result_path(rdir, t["name"]).is_file() for t in contest["tiers"]):
-            shutil.rmtree(rdir, ignore_errors=True)
+        # an early error leaves no empty run folder behind; what the run made (the client log an
+        # error points at, built datasets, the manifest) stays for the rerun
+        if created:
+            runs.prune_empty(rdir)
         raise
     return rdir
 
@@ -291,14 +278,21 @@ def _bench_in(contest: dict, st: dict | None, host: str, port: int, health: str,
               harness: bool) -> None:
     mpath = rdir / "manifest.json"
     manifest = runs.read_json(mpath) if mpath.is_file() else {}
-    _stop_stale_client(manifest)
+    # one run, one profile: a resume measures with the profile its tiers and server record have
+    again = f"start a new run (omit --run-id, or give a new one), or resume {run_id} with a server of the " \
+            f"profile it was measured with: forge serve --profile {{prior}} --run-id {run_id}"
+    runs.refuse_other_profile(rdir, profile, "the server answering now runs", hint=again)
     serve_json = rdir / "serve.json"
+    srv = runs.read_json(serve_json) if serve_json.is_file() else None
+    if profile and isinstance(srv, dict) and srv.get("profile") not in (None, profile):
+        raise ForgeError(f"run {run_id}: its server record {paths.rel(serve_json)} is of profile {srv['profile']}; "
+                         f"the server answering now runs profile {profile}", hint=again.format(prior=srv["profile"]))
+    _stop_stale_client(manifest)
     launcher = client_launcher(client)
     manifest.update({
         "run_id": run_id, "profile": profile, "created": manifest.get("created") or runs.now_iso(),
         "updated": runs.now_iso(), "git": runs.git_commit(),
-        "server": runs.read_json(serve_json) if serve_json.is_file() else {"host": host, "port": port,
-                                                                          "started_by_forge": False},
+        "server": srv if srv is not None else {"host": host, "port": port, "started_by_forge": False},
         "scored_port": port == serve.LOCKED_PORT, "model": str(model), "device": runs.device_info(),
         "client": proc.fmt(launcher + ["bench", "serve"]),
     })
@@ -308,7 +302,8 @@ def _bench_in(contest: dict, st: dict | None, host: str, port: int, health: str,
     manifest["harness"] = harness
     if "vllm" not in manifest:
         manifest["vllm"] = runs.vllm_provenance(python_of(launcher))
-    manifest["datasets"] = _datasets(contest, tiers, data_dir, model, rdir, num_prompts, manifest)
+    manifest["datasets"] = _datasets(contest, tiers, data_dir, model, rdir, num_prompts, manifest,
+                                     save=lambda: runs.write_json(mpath, manifest))
     manifest.setdefault("tiers", {})
     runs.write_json(mpath, manifest)
 

@@ -88,6 +88,45 @@ def failed_result(contest: dict, tier: str, n: int, reason: str) -> dict:
             "forge_synthesized": f"server unreachable; all {n} requests recorded as failed"}
 
 
+def result_path(rdir: Path, tier: str) -> Path:
+    return rdir / f"{tier}.json"
+
+
+def tier_done(rdir: Path, tier: str, keep_failed: bool = False) -> bool:
+    """A finished result for `tier`: one where every request completed, or with keep_failed any
+    result (failed requests included)."""
+    p = result_path(rdir, tier)
+    if not p.is_file():
+        return False
+    try:
+        d = read_json(p)
+    except ForgeError:
+        return False
+    if not (isinstance(d, dict) and "completed" in d):
+        return False
+    return keep_failed or (not d.get("failed") and bool(d.get("completed")))
+
+
+def set_aside_failed(rdir: Path, tier: str) -> Path | None:
+    """Move a tier's result with failed requests to failed/<tier>.<n>.json before it is rerun."""
+    p = result_path(rdir, tier)
+    if not p.is_file():
+        return None
+    dest_dir = rdir / "failed"
+    dest_dir.mkdir(exist_ok=True)
+    n = 1
+    while (dest_dir / f"{tier}.{n}.json").exists():
+        n += 1
+    dest = dest_dir / f"{tier}.{n}.json"
+    os.replace(p, dest)
+    return dest
+
+
+def count_lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
 def tier_record(status: str, res: dict, seconds: float | None) -> dict:
     """The manifest's record of a tier's result file."""
     return {"status": status, "seconds": seconds, "finished": now_iso(), "completed": res.get("completed"),
@@ -107,6 +146,50 @@ def record_kept_tier(manifest: dict, name: str, res: dict) -> bool:
               else "server-died" if "server died" in errors else "server-down")
     manifest["tiers"][name] = {**tier_record(status, res, None), "recorded_on_resume": True}
     return True
+
+
+# --- what a run folder already holds ---------------------------------------------------------
+
+def measured_with(rdir: Path) -> dict | None:
+    """{"profile", "tiers"}: the profile manifest.json records for the tiers measured in run folder
+    `rdir` (a result file, or the record of one), or None while no tier was measured there."""
+    mpath = Path(rdir) / "manifest.json"
+    try:
+        m = read_json(mpath) if mpath.is_file() else None
+    except ForgeError:
+        return None
+    if not isinstance(m, dict):
+        return None
+    recorded = m.get("tiers") or {}
+    names = set(recorded) | set(m.get("datasets") or {})
+    measured = sorted(n for n in names if n in recorded or (Path(rdir) / f"{n}.json").is_file())
+    return {"profile": m.get("profile"), "tiers": measured} if measured else None
+
+
+def profile_label(profile: str | None) -> str:
+    return f"profile {profile}" if profile else "no profile label (a server not started by forge serve)"
+
+
+def refuse_other_profile(rdir: Path, profile: str | None, now: str, hint: str) -> None:
+    """Refuse to add a server or results of `profile` to a run folder whose tiers were measured with
+    another profile: the run would label two profiles' measurements as one. `now` says what would
+    be added ("the server answering now runs"); `hint` is the fix, where {prior} is the recorded
+    profile."""
+    prior = measured_with(rdir)
+    if prior is None or prior["profile"] == profile:
+        return
+    raise ForgeError(f"run {Path(rdir).name} was measured with {profile_label(prior['profile'])} "
+                     f"(tier(s) {', '.join(prior['tiers'])}); {now} {profile_label(profile)}",
+                     hint=hint.format(prior=prior["profile"] or "PROFILE"))
+
+
+def prune_empty(d: Path) -> None:
+    """Remove folder `d` and the folders under it that hold no file; whatever holds a file stays."""
+    for sub, _dirs, _files in os.walk(d, topdown=False):
+        try:
+            os.rmdir(sub)
+        except OSError:
+            pass
 
 
 # --- provenance ----------------------------------------------------------------------------------

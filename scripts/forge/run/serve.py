@@ -234,7 +234,10 @@ def start_server(prof: dict, model_path: Path, *, contest: dict, port: int, run_
     if port_open(host, port):
         raise ForgeError(f"port {port} on {host} is already in use by another process",
                          hint="stop it first (find it with `ss -ltnp | grep :%d`)" % port)
-    rdir = Path(run_dir) if run_dir else runs.run_dir(run_id)
+    rdir = Path(run_dir) if run_dir else runs.run_dir(run_id, create=False)
+    # resuming a run keeps its profile: its serve.json and results must describe one server
+    runs.refuse_other_profile(rdir, prof["name"], "this server would run", hint=(
+        f"start a new run: omit --run-id (or give a new one); --profile {{prior}} --run-id {run_id} resumes it"))
     rdir.mkdir(parents=True, exist_ok=True)
     log = rdir / "server.log"
     runs.write_json(rdir / "serve.json", {
