@@ -59,3 +59,57 @@ def test_runs_missing_a_tier_count_only_where_they_have_it(tmp_path):
     empty.mkdir()
     r = forge(tmp_path, "compare", "--a", str(empty), "--b", str(FIXTURE_RUNS / "base"))
     assert r.returncode == 2 and "no tier results" in r.stderr and "Traceback" not in r.stderr
+
+
+def _harness_runs(tmp_path, reference_in_summary: bool):
+    """An e2e-style results folder: runs/upstream and runs/fast marked as harness runs."""
+    import json
+    root = tmp_path / "e2e"
+    for name, src in (("upstream", "base"), ("fast", "fast")):
+        shutil.copytree(FIXTURE_RUNS / src, root / "runs" / name)
+        man = root / "runs" / name / "manifest.json"
+        man.write_text(json.dumps({**json.loads(man.read_text()), "harness": True}))
+    if reference_in_summary:
+        (root / "summary.json").write_text(json.dumps({"reference": "upstream"}))
+    return root / "runs"
+
+
+def _rows(out: str) -> dict:
+    return {" ".join(l.split()[:2]): l.split() for l in out.splitlines()[1:]}
+
+
+def test_harness_runs_are_never_scored_against_the_dcu_baseline(tmp_path):
+    from forge.run import contest, score
+    rdir = _harness_runs(tmp_path, reference_in_summary=False)
+    r = forge(tmp_path, "compare", "--a", str(rdir / "upstream"), "--b", str(rdir / "fast"))
+    assert r.returncode == 0, r.stderr
+    assert "default baseline" not in r.stdout
+    last = r.stdout.splitlines()[-1]
+    assert last.startswith("not compared:") and "score" in last and "harness" in last and "--reference" in last
+    # against the same run's reference, given or found through the results' summary.json
+    c = contest.load_contest()
+    want = score.score(c, score.load_run(rdir / "fast", c), score.baseline_from_run(rdir / "upstream", c))
+    given = forge(tmp_path, "compare", "--a", str(rdir / "upstream"), "--b", str(rdir / "fast"),
+                  "--reference", str(rdir / "upstream"))
+    shutil.rmtree(tmp_path / "e2e")
+    rdir = _harness_runs(tmp_path, reference_in_summary=True)
+    found = forge(tmp_path, "compare", "--a", str(rdir / "upstream"), "--b", str(rdir / "fast"))
+    for res in (given, found):
+        assert res.returncode == 0, res.stderr
+        row = _rows(res.stdout)["score (reference"]
+        assert row[3:5] == ["60.00", f"{want['total']:.2f}"]
+        assert "default baseline" not in res.stdout and "upstream" in res.stdout
+    # a harness run and a DCU run share no baseline: no score row, or a refused reference
+    mixed = forge(tmp_path, "compare", "--a", str(FIXTURE_RUNS / "base"), "--b", str(rdir / "fast"))
+    assert mixed.returncode == 0 and "score (" not in mixed.stdout.split("noise band")[0]
+    assert "score" in mixed.stdout.splitlines()[-1]
+    bad = forge(tmp_path, "compare", "--a", str(FIXTURE_RUNS / "base"), "--b", str(rdir / "fast"),
+                "--reference", str(rdir / "upstream"))
+    assert bad.returncode == 2 and "harness" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("pct", ["-5", "0", "nan"])
+def test_noise_pct_must_be_positive(tmp_path, pct):
+    r = forge(tmp_path, "compare", "--a", str(FIXTURE_RUNS / "base"), "--b", str(FIXTURE_RUNS / "fast"),
+              "--noise-pct", pct)
+    assert r.returncode == 2 and "--noise-pct" in r.stderr and "Traceback" not in r.stderr

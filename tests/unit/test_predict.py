@@ -154,3 +154,12 @@ def test_make_predict_passes_speedups():
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "--speedup prefill_attn=10 --speedup gemv=1.45" in r.stdout and "--baseline-name team" in r.stdout
+
+
+def test_help_names_only_files_of_this_repository(tmp_path):
+    import re
+    r = forge(tmp_path, "predict", "--help")
+    assert r.returncode == 0, r.stderr
+    named = set(re.findall(r"[\w.-]+(?:/[\w.-]+)+\.(?:md|yaml|yml|json|py|txt)", r.stdout))
+    assert "configs/workload.yaml" in named
+    assert [p for p in named if not (ROOT / p).exists()] == []

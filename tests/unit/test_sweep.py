@@ -51,3 +51,26 @@ def test_sweep_refuses_an_unknown_profile_before_starting_anything(tmp_path, mod
               "--client", REPLAY, "--port", str(port))
     assert r.returncode == 2 and "no-such-profile" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_sweep_of_a_profile_given_as_a_path_makes_a_fresh_run_each_time(tmp_path, model):
+    prof = tmp_path / "mine.yaml"          # a profile file outside configs/serve/, given by its path
+    prof.write_text((Path(__file__).resolve().parents[2] / "configs" / "serve" / "fast-decode.yaml").read_text())
+    for n in (1, 2):
+        r = forge(tmp_path, "sweep", str(prof), "--model", str(model), "--vllm", FAKE, "--client", REPLAY,
+                  "--port", str(free_port()), "--num-prompts", "1", "--timeout", "30", timeout=300,
+                  REPLAY_FROM=str(FIXTURE_RUNS / "base"), REPLAY_LOG=str(tmp_path / "replay.log"))
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        runs = sorted((tmp_path / "runs").iterdir())
+        # a new run named after the profile each time, never the earlier one's folder reused
+        assert len(runs) == n and all("-mine" in d.name and ".yaml" not in d.name for d in runs)
+        assert all((d / "score.json").is_file() for d in runs)
+        assert r.stdout.strip().splitlines()[-1].split()[1] in {d.name for d in runs}
+
+
+@pytest.mark.parametrize("repeat", ["0", "-1"])
+def test_sweep_refuses_a_repeat_below_one(tmp_path, model, repeat):
+    r = forge(tmp_path, "sweep", "upstream", "--model", str(model), "--vllm", FAKE, "--client", REPLAY,
+              "--port", str(free_port()), "--repeat", repeat)
+    assert r.returncode == 2 and "--repeat" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "runs").exists()

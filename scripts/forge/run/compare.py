@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
+from pathlib import Path
 
 from . import contest as contest_mod
 from . import bench, runs, score, serve
@@ -24,9 +26,8 @@ def _side(paths: list[str], contest: dict) -> list[dict]:
     return side
 
 
-def _metric_rows(contest: dict, side: list[dict]) -> dict[str, list[float | None]]:
+def _metric_rows(contest: dict, side: list[dict], base: dict | None, score_key: str) -> dict[str, list[float | None]]:
     rows: dict[str, list] = {}
-    base = score.baseline_from_config(contest)
     for r in side:
         for name, m in r["tiers"].items():
             rows.setdefault(f"{name} tok/s", []).append(m["tok_s"])
@@ -34,8 +35,48 @@ def _metric_rows(contest: dict, side: list[dict]) -> dict[str, list[float | None
         if r["missing"]:                 # pooled TPOT and score need every tier: rows from complete runs only
             continue
         rows.setdefault("pooled TPOT P99 ms", []).append(r["tpot_p99_pooled_ms"])
-        rows.setdefault("score (default baseline)", []).append(score.score(contest, r, base)["total"])
+        if base is not None:
+            rows.setdefault(score_key, []).append(score.score(contest, r, base)["total"])
     return rows
+
+
+def _same_run_reference(r: dict) -> Path | None:
+    """The reference profile's folder beside a run of an e2e results folder (<results>/runs/<profile>,
+    the reference named in <results>/summary.json), or None."""
+    p = Path(r["path"]).resolve()
+    summary = p.parent.parent / "summary.json"
+    if p.parent.name != "runs" or not summary.is_file():
+        return None
+    try:
+        ref = runs.read_json(summary).get("reference")
+    except (ForgeError, AttributeError):
+        return None
+    return p.parent / ref if isinstance(ref, str) and ref and (p.parent / ref).is_dir() else None
+
+
+def score_baseline(contest: dict, all_runs: list[dict], reference: dict | None = None) -> tuple[dict | None, str]:
+    """The baseline every run may be scored against, as `forge score` pairs them (a harness run only
+    against a harness run, a real run never against one): `reference` when given (a refused pairing
+    is an error), else the default set, else for harness runs their results' common reference run.
+    Returns (baseline, row name) or (None, why there is no score row)."""
+    if reference is not None:
+        for r in all_runs:
+            score.check_pairing(r, reference, f"run {r['path']}")
+        return reference, "score (reference run)"
+    harness = [r for r in all_runs if r["harness"]]
+    if not harness:
+        return score.baseline_from_config(contest), "score (default baseline)"
+    why = ("score (harness runs, random weights on a GPU machine, are scored only against a harness reference; "
+           "pass --reference <the same run's reference folder>)")
+    if len(harness) < len(all_runs):
+        return None, "score (harness and DCU runs share no baseline; compare one kind per call)"
+    refs = {_same_run_reference(r) for r in all_runs}
+    if len(refs) != 1 or None in refs:
+        return None, why
+    try:
+        return score.baseline_from_run(refs.pop(), contest), "score (reference run)"
+    except ForgeError:
+        return None, why
 
 
 def delta(a: list[float], b: list[float], noise_pct: float) -> dict:
@@ -58,16 +99,22 @@ def delta(a: list[float], b: list[float], noise_pct: float) -> dict:
 
 
 def compare(contest: dict, a_runs: list[dict], b_runs: list[dict], noise_pct: float,
-            uncompared: list[str] | None = None) -> dict:
+            uncompared: list[str] | None = None, reference: dict | None = None) -> dict:
     """Per metric, the delta of side B against side A; metrics without a value on one side are
-    appended to `uncompared` (as 'metric (no run on side X)')."""
-    ra, rb = _metric_rows(contest, a_runs), _metric_rows(contest, b_runs)
+    appended to `uncompared` (as 'metric (no run on side X)'), as is the score when the runs may not
+    be scored against one baseline (score_baseline). The score's delta names its baseline."""
+    base, score_key = score_baseline(contest, [*a_runs, *b_runs], reference)
+    if base is None and uncompared is not None:
+        uncompared.append(score_key)
+    ra, rb = _metric_rows(contest, a_runs, base, score_key), _metric_rows(contest, b_runs, base, score_key)
     out = {}
     for key in dict.fromkeys([*ra, *rb]):
         av = [x for x in ra.get(key, []) if x is not None]
         bv = [x for x in rb.get(key, []) if x is not None]
         if av and bv:
             out[key] = delta(av, bv, noise_pct)
+            if key == score_key:
+                out[key]["baseline"] = base["label"]
         elif uncompared is not None:
             uncompared.append(f"{key} (no run on side {'A' if not av else 'B'})")
     return out
@@ -76,7 +123,8 @@ def compare(contest: dict, a_runs: list[dict], b_runs: list[dict], noise_pct: fl
 def cmd_compare(args) -> int:
     contest = contest_mod.load_contest()
     skipped: list[str] = []
-    res = compare(contest, _side(args.a, contest), _side(args.b, contest), args.noise_pct, skipped)
+    ref = score.baseline_from_run(runs.resolve_run(args.reference), contest) if args.reference else None
+    res = compare(contest, _side(args.a, contest), _side(args.b, contest), args.noise_pct, skipped, ref)
     print(f"{'metric':<26} {'A':>10} {'B':>10} {'B-A':>10} {'rel':>8} {'band':>9} {'runs':>5}  verdict")
     for key, d in res.items():
         rel = f"{100 * d['rel']:+.1f}%" if d["rel"] is not None else "—"
@@ -84,6 +132,9 @@ def cmd_compare(args) -> int:
         n = f"{d['n_a']}+{d['n_b']}"
         print(f"{key:<26} {d['a']:>10.2f} {d['b']:>10.2f} {d['delta']:>+10.2f} {rel:>8} {d['band']:>9.2f} {n:>5}"
               f"  {verdict}")
+    for key, d in res.items():
+        if "baseline" in d and key != "score (default baseline)":
+            print(f"score baseline: {d['baseline']}")
     bands = {d["band_from"] for d in res.values()}
     print(f"noise band: {'; '.join(sorted(bands))}")
     if skipped:
@@ -99,24 +150,37 @@ def sweep(profiles: list[str], *, model: str | None = None, image: str | None = 
     stop the server and score the run. Returns (profile, run id, score) per run."""
     if not profiles:
         raise ForgeError("no profiles given", hint="forge sweep upstream contest (make sweep PROFILES=\"upstream contest\")")
+    if repeat < 1:
+        raise ForgeError(f"--repeat {repeat}: the list must run at least once",
+                         hint="--repeat 1 (the default) runs each profile once; 3 gives a noise estimate")
     contest = contest_mod.load_contest()
-    for prof in profiles:                 # a typo fails before the first server starts
-        profiles_mod.load_profile(prof, contest)
+    # a typo fails before the first server starts; a profile given as a path is named by its file
+    names = {prof: profiles_mod.load_profile(prof, contest)["name"] for prof in profiles}
     results = []
     total = len(profiles) * repeat
     for i, prof in enumerate(profiles * repeat, 1):
         with ui.step(f"sweep {i}/{total}: profile {prof}"):
-            run_id = runs.new_run_id(prof) + (f"-r{i}" if repeat > 1 else "")
+            run_id = _fresh_run_id(names[prof], f"-r{i}" if repeat > 1 else "")
             serve.serve_profile(prof, model, image=image, vllm_cmd=vllm_cmd, port=port, run_id=run_id,
                                 timeout=timeout, shm_size=shm_size, contest=contest)
             try:
-                bench.run_tiers(profile=prof, run_id=run_id, model=model, data_dir=data_dir,
+                bench.run_tiers(profile=names[prof], run_id=run_id, model=model, data_dir=data_dir,
                                 num_prompts=num_prompts, client=client, port=port, contest=contest)
             finally:
                 serve.stop_running_server()
             res, _ = score.score_run(run_id, contest=contest)
-            results.append((prof, run_id, res))
+            results.append((names[prof], run_id, res))
     return results
+
+
+def _fresh_run_id(name: str, suffix: str) -> str:
+    """A run id for `name` whose folder does not exist yet: each sweep run starts from nothing."""
+    base = runs.new_run_id(name) + suffix
+    run_id, k = base, 1
+    while (runs.runs_root() / run_id).exists():
+        k += 1
+        run_id = f"{base}-{k}"
+    return run_id
 
 
 def cmd_sweep(args) -> int:
@@ -130,15 +194,29 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def _positive_pct(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage > 0 (e.g. --noise-pct 3)")
+    return v
+
+
 def register(sub) -> None:
     p = sub.add_parser("compare", help="per-tier deltas between runs A and B, with a noise band",
                        description="Compare tok/s, TTFT P99, pooled TPOT P99 and score per tier between two sets of "
                                    "runs. Several runs per side give a measured noise band (2 × standard error); "
-                                   "one run per side uses --noise-pct.")
+                                   "one run per side uses --noise-pct. The score uses forge score's pairing: a "
+                                   "harness run only against a harness reference (--reference, or the one its e2e "
+                                   "results name), a DCU run against the default baseline set or --reference.")
     p.add_argument("--a", nargs="+", required=True, help="run folder(s) or id(s) of side A")
     p.add_argument("--b", nargs="+", required=True, help="run folder(s) or id(s) of side B")
-    p.add_argument("--noise-pct", type=float, default=3.0,
-                   help="assumed run-to-run noise in %% when neither side has repeats (default 3)")
+    p.add_argument("--noise-pct", type=_positive_pct, default=3.0,
+                   help="assumed run-to-run noise in %% when neither side has repeats (default 3; > 0)")
+    p.add_argument("--reference", help="score both sides against this run (a harness run's same-run reference, "
+                                       "found beside e2e results by default) instead of the default baseline set")
     p.set_defaults(func=cmd_compare)
     s = sub.add_parser("sweep", help="serve, bench all tiers, score and stop for each profile in turn",
                        description="For each profile: forge serve, forge bench-all-tiers, forge score, forge stop. "
@@ -148,7 +226,8 @@ def register(sub) -> None:
     s.add_argument("--image", help="container image (default: $IMAGE; else the installed wheel)")
     s.add_argument("--data-dir", help="official tier files (default: $DATA_DIR; else synthetic)")
     s.add_argument("--num-prompts", type=int, help="prompts per tier (default: configs/contest.yaml)")
-    s.add_argument("--repeat", type=int, default=1, help="run the whole list this many times (noise estimate)")
+    s.add_argument("--repeat", type=int, default=1,
+                   help="run the whole list this many times, at least 1 (noise estimate)")
     s.add_argument("--timeout", type=float, default=1800, help="seconds to wait for each server's /health")
     s.add_argument("--shm-size", default="64g", help="container shared memory (default 64g)")
     s.add_argument("--vllm", help="how to start vLLM natively (see forge serve --help)")

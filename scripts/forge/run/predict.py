@@ -5,9 +5,9 @@ output length per tier) and one of:
 - measured ratios: a run's per-tier mean TTFT and mean TPOT against same-run upstream (`--run` with
   `--reference`, or every profile of an e2e results folder with `--e2e`); assumes the ratios carry
   over from the machine they were measured on to the DCU;
-- a component model (`--speedup NAME=FACTOR`, `--speedups FILE`): the public DCU time model of
-  vLLM 0.18.1 (COMPONENTS below; design/contest-facts.md "The DCU time model") with a speed-up per
-  component, so a planned kernel is priced before it is written;
+- a component model (`--speedup NAME=FACTOR`, `--speedups FILE`): vLLM 0.18.1's time on the DCU as
+  prefill components (by prompt length) and per-token decode components (by context length), each
+  divided by its speed-up, so a planned kernel is priced before it is written;
 - absolute times (`--ttft-s a,b,c --tpot-ms a,b,c`): mean TTFT and TPOT per tier as measured on the
   DCU (e.g. another team's published stage).
 
@@ -29,8 +29,8 @@ from . import archive, runs, score, synth
 from .. import paths, ui
 from ..errors import ForgeError
 
-# The DCU time model: vLLM 0.18.1 upstream on gfx936 (public request-window profiles; see
-# design/contest-facts.md). Prefill of a prompt of S tokens, in seconds; decode per output token at
+# The DCU time model: vLLM 0.18.1 upstream on gfx936, from public request-window profiles.
+# Prefill of a prompt of S tokens, in seconds; decode per output token at
 # context C, in ms. Each entry: (what, function of S or C, source).
 ATTN_FLOPS_PER_S2 = 196_608          # causal full-attention FLOPs per S^2, 16 layers
 ATTN_BASE_FLOPS = 4.0e12             # the paged unified 2D kernel on gfx936: ~3.6-4.1 TFLOP/s
