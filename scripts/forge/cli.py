@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -64,6 +65,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _os_error(e: OSError) -> str:
+    """One line for an OSError that names a path: the path, what is wrong with it, what to check."""
+    where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+    if isinstance(e, NotADirectoryError):
+        what = "a part of this path is a file, not a folder"
+    elif isinstance(e, FileExistsError):
+        what = "already exists" + (" as a file" if os.path.isfile(e.filename) else "")
+    elif isinstance(e, IsADirectoryError):
+        what = "is a folder, not a file"
+    else:
+        what = e.strerror or str(e)
+    return f"{where}: {what}; check the path"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -75,6 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     except ForgeError as e:
         print(f"forge {args.verb}: error: {e}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:
+        # a path the verb could not create, read or write (a file where a folder is needed, no
+        # permission, disk full): the user fixes the path; an OSError naming no path is unexpected
+        if e.filename is None:
+            raise
+        print(f"forge {args.verb}: error: {_os_error(e)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"forge {args.verb}: interrupted; finished stages are kept, rerun to resume",
               file=sys.stderr)

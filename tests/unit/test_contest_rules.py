@@ -133,3 +133,50 @@ def test_extends_cycle_is_an_error(tmp_path, c, monkeypatch):
     (tmp_path / "b.yaml").write_text("description: b\nextends: a\n")
     with pytest.raises(ForgeError, match="cycle"):
         profiles.load_profile("a", c)
+
+
+@pytest.mark.parametrize("old,new,key", [
+    ("    weight: 20\n", "    weight: -20\n", "tiers[0].weight"),
+    ("    weight: 50\n", "    weight: .inf\n", "tiers[1].weight"),
+    ("  rate: 1.3", "  rate: 0", "scoring.rate"),
+    ("  floor: 0.6", "  floor: .nan", "scoring.floor"),
+    ("  ttft_p99_max_ratio: 1.5", "  ttft_p99_max_ratio: -1", "scoring.ttft_p99_max_ratio"),
+    ("  tpot_p99_max_ratio: 1.5", "  tpot_p99_max_ratio: 0", "scoring.tpot_p99_max_ratio"),
+    ("  min_completion: 0.99", "  min_completion: 7", "scoring.min_completion"),
+    ("  min_completion: 0.99", "  min_completion: 0", "scoring.min_completion"),
+    ("  display_decimals: 1", "  display_decimals: -3", "scoring.display_decimals"),
+    ("{max_loss: 0.02, factor: 0.97}", "{max_loss: 0.02, factor: 1.5}", "scoring.accuracy_factor[1].factor"),
+])
+def test_contest_config_values_are_range_checked(tmp_path, old, new, key):
+    text = (ROOT / "configs" / "contest.yaml").read_text()
+    assert old in text
+    bad = tmp_path / "contest.yaml"
+    bad.write_text(text.replace(old, new, 1))
+    with pytest.raises(ForgeError) as e:
+        contest.load_contest(str(bad))
+    msg = str(e.value)
+    assert "contest.yaml" in msg and f"'{key}'" in msg and "allowed:" in msg and "fix:" in msg
+
+
+def test_contest_config_range_edges_are_accepted(tmp_path):
+    text = (ROOT / "configs" / "contest.yaml").read_text()
+    ok = tmp_path / "contest.yaml"
+    ok.write_text(text.replace("  min_completion: 0.99", "  min_completion: 1").replace(
+        "  display_decimals: 1", "  display_decimals: 0"))
+    c = contest.load_contest(str(ok))
+    assert c["scoring"]["min_completion"] == 1.0 and c["scoring"]["display_decimals"] == 0
+
+
+def test_a_bare_flag_is_refused_for_an_option_that_takes_values(tmp_path, c):
+    path = write_profile(tmp_path, "description: x\noptions:\n  --dtype:\n    value: true\n    effect: e\n")
+    with pytest.raises(ForgeError) as e:
+        profiles.load_profile(path, c)
+    assert "options.--dtype" in str(e.value) and "auto, bfloat16" in str(e.value)
+    ok = ["--port", "8001", "--max-model-len", "32768", "--served-model-name", "Qwen3.5-27B"]
+    with pytest.raises(ForgeError, match="--dtype"):
+        contest.check_command(c, ok + ["--dtype", "--enforce-eager"])
+    # a flag the rules take without a value stays a flag; a listed value stays allowed
+    path = write_profile(tmp_path, "description: x\noptions:\n  --enforce-eager:\n    value: true\n    effect: e\n"
+                                   "  --dtype:\n    value: bfloat16\n    effect: e\n", name="q")
+    r = profiles.render(profiles.load_profile(path, c), "/m", c)
+    assert r["argv"][-3:] == ["--enforce-eager", "--dtype", "bfloat16"]

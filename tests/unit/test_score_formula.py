@@ -306,3 +306,57 @@ def test_missing_tier_is_a_clear_error(tmp_path):
     (run / "16-32K.json").unlink()
     r = forge(tmp_path, "score", "--run", str(run))
     assert r.returncode == 2 and "tier 16-32K has no result" in r.stderr and "--run-id part" in r.stderr
+
+
+# --- damaged inputs and failed writes: an error naming the file, never a traceback ---------------
+
+def test_a_failed_score_write_records_no_score_and_does_not_block_the_rerun(tmp_path):
+    run = tmp_path / "fast"
+    shutil.copytree(FIXTURE_RUNS / "fast", run)
+    (run / "score.md").mkdir()                          # score.md cannot be written
+    r = forge(tmp_path, "score", "--run", str(run), "--baseline", str(FIXTURE_RUNS / "base"))
+    assert r.returncode == 2 and "score.md" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (run / "score.json").exists()
+    assert not [p for p in run.iterdir() if ".tmp" in p.name]
+    (run / "score.md").rmdir()
+    r = forge(tmp_path, "score", "--run", str(run), "--baseline", str(FIXTURE_RUNS / "base"))
+    assert r.returncode == 0, r.stderr
+    assert (run / "score.json").is_file() and (run / "score.md").is_file()
+
+
+@pytest.mark.parametrize("file,change,key", [
+    ("8-16K.json", lambda d: d.update(completed="3"), "completed"),
+    ("8-16K.json", lambda d: d.update(output_lens=[2, 2, "x"]), "output_lens[2]"),
+    ("4-8K.json", lambda d: d["itls"].__setitem__(1, [0.01, None]), "itls[1]"),
+    ("4-8K.json", lambda d: d.update(errors=["", ""]), "errors"),
+    ("16-32K.json", lambda d: d.update(p99_ttft_ms="fast"), "p99_ttft_ms"),
+    ("manifest.json", None, "null"),
+])
+def test_mistyped_result_fields_name_the_file_and_key(tmp_path, file, change, key):
+    run = tmp_path / "bad"
+    shutil.copytree(FIXTURE_RUNS / "fast", run)
+    p = run / file
+    if change is None:
+        p.write_text("null")
+    else:
+        d = json.loads(p.read_text())
+        change(d)
+        p.write_text(json.dumps(d))
+    r = forge(tmp_path, "score", "--run", str(run), "--baseline", str(FIXTURE_RUNS / "base"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert file in r.stderr and key in r.stderr
+    assert not (run / "score.json").exists()
+
+
+@pytest.mark.parametrize("make_args", [
+    lambda f: ["predict", "--speedup", "gemv=2", "--out", str(f)],
+    lambda f: ["report", "--out", str(f / "x")],
+])
+def test_a_path_that_cannot_be_written_is_a_one_line_error(tmp_path, make_args):
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    r = forge(tmp_path, *make_args(f))
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and str(f) in r.stderr
+    errors = [x for x in r.stderr.splitlines() if "error:" in x]
+    assert len(errors) == 1 and errors[0].startswith(f"forge {make_args(f)[0]}: error: ")

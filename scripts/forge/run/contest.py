@@ -3,6 +3,7 @@ on load; and the one check every server command goes through (`check_options`)."
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..config import Field, load
@@ -104,9 +105,50 @@ def _cross_check(data: dict, file: str) -> None:
             if b["sets"][src].get("sla_from"):
                 raise ForgeError(f"{file}: key 'baselines.sets.{name}.sla_from': {src!r} takes its own SLA "
                                  "limits from another set; name that set directly")
+    _check_ranges(data, file)
     bounds = [a["max_loss"] for a in data["scoring"]["accuracy_factor"]]
     if bounds != sorted(bounds):
         raise ForgeError(f"{file}: key 'scoring.accuracy_factor': max_loss bounds must increase")
+
+
+def _in_range(file: str, key: str, v: float, lo: float, hi: float, lo_open: bool, hi_open: bool,
+              allowed: str, example: str, why: str) -> None:
+    ok = math.isfinite(v) and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+    if not ok:
+        raise ForgeError(f"{file}: key '{key}': {v!r} is out of range; allowed: {allowed}",
+                         hint=f"set a value in that range, e.g. {example} ({why})")
+
+
+def _check_ranges(data: dict, file: str) -> None:
+    """The numbers of the formula and the tiers, within the ranges the score computation assumes."""
+    inf = math.inf
+    for i, t in enumerate(data["tiers"]):
+        _in_range(file, f"tiers[{i}].weight", t["weight"], 0, inf, True, True, "a finite number > 0", "20",
+                  "a tier's weight is its share of the total score")
+        if t["num_prompts"] is not None and t["num_prompts"] < 1:
+            raise ForgeError(f"{file}: key 'tiers[{i}].num_prompts': {t['num_prompts']} is out of range; "
+                             "allowed: an integer >= 1, or null", hint="null sends every prompt of the tier file")
+    sc = data["scoring"]
+    for key, lo_open, allowed, example, why in (
+            ("floor", False, "a finite number >= 0", "0.6", "a tier at its baseline's tok/s scores floor x weight"),
+            ("gain", False, "a finite number >= 0", "0.4", "the most a tier gains above floor x weight"),
+            ("rate", True, "a finite number > 0", "1.3", "how fast a tier's score rises with its lift"),
+            ("ttft_p99_max_ratio", True, "a finite number > 0", "1.5", "a tier's TTFT P99 limit is this x the "
+                                                                        "baseline's"),
+            ("tpot_p99_max_ratio", True, "a finite number > 0", "1.5", "the pooled TPOT P99 limit is this x the "
+                                                                        "baseline's")):
+        _in_range(file, f"scoring.{key}", sc[key], 0, inf, lo_open, True, allowed, example, why)
+    _in_range(file, "scoring.min_completion", sc["min_completion"], 0, 1, True, False, "a fraction in (0, 1]",
+              "0.99", "the share of its requests a tier must complete")
+    for i, a in enumerate(sc["accuracy_factor"]):
+        _in_range(file, f"scoring.accuracy_factor[{i}].max_loss", a["max_loss"], 0, 1, False, False,
+                  "a fraction in [0, 1]", "0.02", "a relative accuracy loss against the baseline")
+        _in_range(file, f"scoring.accuracy_factor[{i}].factor", a["factor"], 0, 1, False, False,
+                  "a number in [0, 1]", "0.97", "the multiplier on the total up to that loss")
+    dec = sc["display_decimals"]
+    if not 0 <= dec <= 6:
+        raise ForgeError(f"{file}: key 'scoring.display_decimals': {dec} is out of range; allowed: an integer "
+                         "from 0 to 6", hint="set a value in that range, e.g. 1 (the decimals the total is shown with)")
 
 
 def load_contest(path: str = "contest.yaml") -> dict:
@@ -189,7 +231,11 @@ def check_option(contest: dict, name: str, value: Any, where: str) -> str:
         raise ForgeError(f"{where}: {name} has not been reviewed against the contest rules",
                          hint="if it is allowed, add it to configs/contest.yaml allowed_options with a "
                               "note saying which rule it was checked against; otherwise remove it")
-    if entry["values"] is not None and value is not True and str(value) not in entry["values"]:
+    if entry["values"] is not None and value is True:
+        # an option restricted to values takes one; given bare, the server would refuse the command
+        raise ForgeError(f"{where}: {name} needs a value and was given none (a bare flag)",
+                         hint=f"set one of the allowed values: {', '.join(entry['values'])}")
+    if entry["values"] is not None and str(value) not in entry["values"]:
         raise ForgeError(f"{where}: {name} {value} is forbidden by the contest rules: "
                          f"\"{rule_text(contest, entry['rule'])}\" (rule '{entry['rule']}')",
                          hint=f"allowed values: {', '.join(entry['values'])}")

@@ -13,6 +13,7 @@ baseline measured on the DCU."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from . import contest as contest_mod
 from . import runs
 from .. import paths, ui
 from ..errors import ForgeError
-from .score_doc import HARNESS_LABEL, chart, render_md
+from .score_doc import HARNESS_LABEL, chart, print_run, print_what_if, render_md, write_atomic
 
 
 # --- metrics from `vllm bench serve` result files ----------------------------------------------
@@ -39,7 +40,7 @@ def percentile(values: list[float], q: float) -> float | None:
 def request_tpots_ms(res: dict) -> list[float] | None:
     """Per-request TPOT (ms) of the successful requests: time after the first token over the
     remaining tokens, as vLLM's client defines it (needs --save-detailed)."""
-    if "itls" not in res or "output_lens" not in res:
+    if res.get("itls") is None or res.get("output_lens") is None:
         return None
     errors = res.get("errors") or [""] * len(res["output_lens"])
     out = []
@@ -54,15 +55,50 @@ def finite_positive(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
-def tier_metrics(res: dict, file: str) -> dict:
+DAMAGED = "the result file is damaged; rerun that tier (forge bench-all-tiers --run-id ...)"
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
+def check_result(res, file: str) -> None:
+    """The fields scoring reads from a `vllm bench serve` result, type-checked: a damaged file is
+    an error naming the file and key, never a crash."""
+    def bad(key: str, v, want: str) -> ForgeError:
+        return ForgeError(f"{file}: key '{key}' is {repr(v)[:60]}, expected {want}", hint=DAMAGED)
+
     for key in ("completed", "failed", "output_throughput"):
-        if key not in res:
+        if not isinstance(res, dict) or key not in res:
             raise ForgeError(f"{file}: not a `vllm bench serve` result (no '{key}')",
                              hint="results are written by forge bench-all-tiers")
-    v = res["output_throughput"]
-    if not (finite_positive(v) or v == 0):
-        raise ForgeError(f"{file}: output_throughput is {v!r}, not a finite number >= 0",
-                         hint="the result file is damaged; rerun that tier (forge bench-all-tiers --run-id ...)")
+    for key, ok, want in (("completed", _count, "a whole number >= 0"), ("failed", _count, "a whole number >= 0"),
+                          ("output_throughput", _number, "a finite number >= 0"),
+                          ("p99_ttft_ms", _number, "a finite number >= 0 or null"),
+                          ("p99_tpot_ms", _number, "a finite number >= 0 or null")):
+        if not ok(res.get(key)) and not (key.startswith("p99") and res.get(key) is None):
+            raise bad(key, res.get(key), want)
+    for key, ok, want in (("output_lens", _count, "a whole number >= 0"),     # one entry per request
+                          ("itls", lambda x: isinstance(x, list) and all(map(_number, x)),
+                           "a list of finite numbers >= 0"),
+                          ("errors", lambda x: x is None or isinstance(x, str), "a string or null")):
+        v, lens = res.get(key), res.get("output_lens")
+        if v is not None and not isinstance(v, list):
+            raise bad(key, v, "a list, one entry per request")
+        i = next((i for i, x in enumerate(v or []) if not ok(x)), None)
+        if i is not None:
+            raise bad(f"{key}[{i}]", v[i], want)
+        if v and lens is not None and len(v) != len(lens):
+            raise ForgeError(f"{file}: key '{key}' has {len(v)} entries, 'output_lens' {len(lens)}; expected "
+                             "one per request", hint=DAMAGED)
+
+
+def tier_metrics(res: dict, file: str) -> dict:
+    check_result(res, file)
     total = res["completed"] + res["failed"]
     return {
         "tok_s": float(res["output_throughput"]),
@@ -96,12 +132,27 @@ def load_run(run: Path, contest: dict, partial: bool = False) -> dict:
     elif not missing:
         vals = [t["tpot_p99_ms"] for t in tiers.values() if t["tpot_p99_ms"] is not None]
         pooled = max(vals) if vals else None
-    acc = runs.read_json(run / "accuracy.json") if (run / "accuracy.json").is_file() else None
-    man = runs.read_json(run / "manifest.json") if (run / "manifest.json").is_file() else {}
-    return {"tiers": tiers, "tpot_p99_pooled_ms": pooled, "accuracy": (acc or {}).get("scores"),
+    acc = _read_object(run / "accuracy.json") if (run / "accuracy.json").is_file() else {}
+    man = _read_object(run / "manifest.json") if (run / "manifest.json").is_file() else {}
+    for file, key, ok, want in (
+            ("accuracy.json", "scores", lambda v: isinstance(v, dict) and all(map(_number, v.values())),
+             "a mapping of task to a finite number >= 0"),
+            ("manifest.json", "harness", lambda v: isinstance(v, bool), "true or false")):
+        v = (acc if file == "accuracy.json" else man).get(key)
+        if v is not None and not ok(v):
+            raise ForgeError(f"{run / file}: key '{key}' is {repr(v)[:60]}, expected {want}",
+                             hint=f"{file} is damaged; restore it from a copy of the run or rerun the step that "
+                                  "wrote it")
+    return {"tiers": tiers, "tpot_p99_pooled_ms": pooled, "accuracy": acc.get("scores"),
             "manifest": man, "path": str(run), "missing": missing, "harness": bool(man.get("harness"))}
 
 
+def _read_object(path: Path) -> dict:
+    d = runs.read_json(path)
+    if not isinstance(d, dict):
+        raise ForgeError(f"{path}: expected a JSON object, got {json.dumps(d)[:40]}",
+                         hint="the file is damaged; restore it from a copy of the run or rerun the step that wrote it")
+    return d
 
 
 def baseline_from_config(contest: dict, name: str | None = None) -> dict:
@@ -262,9 +313,15 @@ def write_report(contest: dict, rpath: Path, run: dict, base: dict, drift: dict 
     if run["manifest"].get("scored_port") is False:
         res["note"] = "the server did not listen on the locked port 8001 (testing run)"
         ui.warn(f"run {rpath.name}: {res['note']}")
+    # score.json, the recorded score, comes last: a failure before it leaves no recorded score (a
+    # replaced one is removed first), so a rerun is never blocked by half a report
+    old.unlink(missing_ok=True)
+    write_atomic(rpath / "score.md", lambda tmp: tmp.write_text(render_md(res, shown or str(rpath), drift)))
+    drew = chart(res, rpath / "score.png")
+    if not drew:
+        (rpath / "score.png").unlink(missing_ok=True)       # an earlier score's chart would disagree
     runs.write_json(rpath / "score.json", res)
-    (rpath / "score.md").write_text(render_md(res, shown or str(rpath), drift))
-    return res, chart(res, rpath / "score.png")
+    return res, drew
 
 
 def parse_tok_s(text: str, names: list[str]) -> list[float]:
@@ -321,33 +378,13 @@ def cmd_score(args) -> int:
         base = (baseline_from_run(runs.resolve_run(args.baseline), contest) if args.baseline
                 else baseline_from_config(contest, args.baseline_name))
         run = {"tiers": {n: {"tok_s": v, "completion": 1.0} for n, v in zip(names, vals)}}
-        res = score(contest, run, base)
-        for n, t in res["tiers"].items():
-            print(f"{n:>7}: {t['tok_s']:.2f} tok/s vs {t['baseline_tok_s']:.2f} (lift {100 * t['lift']:+.1f} %) "
-                  f"-> {t['contribution']:.2f} / {t['weight']:.0f}")
-        if base.get("harness"):
-            ui.warn(f"the baseline is a harness run ({HARNESS_LABEL}); this total compares against it only")
-        print(f"total {res['display']}  (exact {res['total']:.4f}; baseline {base['label']}; "
-              "throughput only, SLA and accuracy not applied)")
+        print_what_if(score(contest, run, base), base)
         return 0
     if not args.run:
         raise ForgeError("nothing to score", hint="pass --run DIR (make score RUN=...) or --tok-s a,b,c")
     res, drew = score_run(args.run, baseline=args.baseline, baseline_name=args.baseline_name,
                           force=args.force, contest=contest)
-    rpath = Path(res["run"])
-    drift = res["output_drift"]
-    if res["harness"]:
-        ui.warn(f"run {rpath.name}: {HARNESS_LABEL}")
-    for n, t in res["tiers"].items():
-        flag = f"  ZERO: {'; '.join(t['zeroed_by'])}" if t["zeroed_by"] else ""
-        print(f"{n:>7}: {t['tok_s']:.2f} tok/s vs {t['baseline_tok_s']:.2f} -> {t['contribution']:.2f} / "
-              f"{t['weight']:.0f}{flag}")
-    if drift and any(d["differ"] for d in drift.values()):
-        ui.warn("output lengths differ from the baseline run: " +
-                ", ".join(f"{k} {d['differ']}/{d['compared']}" for k, d in drift.items() if d["differ"]))
-    print(f"total {res['display']}{' (harness proxy)' if res['harness'] else ''}  "
-          f"(exact {res['total']:.4f}; baseline {res['baseline']['label']})")
-    ui.info(f"wrote {rpath / 'score.json'}, score.md" + (", score.png" if drew else ""))
+    print_run(res, drew)
     return 0
 
 

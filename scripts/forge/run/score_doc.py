@@ -1,11 +1,15 @@
-"""score.md and score.png of a scored run: pure rendering of what `score.score` returned."""
+"""score.md and score.png of a scored run and the score's terminal lines: pure rendering of what
+`score.score` returned; the files are written atomically."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .. import ui
+from ..errors import ForgeError
 
 HARNESS_LABEL = "harness run: random weights on a GPU machine, not a DCU score"
 
@@ -17,6 +21,51 @@ def fmt(v: Any, spec: str = ".2f") -> str:
 
 def _ok(v: bool | None) -> str:
     return "unchecked" if v is None else ("ok" if v else "BREACH")
+
+
+def write_atomic(path: Path, write: Callable[[Path], Any]) -> None:
+    """`write` fills a temporary file beside `path`, which then replaces `path` in one step: a failure
+    leaves `path` as it was and no temporary file behind."""
+    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(e, OSError):
+            what = "a folder is in the way" if isinstance(e, IsADirectoryError) else (e.strerror or str(e))
+            raise ForgeError(f"{path}: could not be written ({what}); no score was recorded",
+                             hint=f"free that path (remove or rename what is there, check permissions and disk "
+                                  f"space) and rerun") from e
+        raise
+
+
+def print_what_if(res: dict, base: dict) -> None:
+    for n, t in res["tiers"].items():
+        print(f"{n:>7}: {t['tok_s']:.2f} tok/s vs {t['baseline_tok_s']:.2f} (lift {100 * t['lift']:+.1f} %) "
+              f"-> {t['contribution']:.2f} / {t['weight']:.0f}")
+    if base.get("harness"):
+        ui.warn(f"the baseline is a harness run ({HARNESS_LABEL}); this total compares against it only")
+    print(f"total {res['display']}  (exact {res['total']:.4f}; baseline {base['label']}; "
+          "throughput only, SLA and accuracy not applied)")
+
+
+def print_run(res: dict, drew: bool) -> None:
+    rpath = Path(res["run"])
+    drift = res["output_drift"]
+    if res["harness"]:
+        ui.warn(f"run {rpath.name}: {HARNESS_LABEL}")
+    for n, t in res["tiers"].items():
+        flag = f"  ZERO: {'; '.join(t['zeroed_by'])}" if t["zeroed_by"] else ""
+        print(f"{n:>7}: {t['tok_s']:.2f} tok/s vs {t['baseline_tok_s']:.2f} -> {t['contribution']:.2f} / "
+              f"{t['weight']:.0f}{flag}")
+    if drift and any(d["differ"] for d in drift.values()):
+        ui.warn("output lengths differ from the baseline run: " +
+                ", ".join(f"{k} {d['differ']}/{d['compared']}" for k, d in drift.items() if d["differ"]))
+    print(f"total {res['display']}{' (harness proxy)' if res['harness'] else ''}  "
+          f"(exact {res['total']:.4f}; baseline {res['baseline']['label']})")
+    ui.info(f"wrote {rpath / 'score.json'}, score.md" + (", score.png" if drew else ""))
 
 
 def render_md(res: dict, run_path: str | None, drift: dict | None) -> str:
@@ -92,6 +141,8 @@ def chart(res: dict, path: Path) -> bool:
     fig.suptitle(f"{'proxy score (harness run)' if res.get('harness') else 'score'} {res['display']} "
                  f"vs {res['baseline']['label']}")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+    finally:
+        plt.close(fig)
     return True
