@@ -180,3 +180,24 @@ def test_a_bare_flag_is_refused_for_an_option_that_takes_values(tmp_path, c):
                                    "  --dtype:\n    value: bfloat16\n    effect: e\n", name="q")
     r = profiles.render(profiles.load_profile(path, c), "/m", c)
     assert r["argv"][-3:] == ["--enforce-eager", "--dtype", "bfloat16"]
+
+
+@pytest.mark.parametrize("option, value, words", [
+    ("--block-size", "true", "needs a value"),            # takes a value; not marked a flag
+    ("--kv-cache-dtype", "true", "needs a value"),
+    ("--enforce-eager", "'1'", "is a flag and takes no value"),
+])
+def test_flags_and_valued_options_are_told_apart(tmp_path, c, option, value, words):
+    """configs/contest.yaml marks the options vLLM takes bare (`flag: true`); any other allowed option
+    given bare, or a flag given a value, would make a command the server refuses."""
+    path = write_profile(tmp_path, f"description: x\noptions:\n  {option}:\n    value: {value}\n    effect: e\n")
+    with pytest.raises(ForgeError) as e:
+        profiles.load_profile(path, c)
+    assert f"options.{option}" in str(e.value) and words in str(e.value)
+    ok = ["--port", "8001", "--max-model-len", "32768", "--served-model-name", "Qwen3.5-27B"]
+    if value == "true":
+        with pytest.raises(ForgeError, match=option):
+            contest.check_command(c, ok + [option, "--enforce-eager"])
+    else:
+        contest.check_command(c, ok + [option, "--block-size", "784"])
+

@@ -14,7 +14,8 @@ OPTION = {"option": Field(str), "rule": Field(str), "aliases": Field(list, item=
 LOCKED = {"option": Field(str), "value": Field(str), "rule": Field(str)}
 ALLOWED = {"option": Field(str), "note": Field(str), "aliases": Field(list, item=str, required=False, default=[]),
            "values": Field(list, item=str, required=False, default=None),
-           "rule": Field(str, required=False, default=None)}
+           "rule": Field(str, required=False, default=None),
+           "flag": Field(bool, required=False, default=False)}
 TIER = {"name": Field(str), "file": Field(str), "prompt_tokens": Field(list, item=int),
         "weight": Field(float), "num_prompts": Field(int, required=False, default=None)}
 BASELINE = {"source": Field(str), "tok_s": Field(dict, value=float),
@@ -231,6 +232,13 @@ def check_option(contest: dict, name: str, value: Any, where: str) -> str:
         raise ForgeError(f"{where}: {name} has not been reviewed against the contest rules",
                          hint="if it is allowed, add it to configs/contest.yaml allowed_options with a "
                               "note saying which rule it was checked against; otherwise remove it")
+    if entry["flag"] and value is not True:
+        raise ForgeError(f"{where}: {name} is a flag and takes no value (got {value!r})",
+                         hint=f"set it as `{name}: {{value: true, effect: …}}`, or remove it")
+    if not entry["flag"] and entry["values"] is None and value is True:
+        raise ForgeError(f"{where}: {name} needs a value and was given none (a bare flag)",
+                         hint=f"give {name} its value, or mark it `flag: true` in configs/contest.yaml "
+                              "allowed_options if vLLM takes it bare")
     if entry["values"] is not None and value is True:
         # an option restricted to values takes one; given bare, the server would refuse the command
         raise ForgeError(f"{where}: {name} needs a value and was given none (a bare flag)",
