@@ -86,8 +86,8 @@ score: ## contest score of RUN (or TOK_S=a,b,c what-if) against BASELINE=<run> o
 predict: ## DCU tok/s + score prediction: E2E=<e2e folder> | RUN=<run> REFERENCE=<run> | SPEEDUP="prefill_attn=10 gemv=1.45" | TTFT_S=a,b,c TPOT_MS=a,b,c [BASELINE_NAME=]
 	@$(FORGE) predict $(if $(E2E),--e2e $(E2E)) $(if $(RUN),--run $(RUN)) $(if $(REFERENCE),--reference $(REFERENCE)) $(foreach s,$(SPEEDUP),--speedup $(s)) $(if $(TTFT_S),--ttft-s $(TTFT_S)) $(if $(TPOT_MS),--tpot-ms $(TPOT_MS)) $(if $(BASELINE_NAME),--baseline-name $(BASELINE_NAME))
 
-compare: ## per-tier deltas of run A vs run B with a noise band
-	@$(FORGE) compare --a $(A) --b $(B)
+compare: ## per-tier deltas of run A vs run B with a noise band (REFERENCE=<run>: score both against it)
+	@$(FORGE) compare --a $(A) --b $(B) $(if $(REFERENCE),--reference $(REFERENCE))
 
 sweep: ## serve + bench a list of profiles back to back (PROFILES="a b")
 	@$(FORGE) sweep $(PROFILES)

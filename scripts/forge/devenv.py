@@ -58,14 +58,24 @@ def _work_clean_would_lose() -> None:
         raise ForgeError(f"a server started by forge is running (pid {st['pid']}, run {st['run_id']}); clean "
                          f"would remove its record ({rel(serve.STATE)}) and leave it running",
                          hint="stop it first with `make stop`, or remove build/ anyway with `make clean FORCE=1`")
-    state = tree_mod.read_state(TREE) if (TREE / ".git").is_dir() else {}
-    if state and not state.get("pending"):
+    if not (TREE / ".git").is_dir():
+        return
+    keep = "remove build/ anyway with `make clean FORCE=1`"
+    state = tree_mod.read_state(TREE)
+    if not state:
+        raise ForgeError(f"{rel(TREE)} has no record of how it was built (.git/{tree_mod.STATE}): what is in it "
+                         "cannot be told from patches/", hint=f"move it away to keep it, or {keep}")
+    new = tree_mod.git_out(TREE, "ls-files", "--others", "--exclude-standard")
+    if new:
+        raise ForgeError(f"{rel(TREE)} has files git does not track (new work?):\n{new[:800]}\nclean would delete them",
+                         hint=f"commit them in build/vllm and run `make patches-refresh`, or {keep}")
+    if not state.get("pending"):
         try:
             tree_mod.check_clean(TREE, state)
         except ForgeError as e:
             raise ForgeError(e.message + "\nclean would delete it",
-                             hint="export it with `make patches-refresh` (commit in build/vllm first), or "
-                                  "remove build/ anyway with `make clean FORCE=1`") from None
+                             hint=f"export it with `make patches-refresh` (commit in build/vllm first), or {keep}"
+                             ) from None
 
 
 def cmd_clean(args) -> int:

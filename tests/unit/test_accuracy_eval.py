@@ -173,6 +173,21 @@ def test_recorded_accuracy_is_replaced_only_with_force(tmp_path):
     assert out["limit"] == 2 and out["scores"]["hotpotqa"] == pytest.approx(50.0)
 
 
+def test_a_recorded_result_is_compared_with_the_baseline_without_a_server(tmp_path):
+    """`accuracy --run-id R --baseline B` on a run that already has its result compares that result
+    (make accuracy RUN=R BASELINE=B); it neither refuses nor needs a server."""
+    runs_dir = tmp_path / "runs"
+    for name, v in (("base", 80.0), ("k1", 79.0)):
+        (runs_dir / name).mkdir(parents=True)
+        (runs_dir / name / "accuracy.json").write_text(json.dumps({"mode": "forge", "limit": None,
+                                                                    "scores": {"hotpotqa": v}}))
+    before = (runs_dir / "k1" / "accuracy.json").read_text()
+    r = forge(tmp_path, "accuracy", "--run-id", "k1", "--baseline", str(runs_dir / "base"))
+    assert r.returncode == 0, r.stderr
+    assert "hotpotqa" in r.stdout and "80.00" in r.stdout and "79.00" in r.stdout
+    assert (runs_dir / "k1" / "accuracy.json").read_text() == before
+
+
 def test_no_server_leaves_no_run_folder(tmp_path):
     from helpers import free_port
     data = tmp_path / "acc"

@@ -201,3 +201,16 @@ def test_flags_and_valued_options_are_told_apart(tmp_path, c, option, value, wor
     else:
         contest.check_command(c, ok + [option, "--block-size", "784"])
 
+
+def test_a_value_written_into_a_short_option_counts_as_its_value(tmp_path, c):
+    """-O3 is --compilation-config with the value 3 (vLLM's spelling), not a bare flag."""
+    assert contest.attached_value("-O3") == "3" and contest.attached_value("-O") is None
+    assert contest.attached_value("-O.mode") is None and contest.attached_value("--block-size") is None
+    ok = ["--port", "8001", "--max-model-len", "32768", "--served-model-name", "Qwen3.5-27B"]
+    contest.check_command(c, ok + ["-O3"])
+    contest.check_command(c, ok + ["-O", "3", "--enforce-eager"])
+    with pytest.raises(ForgeError, match="needs a value"):
+        contest.check_command(c, ok + ["-O", "--enforce-eager"])
+    path = write_profile(tmp_path, "description: x\noptions:\n  -O3:\n    value: true\n    effect: e\n")
+    assert profiles.load_profile(path, c)
+

@@ -149,6 +149,8 @@ def test_lint_refuses_an_overlay_file_in_a_forbidden_path(env, monkeypatch):
     problems = patches.lint_overlay(tree.overlay_entries(), FORBIDDEN, RULES)
     assert len(problems) == 1 and "files[1].dst" in problems[0] and "pkg/sched/helper.py" in problems[0]
     assert "scheduler is forbidden" in problems[0]
+    for spelled in ("./pkg/sched/x.py", "pkg//sched/x.py", "pkg/ops/../sched/./x.py"):
+        assert patches.lint_overlay([{"src": "kernels/k.py", "dst": spelled}], FORBIDDEN, RULES), spelled
     monkeypatch.setattr(patches, "load_contest", lambda: {"forbidden_paths": FORBIDDEN, "rules": RULES})
     with pytest.raises(ForgeError, match="kernels/overlay.yaml adds 1 file"):
         patches.lint(env["pdir"])
@@ -176,6 +178,16 @@ def test_clean_keeps_unexported_work_and_a_running_servers_record(env, monkeypat
     with pytest.raises(ForgeError, match="not in patches/"):
         devenv.cmd_clean(argparse.Namespace(force=False))
     tree.git(env["tree"], "reset", "-q", "--hard", "HEAD~1")            # back to what patches/ builds
+    (env["tree"] / "pkg" / "new_kernel.py").write_text("x = 1\n")        # new work git does not track yet
+    with pytest.raises(ForgeError, match="new_kernel.py"):
+        devenv.cmd_clean(argparse.Namespace(force=False))
+    (env["tree"] / "pkg" / "new_kernel.py").unlink()
+    state = env["tree"] / ".git" / tree.STATE
+    saved = state.read_bytes()
+    state.unlink()                                                      # a tree with no record of its build
+    with pytest.raises(ForgeError, match="no record"):
+        devenv.cmd_clean(argparse.Namespace(force=False))
+    state.write_bytes(saved)
     monkeypatch.setattr(serve, "running_server", lambda: {"pid": 4242, "run_id": "r1"})
     with pytest.raises(ForgeError, match="pid 4242") as e:
         devenv.cmd_clean(argparse.Namespace(force=False))

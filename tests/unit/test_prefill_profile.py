@@ -134,6 +134,18 @@ def test_a_packed_record_is_read_without_unpacking_it(tmp_path):
     assert second["provenance"][0]["folder"] == first["provenance"][0]["folder"]
     assert second["command"].endswith("--title 'It'\"'\"'s packed'")
     assert sorted(p.name for p in run.iterdir()) == before
+    # a trace is not added beside the archive (it would hide the profiles inside it)
+    r = subprocess.run(cmd + ["--trace", f"contest={a}", "--tokens", "5", "--out", str(tmp_path / "doc3")], **kw)
+    assert r.returncode == 2 and "packed record" in r.stderr and "unpack-run" in r.stderr, r.stderr
+    assert sorted(p.name for p in run.iterdir()) == before
+    # a damaged member is named as the user knows it, not by the temporary extraction
+    bad = tmp_path / "bad"
+    (bad / "prefill-profile").mkdir(parents=True)
+    (bad / "prefill-profile" / "x.json").write_text('{"profile": "x"}')
+    archive.pack_run(bad)
+    r = subprocess.run([sys.executable, "-m", "forge", "prefill-profile", str(bad), "--out", str(tmp_path / "d4")],
+                       **kw)
+    assert r.returncode == 2 and f"{bad}/prefill-profile/x.json (in its raw.tgz): not a prefill profile" in r.stderr
 
 
 @pytest.mark.parametrize("args, words", [

@@ -4,6 +4,7 @@ matches build/vllm), refresh (export build/vllm's commits back to patches/)."""
 from __future__ import annotations
 
 import fnmatch
+import posixpath
 import re
 import shutil
 from pathlib import Path
@@ -42,7 +43,7 @@ def lint_overlay(entries: list[dict], forbidden: list[dict], rules: dict) -> lis
     """Problems with kernels/overlay.yaml: a file it adds to the tree where the contest forbids changes
     (a new file there changes that code as much as a patch does)."""
     return [f"kernels/overlay.yaml: key 'files[{i}].dst': {e['dst']} is {hit}"
-            for i, e in enumerate(entries) for hit in forbidden_hits(e["dst"], forbidden, rules)]
+            for i, e in enumerate(entries) for hit in forbidden_hits(posixpath.normpath(e["dst"]), forbidden, rules)]
 
 
 def lint(patches_dir: Path = PATCHES) -> int:

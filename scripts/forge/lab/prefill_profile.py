@@ -193,15 +193,19 @@ def load_profiles(folders: list[Path], labels: list[Path] | None = None) -> dict
     found: dict[str, dict] = {}
     for f, label in zip(folders, labels or folders):
         files = sorted((Path(f) / SUBDIR).glob("*.json"))
+        packed = Path(f) != Path(label)
         if not files:
-            packed = Path(f) != Path(label)
             raise ForgeError(f"{paths.rel(Path(label))}: no {SUBDIR}/*.json here"
                              + (f" (nor in its {archive.ARCHIVE})" if packed else ""),
                              hint="give a results folder of `forge e2e-gpu --profile-prefill TOKENS`")
         for p in files:
-            d = runs.read_json(p)
-            if "steps" not in d or "profile" not in d:
-                raise ForgeError(f"{p}: not a prefill profile (no steps/profile)")
+            named = paths.rel(Path(label) / SUBDIR / p.name) + (f" (in its {archive.ARCHIVE})" if packed else "")
+            try:
+                d = runs.read_json(p)
+            except ForgeError as e:
+                raise ForgeError(e.message.replace(paths.rel(p), named), hint=e.hint) from None
+            if not isinstance(d, dict) or "steps" not in d or "profile" not in d:
+                raise ForgeError(f"{named}: not a prefill profile (no steps/profile)")
             found[d["profile"]] = {**d, "source": paths.rel(Path(label) / SUBDIR / p.name)}
     return found
 
@@ -320,6 +324,11 @@ def add_trace(run_dir: Path, name: str, trace: Path, tokens: int) -> Path:
 
 
 def cmd_prefill_profile(args) -> int:
+    if args.trace and archive.is_packed(Path(args.folders[0])):
+        first = paths.rel(Path(args.folders[0]))
+        raise ForgeError(f"{first} is a packed record: a trace added beside its {archive.ARCHIVE} would hide the "
+                         "profiles inside it", hint=f"forge unpack-run {first}, add the trace, then forge pack-run "
+                                                    f"{first}")
     for spec in args.trace or []:
         name, sep, file = spec.partition("=")
         if not sep or not name or not file:

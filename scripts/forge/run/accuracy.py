@@ -277,6 +277,10 @@ def cmd_accuracy(args) -> int:
     run_id = args.run_id or (st or {}).get("run_id") or runs.new_run_id("accuracy")
     rdir = runs.run_dir(run_id, create=False)
     result = rdir / RESULT
+    if result.is_file() and not args.force and args.baseline:
+        ui.info(f"{paths.rel(result)}: run {rdir.name} already has recorded accuracy results; comparing those "
+                "with the baseline (--force evaluates again)")
+        return ab(contest, [args.baseline], [str(rdir)])
     if result.is_file() and not args.force:
         try:
             prev = runs.read_json(result)
@@ -285,7 +289,8 @@ def cmd_accuracy(args) -> int:
         except (ForgeError, AttributeError):
             was = ""
         raise ForgeError(f"{paths.rel(result)}: run {rdir.name} already has recorded accuracy results{was}; "
-                         "not replaced", hint="pass --force to replace them, or use another --run-id")
+                         "not replaced", hint="pass --force to replace them, use another --run-id, or compare them with "
+                                              "--baseline RUN (or --a RUN --b RUN)")
     data_dir_s = args.data_dir or os.environ.get("DATA_DIR") or ""
     data_dir = Path(data_dir_s) if data_dir_s else None
     script = data_dir / contest["accuracy"]["script"] if data_dir else None

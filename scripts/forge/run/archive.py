@@ -137,12 +137,18 @@ def unpack_run(folder: Path, to: Path | None = None) -> list[str]:
     return names
 
 
+def is_packed(folder: Path) -> bool:
+    """A packed record: raw.tgz and none of its raw files beside it."""
+    folder = Path(folder)
+    return (folder / ARCHIVE).is_file() and not raw_files(folder)
+
+
 @contextlib.contextmanager
 def readable(folder: Path):
-    """The folder to read a run's raw files from: the folder itself, or for a packed record (raw.tgz and
-    none of its raw files beside it) a temporary extraction of raw.tgz, removed on exit."""
+    """The folder to read a run's raw files from: the folder itself, or for a packed record (is_packed)
+    a temporary extraction of raw.tgz, removed on exit."""
     folder = Path(folder)
-    if not (folder / ARCHIVE).is_file() or raw_files(folder):
+    if not is_packed(folder):
         yield folder
         return
     with tempfile.TemporaryDirectory(prefix=f"forge-{folder.name}-") as tmp:

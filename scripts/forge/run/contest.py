@@ -187,6 +187,16 @@ def option_base(token: str) -> str:
     return t
 
 
+def attached_value(token: str) -> str | None:
+    """The value written into a short option's token (`-O3` -> "3"), else None (`-O`, `-O.mode`, long
+    options: their value follows or comes after '=')."""
+    t = token.split("=", 1)[0]
+    base = option_base(t)
+    if t.startswith("--") or "=" in token or len(t) <= len(base) or t[len(base)] == ".":
+        return None
+    return t[len(base):]
+
+
 def _index(contest: dict) -> tuple[dict, dict, dict]:
     forbidden, allowed, locked = {}, {}, {}
     for o in contest["forbidden_options"]:
@@ -232,6 +242,8 @@ def check_option(contest: dict, name: str, value: Any, where: str) -> str:
         raise ForgeError(f"{where}: {name} has not been reviewed against the contest rules",
                          hint="if it is allowed, add it to configs/contest.yaml allowed_options with a "
                               "note saying which rule it was checked against; otherwise remove it")
+    if value is True and attached_value(name) is not None:
+        value = attached_value(name)
     if entry["flag"] and value is not True:
         raise ForgeError(f"{where}: {name} is a flag and takes no value (got {value!r})",
                          hint=f"set it as `{name}: {{value: true, effect: …}}`, or remove it")
@@ -264,6 +276,8 @@ def check_command(contest: dict, args: list[str], where: str = "server command")
         value: Any = True
         if "=" in tok:
             value = tok.split("=", 1)[1]
+        elif attached_value(tok) is not None:
+            value = attached_value(tok)
         elif i + 1 < len(args) and not args[i + 1].startswith("--"):
             value = args[i + 1]
             i += 1
