@@ -54,7 +54,7 @@ def _tname(t: Any) -> str:
             list: "list", dict: "mapping"}.get(t, getattr(t, "__name__", str(t)))
 
 
-def _check_type(value: Any, t: Any, file: str, key: str) -> Any:
+def check_type(value: Any, t: Any, file: str, key: str) -> Any:
     if isinstance(t, dict):
         if not isinstance(value, dict):
             raise ForgeError(f"{file}: key '{key}': expected a mapping, got {type(value).__name__}")
@@ -85,11 +85,11 @@ def validate(data: dict, schema: dict[str, Field], file: str, prefix: str = "") 
                 raise ForgeError(f"{file}: missing key '{key}'" + (f" ({f.doc})" if f.doc else ""))
             out[k] = None if f.default is _MISSING else f.default
             continue
-        v = _check_type(data[k], f.type, file, key)
+        v = check_type(data[k], f.type, file, key)
         if f.type is list and f.item is not None:
-            v = [_check_type(x, f.item, file, f"{key}[{i}]") for i, x in enumerate(v)]
+            v = [check_type(x, f.item, file, f"{key}[{i}]") for i, x in enumerate(v)]
         if f.type is dict and f.value is not None:
-            v = {kk: _check_type(vv, f.value, file, f"{key}.{kk}") for kk, vv in v.items()}
+            v = {kk: check_type(vv, f.value, file, f"{key}.{kk}") for kk, vv in v.items()}
         if f.choices is not None:
             vals = v if isinstance(v, list) else [v]
             for x in vals:

@@ -248,7 +248,7 @@ def test_gemv_route_of_the_benchmark_needs_every_layer_of_a_shared_shape(tmp_pat
     (tmp_path / "ints.json").write_text(json.dumps({"decode": [1, 2]}))
     for flag, f, words in (("--bench", "list.json", "not a kernel benchmark"),
                            ("--gemv-bench", "cut.json", "not valid JSON"),
-                           ("--gemv-bench", "nodefault.json", "key 'summary[3]': 'default_us' missing"),
-                           ("--bench", "ints.json", "key 'decode[0]': not an object")):
+                           ("--gemv-bench", "nodefault.json", "key 'summary[3].default_us': expected number"),
+                           ("--bench", "ints.json", "key 'decode[0]': expected mapping")):
         bad = forge(tmp_path, "e2e-decode", str(run), flag, str(tmp_path / f))
         assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr, bad.stderr

@@ -18,12 +18,11 @@ folder.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from ..run import contest as contest_mod
-from .. import paths, ui
+from .. import config, paths, ui
 from ..run import archive, runs
 from ..errors import ForgeError
 
@@ -262,27 +261,21 @@ def render_md(res: dict) -> str:
     return "\n".join(L).rstrip() + "\n"
 
 
-_NUM = (int, float)
 # the fields this module reads from each entry of the benchmarks' lists
 ENTRY_FIELDS = {
-    "kernel benchmark": {"decode": {"batch": int, "kv": str, "kernel": str, "context": _NUM, "us": _NUM}},
-    "GEMV benchmark": {"summary": {"shape": str, "M": int, "linear_us": _NUM, "default_us": _NUM},
+    "kernel benchmark": {"decode": {"batch": int, "kv": str, "kernel": str, "context": float, "us": float}},
+    "GEMV benchmark": {"summary": {"shape": str, "M": int, "linear_us": float, "default_us": float},
                        "rows": {"shape": str, "N": int, "K": int, "M": int},
-                       "fused_gate_up": {"M": int, "impl": str, "us": _NUM}},
+                       "fused_gate_up": {"M": int, "impl": str, "us": float}},
 }
 
 
-def _check_entries(entries, fields: dict, where: str, what: str) -> None:
-    """Each entry a dict with these fields of these types, else a ForgeError naming file and key."""
-    if not isinstance(entries, list):
-        raise ForgeError(f"{where}' is not a list", hint=f"give the {what}'s JSON as written by its tool")
-    for i, e in enumerate(entries):
-        bad = [f.join("''") for f, t in fields.items() if not isinstance(e.get(f), t) or isinstance(e.get(f), bool)
-               ] if isinstance(e, dict) else None
-        if bad is None or bad:
-            raise ForgeError(f"{where}[{i}]': " + ("not an object" if bad is None else
-                                                    f"{', '.join(bad)} missing or of the wrong type"),
-                             hint=f"give the {what}'s JSON as written by its tool")
+def _check_entries(entries, fields: dict, file: str, lst: str) -> None:
+    """Each entry a mapping with these fields of these types, else a ForgeError naming file and key."""
+    for i, e in enumerate(config.check_type(entries, list, file, lst)):
+        config.check_type(e, dict, file, f"{lst}[{i}]")
+        for f, t in fields.items():
+            config.check_type(e.get(f), t, file, f"{lst}[{i}].{f}")
 
 
 def write(folder: Path, bench_path: Path = DEFAULT_BENCH, config_path: Path = DEFAULT_CONFIG,
@@ -303,7 +296,7 @@ def write(folder: Path, bench_path: Path = DEFAULT_BENCH, config_path: Path = DE
             raise ForgeError(f"{paths.rel(Path(p))}: not a {what}" + (f" (no '{key}' list)" if key else ""),
                              hint=f"give the {what}'s JSON as written by its tool")
         for lst, fields in ENTRY_FIELDS.get(what, {}).items():
-            _check_entries(d.get(lst, []), fields, f"{paths.rel(Path(p))}: key '{lst}", what)
+            _check_entries(d.get(lst, []), fields, paths.rel(Path(p)), lst)
         loaded[what] = d
     config = loaded["model config"]
     res = analyse(folder, loaded["kernel benchmark"], attention_layers(config), reference,

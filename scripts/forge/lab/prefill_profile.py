@@ -199,14 +199,15 @@ def load_profiles(folders: list[Path], labels: list[Path] | None = None) -> dict
                              + (f" (nor in its {archive.ARCHIVE})" if packed else ""),
                              hint="give a results folder of `forge e2e-gpu --profile-prefill TOKENS`")
         for p in files:
-            named = paths.rel(Path(label) / SUBDIR / p.name) + (f" (in its {archive.ARCHIVE})" if packed else "")
+            source = paths.rel(Path(label) / SUBDIR / p.name)
+            named = source + (f" (in its {archive.ARCHIVE})" if packed else "")
             try:
                 d = runs.read_json(p)
             except ForgeError as e:
                 raise ForgeError(e.message.replace(paths.rel(p), named), hint=e.hint) from None
             if not isinstance(d, dict) or "steps" not in d or "profile" not in d:
                 raise ForgeError(f"{named}: not a prefill profile (no steps/profile)")
-            found[d["profile"]] = {**d, "source": paths.rel(Path(label) / SUBDIR / p.name)}
+            found[d["profile"]] = {**d, "source": source}
     return found
 
 

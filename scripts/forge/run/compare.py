@@ -160,7 +160,7 @@ def sweep(profiles: list[str], *, model: str | None = None, image: str | None = 
     total = len(profiles) * repeat
     for i, prof in enumerate(profiles * repeat, 1):
         with ui.step(f"sweep {i}/{total}: profile {prof}"):
-            run_id = _fresh_run_id(names[prof], f"-r{i}" if repeat > 1 else "")
+            run_id = runs.new_run_id(names[prof], f"-r{i}" if repeat > 1 else "")
             serve.serve_profile(prof, model, image=image, vllm_cmd=vllm_cmd, port=port, run_id=run_id,
                                 timeout=timeout, shm_size=shm_size, contest=contest)
             try:
@@ -171,16 +171,6 @@ def sweep(profiles: list[str], *, model: str | None = None, image: str | None = 
             res, _ = score.score_run(run_id, contest=contest)
             results.append((names[prof], run_id, res))
     return results
-
-
-def _fresh_run_id(name: str, suffix: str) -> str:
-    """A run id for `name` whose folder does not exist yet: each sweep run starts from nothing."""
-    base = runs.new_run_id(name) + suffix
-    run_id, k = base, 1
-    while (runs.runs_root() / run_id).exists():
-        k += 1
-        run_id = f"{base}-{k}"
-    return run_id
 
 
 def cmd_sweep(args) -> int:

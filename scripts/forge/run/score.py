@@ -21,7 +21,7 @@ from . import contest as contest_mod
 from . import runs
 from .. import paths, ui
 from ..errors import ForgeError
-from .score_doc import HARNESS_LABEL, chart, print_run, print_what_if, render_md, write_atomic
+from .score_doc import HARNESS_LABEL, chart, print_run, print_what_if, render_md
 
 
 # --- metrics from `vllm bench serve` result files ----------------------------------------------
@@ -316,7 +316,7 @@ def write_report(contest: dict, rpath: Path, run: dict, base: dict, drift: dict 
     # score.json, the recorded score, comes last: a failure before it leaves no recorded score (a
     # replaced one is removed first), so a rerun is never blocked by half a report
     old.unlink(missing_ok=True)
-    write_atomic(rpath / "score.md", lambda tmp: tmp.write_text(render_md(res, shown or str(rpath), drift)))
+    paths.write_atomic(rpath / "score.md", render_md(res, shown or str(rpath), drift))
     drew = chart(res, rpath / "score.png")
     if not drew:
         (rpath / "score.png").unlink(missing_ok=True)       # an earlier score's chart would disagree

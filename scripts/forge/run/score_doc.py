@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
+import io
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .. import ui
-from ..errors import ForgeError
+from ..paths import write_atomic
 
 HARNESS_LABEL = "harness run: random weights on a GPU machine, not a DCU score"
 
@@ -21,24 +20,6 @@ def fmt(v: Any, spec: str = ".2f") -> str:
 
 def _ok(v: bool | None) -> str:
     return "unchecked" if v is None else ("ok" if v else "BREACH")
-
-
-def write_atomic(path: Path, write: Callable[[Path], Any]) -> None:
-    """`write` fills a temporary file beside `path`, which then replaces `path` in one step: a failure
-    leaves `path` as it was and no temporary file behind."""
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        if isinstance(e, OSError):
-            what = "a folder is in the way" if isinstance(e, IsADirectoryError) else (e.strerror or str(e))
-            raise ForgeError(f"{path}: could not be written ({what}); no score was recorded",
-                             hint=f"free that path (remove or rename what is there, check permissions and disk "
-                                  f"space) and rerun") from e
-        raise
 
 
 def print_what_if(res: dict, base: dict) -> None:
@@ -142,7 +123,9 @@ def chart(res: dict, path: Path) -> bool:
                  f"vs {res['baseline']['label']}")
     fig.tight_layout()
     try:
-        write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+        png = io.BytesIO()
+        fig.savefig(png, dpi=100, format="png")
     finally:
         plt.close(fig)
+    write_atomic(path, png.getvalue())
     return True
