@@ -1,7 +1,10 @@
 """Where things live. Everything is relative to the repository root unless overridden by env."""
 
 import os
-from pathlib import Path
+import tarfile
+from pathlib import Path, PurePosixPath
+
+from .errors import ForgeError
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
@@ -91,3 +94,32 @@ class Lock:
     def __exit__(self, *exc):
         self.fh.close()
         return False
+
+
+def leaves_folder(name: str) -> bool:
+    """A tar member name (or link target) that would land outside the folder it is extracted into."""
+    return name.startswith("/") or ".." in PurePosixPath(name).parts
+
+
+def extract_tar(tf: tarfile.TarFile, dest: Path, member: "tarfile.TarInfo | None" = None) -> None:
+    """Extract an open archive (or one `member` of it) into dest without writing outside it: Python's
+    "data" filter where this Python has one (3.10.12+), else a member whose name or link target leaves
+    dest is refused (a ForgeError naming the archive and the member) before anything is written."""
+    where = rel(Path(tf.name)) if tf.name else "archive"
+    hint = "the archive is damaged or not one of ours; take it again"
+    if hasattr(tarfile, "data_filter"):
+        try:
+            if member is None:
+                tf.extractall(dest, filter="data")
+            else:
+                tf.extract(member, dest, filter="data")
+        except tarfile.FilterError as e:
+            raise ForgeError(f"{where}: {e}", hint=hint) from None
+        return
+    for m in [member] if member is not None else tf.getmembers():
+        if leaves_folder(m.name) or ((m.issym() or m.islnk()) and leaves_folder(m.linkname)):
+            raise ForgeError(f"{where}: member {m.name!r} leaves the folder it is extracted into", hint=hint)
+    if member is None:
+        tf.extractall(dest)
+    else:
+        tf.extract(member, dest)

@@ -126,11 +126,12 @@ def h200_e2e() -> Path:
         import shutil
         import tarfile
         import tempfile
+
+        from forge import paths
         d = Path(tempfile.mkdtemp(prefix="forge-h200-e2e-"))
         atexit.register(shutil.rmtree, d, True)
         with tarfile.open(H200_E2E_ARCHIVE, "r:gz") as tf:
-            kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-            tf.extractall(d, **kw)
+            paths.extract_tar(tf, d)
         _h200_dir = d / "h200-e2e"
     return _h200_dir
 

@@ -139,3 +139,71 @@ def test_tools_on_a_packed_record_say_how_to_read_it(tmp_path):
     plain.mkdir()
     r = forge(tmp_path, "e2e-decode", str(plain))
     assert r.returncode == 2 and "packed record" not in r.stderr and "--reference" in r.stderr
+
+
+def _evil_tgz(path: Path, members: list) -> None:
+    """A gzip'd tar with the given (TarInfo, bytes) members."""
+    with tarfile.open(path, "w:gz") as tf:
+        for info, body in members:
+            tf.addfile(info, io.BytesIO(body) if body is not None else None)
+
+
+def _file(name: str, body: bytes = b"x") -> tuple:
+    info = tarfile.TarInfo(name)
+    info.size = len(body)
+    return info, body
+
+
+def _link(name: str, target: str) -> tuple:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.SYMTYPE
+    info.linkname = target
+    return info, None
+
+
+def test_unpack_refuses_members_that_leave_the_folder(tmp_path):
+    run = tmp_path / "home" / "run"
+    run.mkdir(parents=True)
+    for member in [_file("../escaped.txt"), _link("evil", "../../outside")]:
+        _evil_tgz(run / "raw.tgz", [_file("fine.txt"), member])
+        r = forge(tmp_path, "unpack-run", str(run))
+        assert r.returncode == 2, (member[0].name, r.stdout, r.stderr)
+        assert "raw.tgz" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert not (tmp_path / "home" / "escaped.txt").exists() and not (tmp_path / "outside").exists()
+    # an absolute name is refused, or (Python's data filter) extracted inside the folder: never outside
+    absolute = Path(f"/tmp/forge-abs-escape-{os.getpid()}.txt")
+    _evil_tgz(run / "raw.tgz", [_file("fine.txt"), _file(str(absolute))])
+    r = forge(tmp_path, "unpack-run", str(run))
+    assert not absolute.exists()
+    assert r.returncode == 2 or (r.returncode == 0 and (run / str(absolute).lstrip("/")).is_file()), r.stderr
+
+
+def test_extract_without_the_data_filter_checks_names_first(tmp_path, monkeypatch):
+    """On a Python without tarfile's extraction filters (before 3.10.12) the names and link targets are
+    checked before anything is written; a clean archive extracts as it is."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    from forge import paths
+    from forge.errors import ForgeError
+    monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    for bad in ([_file("ok.txt"), _file("a/../../up.txt")], [_file("ok.txt"), _link("l", "/etc/passwd")],
+                [_file("ok.txt"), _link("l", "../x")]):
+        src = tmp_path / "bad.tgz"
+        _evil_tgz(src, bad)
+        dest = tmp_path / "dest"
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir()
+        with tarfile.open(src) as tf:
+            try:
+                paths.extract_tar(tf, dest)
+            except ForgeError as e:
+                assert bad[1][0].name in str(e) and "bad.tgz" in str(e)
+            else:
+                raise AssertionError(f"{bad[1][0].name} was extracted")
+        assert list(dest.iterdir()) == [], "nothing is written before the check"
+        assert not (tmp_path / "up.txt").exists()
+    good = tmp_path / "good.tgz"
+    _evil_tgz(good, [_file("a/b.txt", b"hello"), _link("a/l", "b.txt")])
+    with tarfile.open(good) as tf:
+        paths.extract_tar(tf, tmp_path / "g")
+    assert (tmp_path / "g" / "a" / "b.txt").read_bytes() == b"hello"
+    assert os.readlink(tmp_path / "g" / "a" / "l") == "b.txt"

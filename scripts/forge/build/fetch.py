@@ -20,7 +20,7 @@ from pathlib import Path
 from .. import config, proc, ui
 from ..errors import ForgeError
 from ..hashing import manifest_diff, manifest_hash, sha256_file, tree_manifest, tree_sha256
-from ..paths import CACHE, Lock, rel, set_aside
+from ..paths import CACHE, Lock, extract_tar, rel, set_aside
 
 MARKER = ".forge-verified"
 
@@ -175,9 +175,8 @@ def _extract(tarball: Path, final: Path, tree_hash: str | None, origin: str, pre
     tmp = Path(tempfile.mkdtemp(prefix=".extract-", dir=dest))
     try:
         with tarfile.open(tarball) as tf:
-            kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
             members = {m.name.rstrip("/") for m in tf.getmembers() if m.isfile() or m.issym() or m.islnk()}
-            tf.extractall(tmp, **kw)
+            extract_tar(tf, tmp)
         top = tmp / prefix if prefix else tmp
         files = tree_manifest(top, exclude=())
         pre = f"{prefix}/" if prefix else ""

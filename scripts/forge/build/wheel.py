@@ -22,7 +22,7 @@ from pathlib import Path
 from . import provenance, tree
 from .. import config, proc, ui
 from ..errors import ForgeError
-from ..paths import BUILD, DIST, TREE, Lock, rel, write_atomic
+from ..paths import BUILD, DIST, TREE, Lock, extract_tar, rel, write_atomic
 
 SOURCE_DATE_EPOCH = 1767225600          # 2026-01-01T00:00:00Z, the tree's commit date
 
@@ -49,8 +49,7 @@ def clean_copy(tree_dir: Path, dest: Path) -> None:
     arch = dest.parent / "src.tar"
     tree.git(tree_dir, "archive", "--format=tar", "-o", arch, "HEAD")
     with tarfile.open(arch) as tf:
-        kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-        tf.extractall(dest, **kw)
+        extract_tar(tf, dest)
     arch.unlink()
 
 

@@ -11,7 +11,7 @@ import tempfile
 import zlib
 from pathlib import Path
 
-from .. import ui
+from .. import paths, ui
 from ..errors import ForgeError
 from ..hashing import sha256_file
 from ..run import runs
@@ -97,14 +97,14 @@ def seed_triton_cache(src: Path, cache: Path) -> dict:
     try:
         with _JoinedParts(parts) as raw, tarfile.open(fileobj=io.BufferedReader(raw), mode="r|gz") as tf:
             for m in tf:
-                if not (m.isfile() or m.isdir()) or m.name.startswith("/") or ".." in Path(m.name).parts:
+                if not (m.isfile() or m.isdir()) or paths.leaves_folder(m.name):
                     continue                   # only plain files and folders inside the cache
-                tf.extract(m, tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+                paths.extract_tar(tf, tmp, m)
                 n += m.isfile()
         for entry in tmp.iterdir():            # complete: move into place (what is there already stays)
             if not (cache / entry.name).exists():
                 os.replace(entry, cache / entry.name)
-    except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
+    except (tarfile.TarError, EOFError, OSError, zlib.error, ForgeError) as e:
         ui.warn(f"Triton cache parts in {src} could not be unpacked ({type(e).__name__}: {e}); "
                 "starting with an empty cache")
         return {"from": str(src), "skipped": f"{type(e).__name__}: {e}"}

@@ -128,12 +128,7 @@ def unpack_run(folder: Path, to: Path | None = None) -> list[str]:
     dest.mkdir(parents=True, exist_ok=True)
     with _opened(src) as tf:
         names = tf.getnames()
-        kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-        if not kw:      # Python without extraction filters: refuse names that leave the folder
-            bad = [n for n in names if n.startswith("/") or ".." in Path(n).parts]
-            if bad:
-                raise ForgeError(f"{paths.rel(src)}: member {bad[0]!r} leaves the folder")
-        tf.extractall(dest, **kw)
+        paths.extract_tar(tf, dest)
     return names
 
 
