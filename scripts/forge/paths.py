@@ -107,19 +107,16 @@ def extract_tar(tf: tarfile.TarFile, dest: Path, member: "tarfile.TarInfo | None
     dest is refused (a ForgeError naming the archive and the member) before anything is written."""
     where = rel(Path(tf.name)) if tf.name else "archive"
     hint = "the archive is damaged or not one of ours; take it again"
-    if hasattr(tarfile, "data_filter"):
-        try:
-            if member is None:
-                tf.extractall(dest, filter="data")
-            else:
-                tf.extract(member, dest, filter="data")
-        except tarfile.FilterError as e:
-            raise ForgeError(f"{where}: {e}", hint=hint) from None
-        return
-    for m in [member] if member is not None else tf.getmembers():
-        if leaves_folder(m.name) or ((m.issym() or m.islnk()) and leaves_folder(m.linkname)):
-            raise ForgeError(f"{where}: member {m.name!r} leaves the folder it is extracted into", hint=hint)
-    if member is None:
-        tf.extractall(dest)
-    else:
-        tf.extract(member, dest)
+    filtered = hasattr(tarfile, "data_filter")
+    if not filtered:
+        for m in [member] if member is not None else tf.getmembers():
+            if leaves_folder(m.name) or ((m.issym() or m.islnk()) and leaves_folder(m.linkname)):
+                raise ForgeError(f"{where}: member {m.name!r} leaves the folder it is extracted into", hint=hint)
+    kw = {"filter": "data"} if filtered else {}
+    try:
+        if member is None:
+            tf.extractall(dest, **kw)
+        else:
+            tf.extract(member, dest, **kw)
+    except getattr(tarfile, "FilterError", ()) as e:      # the data filter's refusal
+        raise ForgeError(f"{where}: {e}", hint=hint) from None

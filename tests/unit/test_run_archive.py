@@ -181,7 +181,6 @@ def test_unpack_refuses_members_that_leave_the_folder(tmp_path):
 def test_extract_without_the_data_filter_checks_names_first(tmp_path, monkeypatch):
     """On a Python without tarfile's extraction filters (before 3.10.12) the names and link targets are
     checked before anything is written; a clean archive extracts as it is."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
     from forge import paths
     from forge.errors import ForgeError
     monkeypatch.delattr(tarfile, "data_filter", raising=False)
