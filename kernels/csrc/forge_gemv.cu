@@ -11,7 +11,8 @@
 //   a block sweeps BLOCK*16 contiguous bytes (K = 5120 is one sweep at BLOCK = 640). The ROWS rows are
 //   loaded together (independent loads in flight); x is read once per K chunk and reused for all rows.
 //   At 3-4 rows of x (four FMAs per weight element) with 1-2 weight rows per thread, the next chunk's
-//   weight loads are issued before this chunk's FMAs (software pipeline), x loaded when used.
+//   weight loads are issued before this chunk's FMAs (software pipeline), x loaded when used; with four
+//   or more weight rows per thread the CUDA build gives the compiler a wide register budget (WideRegs).
 //   Reduction: ROWS*MT partial sums per thread are reduced inside the wavefront with a halving
 //   exchange (each xor-shuffle step halves the values a lane keeps: NV-1 shuffles instead of
 //   NV*log2(WARP)), then across wavefronts through LDS; one thread per (row, m) writes the output.
@@ -138,10 +139,22 @@ __device__ __forceinline__ void fma_chunk(float (&acc)[NWR * MT], const uint4 (&
   }
 }
 
+// Register budget. At 3-4 rows of x with four or more weight rows per thread the CUDA build lets the
+// compiler take the registers it wants (launch bounds (BLOCK, 1): 96 registers at four rows, 164 at
+// eight); given only the block size, ptxas keeps 72 there and the four-row launches run 1.5x slower at
+// 5120 x 6144 and 5120 x 17408 (H200, reports/kernels/gemv/README.md, "Three and four rows"). Every other
+// kernel keeps the compiler's own choice, which was faster for it (the pipelined two-row loop, the one-row
+// launches at one or two rows of x). The AMD build is unchanged: HIP's second launch bound means waves per
+// execution unit, and no budget has been measured on gfx936.
+template <int ROWS, int MT, bool SILU>
+struct WideRegs {
+  static constexpr bool value = !FORGE_ON_AMD && MT == 4 && (SILU ? 2 : 1) * ROWS >= 4;
+};
+
 // BLOCK threads, ROWS output rows per block, MT = x rows computed (M <= MT; rows >= M read as 0 and
 // are not stored), SILU: fused gate/up, VEC: 16-byte loads (K % 8 == 0, aligned) or 2-byte loads.
 template <int BLOCK, int ROWS, int MT, bool SILU, bool VEC>
-__global__ void __launch_bounds__(BLOCK) gemv_kernel(const Params p) {
+__device__ __forceinline__ void gemv_body(const Params& p) {
   constexpr int NWR = SILU ? 2 * ROWS : ROWS;  // weight rows read per block
   constexpr int NV = NWR * MT;                 // partial sums per thread, index r * MT + m
   constexpr int NWARPS = BLOCK / FORGE_WARP;
@@ -273,6 +286,28 @@ __global__ void __launch_bounds__(BLOCK) gemv_kernel(const Params p) {
   }
 }
 
+template <int BLOCK, int ROWS, int MT, bool SILU, bool VEC>
+__global__ void __launch_bounds__(BLOCK) gemv_kernel(const Params p) {
+  gemv_body<BLOCK, ROWS, MT, SILU, VEC>(p);
+}
+template <int BLOCK, int ROWS, int MT, bool SILU, bool VEC>
+__global__ void __launch_bounds__(BLOCK, 1) gemv_kernel_wide(const Params p) {
+  gemv_body<BLOCK, ROWS, MT, SILU, VEC>(p);
+}
+// the entry point for a configuration: its register budget (WideRegs) picks the launch bounds
+template <int BLOCK, int ROWS, int MT, bool SILU, bool VEC, bool WIDE = WideRegs<ROWS, MT, SILU>::value>
+struct Entry {
+  static void go(dim3 grid, const Params& p, forge_stream_t s) {
+    gemv_kernel<BLOCK, ROWS, MT, SILU, VEC><<<grid, BLOCK, 0, s>>>(p);
+  }
+};
+template <int BLOCK, int ROWS, int MT, bool SILU, bool VEC>
+struct Entry<BLOCK, ROWS, MT, SILU, VEC, true> {
+  static void go(dim3 grid, const Params& p, forge_stream_t s) {
+    gemv_kernel_wide<BLOCK, ROWS, MT, SILU, VEC><<<grid, BLOCK, 0, s>>>(p);
+  }
+};
+
 // ---------------------------------------------------------------------------------------------
 // Launch menu. block in {64, 128, 256, 512, 640, 768}, rows in {1, 2, 4, 8} (fused: {1, 2, 4}) (see Built);
 // (0, 0) = the built-in choice below. Returns 0, -2 for a config outside the menu, or a CUDA/HIP
@@ -281,8 +316,8 @@ __global__ void __launch_bounds__(BLOCK) gemv_kernel(const Params p) {
 inline bool divides(int a, int b) { return b > 0 && a % b == 0; }
 
 // Built-in choice. NVIDIA: at the Qwen3.5-27B decode shapes, the fastest (block, rows) the benchmark
-// found on an H200 (kernels/bench/bench_gemv.py, 2026-12-01, the run with the pipelined loop at 3-4
-// rows and 64-thread blocks: reports/kernels/gemv/bench_gemv.json); M = 3 takes
+// found on an H200 (kernels/bench/bench_gemv.py, 2026-12-02, the run with the pipelined loop at 3-4
+// rows, 64-thread blocks and the wide register budget: reports/kernels/gemv/bench_gemv.json); M = 3 takes
 // M = 4's entry (the same MT = 4 kernel). Elsewhere: 256 threads when it divides K/8, else 128, and 4
 // rows per block (fused: 2). AMD (wave64): one block covers a whole row of 16-byte vectors when K/8 is
 // a block size of the menu (K = 5120: 640 threads, as measured fastest on gfx936; K = 6144: 768); else
@@ -295,12 +330,12 @@ struct TunedConfig {
 };
 constexpr TunedConfig kTunedCuda[] = {
     {14336, 5120, false, {640, 64, 64}, {4, 4, 2}},     // full-attention qkv + gate
-    {5120, 6144, false, {128, 64, 128}, {1, 4, 2}},     // o_proj, GDN out_proj
+    {5120, 6144, false, {128, 64, 64}, {1, 4, 4}},      // o_proj, GDN out_proj
     {16384, 5120, false, {640, 128, 64}, {4, 4, 2}},    // GDN in_proj_qkvz
     {96, 5120, false, {640, 640, 512}, {4, 4, 2}},      // GDN in_proj_ba
     {34816, 5120, false, {640, 128, 64}, {4, 4, 2}},    // MLP gate_up (unfused)
-    {5120, 17408, false, {128, 64, 256}, {1, 4, 2}},    // MLP down
-    {248320, 5120, false, {128, 128, 64}, {1, 4, 4}},   // LM head
+    {5120, 17408, false, {128, 64, 64}, {1, 4, 4}},     // MLP down
+    {248320, 5120, false, {128, 128, 64}, {1, 4, 2}},   // LM head
     {17408, 5120, true, {128, 128, 64}, {1, 2, 1}},     // fused gate_up + SiLU-and-mul (I = 17408)
 };
 
@@ -344,7 +379,7 @@ template <int BLOCK, int ROWS, int MT, bool SILU, bool VEC, bool OK = Built<BLOC
 struct Launcher {
   static int go(const Params& p, forge_stream_t stream) {
     const dim3 grid((p.n_out + ROWS - 1) / ROWS);
-    gemv_kernel<BLOCK, ROWS, MT, SILU, VEC><<<grid, BLOCK, 0, stream>>>(p);
+    Entry<BLOCK, ROWS, MT, SILU, VEC>::go(grid, p, stream);
     return 0;
   }
 };

@@ -40,10 +40,28 @@ def expected_kernels(amd: bool) -> set[tuple]:
 
 
 def parse_name(mangled: str) -> tuple:
-    m = re.search(r"gemv_kernelILi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])E", mangled)
+    m = re.search(r"gemv_kernel(_wide)?ILi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])E", mangled)
     assert m, mangled
-    b, r, mt, silu, vec = m.groups()
-    return int(b), int(r), int(mt), silu == "1", vec == "1"
+    wide, b, r, mt, silu, vec = m.groups()
+    return int(b), int(r), int(mt), silu == "1", vec == "1", bool(wide)
+
+
+def wide_budget(k: tuple, amd: bool) -> bool:
+    """The WideRegs rule of the source: launch bounds (block, 1) for 4+ weight rows at 3-4 rows of x, CUDA only."""
+    b, r, mt, silu, vec = k
+    return not amd and mt == 4 and (2 if silu else 1) * r >= 4
+
+
+def entries(found: dict, amd: bool) -> dict:
+    """(block, rows, mt, silu, vec) -> resources; each configuration is built under exactly one entry point,
+    the one its register budget names."""
+    out = {}
+    for k, v in found.items():
+        cfg, wide = k[:5], k[5]
+        assert cfg not in out, f"{cfg} built under two entry points"
+        assert wide == wide_budget(cfg, amd), (cfg, "gemv_kernel_wide" if wide else "gemv_kernel")
+        out[cfg] = v
+    return out
 
 
 def record(name: str, data) -> None:
@@ -72,8 +90,9 @@ def test_hipcc_no_spills_no_scratch(tmp_path, arch):
             kernels[cur] = {}
         elif cur is not None:
             kernels[cur][key.strip()] = int(val) if val.isdigit() else val
-    record(f"hipcc-{arch}", [{"block": k[0], "rows": k[1], "mt": k[2], "silu": k[3], "vec": k[4], **v}
+    record(f"hipcc-{arch}", [{"block": k[0], "rows": k[1], "mt": k[2], "silu": k[3], "vec": k[4], "wide": k[5], **v}
                              for k, v in sorted(kernels.items())])
+    kernels = entries(kernels, amd=True)
     assert set(kernels) == expected_kernels(amd=True)
     for k, v in kernels.items():
         assert v["VGPRs Spill"] == 0 and v["SGPRs Spill"] == 0, (k, v)
@@ -103,8 +122,9 @@ def test_nvcc_sm90_no_spills(tmp_path):
         m = re.search(r"Used (\d+) registers.*?(\d+) bytes smem", line)
         if m:
             kernels[cur].update(registers=int(m.group(1)), smem=int(m.group(2)))
-    record("nvcc-sm_90", [{"block": k[0], "rows": k[1], "mt": k[2], "silu": k[3], "vec": k[4], **v}
+    record("nvcc-sm_90", [{"block": k[0], "rows": k[1], "mt": k[2], "silu": k[3], "vec": k[4], "wide": k[5], **v}
                           for k, v in sorted(kernels.items())])
+    kernels = entries(kernels, amd=False)
     assert set(kernels) == expected_kernels(amd=False)
     for k, v in kernels.items():
         assert v["stack"] == 0 and v["spill_stores"] == 0 and v["spill_loads"] == 0, (k, v)
