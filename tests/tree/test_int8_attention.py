@@ -82,10 +82,13 @@ LONG_QUERY = {"long_chunk_mixed_block1552", "long_chunk_fp16_block784"}
 SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
 
-def _run(run_in_vllm, kwargs):
-    res = run_in_vllm(SNIPPET.replace("{kwargs}", repr(kwargs)))
-    line = [l for l in res.stdout.splitlines() if l.startswith("JSON")][-1]
-    return json.loads(line[4:])
+def _result(res) -> dict:
+    """The JSON a snippet printed last (its "JSON"-prefixed line)."""
+    return json.loads([l for l in res.stdout.splitlines() if l.startswith("JSON")][-1][4:])
+
+
+def _run(run_in_vllm, kwargs, env=None):
+    return _result(run_in_vllm(SNIPPET.replace("{kwargs}", repr(kwargs)), env=env))
 
 
 @pytest.mark.parametrize("case_id,kwargs", CASES, ids=[c[0] for c in CASES])
@@ -116,13 +119,12 @@ def test_int8_unified_attention_matches_reference(run_in_vllm, case_id, kwargs):
 def test_prefill_tiles_switch_restores_upstream_launch_for_16bit(run_in_vllm):
     """VLLM_FORGE_PREFILL_TILES=0: the 16-bit cache takes upstream's 16-row tiles again (int8 keeps
     its own), with the same accuracy."""
-    # a smaller long-query case than long_chunk_fp16_block784 (260 query tokens, still prefill-sized):
-    # its 16-row comparison run costs ~3.5x the 64-row one under the interpreter, and the launch
-    # choice alone is test_prefill_launch_choice's
-    kwargs = dict(seq_lens=[560, 300], query_lens=[260, 1], block_size=784, seed=8, run_unquantized=True,
+    # a smaller long-query case than long_chunk_fp16_block784 (260 query tokens, still prefill-sized,
+    # the chunk still crossing the 784-token block boundary): its 16-row comparison run costs ~3.5x
+    # the 64-row one under the interpreter, and the launch choice alone is test_prefill_launch_choice's
+    kwargs = dict(seq_lens=[800, 300], query_lens=[260, 1], block_size=784, seed=8, run_unquantized=True,
                   q_dtype=torch.float16)
-    res = run_in_vllm(SNIPPET.replace("{kwargs}", repr(kwargs)), env={"VLLM_FORGE_PREFILL_TILES": "0"})
-    r = json.loads([l for l in res.stdout.splitlines() if l.startswith("JSON")][-1][4:])
+    r = _run(run_in_vllm, kwargs, env={"VLLM_FORGE_PREFILL_TILES": "0"})
     bf16 = [l for l in r["launches_2d"] if not l["kv_int8"]]
     assert bf16 and all(l["BLOCK_M"] == 16 for l in bf16), r["launches_2d"]
     assert all(l["BLOCK_M"] == 64 for l in r["launches_2d"] if l["kv_int8"]), r["launches_2d"]
@@ -140,8 +142,7 @@ LAUNCH_SNIPPET = textwrap.dedent(
     class Record:  # stands in for the 2D kernel: records its launch, runs nothing
         def __getitem__(self, grid):
             def go(*a, **kw):
-                seen.append(dict(BLOCK_M=kw["BLOCK_M"], TILE_SIZE=kw["TILE_SIZE"], grid0=grid[0],
-                                 num_warps=kw.get("num_warps")))
+                seen.append(dict(BLOCK_M=kw["BLOCK_M"], grid0=grid[0]))
             return go
 
     ua.kernel_unified_attention_2d = Record()
@@ -175,8 +176,7 @@ def test_prefill_launch_choice(run_in_vllm, tiles):
     VLLM_FORGE_PREFILL_TILES is on; an fp32 cache and shorter queries keep upstream's 16 rows."""
     cases = [("float32", 300), ("float16", 300), ("bfloat16", 300), ("int8", 300),
              ("bfloat16", 255), ("int8", 255)]
-    res = run_in_vllm(LAUNCH_SNIPPET.replace("{cases}", repr(cases)), env={"VLLM_FORGE_PREFILL_TILES": tiles})
-    got = json.loads([l for l in res.stdout.splitlines() if l.startswith("JSON")][-1][4:])
+    got = _result(run_in_vllm(LAUNCH_SNIPPET.replace("{cases}", repr(cases)), env={"VLLM_FORGE_PREFILL_TILES": tiles}))
     want = {"float32/300": 16, "float16/300": 64 if tiles == "1" else 16,
             "bfloat16/300": 64 if tiles == "1" else 16, "int8/300": 64, "bfloat16/255": 16, "int8/255": 16}
     for case, block_m in want.items():
