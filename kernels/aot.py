@@ -22,11 +22,10 @@ import sys
 import tempfile
 import time
 
+import forge_triton
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-
-import forge_triton
 
 LDS_LIMIT = 65536           # gfx9 LDS per workgroup: the DCU-portability gate
 # sm_90's opt-in shared memory per block (227 KiB). On CUDA a spill is reported, not a failure:

@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args(argv)
-    from forge_triton import int8_kv_write as wr       # after TRITON_INTERPRET is settled
+    from forge_triton import int8_kv_write as wr  # after TRITON_INTERPRET is settled
     from forge_triton import split_kv_decode as dec
     dev = "cuda" if ON_GPU else "cpu"
     g = torch.Generator(device=dev).manual_seed(int(time.time()) & 0xFFFF)

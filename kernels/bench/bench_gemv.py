@@ -151,7 +151,7 @@ def copy_bandwidth(torch, timer: Timer) -> dict:
         dst.zero_()
         per[label] = {"us": round(us, 2), "tbps_read_plus_write": round(2 * nbytes / us / 1e6, 3)}
     best = max(per, key=lambda k: per[k]["tbps_read_plus_write"])
-    del src, dst
+    src = dst = None  # frees the buffers (the lambdas above hold their cells)
     return {"bytes_per_side": nbytes, "convention": "bytes read + bytes written (2 x buffer) per second",
             "methods": per, "best": best, "tbps_read_write": per[best]["tbps_read_plus_write"]}
 
@@ -435,7 +435,7 @@ def main() -> int:
                         raise
                     frec("forge_gemv_silu_mul" if block == 0 else f"forge_gemv_silu_mul b{block} r{nrows}", us)
             print(f"  {name} M={M}: done", flush=True)
-        del ws
+        ws = None  # frees the weight copies (the lambdas above hold the cell)
         torch.cuda.empty_cache()
 
     result["rows"] = rows

@@ -176,7 +176,7 @@ def block_tables(R, B, nbps, nb):
 
 # ----------------------------------------------------------------------------- correctness
 def check_decode(results, up):
-    g = torch.Generator(device="cuda").manual_seed(1234)
+    torch.manual_seed(1234)
     ncu = torch.cuda.get_device_properties(0).multi_processor_count
     cases = [("bf16", 784, [1, 1000, 5001]), ("int8", 1552, [17, 3100, 32768]),
              ("bf16", 1552, [32768]), ("int8", 784, [1, 783, 785, 9000]), ("bf16", 16, [5, 300])]
@@ -291,7 +291,7 @@ def load_cuda_writer(out_dir):
 
 
 def check_write(results, cuda_write):
-    g = torch.Generator(device="cuda").manual_seed(7)
+    torch.manual_seed(7)
     for bs in (16, 784, 1552):
         T = 333
         nb = max(6, 2 * math.ceil(T / bs))
@@ -321,7 +321,6 @@ def check_write(results, cuda_write):
             err_ok = bool(((deq - key[valid].double()).abs() <= got_s.double().unsqueeze(-1) * 0.5001 + 1e-12).all())
             mask = torch.ones(nb * bs, dtype=torch.bool, device="cuda")
             mask[sv] = False
-            untouched = c.view(nb, 2, bs * HKV * (D + 4))  # planes
             kd_flat = kd.reshape(nb * bs, HKV, D)
             poison_ok = bool((kd_flat[mask] == -99).all())
             finite = bool(torch.isfinite(ks.reshape(nb, HKV, bs).permute(0, 2, 1).reshape(-1, HKV)[sv]).all())
@@ -398,7 +397,7 @@ def bench_point(kind, bs, B, L, cfgs, up, ncu, which=("forge", "unified", "group
             recs.append(dict(base, kernel="vllm_unified_3d", S=16, us=med, us_min=lo, us_max=hi))
         except Exception as e:
             recs.append(dict(base, kernel="vllm_unified_3d", error=str(e)[:300]))
-    del pool
+    pool = None  # frees the cache (the lambdas above hold the cell)
     if "grouped" in which and kind == "bf16":
         sp = make_pool("split", nb, bs)
         lse = torch.empty(B, HQ, dtype=torch.float32, device="cuda")
@@ -431,7 +430,7 @@ def bench_write(cuda_write, copy_bw, extra_writers=()):
         med, lo, hi = time_graph(fns)
         recs.append(dict(kernel=name, case="decode_1tok_x16layers", tokens=1, us_per_layer=med,
                          us_min=lo, us_max=hi))
-        del layers, views
+        layers = views = None  # frees them (the lambdas above hold the cells)
         # prefill: 8192 tokens, rotating over 4 inputs and 4 caches
         T = 8192
         R = 4
@@ -445,7 +444,7 @@ def bench_write(cuda_write, copy_bw, extra_writers=()):
         nbytes = T * HKV * (2 * D * 2 + 2 * (D + 4)) + T * 8
         recs.append(dict(kernel=name, case="prefill_8192", tokens=T, us=med, us_min=lo, us_max=hi,
                          bytes=nbytes, tb_s=nbytes / med * 1e-6, frac_copy_bw=nbytes / (med * 1e-6) / copy_bw))
-        del caches, views, qkvs
+        caches = views = qkvs = None  # frees them (the lambdas above hold the cells)
         torch.cuda.empty_cache()
     return recs
 

@@ -270,7 +270,8 @@ def bench(torch, w, u, table=MAIN_ROWS, hists=(0, 8192, 16384, 28672), reps=20, 
             cases = [make_case(torch, w, ctx=ctx, q_len=4096, block_size=bs, kv=kv,
                                q_dtype=torch.bfloat16, gen=gen) for _ in range(rot)]
             for c in cases:
-                c.pop("k_deq", None); c.pop("v_deq", None); c.pop("k"); c.pop("v")
+                for key in ("k_deq", "v_deq", "k", "v"):
+                    c.pop(key, None)
             outs = [torch.empty(4096, HQ, D, dtype=torch.bfloat16, device="cuda") for _ in range(rot)]
             for var in groups[(kv, bs)]:
                 cfg = VARIANTS[var] if var else None
@@ -284,11 +285,15 @@ def bench(torch, w, u, table=MAIN_ROWS, hists=(0, 8192, 16384, 28672), reps=20, 
                     for c, o in zip(cases, outs):
                         run_kernel(torch, u, c, o, cfg=cfg)
                 torch.cuda.synchronize()
-                g.replay(); torch.cuda.synchronize()
+                g.replay()
+                torch.cuda.synchronize()
                 times = []
                 for _ in range(reps):
                     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    e0.record(); g.replay(); e1.record(); e1.synchronize()
+                    e0.record()
+                    g.replay()
+                    e1.record()
+                    e1.synchronize()
                     times.append(e0.elapsed_time(e1) * 1000 / rot)
                 times.sort()
                 us = times[len(times) // 2]
@@ -374,6 +379,7 @@ def main():
         return
     torch, w, u = _setup(a.payload)
     import platform
+
     import triton
     prov = json.load(open(os.path.join(a.payload, "provenance.json")))
     env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,

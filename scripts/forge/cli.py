@@ -12,9 +12,8 @@ import sys
 from . import __version__
 from .errors import ForgeError
 
-
-STAGES = ("build", "run", "lab")
-HEADINGS = {"build": "build (source -> tree -> patches -> wheel -> image)",
+STAGES = ("builder", "run", "lab")
+HEADINGS = {"builder": "build (source -> tree -> patches -> wheel -> image)",
             "run": "run (serve -> bench -> score -> report)",
             "lab": "lab (GPU stand-in harness; not the product)",
             "": "project (environment, tests)"}

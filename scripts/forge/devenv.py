@@ -51,7 +51,7 @@ def cmd_help_make(args) -> int:
 def _work_clean_would_lose() -> None:
     """Refuse (ForgeError) when build/ holds what `make clean` would lose for good: a running server's
     record (it would keep running with nothing to stop it by) or work in build/vllm not in patches/."""
-    from .build import tree as tree_mod
+    from .builder import tree as tree_mod
     from .run import serve
     st = serve.running_server()
     if st:

@@ -7,12 +7,11 @@ rehearsals' reports go to build/test-reports/: a test run leaves the tracked rep
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
-import shutil
-
 from . import proc, ui
-from .build import image, rehearsal
+from .builder import image, rehearsal
 from .paths import BUILD, ROOT
 
 # What a fresh `make test` writes, measured on a fresh clone: the rehearsal venv (torch with its CUDA

@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import ROOT, SUPPORT, fake_server, forge, forge_env, tiny_model
 from project import signal_after
 

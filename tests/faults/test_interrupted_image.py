@@ -22,7 +22,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from project import interrupt, make_project, run
 
 SEED = int(os.environ.get("FORGE_FAULT_SEED") or random.SystemRandom().randrange(1 << 30))

@@ -17,7 +17,6 @@ import signal
 import time
 
 import pytest
-
 from project import interrupt, make_project, run
 
 SEED = int(os.environ.get("FORGE_FAULT_SEED") or random.SystemRandom().randrange(1 << 30))

@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import FIXTURE_RUNS, ROOT, forge_env, free_port
 from project import make_project, run
 

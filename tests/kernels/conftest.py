@@ -4,9 +4,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from kernel_env import KDIR, ON_GPU, REPO  # noqa: E402,F401  (sets TRITON_INTERPRET before triton)
-
 import pytest  # noqa: E402
+from kernel_env import KDIR, ON_GPU, REPO  # noqa: E402,F401  (sets TRITON_INTERPRET before triton)
 
 
 @pytest.fixture(scope="session")

@@ -2,9 +2,8 @@
 import pytest
 
 
-
 def _aot():
-    import aot                      # kernels/aot.py (kernels/ is on pytest's pythonpath)
+    import aot  # kernels/aot.py (kernels/ is on pytest's pythonpath)
     return aot
 
 

@@ -6,7 +6,6 @@ import subprocess
 
 import pytest
 import torch
-
 from kernel_env import KDIR, ON_GPU
 
 SRC = os.path.join(KDIR, "csrc", "int8_kv_write.cu")

@@ -14,7 +14,6 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers import bench_module
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (GPU machine)")

@@ -3,7 +3,6 @@ import math
 
 import pytest
 import torch
-
 from kernel_env import ON_GPU
 from reference import quantize_ref
 

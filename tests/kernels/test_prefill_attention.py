@@ -8,7 +8,6 @@ import math
 
 import pytest
 import torch
-
 from kernel_env import ON_GPU
 from reference import gather_kv, gather_scale, make_block_table, quantize_ref, rel_err
 

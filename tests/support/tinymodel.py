@@ -18,7 +18,7 @@ def word(i: int) -> str:
 
 
 def build(dest: Path) -> Path:
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,6 @@ into build/rehearsal/venv. `forge test` runs the rehearsal before these tests, s
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest

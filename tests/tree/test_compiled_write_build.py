@@ -5,7 +5,6 @@ On a CPU box there is no _C, so: the patched build files are checked (CMake sour
 registration, torch_bindings.cpp passes a C++ syntax check against torch's headers), and the
 switch is driven end to end with a stand-in op registered under the real op name."""
 
-import os
 import shutil
 import subprocess
 import sysconfig

@@ -16,8 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
-from forge.build import wheel  # noqa: E402
-
+from forge.builder import wheel  # noqa: E402
 from forge.lab import gpu_bundle  # noqa: E402
 
 STANDIN = ROOT / "harness" / "gpu" / "overlay" / "vllm" / "_C.py"
@@ -48,6 +47,7 @@ def test_harness_applies_on_the_patched_tree_and_only_adds_files(patched_tree, t
 def test_harness_patches_never_touch_forbidden_paths():
     import fnmatch
     import re
+
     from forge.run import contest
     c = contest.load_contest()
     for p in gpu_bundle.harness_patches():

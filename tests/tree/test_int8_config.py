@@ -8,7 +8,6 @@ the model shape (GDN state bytes, per-token attention bytes), not copied from a 
 
 import json
 import textwrap
-
 from pathlib import Path
 
 import pytest

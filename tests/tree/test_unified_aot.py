@@ -6,8 +6,6 @@ unified_attention() picks on HIP for prefill-sized queries (prefill_launch_2d): 
 import json
 import textwrap
 
-import pytest
-
 AOT = textwrap.dedent(
     """
     import json, re, sys, torch

@@ -118,6 +118,7 @@ def test_interrupted_evaluation_resumes_where_it_stopped(tmp_path):
     import signal
     import subprocess
     import time
+
     from helpers import ROOT, forge_env
     model = tiny_model(tmp_path / "model")
     data = tmp_path / "acc"

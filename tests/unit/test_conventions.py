@@ -46,7 +46,7 @@ def test_the_import_parser_sees_relative_imports():
     assert "forge.run.serve" in e2e and "forge.lab.gpu_bundle" in e2e and "forge.errors" in e2e
 
 
-@pytest.mark.parametrize("stage", ["build", "run"])
+@pytest.mark.parametrize("stage", ["builder", "run"])
 def test_build_and_run_never_import_the_lab(stage):
     offenders = {}
     for path in MODULES:
@@ -98,7 +98,7 @@ def test_no_module_is_two_modules():
 
 
 def test_every_package_says_what_it_owns():
-    for init in [PKG / "__init__.py", *(PKG / s / "__init__.py" for s in ("build", "run", "lab"))]:
+    for init in [PKG / "__init__.py", *(PKG / s / "__init__.py" for s in ("builder", "run", "lab"))]:
         doc = ast.get_docstring(ast.parse(init.read_text()))
         assert doc and len(doc.split()) >= 8, f"{init.relative_to(ROOT)} needs a docstring saying what it owns"
 
@@ -110,7 +110,7 @@ def test_help_lists_every_verb_once_grouped_by_stage_in_pipeline_order():
     text = cli.build_parser().format_help()
     heads = [text.index(h + ":") for h in (cli.HEADINGS[s] for s in (*cli.STAGES, ""))]
     assert heads == sorted(heads), "stages appear in pipeline order"
-    expected = {"build": {"fetch", "tree", "wheel", "image", "patches-check"},
+    expected = {"builder": {"fetch", "tree", "wheel", "image", "patches-check"},
                 "run": {"serve", "bench-all-tiers", "score", "sweep", "report"},
                 "lab": {"e2e-gpu", "gpu-bundle"}}
     for i, stage in enumerate(cli.STAGES):

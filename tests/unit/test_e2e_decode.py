@@ -12,8 +12,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import ROOT, forge, h200_e2e  # noqa: E402
 
-from forge.lab import e2e_decode  # noqa: E402
 from forge.errors import ForgeError  # noqa: E402
+from forge.lab import e2e_decode  # noqa: E402
 
 CONTEXTS = [1024, 2048, 4096, 8192, 16384, 32768]
 

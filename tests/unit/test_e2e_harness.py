@@ -15,10 +15,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import FIXTURE_RUNS, ROOT, SUPPORT, forge_env, free_port_pair, h200_e2e, health  # noqa: E402
 
-from forge.lab import gpu_bundle, packing, plumbing, rounds, serverlog  # noqa: E402
-
-from forge.run import contest  # noqa: E402
 from forge.errors import ForgeError  # noqa: E402
+from forge.lab import gpu_bundle, packing, plumbing, rounds, serverlog  # noqa: E402
+from forge.run import contest  # noqa: E402
 
 FAKE = f"{sys.executable} {SUPPORT / 'fakeserver.py'}"
 REPLAY = f"{sys.executable} {SUPPORT / 'replayclient.py'}"
@@ -376,6 +375,7 @@ def test_e2e_reruns_a_round_that_was_recorded_as_failed_for_a_missing_server(tmp
 def test_a_reference_that_served_nothing_gives_no_score_but_a_reason(tmp_path):
     import shutil
     import types
+
     from forge.run import bench
     c = contest.load_contest()
     dirs = {}
@@ -493,6 +493,7 @@ def test_dcu_prediction_says_what_its_ratios_are_to(ref, basis):
     """The summary's DCU figures apply ratios to the reference; with a reference other than upstream
     (an A/B of two product profiles) they price only the difference, and the text says so."""
     from types import SimpleNamespace
+
     from forge.lab import summary
     folder = E2E / "2026-11-30-h200-contest" / "runs"
     run = SimpleNamespace(contest=contest.load_contest(), run_dir=lambda n, create=False: folder / n)
@@ -574,6 +575,7 @@ def test_make_score_on_a_real_run_folder(tmp_path):
     """`forge score --run … --baseline …` (make score RUN=… BASELINE=…) on the H200 files: the proxy
     total recorded there, and no output-length drift (1024 tokens every request, as the client asks)."""
     import shutil
+
     from helpers import forge
     src = E2E / "2026-11-30-h200-contest" / "runs"
     for name in ("contest", "upstream"):

@@ -51,6 +51,7 @@ def test_mistakes_name_file_and_key(tmp_path, text, needles):
 
 def test_build_digest_format(tmp_path):
     import yaml
+
     from forge.paths import CONFIGS
     d = yaml.safe_load((CONFIGS / "build.yaml").read_text())
     d["base_image_digest"] = "sha256:xyz"

@@ -6,12 +6,11 @@ import os
 import time
 
 import pytest
+from pipeline_fixtures import UPSTREAM_FILES, make_sdist, upstream_cfg
 
-from forge.build import fetch
+from forge.builder import fetch
 from forge.errors import ForgeError
 from forge.hashing import sha256_file, tree_sha256
-
-from pipeline_fixtures import UPSTREAM_FILES, make_sdist, upstream_cfg
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from forge.build import image
+from forge.builder import image
 from forge.errors import ForgeError
 from forge.paths import ROOT
 

@@ -5,11 +5,10 @@ import shutil
 import subprocess
 
 import pytest
-
-from forge.build import patches, patchfile, tree
-from forge.errors import ForgeError
-
 from pipeline_fixtures import REVIEW, make_patch, make_sdist, upstream_cfg
+
+from forge.builder import patches, patchfile, tree
+from forge.errors import ForgeError
 
 
 @pytest.fixture
@@ -161,6 +160,7 @@ def test_lint_refuses_an_overlay_file_in_a_forbidden_path(env, monkeypatch):
 def test_clean_keeps_unexported_work_and_a_running_servers_record(env, monkeypatch):
     """`make clean` removes build/ only when nothing there would be lost for good (FORCE=1: anyway)."""
     import argparse
+
     from forge import devenv
     from forge.run import serve
     build = env["tree"].parent
@@ -293,7 +293,7 @@ def test_interrupted_patch_step_is_resumed(env):
 def test_export_refuses_a_bad_into_before_building_anything(tmp_path, monkeypatch):
     """`forge export --into <not a directory>` says so at once; the tree (minutes on a fresh machine)
     is not built first."""
-    from forge.build import export
+    from forge.builder import export
 
     def no_build(*a, **k):
         raise AssertionError("the tree was built before the argument was checked")

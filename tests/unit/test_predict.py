@@ -16,7 +16,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"
 from helpers import FIXTURE_RUNS, ROOT, forge  # noqa: E402
 
 from forge.run import contest, predict, synth  # noqa: E402
-from forge.errors import ForgeError  # noqa: E402
 
 TIERS = ["4-8K", "8-16K", "16-32K"]
 

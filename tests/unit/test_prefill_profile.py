@@ -12,11 +12,10 @@ import subprocess
 import sys
 
 import pytest
+from helpers import ROOT, forge_env  # noqa: E402
 
 from forge.errors import ForgeError
 from forge.lab import prefill_profile as pp
-
-from helpers import ROOT, forge_env  # noqa: E402
 
 
 def _trace(path, steps, kernels, extra=()):

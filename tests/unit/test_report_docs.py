@@ -57,6 +57,7 @@ def test_submission_readme_depends_only_on_the_repository(tmp_path):
     one configs/upstream.yaml, kernels/overlay.yaml and patches/ give (computed here independently),
     no machine's versions and no project commit (which could only ever name an older commit)."""
     import hashlib
+
     import yaml
     out1, out2 = tmp_path / "a", tmp_path / "b"
     for out in (out1, out2):
@@ -89,10 +90,11 @@ def test_submission_readme_depends_only_on_the_repository(tmp_path):
 
 def test_provenance_versions_are_real(tmp_path):
     """Versions come from the installed distributions and the tools' own version lines."""
-    from importlib import metadata
     import shutil
     import subprocess
-    from forge.build import provenance
+    from importlib import metadata
+
+    from forge.builder import provenance
     tc = provenance.toolchain()
     for dist in ("setuptools", "setuptools_scm", "triton", "torch"):
         try:

@@ -3,7 +3,6 @@ health wait, run folder, state, stopping only our process group, early-exit diag
 
 import json
 import os
-import re
 import socket
 import sys
 import time
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
-from helpers import ROOT, SUPPORT, forge, free_port, health, tiny_model  # noqa: E402
+from helpers import SUPPORT, forge, free_port, health, tiny_model  # noqa: E402
 
 from forge.run import contest, profiles, serve  # noqa: E402
 

@@ -8,8 +8,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"
 from helpers import ROOT  # noqa: E402
 
 from forge import testrun  # noqa: E402
-
-from forge.build import image, rehearsal  # noqa: E402
+from forge.builder import image, rehearsal  # noqa: E402
 from forge.paths import REPORTS  # noqa: E402
 
 

@@ -4,10 +4,10 @@ once, not per tier."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import threading
-import http.client
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -65,6 +65,7 @@ class ClientWorker:
 
     def __init__(self, python: str, log: Path, timeout: float = 300, env: dict[str, str] | None = None):
         import queue
+
         from .benchworker import MARKER
         self.marker = MARKER
         self.log = log

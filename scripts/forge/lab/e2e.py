@@ -35,19 +35,26 @@ from pathlib import Path
 from .. import paths, ui
 from ..errors import ForgeError
 from ..run import serve
-from . import e2e_decode, gpu_bundle
+from . import e2e_decode, gpu_bundle, prefill_profile
 from .client import client_runner
 from .fault import fault_check
 from .install import install_bundle, site_env, versions
 from .packing import TRITON_MANIFEST, TRITON_PART_MIB, pack_triton_cache, seed_triton_cache
 from .plumbing import PLUMBING_PROMPT_TOKENS, plumbing
-from . import prefill_profile
-from .rounds import (DEFAULT_TIER_ORDER, FAULT_NEED_S, bench_rounds, build_datasets, check_resume, finish_runs,
-                     fully_kept, harness_args, scores)
+from .rounds import (
+    DEFAULT_TIER_ORDER,
+    FAULT_NEED_S,
+    bench_rounds,
+    build_datasets,
+    check_resume,
+    finish_runs,
+    fully_kept,
+    harness_args,
+    scores,
+)
 from .serverlog import log_facts
 from .servers import guarded, start_all, stop_all, stop_stale_servers, synthetic_prompt
 from .session import Run, device_name
-
 
 FIRST_PORT = serve.LOCKED_PORT
 

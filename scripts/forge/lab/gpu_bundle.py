@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 from .. import config, proc, ui
-from ..build import provenance, tree, wheel
+from ..builder import provenance, tree, wheel
+from ..builder.patchfile import read_series
 from ..errors import ForgeError
 from ..hashing import sha256_file
-from ..build.patchfile import read_series
 from ..paths import BUILD, CACHE, ROOT, TREE, rel
 
 HARNESS = ROOT / "harness" / "gpu"

@@ -70,7 +70,7 @@ def capture(run: Run, name: str, model: Path, tokens: int) -> dict:
     base = f"http://{st['host']}:{st['port']}"
     tdir = trace_dir(run.out, name)
     tdir.mkdir(parents=True, exist_ok=True)
-    from .servers import synthetic_prompt     # here: servers imports this module for server_args
+    from .servers import synthetic_prompt  # here: servers imports this module for server_args
     plain = synthetic_prompt(model, tokens, f"profile-a-{tokens}")
     profiled = synthetic_prompt(model, tokens, f"profile-b-{tokens}")
     t = time.monotonic()

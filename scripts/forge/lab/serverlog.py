@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-
 LOG_FACTS = {
     "attention_block_size": r"[Ss]etting attention block size to (\d+) tokens",
     "kv_cache_tokens": r"GPU KV cache size: ([\d,]+) tokens",

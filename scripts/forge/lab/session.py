@@ -12,8 +12,8 @@ from pathlib import Path
 
 from .. import paths, ui
 from ..errors import ForgeError
-from ..run import profiles, runs
 from ..run import contest as contest_mod
+from ..run import profiles, runs
 from . import gpu_bundle
 from .packing import pack
 from .summary import render_summary

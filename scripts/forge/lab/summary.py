@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ForgeError
+from ..run import contest as contest_mod
 from ..run import runs, synth
 from ..run.score_doc import fmt
-from ..run import contest as contest_mod
 from .serverlog import log_facts
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def tier_ratio_lines(run: Run, names: list[str], ref: str) -> list[str]:
     if not rows:
         return []
     L = ["", f"## Per tier: TTFT share of wall time and ratios to {ref}", "",
-         f"| tier | profile | mean TTFT s | TTFT share | mean TPOT ms | TTFT ratio | TPOT ratio |",
+         "| tier | profile | mean TTFT s | TTFT share | mean TPOT ms | TTFT ratio | TPOT ratio |",
          "|---|---|---|---|---|---|---|", *rows]
     preds = []
     try:

@@ -15,12 +15,11 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
-from . import contest as contest_mod
-from . import runs, score, serve
 from .. import paths, proc, ui
 from ..errors import ForgeError
 from ..hashing import sha256_file
-
+from . import contest as contest_mod
+from . import runs, score, serve
 
 # --- metrics (LongBench's definitions) -----------------------------------------------------------
 

@@ -11,12 +11,12 @@ import sys
 import time
 from pathlib import Path
 
-from . import contest as contest_mod
-from . import runs, serve, synth
-from .runs import count_lines, result_path, set_aside_failed, tier_done
 from .. import paths, proc, ui
 from ..errors import ForgeError
 from ..hashing import sha256_file
+from . import contest as contest_mod
+from . import runs, serve, synth
+from .runs import count_lines, result_path, set_aside_failed, tier_done
 
 CLIENT_ENV = "FORGE_BENCH_CLIENT"
 failed_result = runs.failed_result   # the result of a tier the server could not serve

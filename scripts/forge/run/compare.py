@@ -8,11 +8,11 @@ import math
 import statistics
 from pathlib import Path
 
-from . import contest as contest_mod
-from . import bench, runs, score, serve
-from . import profiles as profiles_mod
 from .. import ui
 from ..errors import ForgeError
+from . import bench, runs, score, serve
+from . import contest as contest_mod
+from . import profiles as profiles_mod
 
 
 def _side(paths: list[str], contest: dict) -> list[dict]:

@@ -155,8 +155,9 @@ def _check_ranges(data: dict, file: str) -> None:
 def load_contest(path: str = "contest.yaml") -> dict:
     """The validated contest config."""
     data = load(path, SCHEMA)
-    from ..paths import CONFIGS, rel
     from pathlib import Path
+
+    from ..paths import CONFIGS, rel
     p = Path(path)
     _cross_check(data, rel(p if p.is_absolute() or p.exists() else CONFIGS / p))
     return data

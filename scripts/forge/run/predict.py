@@ -24,10 +24,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from . import contest as contest_mod
-from . import archive, runs, score, synth
 from .. import paths, ui
 from ..errors import ForgeError
+from . import archive, runs, score, synth
+from . import contest as contest_mod
 
 # The DCU time model: vLLM 0.18.1 upstream on gfx936, from public request-window profiles.
 # Prefill of a prompt of S tokens, in seconds; decode per output token at

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import contest as contest_mod
 from ..config import Field, load_yaml, validate
 from ..errors import ForgeError
 from ..paths import CONFIGS, rel
+from . import contest as contest_mod
 
 PROFILES = CONFIGS / "serve"
 

@@ -8,9 +8,9 @@ import json
 import os
 from pathlib import Path
 
+from .. import config, paths, ui
 from . import contest as contest_mod
 from . import profiles, runs
-from .. import config, paths, ui
 
 # Licences of the components a submission is built from (as published by each project).
 LICENCES = {
@@ -60,12 +60,12 @@ def env_vars_md(profile: dict, contest: dict) -> str:
 
 
 def _series() -> list[Path]:
-    from ..build.patchfile import read_series
+    from ..builder.patchfile import read_series
     return [paths.PATCHES / n for n in read_series(paths.PATCHES)]
 
 
 def optimization_plan_md(out_dir: Path = paths.REPORTS) -> str:
-    from ..build.patchfile import REVIEW_SECTIONS, parse
+    from ..builder.patchfile import REVIEW_SECTIONS, parse
     L = [_header(), "", "# Optimization plan", "",
          "Each change to vLLM 0.18.1 is one patch in `patches/` (applied in the order of `patches/series`); "
          "its commit message is its review record, reproduced here.", ""]
@@ -93,7 +93,7 @@ def repo_record() -> dict:
     upstream, kernel overlay, patches/series): the same on every machine and at every run, so the
     tracked documents change only when these inputs do."""
     from .. import config
-    from ..build import provenance, tree, wheel
+    from ..builder import provenance, tree, wheel
     up = config.upstream()
     state = {"upstream": up["sdist"]["sha256"], "overlay": tree.overlay_hash(tree.overlay_entries()),
              "patches": [[n, d, None] for n, d in tree.series_inputs(paths.PATCHES)]}
@@ -131,7 +131,7 @@ BASE_COMPONENTS = ("torch", "triton")
 
 
 def submission_readme_md(profile: dict, contest: dict, prov: dict, prov_src: str) -> str:
-    from ..build.provenance import NOT_INSTALLED
+    from ..builder.provenance import NOT_INSTALLED
     rendered = profiles.render(profile, "/path/to/Qwen3.5-27B", contest)
     L = [_header(), "", "# Submission: vLLM 0.18.1 patched for Qwen3.5-27B on Hygon DCU", "",
          f"Profile `{profile['name']}`: {profile['description']}", "",

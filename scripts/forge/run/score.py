@@ -17,12 +17,11 @@ import json
 import math
 from pathlib import Path
 
-from . import contest as contest_mod
-from . import runs
 from .. import paths, ui
 from ..errors import ForgeError
+from . import contest as contest_mod
+from . import runs
 from .score_doc import HARNESS_LABEL, chart, print_run, print_what_if, render_md
-
 
 # --- metrics from `vllm bench serve` result files ----------------------------------------------
 

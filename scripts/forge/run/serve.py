@@ -14,10 +14,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from . import contest as contest_mod
-from . import profiles, runs
 from .. import paths, proc, ui
 from ..errors import ForgeError
+from . import contest as contest_mod
+from . import profiles, runs
 
 STATE = paths.BUILD / "serve" / "server.json"
 LOCKED_PORT = 8001

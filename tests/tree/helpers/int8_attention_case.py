@@ -28,13 +28,13 @@ import torch
 
 
 def _import_vllm():
+    from vllm.utils.torch_utils import kv_cache_scale_bytes
     from vllm.v1.attention.backends.triton_attn import (
         TritonAttentionBackend,
         TritonAttentionImpl,
         TritonAttentionMetadata,
     )
     from vllm.v1.kv_cache_interface import FullAttentionSpec
-    from vllm.utils.torch_utils import kv_cache_scale_bytes
 
     return TritonAttentionBackend, TritonAttentionImpl, TritonAttentionMetadata, FullAttentionSpec, kv_cache_scale_bytes
 
@@ -153,7 +153,8 @@ def run_case(*, seq_lens, query_lens, block_size, num_q_heads=24, num_kv_heads=4
     for i, L in enumerate(seq_lens):
         pos = torch.arange(L)
         slots.append(bt[i, pos // block_size].long() * block_size + pos % block_size)
-        keys.append(k_tok[i]); vals.append(v_tok[i])
+        keys.append(k_tok[i])
+        vals.append(v_tok[i])
     keys.append(torch.full((pad_tokens, num_kv_heads, head_size), 1e4))
     vals.append(torch.full((pad_tokens, num_kv_heads, head_size), 1e4))
     slots.append(torch.full((pad_tokens,), -1, dtype=torch.long))
@@ -232,7 +233,8 @@ def run_case(*, seq_lens, query_lens, block_size, num_q_heads=24, num_kv_heads=4
             for i, L in enumerate(seq_lens):
                 pos = torch.arange(L)
                 b, o = bt[i, pos // block_size].long(), pos % block_size
-                k_deq.append(kd[b, o]); v_deq.append(vd[b, o])
+                k_deq.append(kd[b, o])
+                v_deq.append(vd[b, o])
                 # "scales ignored" mutation: int8 codes times one mean scale per sequence
                 k_ns.append(kraw[b, o] * ksc_t[b, o].mean())
                 v_ns.append(vraw[b, o] * vsc_t[b, o].mean())

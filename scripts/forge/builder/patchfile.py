@@ -72,7 +72,7 @@ def parse(path: Path, name: str | None = None) -> Patch:
     lines = text.splitlines()
     name = name or Path(path).name
     # header: mbox "From <sha> <date>", then RFC-822 headers until a blank line
-    i, subject, headers_done = 0, None, False
+    subject = None
     if not lines or not lines[0].startswith("From "):
         raise ForgeError(f"{rel(path)}: not a git format-patch file (no 'From <commit>' first line)",
                          hint="create patches with `make patches-refresh` from build/vllm commits")

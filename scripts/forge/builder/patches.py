@@ -9,12 +9,12 @@ import re
 import shutil
 from pathlib import Path
 
-from . import tree
-from .. import proc, ui
-from ..run.contest import load_contest
+from .. import ui
 from ..errors import ForgeError
-from .patchfile import REVIEW_SECTIONS, parse, read_series
 from ..paths import BUILD, PATCHES, TREE, rel
+from ..run.contest import load_contest
+from . import tree
+from .patchfile import REVIEW_SECTIONS, parse, read_series
 
 
 def lint_patch(patch, forbidden: list[dict], rules: dict) -> list[str]:

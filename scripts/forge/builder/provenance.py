@@ -6,13 +6,11 @@ import platform
 import re
 import shutil
 import sys
-from pathlib import Path
 
 from .. import config, proc
 from ..errors import ForgeError
 from ..hashing import combine, sha256_file
-from ..paths import KERNELS, PATCHES, ROOT
-
+from ..paths import KERNELS, ROOT
 
 NOT_INSTALLED = "not installed"
 

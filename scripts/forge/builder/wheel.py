@@ -19,10 +19,10 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-from . import provenance, tree
 from .. import config, proc, ui
 from ..errors import ForgeError
 from ..paths import BUILD, DIST, TREE, Lock, extract_tar, rel, write_atomic
+from . import provenance, tree
 
 SOURCE_DATE_EPOCH = 1767225600          # 2026-01-01T00:00:00Z, the tree's commit date
 

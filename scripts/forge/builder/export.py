@@ -9,11 +9,11 @@ import json
 import shutil
 from pathlib import Path
 
-from . import provenance, tree, wheel
 from .. import config, ui
 from ..errors import ForgeError
 from ..hashing import sha256_file
 from ..paths import DIST, TREE, rel
+from . import provenance, tree, wheel
 
 
 def export(out_dir: Path = DIST / "export", into: Path | None = None) -> dict:

@@ -23,12 +23,12 @@ import re
 import shutil
 from pathlib import Path
 
-from . import fetch
 from .. import config, proc, ui
 from ..errors import ForgeError
 from ..hashing import combine, sha256_file
-from .patchfile import hunk_for, parse, read_series
 from ..paths import KERNELS, PATCHES, ROOT, TREE, Lock, rel, write_atomic
+from . import fetch
+from .patchfile import hunk_for, parse, read_series
 
 UPSTREAM_REF = "refs/forge/upstream"
 OVERLAY_REF = "refs/forge/overlay"
@@ -249,7 +249,7 @@ def _build_locked(tree, patches_dir, force, threeway, pristine, up_hash, entries
                          hint="move it away to keep what is in it, or replace it with `make tree FORCE=1`")
     if exists and not state and not force:
         raise ForgeError(f"{rel(tree)} exists but has no record of how it was built (.git/{STATE})",
-                         hint=f"move it away to keep its work, or rebuild it with `make tree FORCE=1`")
+                         hint="move it away to keep its work, or rebuild it with `make tree FORCE=1`")
     if state.get("pending") and state.get("head"):
         state = _recover(tree, state)
     elif state and not force:
