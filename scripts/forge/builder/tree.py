@@ -57,15 +57,27 @@ OVERLAY_SCHEMA = {"files": config.Field(list, item={"src": config.Field(str), "d
 
 
 def overlay_entries() -> list[dict]:
+    """The overlay's files, one entry per file: an entry whose `src` has a `*` (e.g. the per-device
+    tables, configs/kernels/tuned/*.json) names a folder as `dst` (ending in /) and stands for every
+    matching file, in name order; it may match none."""
     data = config.load(KERNELS / "overlay.yaml", OVERLAY_SCHEMA)
+    files = []
     for i, e in enumerate(data["files"]):
-        src = ROOT / e["src"]
-        if not src.is_file():
+        if e["dst"].startswith("/") or ".." in Path(e["dst"]).parts or ".." in Path(e["src"]).parts:
+            raise ForgeError(f"kernels/overlay.yaml: key 'files[{i}]': src and dst must be relative paths "
+                             "inside the project and the tree")
+        if "*" in e["src"]:
+            if not e["dst"].endswith("/"):
+                raise ForgeError(f"kernels/overlay.yaml: key 'files[{i}].dst': a pattern's destination is "
+                                 f"a folder ending in '/', got {e['dst']!r}")
+            files += [{"src": str(p.relative_to(ROOT)), "dst": e["dst"] + p.name}
+                      for p in sorted(ROOT.glob(e["src"])) if p.is_file()]
+            continue
+        if not (ROOT / e["src"]).is_file():
             raise ForgeError(f"kernels/overlay.yaml: key 'files[{i}].src': {e['src']} does not exist",
                              hint="fix the path or add the file")
-        if e["dst"].startswith("/") or ".." in Path(e["dst"]).parts:
-            raise ForgeError(f"kernels/overlay.yaml: key 'files[{i}].dst': must be a relative path inside the tree")
-    return data["files"]
+        files.append(e)
+    return files
 
 
 def overlay_hash(entries: list[dict]) -> str:

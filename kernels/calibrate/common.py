@@ -1,0 +1,159 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What every calibration family shares: the model's shapes, the workload's prefill chunks and decode
+contexts, timing, error measures, and the record format the tool's selection reads.
+
+A family writes one JSON document: {"family", "device", "records": [...], "notes": [...]}. A record is
+one candidate at one point of one decision:
+
+    {"decision": "gemv.plain.14336x5120.1", "candidate": "forge b640 r2", "launch": [640, 2],
+     "kind": "ours" | "upstream" | "builtin" | "vendor", "selectable": bool, "point": "M=1",
+     "weight": 1.0, "ok": bool, "err": float | None, "tol": float, "error": str | None,
+     "us": {"median": float, "p10": float, "p90": float, "n": int} | None}
+
+"upstream" is what vLLM 0.18.1 runs without our change (the anchor a tie goes to), "builtin" our
+kernel's launch without a table (today's hand-picked choice), "ours" every other launch of our
+kernel, "vendor" a vendor library path that is measured but that this build cannot route to.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+
+# Qwen3.5-27B on one card
+HQ, HKV, D = 24, 4, 256
+LINEAR = [  # (layer, N, K): the bf16 linear layers a decode step runs (o_proj and out_proj share a shape)
+    ("qkv_gate", 14336, 5120), ("o_proj/out_proj", 5120, 6144), ("in_proj_qkvz", 16384, 5120),
+    ("in_proj_ba", 96, 5120), ("gate_up", 34816, 5120), ("down", 5120, 17408), ("lm_head", 248320, 5120),
+]
+CALLS_PER_TOKEN = {"qkv_gate": 16, "o_proj/out_proj": 64, "in_proj_qkvz": 48, "in_proj_ba": 48,
+                   "gate_up": 64, "down": 64, "lm_head": 1}
+# the organizers' server prefills in chunks of --max-num-batched-tokens 4096; each tier's median
+# prompt (configs/workload.yaml) is cut the way the scheduler cuts it
+CHUNK = 4096
+TIER_PROMPTS = {"4-8K": 6677, "8-16K": 14156, "16-32K": 21679}
+DECODE_CONTEXTS = (4096, 8192, 16384, 32768)
+BLOCK_BF16, BLOCK_INT8 = 784, 1552
+
+
+def chunks(prompt: int, chunk: int = CHUNK) -> list[tuple[int, int]]:
+    """(prefix, chunk tokens) of each forward step that prefills `prompt` tokens."""
+    return [(p, min(chunk, prompt - p)) for p in range(0, prompt, chunk)]
+
+
+def prefill_points(prompts: dict | None = None, chunk: int = CHUNK) -> list[tuple[int, int, float]]:
+    """Distinct (prefix, chunk) steps of the tiers' median prompts, each with how often it occurs."""
+    count: dict[tuple[int, int], float] = {}
+    for prompt in (prompts or TIER_PROMPTS).values():
+        for pc in chunks(prompt, chunk):
+            count[pc] = count.get(pc, 0.0) + 1.0
+    return [(p, c, w) for (p, c), w in sorted(count.items())]
+
+
+def record(decision, candidate, kind, *, point, weight=1.0, launch=None, selectable=True, ok=False,
+           err=None, tol=None, error=None, us=None) -> dict:
+    return {"decision": decision, "candidate": candidate, "kind": kind, "launch": launch,
+            "selectable": selectable and kind != "vendor", "point": point, "weight": weight, "ok": ok,
+            "err": err, "tol": tol, "error": error, "us": us}
+
+
+def short_error(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:240]
+
+
+def rel_err(torch, got, ref) -> float:
+    """Max |got - ref| / max(|ref|, 1 % of ref's RMS): inf when got has a NaN (an unwritten output)."""
+    got = got.double()
+    ref = ref.double()
+    if bool(torch.isnan(got).any()) or bool(torch.isinf(got).any()):
+        return math.inf
+    floor = max(1e-2 * ref.pow(2).mean().sqrt().item(), 1e-30)
+    return ((got - ref).abs() / ref.abs().clamp_min(floor)).max().item()
+
+
+def frob_err(torch, got, ref) -> float:
+    """||got - ref|| / ||ref|| (attention outputs: a few rows sampled); inf for NaN."""
+    got = got.double()
+    ref = ref.double()
+    if bool(torch.isnan(got).any()) or bool(torch.isinf(got).any()):
+        return math.inf
+    return ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def stats(samples: list[float]) -> dict:
+    s = sorted(samples)
+    n = len(s)
+    return {"median": round(statistics.median(s), 3), "p10": round(s[max(0, int(0.1 * (n - 1)))], 3),
+            "p90": round(s[min(n - 1, int(math.ceil(0.9 * (n - 1))))], 3), "n": n}
+
+
+def on_gpu(torch) -> bool:
+    return torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+
+
+def time_graph(torch, fns, reps: int = 15) -> dict:
+    """Per-launch time (us) of a CUDA/HIP graph that runs each of `fns` once (they rotate over
+    inputs so caches do not hold the next launch's data), replayed `reps` times."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for f in fns[:2]:
+            f()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    g.replay()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) * 1e3 / len(fns))
+    del g
+    return stats(out)
+
+
+def time_events(torch, fn, reps: int = 10, warmup: int = 2) -> dict:
+    """Per-call time (us) of a long call (milliseconds: launch overhead is noise), one event pair
+    per call; on the CPU (the smoke run under Triton's interpreter) wall time."""
+    for _ in range(warmup):
+        fn()
+    if not on_gpu(torch):
+        out = []
+        for _ in range(max(2, reps // 4)):
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e6)
+        return stats(out)
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) * 1e3)
+    return stats(out)
+
+
+def write_doc(path: str, doc: dict) -> None:
+    tmp = path + ".part"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1, sort_keys=True, default=str)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def progress(family: str, done: int, total: int, what: str) -> None:
+    print(f"[calibrate {family}] {done}/{total} {what}", flush=True)

@@ -1,0 +1,190 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Calibration family `gemv`: every bf16 linear layer of a Qwen3.5-27B decode step at 1-4 tokens.
+
+Decisions `gemv.plain.NxK.M` (our GEMV, at any of its launches, or the platform's GEMM) and
+`gemv.fused.34816x5120.M` (the MLP's gate_up + SiLU-and-mul as one kernel, or the platform's GEMM
+plus the separate activation). Candidates: F.linear (rocBLAS / hipBLASLt / cuBLAS: what vLLM runs
+there without our route, the upstream anchor; on ROCm vLLM's own route with our kernel off), the
+kernel's built-in launch (block = rows = 0, today's choice) and each (block, rows) variant; on ROCm,
+vLLM's skinny kernels (wvSplitK / LLMM1) where the installed vLLM has `_rocm_C`, timed as vendor
+paths this build does not route to. Every candidate is checked against float64 on fresh random
+inputs before it is timed; one that is wrong or fails is recorded and never timed.
+
+Timing: CUDA/HIP graphs of many launches rotating over enough weight copies to exceed the L2 cache
+(weights come from memory, as in decode), replayed; median, p10, p90 per launch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+from . import common as C
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+VARIANTS = {"cuda": [(64, 2), (64, 4), (128, 2), (128, 4), (256, 1), (256, 2), (256, 4), (512, 2),
+                     (640, 2), (640, 4)],
+            "hip": [(256, 2), (256, 4), (512, 2), (512, 4), (640, 1), (640, 2), (640, 4), (768, 2)]}
+FUSED_VARIANTS = [(64, 1), (64, 2), (128, 1), (128, 2), (256, 2), (640, 1), (640, 2)]
+TOL = 2e-2          # relative to max(|ref|, 1 % RMS): bf16 output rounding is 2^-8 = 3.9e-3
+MEM_CAP = 24 << 30  # bytes of weight copies per shape
+
+
+def load_ops(torch, ops: str):
+    """(ops object with forge_gemv / forge_gemv_silu_mul, note). ops: 'vllm' (the installed vLLM's
+    _C: what serves) or 'build' (compile kernels/csrc/forge_gemv.cu of this checkout)."""
+    sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+    import gemv_ext
+    if ops == "vllm":
+        import vllm._C  # noqa: F401  (registers torch.ops._C.*)
+        if not hasattr(torch.ops._C, "forge_gemv"):
+            raise RuntimeError("the installed vLLM has no _C.forge_gemv: it is not built from the patch series")
+        return gemv_ext.Ops(torch.ops._C), "torch.ops._C.forge_gemv of the installed vLLM"
+    ext, secs = gemv_ext.load()
+    return ext, f"kernels/csrc/forge_gemv.cu built as a torch extension ({secs:.0f} s)"
+
+
+def upstream_gemm(torch, F):
+    """What vLLM runs for the layer without our kernel: on ROCm its rocm_unquantized_gemm with
+    VLLM_FORGE_GEMV=0 (rocBLAS on gfx936); elsewhere F.linear (cuBLAS)."""
+    if torch.version.hip:
+        try:
+            os.environ["VLLM_FORGE_GEMV"] = "0"
+            import vllm.model_executor.layers.utils as U
+            for f in ("forge_gemv_enabled", "forge_gemv_table"):
+                if hasattr(getattr(U, f, None), "cache_clear"):
+                    getattr(U, f).cache_clear()
+            return (lambda x, w: U.rocm_unquantized_gemm_impl(x, w, None)), "vLLM ROCm route (kernel off)"
+        except ImportError:
+            pass
+    return (lambda x, w: F.linear(x, w)), "F.linear"
+
+
+def skinny(torch):
+    """vLLM's skinny kernels where the installed vLLM has them (ROCm _rocm_C), else {}."""
+    if not torch.version.hip:
+        return {}
+    try:
+        import vllm._rocm_C  # noqa: F401
+    except ImportError:
+        return {}
+    ns = torch.ops._rocm_C
+    cus = torch.cuda.get_device_properties(0).multi_processor_count
+    out = {}
+    if hasattr(ns, "wvSplitK"):
+        out["wvSplitK"] = lambda x, w: ns.wvSplitK(w, x, cus, None)
+    if hasattr(ns, "LLMM1"):
+        out["LLMM1"] = lambda x, w: ns.LLMM1(w, x, 4)
+    return out
+
+
+def activation(torch, F):
+    """The separate SiLU-and-mul as vLLM runs it: _C.silu_and_mul where the installed vLLM has it,
+    else one Triton kernel (kernels/bench/bench_gemv.py's)."""
+    try:
+        import vllm._C  # noqa: F401
+        if hasattr(torch.ops._C, "silu_and_mul"):
+            return (lambda gu, out: torch.ops._C.silu_and_mul(out, gu)), "_C.silu_and_mul"
+    except ImportError:
+        pass
+    sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+    import bench_gemv
+    return bench_gemv.silu_and_mul_fn(torch, F)
+
+
+def run(torch, args, emit) -> dict:
+    import torch.nn.functional as F
+    notes = []
+    if not C.on_gpu(torch):
+        return {"records": [], "notes": ["skipped: the GEMV is HIP/CUDA code and needs a GPU"]}
+    ext, how = load_ops(torch, args.ops)
+    notes.append(how)
+    base, base_name = upstream_gemm(torch, F)
+    vendors = skinny(torch)
+    if torch.version.hip and not vendors:
+        notes.append("vLLM's skinny kernels (wvSplitK / LLMM1) are not in the installed vLLM (no _rocm_C): not timed")
+    act, act_name = activation(torch, F)
+    variants = [(0, 0)] + VARIANTS["hip" if torch.version.hip else "cuda"][: 2 if args.quick else None]
+    fused_variants = [(0, 0)] + FUSED_VARIANTS[: 2 if args.quick else None]
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20) or (64 << 20)
+    ms = (1, 2) if args.quick else (1, 2, 3, 4)
+    shapes = C.LINEAR[:3] if args.quick else C.LINEAR
+    g = torch.Generator(device="cuda").manual_seed(args.seed)
+    records = []
+    total = len(shapes) * len(ms)
+    step = 0
+    for layer, N, K in shapes:
+        wbytes = N * K * 2
+        ncopies = max(2, min(math.ceil(3 * l2 / wbytes), MEM_CAP // wbytes))
+        w0 = (torch.randn(N, K, device="cuda", generator=g) * K ** -0.5).bfloat16()
+        ws = [w0] + [w0.clone() for _ in range(ncopies - 1)]
+        n_launch = max(10, min(200, math.ceil(3e9 / max(wbytes, 1) / 8)), ncopies)
+        for M in ms:
+            step += 1
+            emit(step, total, f"{layer} {N}x{K} M={M}")
+            x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+            xd = x.double()
+            ref = torch.cat([xd @ w0[i:i + 32768].double().T for i in range(0, N, 32768)], dim=1)
+            point = f"M={M}"
+            dec = f"gemv.plain.{N}x{K}.{M}"
+
+            def timed(fn):
+                return C.time_graph(torch, [lambda i=i: fn(ws[i % ncopies]) for i in range(n_launch)],
+                                    reps=5 if args.quick else 12)
+
+            def candidate(name, kind, fn, launch=None, selectable=True, decision=dec, reference=ref,
+                          shape_out=(M, N), poison=None):
+                r = C.record(decision, name, kind, point=point, launch=launch, selectable=selectable,
+                             tol=TOL, weight=C.CALLS_PER_TOKEN[layer])
+                try:
+                    if poison is not None:
+                        poison.fill_(float("nan"))   # an output the candidate does not write stays NaN
+                    y = fn(w0)
+                    torch.cuda.synchronize()
+                    if tuple(y.shape) != shape_out:
+                        raise RuntimeError(f"output shape {tuple(y.shape)}, expected {shape_out}")
+                    r["err"] = C.rel_err(torch, y, reference)
+                    r["ok"] = r["err"] <= TOL
+                    if r["ok"]:
+                        r["us"] = timed(fn)
+                except Exception as e:  # noqa: BLE001 - a candidate that fails is recorded, not fatal
+                    r["error"] = C.short_error(e)
+                    r["ok"] = False
+                records.append(r)
+
+            candidate(base_name, "upstream", lambda w: base(x, w))
+            if base_name != "F.linear":
+                candidate("F.linear", "vendor", lambda w: F.linear(x, w), selectable=False)
+            for vname, vfn in vendors.items():
+                candidate(vname, "vendor", lambda w, f=vfn: f(x, w), selectable=False)
+            y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+            for block, rows in variants:
+                def ours(w, b=block, r=rows):
+                    ext.forge_gemv(y, x, w, b, r)
+                    return y
+                name = "forge built-in" if (block, rows) == (0, 0) else f"forge b{block} r{rows}"
+                candidate(name, "builtin" if (block, rows) == (0, 0) else "ours", ours, launch=[block, rows],
+                          poison=y)
+            if layer == "gate_up":
+                half = N // 2
+                fref = F.silu(ref[:, :half]) * ref[:, half:]
+                fdec = f"gemv.fused.{N}x{K}.{M}"
+                ya = torch.empty(M, half, device="cuda", dtype=torch.bfloat16)
+
+                def unfused(w):
+                    act(base(x, w), ya)
+                    return ya
+                candidate(f"{base_name} + {act_name}", "upstream", unfused, decision=fdec, reference=fref,
+                          shape_out=(M, half), poison=ya)
+                ys = torch.empty(M, half, device="cuda", dtype=torch.bfloat16)
+                for block, rows in fused_variants:
+                    def fused(w, b=block, r=rows):
+                        ext.forge_gemv_silu_mul(ys, x, w, b, r)
+                        return ys
+                    name = "forge fused built-in" if (block, rows) == (0, 0) else f"forge fused b{block} r{rows}"
+                    candidate(name, "builtin" if (block, rows) == (0, 0) else "ours", fused, launch=[block, rows],
+                              decision=fdec, reference=fref, shape_out=(M, half), poison=ys)
+        ws = w0 = None
+        torch.cuda.empty_cache()
+    return {"records": records, "notes": notes}

@@ -1,0 +1,232 @@
+"""`forge calibrate` (`make calibrate`): on the card, every kernel family checked against float64 and
+timed against the upstream path and the vendor libraries, at the model's shapes and the work the
+organizers' server schedules (4096-token prefill chunks of each tier's prompts, decode contexts 4K-32K,
+1-4 rows for linear layers); then the selection (the fastest correct candidate; a failing one never;
+ties to upstream), the per-device table the patched vLLM reads at start-up, and one report.
+
+Runs in the competition container or the image with our wheel installed (`--kernels installed --ops
+vllm`, the default when the installed vLLM carries our kernels), or from a checkout on any GPU
+machine (`--kernels checkout --ops build`: our kernels from kernels/, the GEMV compiled from
+kernels/csrc; vLLM's own kernels from the installed vLLM). Each family runs in a child process, so a
+candidate that faults the GPU costs its family, which is recorded as failed, and the rest goes on.
+Families already measured in the output folder with the same options are kept (rerun after an
+interrupt to resume; --redo FAMILY to measure one again).
+
+Writes OUT/ (default build/calibration/<device>): <family>.json (the records), calibration.json (the
+selection, the table, provenance), calibration.md, one chart per family, table.json. --install copies
+the table to configs/kernels/tuned/<device>.json, where `make tree` puts it into the vLLM tree (and
+so into the wheel and the submission); --install-vllm copies it beside the installed vLLM's loader,
+for a server started right away on this machine."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from .. import paths, proc, ui
+from ..errors import ForgeError
+from . import calibration as sel
+
+FAMILIES = ("gemv", "prefill", "decode", "write", "gemm")
+FAMILY_TIMEOUT_S = {"gemv": 600, "prefill": 600, "decode": 300, "write": 120, "gemm": 300}
+TUNED = paths.CONFIGS / "kernels" / "tuned"
+
+
+def device_slug(ident: dict) -> str:
+    """A file name for a device: its name, arch and compute units (e.g. nvidia-h200-sm_90-132cu)."""
+    name = re.sub(r"[^a-z0-9]+", "-", str(ident.get("device_name", "device")).lower()).strip("-") or "device"
+    arch = re.sub(r"[^a-z0-9_]+", "", str(ident.get("arch", "")).lower())
+    return f"{name}-{arch}-{ident.get('compute_units', 0)}cu"
+
+
+def kernels_hash() -> str:
+    """sha256 of the kernel sources a table's launches were measured with (recorded in provenance)."""
+    from ..hashing import combine, sha256_file
+    files = sorted([*paths.KERNELS.glob("forge_triton/*.py"), *paths.KERNELS.glob("csrc/*.cu")])
+    return combine(*(f"{f.relative_to(paths.ROOT)}:{sha256_file(f)}" for f in files))
+
+
+def worker_cmd(family: str, out: Path, args) -> list[str]:
+    cmd = [args.python or sys.executable, "-m", "calibrate", family, "--out", str(out), "--kernels", args.kernels,
+           "--ops", args.ops, "--seed", str(args.seed)]
+    return cmd + (["--quick"] if args.quick else []) + (["--smoke"] if args.smoke else [])
+
+
+def options(args) -> dict:
+    return {"kernels": args.kernels, "ops": args.ops, "quick": args.quick, "smoke": args.smoke, "seed": args.seed}
+
+
+def run_family(family: str, out_dir: Path, args) -> dict:
+    """The family's document: kept from an earlier run with the same options, else measured now in a
+    child process; a child that fails leaves {"failed": why}."""
+    path = out_dir / f"{family}.json"
+    if path.is_file() and family not in (args.redo or []):
+        try:
+            doc = json.loads(path.read_text())
+            if doc.get("options") == options(args):
+                ui.info(f"{family}: kept from {paths.rel(path)} ({len(doc.get('records', []))} records)")
+                return doc
+            ui.info(f"{family}: {paths.rel(path)} was measured with other options; measuring again")
+        except (OSError, ValueError):
+            ui.warn(f"{paths.rel(path)} is damaged; measuring {family} again")
+    log = out_dir / f"{family}.log"
+    log.unlink(missing_ok=True)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(paths.KERNELS), os.environ.get("PYTHONPATH")]))}
+    if args.smoke:
+        # Triton's interpreter on the CPU; vLLM keeps Triton enabled when no GPU driver is visible
+        env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    ui.info(f"{family}: measuring (log: {paths.rel(log)}; at most {FAMILY_TIMEOUT_S[family]} s)")
+    t0 = time.monotonic()
+    try:
+        res = proc.run(worker_cmd(family, path, args), env=env, check=False, log=log, cwd=paths.ROOT,
+                       timeout=FAMILY_TIMEOUT_S[family] * (3 if args.smoke else 1), what=f"calibrate {family}")
+        code = res.returncode
+    except ForgeError as e:          # timed out
+        code, why = None, str(e).splitlines()[0]
+    if code == 0 and path.is_file():
+        doc = json.loads(path.read_text())
+        bad = sum(1 for r in doc["records"] if not r["ok"])
+        ui.info(f"{family}: {len(doc['records'])} records, {bad} failed, {time.monotonic() - t0:.0f} s")
+        return doc
+    if code is not None:
+        why = (f"the process was killed by signal {-code} (a GPU fault or a crash)" if code < 0
+               else f"the process exited {code}")
+    tail = proc.tail(log, 6) if log.is_file() else ""
+    ui.warn(f"{family}: FAILED: {why}; the calibration goes on without it\n{tail}")
+    return {"family": family, "failed": why, "log_tail": tail, "records": [], "options": options(args)}
+
+
+def _validators(docs: dict) -> dict:
+    for d in docs.values():
+        dev = d.get("device")
+        if dev:
+            return {k: dev.get(k) for k in ("device_name", "arch", "compute_units", "toolkit", "torch", "triton")}, dev
+    raise ForgeError("no family ran, so the device is unknown; nothing to select",
+                     hint="see the families' logs in the output folder")
+
+
+def calibrate(args) -> dict:
+    out_dir = Path(args.out) if args.out else None
+    if out_dir is None:
+        ident = probe_device(args)
+        out_dir = paths.BUILD / "calibration" / device_slug(ident)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    families = [f for f in FAMILIES if f in args.families]
+    t0 = time.monotonic()
+    docs = {}
+    for i, fam in enumerate(families, 1):
+        ui.info(f"[{i}/{len(families)}] family {fam}")
+        docs[fam] = run_family(fam, out_dir, args)
+    records = [r for d in docs.values() for r in d.get("records", [])]
+    validators, dev = _validators({k: v for k, v in docs.items() if not v.get("failed")})
+    selection = sel.select(records)
+    from ..builder import provenance
+    commit = provenance.forge_commit()
+    if isinstance(commit, dict):
+        commit = f"{commit.get('commit', '?')[:12]}{' (dirty)' if commit.get('dirty') else ''}"
+    prov = {"commit": commit, "series": series_hash(), "kernels": kernels_hash(),
+            "driver": dev.get("driver"), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "command": "forge " + " ".join(sys.argv[1:]), "report": paths.rel(out_dir), "options": options(args)}
+    table = sel.build_table(selection, validators, prov)
+    doc = {"provenance": prov, "device": dev, "families": {f: {k: d.get(k) for k in ("seconds", "notes", "failed")}
+                                                             for f, d in docs.items()},
+           "selection": selection, "table": table, "wall_s": round(time.monotonic() - t0, 1)}
+    paths.write_atomic(out_dir / "table.json", json.dumps(table, indent=1, sort_keys=True) + "\n")
+    paths.write_atomic(out_dir / "calibration.json", json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
+    from . import calibrate_report
+    calibrate_report.write(out_dir, doc, records)
+    return {"out": out_dir, "doc": doc}
+
+
+def series_hash() -> str | None:
+    try:
+        from ..builder import patchfile
+        from ..hashing import combine, sha256_file
+        return combine(*(f"{n}:{sha256_file(paths.PATCHES / n)}" for n in patchfile.read_series(paths.PATCHES)))
+    except (ForgeError, OSError):
+        return None
+
+
+def probe_device(args) -> dict:
+    """The device's identity from a child process (this process stays off the GPU)."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import forge_tuned; "
+            "print(json.dumps(forge_tuned.device_identity()))")
+    out = proc.output([args.python or sys.executable, "-c", code, str(paths.KERNELS)], what="device query",
+                      hint="calibrate needs torch where it runs (the DCU container, the image or a GPU machine)")
+    return json.loads(out.splitlines()[-1])
+
+
+def default_kernels() -> tuple[str, str]:
+    """(kernels, ops): the installed vLLM's when it carries our kernels, else this checkout's."""
+    try:
+        import importlib.util
+        if importlib.util.find_spec("vllm") and importlib.util.find_spec("vllm.forge_tuned"):
+            return "installed", "vllm"
+    except (ImportError, ValueError):
+        pass
+    return "checkout", "build"
+
+
+def cmd_calibrate(args) -> int:
+    bad = [f for f in args.families if f not in FAMILIES]
+    if bad:
+        raise ForgeError(f"--families: unknown {', '.join(bad)}", hint=f"families: {', '.join(FAMILIES)}")
+    for f in args.redo or []:
+        if f not in FAMILIES:
+            raise ForgeError(f"--redo: unknown family {f!r}", hint=f"families: {', '.join(FAMILIES)}")
+    if args.out is not None and not args.out.strip():
+        raise ForgeError("--out: an empty path", hint="give a folder, or leave --out out")
+    dk, do = default_kernels()
+    args.kernels = args.kernels or dk
+    args.ops = args.ops or do
+    res = calibrate(args)
+    doc, out = res["doc"], res["out"]
+    sel_ = doc["selection"]
+    failed = sum(len(d["failed"]) for d in sel_.values())
+    ui.info(f"calibration: {len(sel_)} decisions, {failed} failing candidate(s) left out; "
+            f"report {paths.rel(out / 'calibration.md')}; table {paths.rel(out / 'table.json')}")
+    slug = device_slug(doc["device"])
+    if args.install:
+        dest = TUNED / f"{slug}.json"
+        paths.write_atomic(dest, (out / "table.json").read_text())
+        ui.info(f"installed the table as {paths.rel(dest)} (commit it; `make tree` puts it into the vLLM tree)")
+    if args.install_vllm:
+        import importlib.util
+        spec = importlib.util.find_spec("vllm.forge_tuned")
+        if spec is None or not spec.submodule_search_locations:
+            raise ForgeError("--install-vllm: the installed vLLM has no forge_tuned package",
+                             hint="install a wheel built from the patch series (make wheel)")
+        dest = Path(list(spec.submodule_search_locations)[0]) / f"{slug}.json"
+        shutil.copyfile(out / "table.json", dest)
+        ui.info(f"installed the table beside the installed vLLM's loader: {dest}")
+    print(out / "calibration.md")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("calibrate", help="check and time every kernel candidate on this device; write its table",
+                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    p.add_argument("--out", help="output folder (default build/calibration/<device>)")
+    p.add_argument("--families", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
+                   default=list(FAMILIES), help=f"comma-separated subset of {','.join(FAMILIES)} (default all)")
+    p.add_argument("--redo", action="append", metavar="FAMILY", help="measure this family again (repeatable)")
+    p.add_argument("--kernels", choices=("installed", "checkout"),
+                   help="our Triton kernels from the installed vLLM or from kernels/ (default: installed when "
+                        "the installed vLLM carries them)")
+    p.add_argument("--ops", choices=("vllm", "build"),
+                   help="the GEMV from the installed vLLM's _C or built from kernels/csrc (default as --kernels)")
+    p.add_argument("--quick", action="store_true", help="fewer shapes and candidates: a first look, minutes")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny shapes under Triton's interpreter on a CPU: checks the tool, measures nothing real")
+    p.add_argument("--seed", type=int, default=1234, help="seed of the random inputs")
+    p.add_argument("--python", help="the Python that runs the families (default: this one)")
+    p.add_argument("--install", action="store_true", help="copy the table to configs/kernels/tuned/<device>.json")
+    p.add_argument("--install-vllm", action="store_true",
+                   help="copy the table beside the installed vLLM's loader (vllm/forge_tuned/)")
+    p.set_defaults(func=cmd_calibrate)

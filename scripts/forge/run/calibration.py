@@ -1,0 +1,136 @@
+"""What a calibration's measurements decide: the selection rule, the per-device table, and the
+speed-ups the time model takes. Pure functions over the records the families write
+(kernels/calibrate/common.py describes a record); `forge calibrate` runs the families.
+
+Selection, per decision:
+  - a candidate is eligible only when it was correct (within its tolerance against float64) and timed
+    at every point of the decision; a failing one is never selected, and the report says why;
+  - a candidate's time is the weighted sum of its median times over the points, its spread the
+    weighted sum of (p90 - p10) / 2;
+  - the fastest eligible selectable candidate wins over the upstream path only by more than the noise
+    (the larger relative spread of the two, at least NOISE_FLOOR); otherwise the upstream path stays:
+    ties go to upstream.
+"""
+
+from __future__ import annotations
+
+import math
+
+NOISE_FLOOR = 0.01
+
+
+def _totals(recs: list[dict]) -> dict | None:
+    """(time, spread, points) of one candidate's records, or None when it is not eligible."""
+    if not recs or not all(r.get("ok") and r.get("us") for r in recs):
+        return None
+    t = sum(r["weight"] * r["us"]["median"] for r in recs)
+    s = sum(r["weight"] * (r["us"]["p90"] - r["us"]["p10"]) / 2 for r in recs)
+    return {"us": t, "spread_us": s, "points": len(recs)}
+
+
+def why_failed(recs: list[dict]) -> str:
+    for r in recs:
+        if r.get("error"):
+            return f"{r['point']}: {r['error']}"
+        if not r.get("ok"):
+            err = r.get("err")
+            shown = "inf (output not written or NaN)" if err is not None and math.isinf(err) else f"{err:.3g}"
+            return f"{r['point']}: error {shown} over the tolerance {r.get('tol')}"
+    return "not timed at every point"
+
+
+def select(records: list[dict], noise_floor: float = NOISE_FLOOR) -> dict:
+    """{decision: {"chosen", "kind", "launch", "us", "upstream", "builtin", "speedup", "noise",
+    "candidates": {name: {...}}, "failed": {name: why}, "why"}} for every decision with records."""
+    by_dec: dict[str, dict[str, list[dict]]] = {}
+    for r in records:
+        by_dec.setdefault(r["decision"], {}).setdefault(r["candidate"], []).append(r)
+    out = {}
+    for dec, cands in sorted(by_dec.items()):
+        points = {r["point"] for recs in cands.values() for r in recs}
+        info, failed = {}, {}
+        for name, recs in cands.items():
+            tot = _totals(recs)
+            if tot is None or tot["points"] < len(points):
+                failed[name] = why_failed(recs)
+                continue
+            first = recs[0]
+            info[name] = {**tot, "kind": first["kind"], "launch": first.get("launch"),
+                          "selectable": first.get("selectable", True)}
+        ups = [n for n, recs in cands.items() if recs[0]["kind"] == "upstream"]
+        up = ups[0] if ups else None
+        ours = sorted((n for n, i in info.items() if i["selectable"] and i["kind"] in ("ours", "builtin")),
+                      key=lambda n: info[n]["us"])
+        best = ours[0] if ours else None
+        builtin = next((n for n, i in info.items() if i["kind"] == "builtin"), None)
+        d = {"candidates": info, "failed": failed, "upstream": up if up in info else None,
+             "builtin": builtin, "best_ours": best}
+        if up in info and best:
+            rel = lambda n: info[n]["spread_us"] / info[n]["us"] if info[n]["us"] else 0.0  # noqa: E731
+            noise = max(rel(up), rel(best), noise_floor)
+            wins = info[best]["us"] < info[up]["us"] * (1 - noise)
+            chosen = best if wins else up
+            why = (f"{best} is {info[up]['us'] / info[best]['us']:.3f}x upstream, beyond the noise {noise:.1%}"
+                   if wins else f"{best} is within the noise ({noise:.1%}) of upstream or slower: upstream stays")
+            d.update(noise=noise)
+        elif best:
+            chosen, why = best, ("no upstream candidate in this decision" if up is None else
+                                 f"the upstream path failed ({failed.get(up)}): the fastest correct of ours")
+        elif up in info:
+            chosen, why = up, "none of our candidates is correct and timed: upstream stays"
+        else:
+            chosen, why = None, "no candidate is correct and timed"
+        d.update(chosen=chosen, why=why)
+        if chosen:
+            c = info[chosen]
+            d.update(kind=c["kind"], launch=c["launch"], us=c["us"])
+            if d["upstream"]:
+                d["speedup"] = info[d["upstream"]]["us"] / c["us"]
+            if builtin:
+                d["vs_builtin"] = info[builtin]["us"] / c["us"]
+        out[dec] = d
+    return out
+
+
+def build_table(selection: dict, validators: dict, provenance: dict) -> dict:
+    """The per-device table (kernels/forge_tuned) from a selection. A GEMV decision that upstream won
+    leaves the shape at that token count out (the platform GEMM runs); prefill and decode take the
+    fastest correct launch of ours (the route to our kernel is not the table's to switch)."""
+    table = {"schema": "forge-tuned/1", "validators": validators, "provenance": provenance}
+    gemv: dict = {}
+    for dec, d in selection.items():
+        parts = dec.split(".")
+        if parts[0] == "gemv" and d.get("kind") in ("ours", "builtin"):
+            _, kind, shape, m = parts
+            gemv.setdefault(kind, {}).setdefault(shape, {})[m] = list(d["launch"])
+        elif parts[0] == "prefill" and d.get("best_ours"):
+            table.setdefault("prefill", {})[parts[1]] = list(d["candidates"][d["best_ours"]]["launch"])
+        elif parts[0] == "decode" and d.get("best_ours") and parts[2] == "16bit":
+            s, *launch = d["candidates"][d["best_ours"]]["launch"]
+            dec_t = table.setdefault("decode", {})
+            dec_t.setdefault("segments", {})[parts[1]] = int(s)
+            dec_t.setdefault("launch", {})[parts[2]] = [int(x) for x in launch]
+    if gemv:
+        table["gemv"] = gemv
+    return table
+
+
+# --- what the time model takes -------------------------------------------------------------------
+
+def point_times(records: list[dict], decision: str, candidate: str) -> dict[str, float]:
+    return {r["point"]: r["us"]["median"] for r in records
+            if r["decision"] == decision and r["candidate"] == candidate and r.get("us")}
+
+
+def fit_rate(times: dict[str, float], flops) -> tuple[float, float]:
+    """(us per FLOP, fixed us) of a kernel from its (point -> us) times, least squares on
+    us = a * flops(point) + b; used to price prompts between the measured points."""
+    xs = [flops(p) for p in times]
+    ys = list(times.values())
+    n = len(xs)
+    if n == 1:
+        return ys[0] / xs[0], 0.0
+    mx, my = sum(xs) / n, sum(ys) / n
+    var = sum((x - mx) ** 2 for x in xs)
+    a = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else my / mx
+    return a, my - a * mx
