@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 NOISE_FLOOR = 0.01
+CHECK_ONLY = ("write",)   # families whose records are correctness checks, not decisions
 
 
 def _totals(recs: list[dict]) -> dict | None:
@@ -44,6 +45,8 @@ def select(records: list[dict], noise_floor: float = NOISE_FLOOR) -> dict:
     "candidates": {name: {...}}, "failed": {name: why}, "why"}} for every decision with records."""
     by_dec: dict[str, dict[str, list[dict]]] = {}
     for r in records:
+        if r["decision"] in CHECK_ONLY:
+            continue
         by_dec.setdefault(r["decision"], {}).setdefault(r["candidate"], []).append(r)
     out = {}
     for dec, cands in sorted(by_dec.items()):

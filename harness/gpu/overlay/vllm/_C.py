@@ -159,13 +159,13 @@ def _set_triton_allocator() -> None:
 _set_triton_allocator()
 
 
-# --- the product's decode GEMV (kernels/csrc/forge_gemv.cu), for A/B runs with VLLM_FORGE_GEMV=1 -----
+# --- the product's decode GEMV (kernels/csrc/forge_gemv.cu), unless VLLM_FORGE_GEMV=0 -----
 # A real build has _C.forge_gemv / _C.forge_gemv_silu_mul compiled in. Here the same source is built at
-# start-up with torch.utils.cpp_extension (nvcc on the GPU machine), only when VLLM_FORGE_GEMV=1 asks
-# for the CUDA route; the build is cached in FORGE_GEMV_BUILD_DIR (kernels/bench/bench_gemv.py builds
+# start-up with torch.utils.cpp_extension (nvcc on the GPU machine) unless VLLM_FORGE_GEMV=0 (with
+# "auto" the device's tuned table may route the GEMV on CUDA); the build is cached in FORGE_GEMV_BUILD_DIR (kernels/bench/bench_gemv.py builds
 # the same extension into the same folder: run it first and the servers load it in seconds).
 # FORGE_GEMV_SOURCE names the source (default: kernels/csrc/forge_gemv.cu under the working directory).
-def _cuda_arch_list() -> str:
+def _cuda_arch_list(default: str = "9.0") -> str:
     """The visible GPUs' compute capabilities without initialising CUDA in this process (vLLM forks
     workers after importing _C)."""
     import subprocess
@@ -174,14 +174,17 @@ def _cuda_arch_list() -> str:
                              capture_output=True, text=True, timeout=30).stdout.split()
     except (OSError, subprocess.SubprocessError):
         out = []
-    return ";".join(sorted(set(out))) or "9.0"
+    return ";".join(sorted(set(out))) or default
 
 
 def _register_forge_gemv() -> None:
     import os
     from pathlib import Path
 
-    if os.environ.get("VLLM_FORGE_GEMV", "auto") != "1":
+    # "1": always; "auto" (the product's default): where an NVIDIA GPU is visible, since the device's
+    # tuned table may route the GEMV there; "0": never
+    mode = os.environ.get("VLLM_FORGE_GEMV", "auto")
+    if mode == "0" or (mode != "1" and _cuda_arch_list(default="") == ""):
         return
     src = Path(os.environ.get("FORGE_GEMV_SOURCE") or Path.cwd() / "kernels" / "csrc" / "forge_gemv.cu")
     if not src.is_file():
