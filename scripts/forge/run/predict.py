@@ -332,13 +332,19 @@ def cmd_predict(args) -> int:
     contest = contest_mod.load_contest()
     workload = synth.load_workload(contest)
     names = contest_mod.tier_names(contest)
+    if args.check_e2e and not args.calibration:
+        raise ForgeError("--check-e2e goes with --calibration (it checks a calibration's prediction)")
     modes = [m for m, on in (("--run", bool(args.run)), ("--e2e", bool(args.e2e)),
+                             ("--calibration", bool(args.calibration)),
                              ("--speedup/--speedups", bool(args.speedup or args.speedups)),
                              ("--ttft-s/--tpot-ms", bool(args.ttft_s or args.tpot_ms))) if on]
     if len(modes) != 1:
         raise ForgeError("give one source of the prediction" + (f", not {' and '.join(modes)}" if modes else ""),
                          hint="--run RUN --reference RUN | --e2e DIR | --speedup NAME=FACTOR ... | "
                               "--ttft-s a,b,c --tpot-ms a,b,c")
+    if args.calibration:
+        from . import predict_calibration
+        return predict_calibration.run(args, contest, workload)
     jobs = []     # (label, how, pred, inputs)
     if args.run:
         if not args.reference:
@@ -397,6 +403,11 @@ def register(sub) -> None:
     p.add_argument("--speedup", action="append", metavar="NAME=FACTOR",
                    help="component speed-up, repeatable (components: " + ", ".join(COMPONENTS) + ")")
     p.add_argument("--speedups", metavar="FILE", help="YAML mapping of component: factor")
+    p.add_argument("--calibration", metavar="DIR",
+                   help="a `forge calibrate` output folder: each component's speed-up from its measured kernels")
+    p.add_argument("--check-e2e", metavar="DIR",
+                   help="with --calibration: an e2e results folder of the same device (contest and upstream side by "
+                        "side); compares the predicted tok/s ratio per tier with the measured one")
     p.add_argument("--ttft-s", help="mean TTFT per tier in seconds, comma-separated (DCU measurements)")
     p.add_argument("--tpot-ms", help="mean TPOT per tier in ms, comma-separated (with --ttft-s)")
     p.add_argument("--baseline-name", default="official",
