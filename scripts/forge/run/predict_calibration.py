@@ -27,9 +27,9 @@ import json
 import sys
 from pathlib import Path
 
-from . import calibration as sel
 from .. import paths
 from ..errors import ForgeError
+from . import calibration as sel
 
 ATTN_LAYERS = 16
 CHUNK = 4096
@@ -246,9 +246,9 @@ def render(doc: dict, fac: dict, pred: dict, res: dict, check: dict | None, sour
 
 
 def run(args, contest: dict, workload: dict) -> int:
+    from .. import ui
     from . import contest as contest_mod
     from .predict import print_table, score_prediction
-    from .. import ui
     doc, records = load(Path(args.calibration))
     fac = factors(doc, records, workload)
     pred = predict(workload, fac)

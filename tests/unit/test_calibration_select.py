@@ -1,0 +1,102 @@
+"""The calibration's selection rule and the table it writes (scripts/forge/run/calibration.py), on
+hand-made records: the fastest correct candidate; a failing one never, however fast; ties (within the
+measured noise) go to the upstream path."""
+
+import pytest
+
+from forge.run import calibration as sel
+
+
+def rec(dec, cand, kind, us, *, point="M=1", ok=True, spread=0.0, launch=None, weight=1.0, error=None,
+        selectable=True):
+    return {"decision": dec, "candidate": cand, "kind": kind, "launch": launch, "selectable": selectable,
+            "point": point, "weight": weight, "ok": ok, "err": 0.0 if ok else 0.5, "tol": 0.02, "error": error,
+            "us": {"median": us, "p10": us - spread / 2, "p90": us + spread / 2, "n": 10} if (ok and us) else None}
+
+
+D = "gemv.plain.96x5120.1"
+
+
+def test_the_fastest_correct_candidate_wins_and_a_wrong_one_never():
+    recs = [rec(D, "F.linear", "upstream", 100.0),
+            rec(D, "forge built-in", "builtin", 80.0, launch=[0, 0]),
+            rec(D, "forge b640 r2", "ours", 60.0, launch=[640, 2]),
+            rec(D, "forge b64 r2", "ours", 10.0, ok=False, launch=[64, 2])]   # fastest, but wrong
+    s = sel.select(recs)[D]
+    assert s["chosen"] == "forge b640 r2" and s["launch"] == [640, 2]
+    assert s["speedup"] == pytest.approx(100 / 60) and s["vs_builtin"] == pytest.approx(80 / 60)
+    assert "forge b64 r2" in s["failed"] and "over the tolerance" in s["failed"]["forge b64 r2"]
+
+
+def test_a_tie_within_the_noise_goes_to_upstream():
+    # 2 % faster, but each spread is 6 % of its time: within the noise
+    recs = [rec(D, "F.linear", "upstream", 100.0, spread=6.0), rec(D, "forge built-in", "builtin", 98.0, spread=6.0)]
+    s = sel.select(recs)[D]
+    assert s["chosen"] == "F.linear" and s["kind"] == "upstream" and s["noise"] == pytest.approx(0.03, rel=0.05)
+    # the same 2 % with tight spreads: the 1 % floor, and ours wins
+    recs = [rec(D, "F.linear", "upstream", 100.0, spread=0.2), rec(D, "forge built-in", "builtin", 98.0, spread=0.2)]
+    assert sel.select(recs)[D]["chosen"] == "forge built-in"
+    # 0.5 % faster is under the floor: upstream
+    recs = [rec(D, "F.linear", "upstream", 100.0), rec(D, "forge built-in", "builtin", 99.5)]
+    assert sel.select(recs)[D]["chosen"] == "F.linear"
+
+
+def test_every_point_counts_and_a_missing_point_disqualifies():
+    P = "prefill.16bit"
+    recs = [rec(P, "unified", "upstream", 50.0, point="a"), rec(P, "unified", "upstream", 50.0, point="b", weight=2),
+            rec(P, "L1", "builtin", 10.0, point="a", launch=[1, 2, 3, 4]),
+            rec(P, "L1", "builtin", 30.0, point="b", weight=2, launch=[1, 2, 3, 4]),
+            rec(P, "L2", "ours", 5.0, point="a", launch=[5, 6, 7, 8]),                       # fails at b
+            rec(P, "L2", "ours", None, point="b", weight=2, ok=False, error="OutOfResources: shared memory",
+                launch=[5, 6, 7, 8])]
+    s = sel.select(recs)[P]
+    assert s["chosen"] == "L1" and s["us"] == pytest.approx(10 + 2 * 30)
+    assert s["candidates"]["unified"]["us"] == pytest.approx(150.0)
+    assert s["failed"]["L2"] == "b: OutOfResources: shared memory"
+
+
+def test_a_vendor_path_is_timed_but_never_chosen():
+    recs = [rec(D, "F.linear", "upstream", 100.0), rec(D, "wvSplitK", "vendor", 20.0, selectable=False),
+            rec(D, "forge built-in", "builtin", 90.0)]
+    s = sel.select(recs)[D]
+    assert s["chosen"] == "forge built-in" and "wvSplitK" in s["candidates"]
+
+
+def test_a_failing_upstream_leaves_the_fastest_correct_of_ours_and_nothing_correct_leaves_none():
+    recs = [rec(D, "F.linear", "upstream", None, ok=False, error="RuntimeError: boom"),
+            rec(D, "forge built-in", "builtin", 90.0)]
+    s = sel.select(recs)[D]
+    assert s["chosen"] == "forge built-in" and "upstream path failed" in s["why"] and "boom" in s["why"]
+    s = sel.select([rec(D, "forge built-in", "builtin", None, ok=False)])[D]
+    assert s["chosen"] is None and s["why"] == "no candidate is correct and timed"
+
+
+def test_correctness_only_families_make_no_decision():
+    assert sel.select([rec("write", "triton", "ours", 5.0)]) == {}
+
+
+def test_the_table_routes_what_won_and_keeps_our_kernels_launches():
+    recs = [rec("gemv.plain.96x5120.1", "F.linear", "upstream", 100.0),
+            rec("gemv.plain.96x5120.1", "forge b640 r2", "ours", 50.0, launch=[640, 2]),
+            rec("gemv.plain.5120x6144.4", "F.linear", "upstream", 100.0),
+            rec("gemv.plain.5120x6144.4", "forge built-in", "builtin", 120.0, launch=[0, 0]),
+            rec("gemv.fused.34816x5120.2", "F.linear + act", "upstream", 100.0),
+            rec("gemv.fused.34816x5120.2", "forge fused built-in", "builtin", 70.0, launch=[0, 0]),
+            # upstream is faster here, but the route to our prefill kernel is not the table's: its best launch
+            rec("prefill.16bit", "unified", "upstream", 10.0, point="P=0 C=4096"),
+            rec("prefill.16bit", "L", "ours", 20.0, point="P=0 C=4096", launch=[128, 64, 8, 2]),
+            rec("decode.1.16bit", "unified 3D", "upstream", 100.0, point="ctx=4096"),
+            rec("decode.1.16bit", "S128", "ours", 30.0, point="ctx=4096", launch=[128, 32, 4, 2]),
+            rec("decode.1.int8", "S64", "builtin", 30.0, point="ctx=4096", launch=[64, 64, 8, 2])]
+    t = sel.build_table(sel.select(recs), {"device_name": "d"}, {"commit": "c"})
+    assert t["gemv"] == {"plain": {"96x5120": {"1": [640, 2]}}, "fused": {"34816x5120": {"2": [0, 0]}}}
+    assert t["prefill"] == {"16bit": [128, 64, 8, 2]}
+    assert t["decode"] == {"segments": {"1": 128}, "launch": {"16bit": [32, 4, 2]}}   # int8 decode: not routed
+    assert t["schema"] == "forge-tuned/1" and t["validators"] == {"device_name": "d"}
+
+
+def test_fit_rate_recovers_a_linear_kernel():
+    times = {f"P={p} C=4096": 3e-6 * 4096 * (p + 4097 / 2) + 7.0 for p in (0, 4096, 8192, 16384)}
+    flops = lambda pt: (lambda p, c: c * (p + (c + 1) / 2))(*(int(x.split("=")[1]) for x in pt.split()))  # noqa: E731
+    a, b = sel.fit_rate(times, flops)
+    assert a == pytest.approx(3e-6) and b == pytest.approx(7.0)
