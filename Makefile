@@ -1,6 +1,7 @@
 # dcu-forge: the front door. Every target calls the tool (scripts/forge); `make help` lists them.
 # Variables: PY (python to run the tool), PROFILE, MODEL, IMAGE, RUN, BASELINE, BASELINE_NAME, A, B,
-# DATA_DIR, TOK_S, FORCE, E2E, REFERENCE, SPEEDUP, TTFT_S, TPOT_MS, VLLM_SRC, MAX_JOBS, BASE_IMAGE, E2E_ARGS.
+# DATA_DIR, TOK_S, FORCE, E2E, REFERENCE, SPEEDUP, TTFT_S, TPOT_MS, VLLM_SRC, MAX_JOBS, BASE_IMAGE, E2E_ARGS,
+# CALIBRATE_ARGS, CALIBRATION.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -17,7 +18,7 @@ WARM_ARCH ?= gfx936
 export VLLM_SRC MAX_JOBS BASE_IMAGE DATA_DIR MODEL IMAGE
 
 .PHONY: help venv fetch tree patches-check patches-refresh patches-lint export wheel image image-rehearsal \
-        pin-base warm-kernels self-check rehearsal kernels-check bench-kernels serve stop bench-all-tiers score predict compare sweep \
+        pin-base warm-kernels self-check rehearsal kernels-check bench-kernels calibrate serve stop bench-all-tiers score predict compare sweep \
         accuracy report gpu-bundle e2e-gpu test clean
 
 help: ## list the targets
@@ -71,6 +72,9 @@ kernels-check: venv ## compile-check kernels/csrc (hipcc gfx90a, nvcc sm_90) and
 bench-kernels: ## kernel benchmarks (GPU machine): writes reports/kernels/
 	@$(FORGE) bench-kernels
 
+calibrate: ## on the card (or a GPU machine): check and time every kernel candidate, write the device's table (CALIBRATE_ARGS=...)
+	@$(FORGE) calibrate $(CALIBRATE_ARGS)
+
 serve: ## start the server for PROFILE (MODEL=dir, IMAGE=optional image)
 	@$(FORGE) serve --profile $(PROFILE)
 
@@ -83,8 +87,8 @@ bench-all-tiers: ## run the contest's three tiers against the running server
 score: ## contest score of RUN (or TOK_S=a,b,c what-if) against BASELINE=<run> or BASELINE_NAME=<set: team, official>; FORCE=1 replaces a recorded score
 	@$(FORGE) score $(if $(RUN),--run $(RUN)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(BASELINE_NAME),--baseline-name $(BASELINE_NAME)) $(if $(TOK_S),--tok-s $(TOK_S)) $(if $(filter 1,$(FORCE)),--force)
 
-predict: ## DCU tok/s + score prediction: E2E=<e2e folder> | RUN=<run> REFERENCE=<run> | SPEEDUP="prefill_attn=10 gemv=1.45" | TTFT_S=a,b,c TPOT_MS=a,b,c [BASELINE_NAME=]
-	@$(FORGE) predict $(if $(E2E),--e2e $(E2E)) $(if $(RUN),--run $(RUN)) $(if $(REFERENCE),--reference $(REFERENCE)) $(foreach s,$(SPEEDUP),--speedup $(s)) $(if $(TTFT_S),--ttft-s $(TTFT_S)) $(if $(TPOT_MS),--tpot-ms $(TPOT_MS)) $(if $(BASELINE_NAME),--baseline-name $(BASELINE_NAME))
+predict: ## DCU tok/s + score prediction: E2E=<e2e folder> | RUN=<run> REFERENCE=<run> | CALIBRATION=<calibrate folder> | SPEEDUP="prefill_attn=10 gemv=1.45" | TTFT_S=a,b,c TPOT_MS=a,b,c [BASELINE_NAME=]
+	@$(FORGE) predict $(if $(CALIBRATION),--calibration $(CALIBRATION)) $(if $(E2E),--e2e $(E2E)) $(if $(RUN),--run $(RUN)) $(if $(REFERENCE),--reference $(REFERENCE)) $(foreach s,$(SPEEDUP),--speedup $(s)) $(if $(TTFT_S),--ttft-s $(TTFT_S)) $(if $(TPOT_MS),--tpot-ms $(TPOT_MS)) $(if $(BASELINE_NAME),--baseline-name $(BASELINE_NAME))
 
 compare: ## per-tier deltas of run A vs run B with a noise band (REFERENCE=<run>: score both against it)
 	@$(FORGE) compare --a $(A) --b $(B) $(if $(REFERENCE),--reference $(REFERENCE))

@@ -1,0 +1,58 @@
+"""`forge calibrate` end to end on a CPU (`--smoke`: tiny shapes under Triton's interpreter, against the
+patched vLLM the rehearsal installed): the prefill family's candidates are checked against float64 and
+timed against vLLM's unified kernel, a family whose process dies is recorded as failed while the rest
+goes on, the table and the report are written, and a rerun keeps what was measured. What it proves at
+this size is the tool (isolation, selection, resume, documents), not any number: the timings of the
+interpreter mean nothing. About a minute on two cores."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def calibrate(out: Path, python: Path, *extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET",)}
+    env["PYTHONPATH"] = str(ROOT / "scripts")
+    return subprocess.run([sys.executable, "-m", "forge", "calibrate", "--smoke", "--families", "prefill,write,gemm",
+                           "--kernels", "installed", "--python", str(python), "--out", str(out), *extra],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+
+
+def test_calibrate_isolates_a_dying_family_selects_and_resumes(tmp_path, vllm_python):
+    # a Python that dies of a segmentation fault in the gemm family's process, as a GPU fault would
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\ncase \"$*\" in *' gemm '*) kill -SEGV $$;; esac\nexec {vllm_python} \"$@\"\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    out = tmp_path / "cal"
+    r = calibrate(out, fake)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "gemm: FAILED: the process was killed by signal 11" in r.stderr
+    doc = json.loads((out / "calibration.json").read_text())
+    assert doc["families"]["gemm"]["failed"].startswith("the process was killed by signal 11")
+    s = doc["selection"]["prefill.16bit"]
+    # every candidate ran and was checked; the upstream path is the unified kernel
+    assert s["upstream"] == "vLLM unified (16-row tiles)" and not s["failed"], s["failed"]
+    assert s["chosen"] in s["candidates"]
+    table = json.loads((out / "table.json").read_text())
+    assert table["prefill"]["16bit"] == s["candidates"][s["best_ours"]]["launch"]
+    assert table["validators"]["device_name"] == "cpu"
+    md = (out / "calibration.md").read_text()
+    assert "**FAILED**: the process was killed by signal 11" in md and "| prefill.16bit |" in md
+    writes = json.loads((out / "write.json").read_text())["records"]
+    assert writes and all(w["ok"] for w in writes)
+    # a rerun keeps the measured families and measures only the one that failed
+    r2 = calibrate(out, vllm_python)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert "prefill: kept from" in r2.stderr and "write: kept from" in r2.stderr
+    assert "gemm: measuring" in r2.stderr
+
+
+def test_calibrate_refuses_an_unknown_family():
+    r = subprocess.run([sys.executable, "-m", "forge", "calibrate", "--families", "gemv,nope"], capture_output=True,
+                       text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT / "scripts")), timeout=120)
+    assert r.returncode == 2 and "unknown nope" in r.stderr
