@@ -261,4 +261,6 @@ def resolve(base: str = "sdist", source: str = "auto", vendor_src: str | None = 
 def present(vendor_src: str | None = None) -> list[str]:
     """The bases this machine can build: the sdist and the stand-in always, the vendor tree when
     VENDOR_SRC is given."""
-    return ["sdist", "standin"] + (["vendor"] if (vendor_src or os.environ.get("VENDOR_SRC")) else [])
+    have_standin = (ROOT / vendor_cfg()["standin_patch"]).is_file()
+    return ["sdist"] + (["standin"] if have_standin else []) + \
+        (["vendor"] if (vendor_src or os.environ.get("VENDOR_SRC")) else [])

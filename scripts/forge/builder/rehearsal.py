@@ -115,7 +115,7 @@ def rehearse(report_dir: Path = REPORTS) -> dict:
 
     src = stage("fetch + verify source", lambda: str(fetch.ensure_source()))
     stage("tree", lambda: {"head": tree.build_tree()["head"]})
-    stage("patches-check", lambda: {"tree": patches.check()})
+    stage("patches-check", lambda: {"trees": patches.check()})
     whl = Path(stage("wheel (pure Python)", lambda: str(wheel.build_wheel("empty"))))
     state = tree.read_state(tree.TREE)
     version = wheel.wheel_version(state, "empty")
