@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 
 from .. import config, paths, ui
@@ -39,8 +40,8 @@ def env_vars_md(profile: dict, contest: dict) -> str:
          f"Profile chain: {' → '.join(f'`configs/serve/{c}.yaml`' for c in profile['chain'])}. "
          f"Rule: \"{contest_mod.rule_text(contest, 'documented')}\"", "",
          "## Server command", "", "```",
-         " ".join(f"{k}={v}" for k, v in rendered["env"].items()) + " \\",
-         "  " + " ".join(rendered["argv"]), "```", "",
+         " ".join(f"{k}={shlex.quote(v)}" for k, v in rendered["env"].items()) + " \\",
+         "  " + shlex.join(rendered["argv"]), "```", "",
          "## Environment variables", "", "| variable | value | effect | set in |", "|---|---|---|---|"]
     for name, e in profile["env"].items():
         L.append(f"| `{name}` | `{_cell(e['value'])}` | {_cell(e['effect'])} | `{e['source']}` |")
@@ -48,9 +49,10 @@ def env_vars_md(profile: dict, contest: dict) -> str:
         L.append(f"| `{var}` | `{rendered['env'][var]}` | Keeps loopback requests away from any proxy "
                  f"(added by forge serve). | tool |")
     L += ["", "## Engine options", "", "| option | value | effect | rule review | set in |", "|---|---|---|---|---|"]
-    for o in contest["server"]["locked"]:
-        L.append(f"| `{o['option']}` | `{o['value']}` | locked by the contest | "
-                 f"{_cell(contest_mod.rule_text(contest, o['rule']))} | configs/contest.yaml |")
+    rule = contest["server"]["organizers_rule"]
+    for name, value in contest_mod.organizer_options(contest):
+        L.append(f"| `{name}` | {'(flag)' if value is True else f'`{_cell(value)}`'} | set by the organizers' start "
+                 f"script | {_cell(contest_mod.rule_text(contest, rule))} | configs/contest.yaml |")
     for name, e in profile["options"].items():
         canon = contest_mod.option_base(name)
         note = allowed.get(canon, {}).get("note", "")
@@ -160,8 +162,8 @@ def submission_readme_md(profile: dict, contest: dict, prov: dict, prov_src: str
           "make wheel          # dist/vllm-0.18.1+forge.<hash>-*.whl with its provenance record",
           "pip install dist/vllm-*.whl --no-deps", "```", "",
           "## Run", "", "```",
-          " ".join(f"{k}={v}" for k, v in rendered["env"].items()) + " \\",
-          "  " + " ".join(rendered["argv"]), "```", "",
+          " ".join(f"{k}={shlex.quote(v)}" for k, v in rendered["env"].items()) + " \\",
+          "  " + shlex.join(rendered["argv"]), "```", "",
           "Every variable and option is explained in `reports/env-vars.md`; the changes and their measurements "
           "in `reports/optimization-plan.md`.", "",
           "## Reproduce the measurements", "", "```",
