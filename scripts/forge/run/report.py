@@ -157,11 +157,15 @@ def submission_readme_md(profile: dict, contest: dict, prov: dict, prov_src: str
           f"Series hash `{prov.get('series_hash', '?')}`"
           + (f"; project commit `{prov['forge']['commit']}`." if (prov.get("forge") or {}).get("commit") else ".")]
     L += ["", "The model weights (Qwen3.5-27B, bf16) are used as published, unmodified.", "",
-          "## Build", "", "In the DCU container (vendor DTK 26.04 vLLM 0.18.1 image):", "", "```",
-          "make fetch tree     # pinned vLLM 0.18.1 source, kernel overlay, patches/series",
-          "make wheel          # dist/vllm-0.18.1+forge.<hash>-*.whl with its provenance record",
+          "## Build", "", "In the DCU container (the organizers' image), with the vendor's vLLM tree checked out:", "",
+          "```",
+          "make tree BASE=vendor VENDOR_SRC=/path/to/vllm_cscc   # verified vendor tree, kernel overlay, patches/series",
+          "make wheel BASE=vendor    # setup.py bdist_wheel, as the platform runs it: vllm-0.18.1+das.dtk<DTK>-*.whl",
           "pip install dist/vllm-*.whl --no-deps", "```", "",
-          "## Run", "", "```",
+          "`make submission VENDOR_SRC=/path/to/vllm_cscc` writes the repository to push (the vendor tree, our "
+          "commits, ENVIRONMENT.md and OPTIMIZATION.md) and runs its pre-flight.", "",
+          "## Run", "", "The organizers' start script, unchanged (no environment variable is needed: every "
+          "speed-up is on by default in code; the profile's variables equal those defaults):", "", "```",
           " ".join(f"{k}={shlex.quote(v)}" for k, v in rendered["env"].items()) + " \\",
           "  " + shlex.join(rendered["argv"]), "```", "",
           "Every variable and option is explained in `reports/env-vars.md`; the changes and their measurements "
