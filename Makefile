@@ -1,6 +1,7 @@
 # dcu-forge: the front door. Every target calls the tool (scripts/forge); `make help` lists them.
 # Variables: PY (python to run the tool), PROFILE, MODEL, IMAGE, RUN, BASELINE, BASELINE_NAME, A, B,
-# DATA_DIR, TOK_S, FORCE, E2E, REFERENCE, SPEEDUP, TTFT_S, TPOT_MS, VLLM_SRC, MAX_JOBS, BASE_IMAGE, E2E_ARGS.
+# DATA_DIR, TOK_S, FORCE, E2E, REFERENCE, SPEEDUP, TTFT_S, TPOT_MS, VLLM_SRC, MAX_JOBS, BASE_IMAGE, E2E_ARGS,
+# BASE (sdist | vendor | standin), VENDOR_SRC (the vendor's vllm_cscc checkout), INTO.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -12,11 +13,12 @@ FORGE = PYTHONPATH=$(CURDIR)/scripts $(PY) -m forge
 BOOT = PYTHONPATH=$(CURDIR)/scripts python3 -m forge
 
 PROFILE ?= contest
+BASE ?= sdist
 WHEEL_DEVICE ?= auto
 WARM_ARCH ?= gfx936
-export VLLM_SRC MAX_JOBS BASE_IMAGE DATA_DIR MODEL IMAGE
+export VLLM_SRC VENDOR_SRC MAX_JOBS BASE_IMAGE DATA_DIR MODEL IMAGE
 
-.PHONY: help venv fetch tree patches-check patches-refresh patches-lint export wheel image image-rehearsal \
+.PHONY: help venv fetch tree patches-check patches-refresh patches-lint offline-check export submission wheel image image-rehearsal \
         pin-base warm-kernels self-check rehearsal kernels-check bench-kernels serve stop bench-all-tiers score predict compare sweep \
         accuracy report gpu-bundle e2e-gpu test clean
 
@@ -29,10 +31,10 @@ venv: ## create/update the project venv (.venv) from requirements/dev.txt
 fetch: ## fetch and verify the pinned vLLM 0.18.1 source (VLLM_SRC=path for offline use)
 	@$(FORGE) fetch
 
-tree: ## build/vllm: pristine upstream + kernel overlay + one commit per patch (no-op when current)
-	@$(FORGE) tree
+tree: ## build/vllm[-BASE]: the base (sdist; vendor with VENDOR_SRC=; standin) + kernel overlay + one commit per patch
+	@$(FORGE) tree --base $(BASE)
 
-patches-check: ## prove patches/ applies to the pinned source and matches build/vllm; lint messages
+patches-check: ## prove patches/ applies to every base present (sdist, standin; vendor with VENDOR_SRC=), matches its tree, builds offline
 	@$(FORGE) patches-check
 
 patches-refresh: ## write build/vllm's commits back to patches/ (messages preserved)
@@ -41,11 +43,17 @@ patches-refresh: ## write build/vllm's commits back to patches/ (messages preser
 patches-lint: ## check every patch's review record and the contest's forbidden paths
 	@$(FORGE) patches-lint
 
+offline-check: ## fail naming file:line if a HIP build of the BASE's tree would download (CMake FetchContent, ...)
+	@$(FORGE) offline-check --base $(BASE)
+
 export: ## patched tree as a tarball + one combined diff, for a scoring repository
 	@$(FORGE) export
 
-wheel: ## vllm-0.18.1+forge.<hash> wheel from a clean copy of the tree (ROCm build on a DCU host)
-	@$(FORGE) wheel --device $(WHEEL_DEVICE)
+submission: ## the repository to push (vendor base with VENDOR_SRC=, else the labelled stand-in) + Art. 12/13 documents + pre-flight (INTO=dir)
+	@$(FORGE) submission $(if $(INTO),--into $(INTO))
+
+wheel: ## the wheel from a clean copy of the BASE's tree (ROCm build on a DCU host; BASE=vendor: setup.py's own version)
+	@$(FORGE) wheel --device $(WHEEL_DEVICE) --base $(BASE)
 
 image: ## build the DCU image from Dockerfile.rocm (BuildKit or buildah); `make -n image` prints the command
 	+@$(FORGE) image $(if $(findstring n,$(firstword -$(MAKEFLAGS))),--dry-run)
