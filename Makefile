@@ -1,7 +1,7 @@
 # dcu-forge: the front door. Every target calls the tool (scripts/forge); `make help` lists them.
 # Variables: PY (python to run the tool), PROFILE, MODEL, IMAGE, RUN, BASELINE, BASELINE_NAME, A, B,
 # DATA_DIR, TOK_S, FORCE, E2E, REFERENCE, SPEEDUP, TTFT_S, TPOT_MS, VLLM_SRC, MAX_JOBS, BASE_IMAGE, E2E_ARGS,
-# BASE (sdist | vendor | standin), VENDOR_SRC (the vendor's vllm_cscc checkout), INTO.
+# BASE (sdist | vendor | standin), VENDOR_SRC (the vendor's vllm_cscc checkout), INTO, FROM.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -19,7 +19,7 @@ WARM_ARCH ?= gfx936
 export VLLM_SRC VENDOR_SRC MAX_JOBS BASE_IMAGE DATA_DIR MODEL IMAGE
 
 .PHONY: help venv fetch tree patches-check patches-refresh patches-lint offline-check export submission wheel image image-rehearsal \
-        pin-base warm-kernels self-check rehearsal kernels-check bench-kernels serve stop bench-all-tiers score predict compare sweep \
+        pin-base warm-kernels self-check rehearsal kernels-check bench-kernels serve stop bench-all-tiers import-throughput score predict compare sweep \
         accuracy report gpu-bundle e2e-gpu test clean
 
 help: ## list the targets
@@ -93,6 +93,9 @@ score: ## contest score of RUN (or TOK_S=a,b,c what-if) against BASELINE=<run> o
 
 predict: ## DCU tok/s + score prediction: E2E=<e2e folder> | RUN=<run> REFERENCE=<run> | SPEEDUP="prefill_attn=10 gemv=1.45" | TTFT_S=a,b,c TPOT_MS=a,b,c [BASELINE_NAME=]
 	@$(FORGE) predict $(if $(E2E),--e2e $(E2E)) $(if $(RUN),--run $(RUN)) $(if $(REFERENCE),--reference $(REFERENCE)) $(foreach s,$(SPEEDUP),--speedup $(s)) $(if $(TTFT_S),--ttft-s $(TTFT_S)) $(if $(TPOT_MS),--tpot-ms $(TPOT_MS)) $(if $(BASELINE_NAME),--baseline-name $(BASELINE_NAME))
+
+import-throughput: ## the organizers' run_throughput.sh results (FROM=<their testdata folder>) as a run folder for score/compare/predict
+	@$(FORGE) import-throughput $(FROM) $(if $(RUN),--run-id $(RUN)) --profile $(PROFILE)
 
 compare: ## per-tier deltas of run A vs run B with a noise band (REFERENCE=<run>: score both against it)
 	@$(FORGE) compare --a $(A) --b $(B) $(if $(REFERENCE),--reference $(REFERENCE))
