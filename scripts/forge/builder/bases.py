@@ -56,7 +56,11 @@ def check_name(base: str) -> None:
 # --- the vendor tree's pin ---------------------------------------------------------------------
 
 def vendor_cfg() -> dict:
-    return config.upstream()["vendor"]
+    v = config.upstream().get("vendor")
+    if not v:
+        raise ForgeError("configs/upstream.yaml has no 'vendor' section: the vendor tree is not pinned",
+                         hint="restore the vendor section (scope, scope_sha256, changed, absent, standin_patch)")
+    return v
 
 
 def in_scope(path: str, vcfg: dict) -> bool:
@@ -261,6 +265,7 @@ def resolve(base: str = "sdist", source: str = "auto", vendor_src: str | None = 
 def present(vendor_src: str | None = None) -> list[str]:
     """The bases this machine can build: the sdist and the stand-in always, the vendor tree when
     VENDOR_SRC is given."""
-    have_standin = (ROOT / vendor_cfg()["standin_patch"]).is_file()
+    v = config.upstream().get("vendor")
+    have_standin = bool(v) and (ROOT / v["standin_patch"]).is_file()
     return ["sdist"] + (["standin"] if have_standin else []) + \
         (["vendor"] if (vendor_src or os.environ.get("VENDOR_SRC")) else [])
