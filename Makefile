@@ -1,7 +1,8 @@
 # dcu-forge: the front door. Every target calls the tool (scripts/forge); `make help` lists them.
 # Variables: PY (python to run the tool), PROFILE, MODEL, IMAGE, RUN, BASELINE, BASELINE_NAME, A, B,
 # DATA_DIR, TOK_S, FORCE, E2E, REFERENCE, SPEEDUP, TTFT_S, TPOT_MS, VLLM_SRC, MAX_JOBS, BASE_IMAGE, E2E_ARGS,
-# CALIBRATE_ARGS, CALIBRATION.
+# BASE (sdist | vendor | standin), VENDOR_SRC (the vendor's vllm_cscc checkout), INTO, FROM, CALIBRATE_ARGS,
+# CALIBRATION.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -13,12 +14,14 @@ FORGE = PYTHONPATH=$(CURDIR)/scripts $(PY) -m forge
 BOOT = PYTHONPATH=$(CURDIR)/scripts python3 -m forge
 
 PROFILE ?= contest
+BASE ?= sdist
 WHEEL_DEVICE ?= auto
 WARM_ARCH ?= gfx936
-export VLLM_SRC MAX_JOBS BASE_IMAGE DATA_DIR MODEL IMAGE
+export VLLM_SRC VENDOR_SRC MAX_JOBS BASE_IMAGE DATA_DIR MODEL IMAGE
 
-.PHONY: help venv fetch tree patches-check patches-refresh patches-lint export wheel image image-rehearsal \
-        pin-base warm-kernels self-check rehearsal kernels-check bench-kernels calibrate serve stop bench-all-tiers score predict compare sweep \
+.PHONY: help venv fetch tree patches-check patches-refresh patches-lint offline-check export submission wheel image image-rehearsal \
+        pin-base warm-kernels self-check rehearsal kernels-check bench-kernels calibrate serve stop bench-all-tiers import-throughput score \
+        predict compare sweep \
         accuracy report gpu-bundle e2e-gpu test clean
 
 help: ## list the targets
@@ -30,10 +33,10 @@ venv: ## create/update the project venv (.venv) from requirements/dev.txt
 fetch: ## fetch and verify the pinned vLLM 0.18.1 source (VLLM_SRC=path for offline use)
 	@$(FORGE) fetch
 
-tree: ## build/vllm: pristine upstream + kernel overlay + one commit per patch (no-op when current)
-	@$(FORGE) tree
+tree: ## build/vllm[-BASE]: the base (sdist; vendor with VENDOR_SRC=; standin) + kernel overlay + one commit per patch
+	@$(FORGE) tree --base $(BASE)
 
-patches-check: ## prove patches/ applies to the pinned source and matches build/vllm; lint messages
+patches-check: ## prove patches/ applies to every base present (sdist, standin; vendor with VENDOR_SRC=), matches its tree, builds offline
 	@$(FORGE) patches-check
 
 patches-refresh: ## write build/vllm's commits back to patches/ (messages preserved)
@@ -42,11 +45,17 @@ patches-refresh: ## write build/vllm's commits back to patches/ (messages preser
 patches-lint: ## check every patch's review record and the contest's forbidden paths
 	@$(FORGE) patches-lint
 
+offline-check: ## fail naming file:line if a HIP build of the BASE's tree would download (CMake FetchContent, ...)
+	@$(FORGE) offline-check --base $(BASE)
+
 export: ## patched tree as a tarball + one combined diff, for a scoring repository
 	@$(FORGE) export
 
-wheel: ## vllm-0.18.1+forge.<hash> wheel from a clean copy of the tree (ROCm build on a DCU host)
-	@$(FORGE) wheel --device $(WHEEL_DEVICE)
+submission: ## the repository to push (vendor base with VENDOR_SRC=, else the labelled stand-in) + Art. 12/13 documents + pre-flight (INTO=dir)
+	@$(FORGE) submission $(if $(INTO),--into $(INTO))
+
+wheel: ## the wheel from a clean copy of the BASE's tree (ROCm build on a DCU host; BASE=vendor: setup.py's own version)
+	@$(FORGE) wheel --device $(WHEEL_DEVICE) --base $(BASE)
 
 image: ## build the DCU image from Dockerfile.rocm (BuildKit or buildah); `make -n image` prints the command
 	+@$(FORGE) image $(if $(findstring n,$(firstword -$(MAKEFLAGS))),--dry-run)
@@ -89,6 +98,9 @@ score: ## contest score of RUN (or TOK_S=a,b,c what-if) against BASELINE=<run> o
 
 predict: ## DCU tok/s + score prediction: E2E=<e2e folder> | RUN=<run> REFERENCE=<run> | CALIBRATION=<calibrate folder> | SPEEDUP="prefill_attn=10 gemv=1.45" | TTFT_S=a,b,c TPOT_MS=a,b,c [BASELINE_NAME=]
 	@$(FORGE) predict $(if $(CALIBRATION),--calibration $(CALIBRATION)) $(if $(E2E),--e2e $(E2E)) $(if $(RUN),--run $(RUN)) $(if $(REFERENCE),--reference $(REFERENCE)) $(foreach s,$(SPEEDUP),--speedup $(s)) $(if $(TTFT_S),--ttft-s $(TTFT_S)) $(if $(TPOT_MS),--tpot-ms $(TPOT_MS)) $(if $(BASELINE_NAME),--baseline-name $(BASELINE_NAME))
+
+import-throughput: ## the organizers' run_throughput.sh results (FROM=<their testdata folder>) as a run folder for score/compare/predict
+	@$(FORGE) import-throughput $(FROM) $(if $(RUN),--run-id $(RUN)) --profile $(PROFILE)
 
 compare: ## per-tier deltas of run A vs run B with a noise band (REFERENCE=<run>: score both against it)
 	@$(FORGE) compare --a $(A) --b $(B) $(if $(REFERENCE),--reference $(REFERENCE))

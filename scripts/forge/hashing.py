@@ -64,18 +64,19 @@ def tree_sha256(root: Path, exclude: Iterable[str] = (".git",)) -> str:
     return manifest_hash(tree_manifest(root, exclude))
 
 
-def manifest_diff(expected: dict[str, list], got: dict[str, list]) -> list[str]:
-    """What differs between two manifests, one line per file: changed, added, missing."""
+def manifest_diff(expected: dict[str, list], got: dict[str, list], what: str = "the sdist") -> list[str]:
+    """What differs between two manifests, one line per file: changed, added, missing. `what` names
+    the expected side in the lines."""
     out = []
     for p in sorted(set(expected) | set(got)):
         e, g = expected.get(p), got.get(p)
         if e is None:
-            out.append(f"{p}: added (not in the sdist)")
+            out.append(f"{p}: added (not in {what})")
         elif g is None:
             out.append(f"{p}: missing")
         elif e != g:
-            what = "size" if e[1] != g[1] else "type" if e[0] != g[0] else "content"
-            out.append(f"{p}: changed ({what}: {e[1]} bytes sha256 {e[2][:12]}… in the sdist, "
+            how = "size" if e[1] != g[1] else "type" if e[0] != g[0] else "content"
+            out.append(f"{p}: changed ({how}: {e[1]} bytes sha256 {e[2][:12]}… in {what}, "
                        f"{g[1]} bytes sha256 {g[2][:12]}… here)")
     return out
 

@@ -1,6 +1,6 @@
 """Every shipped profile's rendered server command is accepted by the patched vLLM's own `vllm serve`
 argument parser (make_arg_parser + FlexibleArgumentParser, then vLLM's own validation and engine
-arguments), and lands on the locked values."""
+arguments), and lands on the values of the organizers' start script."""
 
 import json
 import sys
@@ -32,7 +32,13 @@ for argv in json.loads(sys.argv[1]):
     out.append({"model": ea.model, "port": ns.port, "host": ns.host, "max_model_len": ea.max_model_len,
                 "served_model_name": ea.served_model_name, "kv_cache_dtype": ea.kv_cache_dtype,
                 "max_num_seqs": ea.max_num_seqs, "max_num_batched_tokens": ea.max_num_batched_tokens,
-                "speculative_config": ea.speculative_config, "quantization": ea.quantization})
+                "speculative_config": ea.speculative_config, "quantization": ea.quantization,
+                "dtype": ea.dtype, "tensor_parallel_size": ea.tensor_parallel_size,
+                "gpu_memory_utilization": ea.gpu_memory_utilization, "trust_remote_code": ea.trust_remote_code,
+                "compilation_default": repr(ea.compilation_config) == repr(type(ea.compilation_config)()),
+                "reasoning_parser": ea.reasoning_parser, "enable_auto_tool_choice": ns.enable_auto_tool_choice,
+                "tool_call_parser": ns.tool_call_parser,
+                "default_chat_template_kwargs": ns.default_chat_template_kwargs})
 print(json.dumps(out))
 """
 
@@ -68,10 +74,17 @@ def test_profile_command_parses_in_patched_vllm(parsed, name):
     assert "error" not in got, f"vLLM rejected the {name} command {r['argv']}:\n{parsed[1][-3000:]}"
     assert got["model"] == "/models/Qwen3.5-27B"
     assert got["port"] == 8001 and got["host"] is None
-    assert got["max_model_len"] == 32768
     assert got["served_model_name"] in (["Qwen3.5-27B"], "Qwen3.5-27B")
-    # the scheduler, speculative decoding and weight quantization stay at vLLM's defaults
-    assert got["max_num_seqs"] is None and got["max_num_batched_tokens"] is None
+    # the organizers' start script: its scheduler limits, memory share, parsers and template switch;
+    # max-model-len and the compilation config stay vLLM's defaults (the script sets neither)
+    assert got["max_model_len"] is None and got["compilation_default"] is True
+    assert got["max_num_seqs"] == 128 and got["max_num_batched_tokens"] == 4096
+    assert got["gpu_memory_utilization"] == 0.95 and got["tensor_parallel_size"] == 1
+    assert got["dtype"] == "bfloat16" and got["trust_remote_code"] is True
+    assert got["reasoning_parser"] == "qwen3" and got["enable_auto_tool_choice"] is True
+    assert got["tool_call_parser"] == "qwen3_coder"
+    assert got["default_chat_template_kwargs"] == {"enable_thinking": False}
+    # speculative decoding and weight quantization stay at vLLM's defaults
     assert got["speculative_config"] is None and got["quantization"] is None
     want_kv = prof["options"].get("--kv-cache-dtype", {}).get("value", "auto")
     assert got["kv_cache_dtype"] == want_kv

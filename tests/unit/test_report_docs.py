@@ -30,7 +30,10 @@ def test_reports(tmp_path):
     for name, e in {**prof["env"], **prof["options"]}.items():
         row = next(l for l in env_md.splitlines() if l.startswith(f"| `{name}` |"))
         assert f"`{e['value']}`" in row and e["effect"][:40] in row
-    assert "--max-model-len 32768" in env_md
+    # the organizers' start script, as a shell line, and each of its options in the table
+    assert "--max-num-batched-tokens 4096" in env_md and "'{\"enable_thinking\": false}'" in env_md
+    for name, _ in contest.organizer_options(c):
+        assert any(l.startswith(f"| `{name}` |") and "set by the organizers" in l for l in env_md.splitlines())
 
     plan = (out / "optimization-plan.md").read_text()
     series = [l.strip() for l in (ROOT / "patches" / "series").read_text().splitlines()
@@ -44,7 +47,7 @@ def test_reports(tmp_path):
     readme = (out / "submission-readme.md").read_text()
     assert "0.18.1+forge.abc123" in readme and "| torch | 2.10.0 | BSD-3-Clause |" in readme
     assert "| triton | 3.4.0 | MIT |" in readme and "Apache-2.0" in readme
-    assert "vllm serve /path/to/Qwen3.5-27B --port 8001 --max-model-len 32768" in readme
+    assert "vllm serve /path/to/Qwen3.5-27B --served-model-name Qwen3.5-27B --port 8001 --trust-remote-code" in readme
 
 
 def test_unknown_profile_is_a_clear_error(tmp_path):

@@ -3,6 +3,7 @@ health wait, run folder, state, stopping only our process group, early-exit diag
 
 import json
 import os
+import shlex
 import socket
 import sys
 import time
@@ -28,8 +29,23 @@ def test_dry_run_prints_the_checked_command(tmp_path, model):
     assert r.returncode == 0, r.stderr
     line = next(l for l in r.stdout.splitlines() if "vllm serve" in l)
     assert line.startswith("VLLM_FORGE_DECODE=0 ")
-    assert f"vllm serve {model} --port 8001 --max-model-len 32768 --served-model-name Qwen3.5-27B --kv-cache-dtype int8" in line
+    c = contest.load_contest()
+    script = " ".join(c["server"]["start_script"]["command"].split()).replace("$MODEL_DIR", str(model))
+    assert shlex.split(line.split(" vllm serve ", 1)[1]) == shlex.split(script)[2:] + ["--kv-cache-dtype", "int8"]
     assert "NO_PROXY=" in line
+
+
+def test_dry_run_of_the_contest_profile_is_the_organizers_start_script(tmp_path, model):
+    """`make serve PROFILE=contest` runs exactly the organizers' start script (with the model
+    directory), its environment added in front."""
+    r = forge(tmp_path, "serve", "--profile", "contest", "--model", str(model), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    line = next(l for l in r.stdout.splitlines() if "vllm serve" in l)
+    env_part, cmd = line.split(" vllm serve ", 1)
+    c = contest.load_contest()
+    script = " ".join(c["server"]["start_script"]["command"].split()).replace("$MODEL_DIR", str(model))
+    assert ["vllm", "serve", *shlex.split(cmd)] == shlex.split(script)
+    assert all(w.split("=")[0].startswith(("VLLM_FORGE_", "NO_PROXY", "no_proxy")) for w in shlex.split(env_part))
 
 
 def test_forbidden_profile_is_refused_before_start(tmp_path, model, monkeypatch):

@@ -338,7 +338,11 @@ def _fetch_from_index(sd: dict, tarball: Path) -> None:
 
 def cmd_fetch(args) -> int:
     if args.print_tree_hash:
-        print(tree_sha256(Path(args.print_tree_hash), exclude=(".git", *INTERNAL)))
+        if args.vendor_scope:
+            from . import bases
+            print(manifest_hash(bases.scope_manifest(Path(args.print_tree_hash), bases.vendor_cfg())))
+        else:
+            print(tree_sha256(Path(args.print_tree_hash), exclude=(".git", *INTERNAL)))
         return 0
     path = ensure_source(args.source)
     print(path)
@@ -351,4 +355,6 @@ def register(sub) -> None:
     p.add_argument("--source", choices=("auto", "index", "git"), default="auto",
                    help="auto: VLLM_SRC, cache, then pip's index; git: the mirror (VLLM_GIT_URL)")
     p.add_argument("--print-tree-hash", metavar="DIR", help="print the content hash of an extracted tree and exit")
+    p.add_argument("--vendor-scope", action="store_true",
+                   help="with --print-tree-hash: hash only the files the vendor pin covers (vendor.scope_sha256)")
     p.set_defaults(func=cmd_fetch)

@@ -1,5 +1,6 @@
-"""Patch tooling: lint (review records, forbidden paths), check (applies to the pinned source and
-matches build/vllm), refresh (export build/vllm's commits back to patches/)."""
+"""Patch tooling: lint (review records, forbidden paths), check (applies to every base present and
+matches its tree; the vendor and stand-in trees build offline), refresh (export build/vllm's
+commits back to patches/)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from .. import ui
 from ..errors import ForgeError
 from ..paths import BUILD, PATCHES, TREE, rel
 from ..run.contest import load_contest
-from . import tree
+from . import bases, offline, tree
 from .patchfile import REVIEW_SECTIONS, parse, read_series
 
 
@@ -73,25 +74,38 @@ def lint(patches_dir: Path = PATCHES) -> int:
     return 0
 
 
-def check(patches_dir: Path = PATCHES, scratch: Path = BUILD / "patches-check") -> str:
-    """Apply the series to a fresh tree from the verified pristine source; compare with build/vllm.
-    Returns the checked tree's git tree id."""
+def check(patches_dir: Path = PATCHES, scratch: Path = BUILD / "patches-check",
+          which: list[str] | None = None) -> dict[str, str]:
+    """Apply the series to a fresh tree on every base present (bases.present: the sdist, the
+    stand-in, the vendor tree when VENDOR_SRC is given); compare each with its `make tree` folder when
+    there is one; on the bases a submission is built from (vendor, stand-in) a HIP build must reach
+    no download (offline.py). Returns {base: checked tree id}."""
     lint(patches_dir)
-    shutil.rmtree(scratch, ignore_errors=True)
-    state = tree.build_tree(scratch, patches_dir=patches_dir)
-    checked = tree.git_out(scratch, "rev-parse", "HEAD^{tree}")
-    ui.info(f"series applies cleanly to the pinned source: {len(state['patches'])} patches")
-    if (TREE / ".git").is_dir() and patches_dir == PATCHES:
-        ours = tree.git_out(TREE, "rev-parse", "HEAD^{tree}")
-        dirty = tree.git_out(TREE, "status", "--porcelain", "--untracked-files=no")
-        if ours != checked or dirty:
-            raise ForgeError(f"{rel(TREE)} differs from what patches/ produces"
-                             + (" (uncommitted changes)" if dirty else ""),
-                             hint="export your build/vllm commits with `make patches-refresh`, "
-                                  "or rebuild the tree from patches/ with `make tree FORCE=1`")
-        ui.info(f"{rel(TREE)} matches patches/")
-    shutil.rmtree(scratch, ignore_errors=True)
-    return checked
+    out = {}
+    for base in which or bases.present():
+        where = scratch if base == "sdist" else scratch.with_name(f"{scratch.name}-{base}")
+        shutil.rmtree(where, ignore_errors=True)
+        state = tree.build_tree(where, patches_dir=patches_dir, base=base)
+        checked = tree.git_out(where, "rev-parse", "HEAD^{tree}")
+        ui.info(f"{base} base: the series applies cleanly ({len(state['patches'])} patches)")
+        mine = bases.tree_dir(base)
+        if (mine / ".git").is_dir() and patches_dir == PATCHES:
+            ours = tree.git_out(mine, "rev-parse", "HEAD^{tree}")
+            dirty = tree.git_out(mine, "status", "--porcelain", "--untracked-files=no")
+            if ours != checked or dirty:
+                raise ForgeError(f"{rel(mine)} differs from what patches/ produces on the {base} base"
+                                 + (" (uncommitted changes)" if dirty else ""),
+                                 hint=f"export your {rel(mine)} commits with `make patches-refresh`, "
+                                      f"or rebuild the tree from patches/ with `make tree BASE={base} FORCE=1`")
+            ui.info(f"{rel(mine)} matches patches/")
+        if base == "sdist":
+            ui.info("sdist base: not checked offline (for HIP its CMakeLists.txt clones Triton for triton_kernels; "
+                    "a submission is built on the vendor base)")
+        else:
+            offline.require_offline(where, f"{base} base with the series")
+        shutil.rmtree(where, ignore_errors=True)
+        out[base] = checked
+    return out
 
 
 def _slug(subject: str) -> str:
@@ -174,8 +188,8 @@ def cmd_lint(args) -> int:
 
 
 def cmd_check(args) -> int:
-    tid = check()
-    print(f"patches-check: OK (tree {tid[:12]})")
+    done = check()
+    print("patches-check: OK (" + ", ".join(f"{b} tree {t[:12]}" for b, t in done.items()) + ")")
     return 0
 
 
@@ -187,7 +201,7 @@ def cmd_refresh(args) -> int:
 def register(sub) -> None:
     sub.add_parser("patches-lint", help="check review records and the contest's forbidden paths"
                    ).set_defaults(func=cmd_lint)
-    sub.add_parser("patches-check", help="prove patches/ applies to the pinned source and matches build/vllm"
-                   ).set_defaults(func=cmd_check)
+    sub.add_parser("patches-check", help="prove patches/ applies to every base present, matches its tree, "
+                                         "and (vendor, stand-in) builds offline").set_defaults(func=cmd_check)
     sub.add_parser("patches-refresh", help="write build/vllm's commits back to patches/ (messages preserved)"
                    ).set_defaults(func=cmd_refresh)

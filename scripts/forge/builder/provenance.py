@@ -103,6 +103,7 @@ def record(state: dict, *, version: str, device: str, rocm_arch: list[str] | Non
         "rocm_arch": rocm_arch,
         "upstream": {"name": up["name"], "version": up["version"], "sdist_sha256": up["sdist"]["sha256"],
                      "tree_sha256": up["sdist"]["tree_sha256"], "git_commit": up["git"]["commit"]},
+        "base": state.get("base", "sdist"),     # sdist, vendor or standin (builder/bases.py)
         "series_hash": series_hash(state),
         "tree_head": state["head"],
         "overlay_hash": state["overlay"],

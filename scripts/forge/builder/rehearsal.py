@@ -21,7 +21,7 @@ from pathlib import Path
 from .. import config, proc, ui
 from ..errors import ForgeError
 from ..hashing import sha256_file
-from ..paths import BUILD, KERNELS, REPORTS, rel, write_atomic
+from ..paths import BUILD, KERNELS, REPORTS, TREE, rel, write_atomic
 from . import fetch, patches, provenance, tree, wheel
 
 VENV = BUILD / "rehearsal" / "venv"
@@ -115,9 +115,9 @@ def rehearse(report_dir: Path = REPORTS) -> dict:
 
     src = stage("fetch + verify source", lambda: str(fetch.ensure_source()))
     stage("tree", lambda: {"head": tree.build_tree()["head"]})
-    stage("patches-check", lambda: {"tree": patches.check()})
+    stage("patches-check", lambda: {"trees": patches.check()})
     whl = Path(stage("wheel (pure Python)", lambda: str(wheel.build_wheel("empty"))))
-    state = tree.read_state(tree.TREE)
+    state = tree.read_state(TREE)
     version = wheel.wheel_version(state, "empty")
     sh = provenance.series_hash(state)
     py = Path(stage("venv + install", lambda: str(ensure_venv(whl, b["rehearsal"]["torch"], extra=b["rehearsal"]["extra_packages"]))))

@@ -1,7 +1,9 @@
 """Stage 2: build/vllm, a git repository holding pristine upstream + our kernel overlay + one commit
-per patch, each marked so `patches-refresh` can export them again.
+per patch, each marked so `patches-refresh` can export them again. The same series builds on each
+base of bases.py: the sdist (build/vllm), the vendor tree (BASE=vendor VENDOR_SRC=...:
+build/vllm-vendor) and CI's stand-in for it (BASE=standin: build/vllm-standin).
 
-    refs/forge/upstream   "upstream vLLM 0.18.1 (sha256 …)"
+    refs/forge/upstream   the base: "upstream vLLM 0.18.1 (sdist sha256 …)", "vendor vLLM …", "vendor stand-in …"
     refs/forge/overlay    "forge kernel overlay (kernels/overlay.yaml)"
     HEAD                  one commit per entry of patches/series
 
@@ -25,9 +27,9 @@ from pathlib import Path
 
 from .. import config, proc, ui
 from ..errors import ForgeError
-from ..hashing import combine, sha256_file
-from ..paths import KERNELS, PATCHES, ROOT, TREE, Lock, rel, write_atomic
-from . import fetch
+from ..hashing import combine, manifest_hash, sha256_file
+from ..paths import KERNELS, PATCHES, ROOT, Lock, rel, write_atomic
+from . import bases, fetch
 from .patchfile import hunk_for, parse, read_series
 
 UPSTREAM_REF = "refs/forge/upstream"
@@ -110,24 +112,47 @@ def _commit_all(tree: Path, message: str, paths: list[str] | None = None) -> str
     return git_out(tree, "rev-parse", "HEAD")
 
 
-def init_upstream(tree: Path, pristine: Path, upstream_hash: str) -> dict:
-    """A new tree holding the pristine source as one commit, built in a temporary folder and renamed
-    into place with its state; an existing tree (already found clean, or FORCE) is replaced."""
-    ui.info(f"creating {rel(tree)} from pristine upstream")
+def _copy_base(base: "bases.Base", dest: Path) -> None:
+    if base.files is not None:          # a git checkout: its tracked files only
+        dest.mkdir(parents=True)
+        for f in base.files:
+            s, d = base.pristine / f, dest / f
+            if not (s.exists() or s.is_symlink()):
+                continue
+            d.parent.mkdir(parents=True, exist_ok=True)
+            if s.is_symlink():
+                os.symlink(os.readlink(s), d)
+            else:
+                shutil.copy2(s, d)
+    elif base.name == "vendor":
+        shutil.copytree(base.pristine, dest, symlinks=True, ignore=bases.copy_ignore(base.pristine))
+    else:
+        shutil.copytree(base.pristine, dest, symlinks=True, ignore=shutil.ignore_patterns(".git", *fetch.INTERNAL))
+
+
+def init_upstream(tree: Path, base: "bases.Base") -> dict:
+    """A new tree holding the base's pristine source as one commit, built in a temporary folder and
+    renamed into place with its state; an existing tree (already found clean, or FORCE) is replaced."""
+    ui.info(f"creating {rel(tree)} from the pristine {base.name} base")
     tmp = _partial(tree)
     shutil.rmtree(tmp, ignore_errors=True)
     tree.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(pristine, tmp, symlinks=True, ignore=shutil.ignore_patterns(".git", *fetch.INTERNAL))
+    _copy_base(base, tmp)
+    if base.name == "vendor":           # what was copied is what was verified
+        vcfg = bases.vendor_cfg()
+        if manifest_hash(bases.scope_manifest(tmp, vcfg)) != vcfg["scope_sha256"]:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise ForgeError(f"VENDOR_SRC={base.pristine} changed while it was copied", hint="rerun")
     git(tmp, "init", "-q", "-b", "forge")
     git(tmp, "config", "core.autocrlf", "false")
     git(tmp, "config", "gc.auto", "0")
     # upstream ships build outputs' names in its own .gitignore; keep every file of the sdist
     info = tmp / ".git" / "info"
     info.mkdir(parents=True, exist_ok=True)
-    cfg = config.upstream()
-    sha = _commit_all(tmp, f"upstream vLLM {cfg['version']} (sdist sha256 {upstream_hash})")
+    sha = _commit_all(tmp, base.message)
     git(tmp, "update-ref", UPSTREAM_REF, sha)
-    state = {"upstream": upstream_hash, "pristine": str(pristine), "head": sha, "pending": "build"}
+    state = {"upstream": base.key, "base": base.name, "pristine": str(base.pristine), "head": sha,
+             "pending": "build"}
     write_state(tmp, state)
     if tree.exists():
         old = _old(tree)
@@ -236,12 +261,13 @@ def check_clean(tree: Path, state: dict) -> None:
                          hint="export them with `make patches-refresh`, or discard them with `make tree FORCE=1`")
 
 
-def build_tree(tree: Path = TREE, *, patches_dir: Path = PATCHES, force: bool = False,
-               threeway: bool = False, source: str = "auto") -> dict:
-    """Bring `tree` up to date with upstream + overlay + series. Returns the state."""
-    cfg = config.upstream()
-    up_hash = cfg["sdist"]["sha256"]
-    pristine = fetch.ensure_source(source)
+def build_tree(tree: Path | None = None, *, patches_dir: Path = PATCHES, force: bool = False,
+               threeway: bool = False, source: str = "auto", base: str = "sdist",
+               vendor_src: str | None = None) -> dict:
+    """Bring `tree` (default: the base's tree folder) up to date with the base + overlay + series.
+    Returns the state."""
+    tree = tree or bases.tree_dir(base)
+    b = bases.resolve(base, source, vendor_src)
     entries = overlay_entries()
     ov_hash = overlay_hash(entries)
     series = series_inputs(patches_dir)
@@ -250,10 +276,10 @@ def build_tree(tree: Path = TREE, *, patches_dir: Path = PATCHES, force: bool = 
         # leftovers of a run killed while it made or replaced the tree: never the tree itself
         shutil.rmtree(_partial(tree), ignore_errors=True)
         shutil.rmtree(_old(tree), ignore_errors=True)
-        return _build_locked(tree, patches_dir, force, threeway, pristine, up_hash, entries, ov_hash, series)
+        return _build_locked(tree, patches_dir, force, threeway, b, entries, ov_hash, series)
 
 
-def _build_locked(tree, patches_dir, force, threeway, pristine, up_hash, entries, ov_hash, series) -> dict:
+def _build_locked(tree, patches_dir, force, threeway, b, entries, ov_hash, series) -> dict:
     exists = (tree / ".git").is_dir()
     state = read_state(tree) if exists else {}
     if tree.exists() and not exists and any(tree.iterdir()) and not force:
@@ -270,10 +296,10 @@ def _build_locked(tree, patches_dir, force, threeway, pristine, up_hash, entries
         git(tree, "am", "--abort", check=False, capture=True)
         git(tree, "reset", "-q", "--hard")
 
-    if state.get("upstream") != up_hash or state.get("pristine") != str(pristine) or not state.get("head"):
+    if state.get("upstream") != b.key or state.get("pristine") != str(b.pristine) or not state.get("head"):
         if tree.exists() and not exists:
             shutil.rmtree(tree)             # an empty folder, or FORCE
-        state = init_upstream(tree, pristine, up_hash)
+        state = init_upstream(tree, b)
     else:
         state["pending"] = "build"
         write_state(tree, state)
@@ -314,8 +340,9 @@ def _build_locked(tree, patches_dir, force, threeway, pristine, up_hash, entries
 
 def cmd_tree(args) -> int:
     state = build_tree(force=args.force or os.environ.get("FORCE") == "1",
-                       threeway=args.threeway or os.environ.get("THREEWAY") == "1")
-    print(f"{rel(TREE)} at {state['head'][:12]}: upstream + overlay + {len(state['patches'])} patches")
+                       threeway=args.threeway or os.environ.get("THREEWAY") == "1", base=args.base)
+    print(f"{rel(bases.tree_dir(args.base))} at {state['head'][:12]}: {args.base} base + overlay + "
+          f"{len(state['patches'])} patches")
     return 0
 
 
@@ -324,4 +351,11 @@ def register(sub) -> None:
                        description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("--force", action="store_true", help="discard uncommitted/unexported work in build/vllm (also FORCE=1)")
     p.add_argument("--threeway", action="store_true", help="let git am fall back to a 3-way merge (also THREEWAY=1)")
+    add_base_argument(p)
     p.set_defaults(func=cmd_tree)
+
+
+def add_base_argument(p) -> None:
+    p.add_argument("--base", choices=bases.BASES, default=os.environ.get("BASE") or "sdist",
+                   help="sdist (default: build/vllm), vendor (VENDOR_SRC=<vllm_cscc checkout>: build/vllm-vendor) "
+                        "or standin (CI's stand-in for the vendor tree: build/vllm-standin); also BASE=")

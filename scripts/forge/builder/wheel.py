@@ -2,7 +2,10 @@
 stale build/ directories). CPU machines build the pure-Python wheel (VLLM_TARGET_DEVICE=empty);
 ROCm/DTK machines build everything with PYTORCH_ROCM_ARCH from configs/build.yaml.
 
-Version: 0.18.1+forge.<series hash>[.cpu]. A provenance record ships inside the wheel
+Version: 0.18.1+forge.<series hash>[.cpu] on the sdist base. On the vendor base and its stand-in a
+ROCm wheel takes the version the tree's own setup.py gives, as on the contest's platform
+(0.18.1+das.dtk<DTK release>; the vendor's setup.py refuses VLLM_VERSION_OVERRIDE), and is always
+rebuilt (its name does not carry the series). A provenance record ships inside the wheel
 (vllm/_forge_provenance.py, PROVENANCE) and next to it (<wheel>.provenance.json).
 
 Interrupts: the build works in build/wheel (emptied first), and dist/ gets the wheel, then its
@@ -21,7 +24,7 @@ from pathlib import Path
 
 from .. import config, proc, ui
 from ..errors import ForgeError
-from ..paths import BUILD, DIST, TREE, Lock, extract_tar, rel, write_atomic
+from ..paths import BUILD, DIST, Lock, extract_tar, rel, write_atomic
 from . import provenance, tree
 
 SOURCE_DATE_EPOCH = 1767225600          # 2026-01-01T00:00:00Z, the tree's commit date
@@ -61,9 +64,24 @@ def _existing(version: str) -> Path | None:
     return None
 
 
-def build_wheel(device: str = "auto", *, force: bool = False, tree_dir: Path = TREE) -> Path:
+def dcu_version() -> str:
+    """The version the vendor tree's setup.py gives a ROCm build: 0.18.1+das[.dtk<digits>]."""
+    v = f"{config.upstream()['version']}+das"
+    info = Path(os.environ.get("ROCM_PATH", "/nonexistent"), ".info", "rocm_version")
+    if info.is_file():
+        first = (info.read_text(errors="replace").strip().splitlines() or [""])[0]
+        v += ".dtk" + "".join(c for c in first if c.isdigit())
+    return v
+
+
+def build_wheel(device: str = "auto", *, force: bool = False, tree_dir: Path | None = None,
+                base: str = "sdist") -> Path:
     device = detect_device() if device == "auto" else device
-    state = tree.build_tree(tree_dir)
+    from . import bases
+    tree_dir = tree_dir or bases.tree_dir(base)
+    state = tree.build_tree(tree_dir, base=base)
+    if base != "sdist" and device == "rocm":
+        force = True                    # the vendor's version names no series: never reuse
     BUILD.mkdir(parents=True, exist_ok=True)
     with Lock(BUILD / ".wheel.lock", "the wheel"):
         for stale in DIST.glob(".*.part"):      # a copy into dist/ that an interrupt cut short
@@ -73,7 +91,8 @@ def build_wheel(device: str = "auto", *, force: bool = False, tree_dir: Path = T
 
 def _build_wheel_locked(device: str, force: bool, tree_dir: Path, state: dict) -> Path:
     b = config.build()
-    version = wheel_version(state, device)
+    own_version = state.get("base", "sdist") != "sdist" and device == "rocm"
+    version = dcu_version() if own_version else wheel_version(state, device)
     if not force and (w := _existing(version)):
         ui.info(f"{rel(w)} is up to date (same upstream, overlay and patches); --force rebuilds")
         return w
@@ -89,7 +108,7 @@ def _build_wheel_locked(device: str, force: bool, tree_dir: Path, state: dict) -
         jobs = os.environ.get("MAX_JOBS") or (str(b["max_jobs"]) if b["max_jobs"] else None)
         if jobs:
             env["MAX_JOBS"] = jobs
-    wheel = build_from_src(src, version, device, rec, work, env)
+    wheel = build_from_src(src, version, device, rec, work, env, override=not own_version)
     check_wheel(wheel, state)
     final = publish(wheel, rec)
     ui.info(f"wheel: {rel(final)}")
@@ -115,7 +134,7 @@ def publish(wheel: Path, rec: dict) -> Path:
 
 
 def build_from_src(src: Path, version: str, device: str, rec: dict, work: Path,
-                   extra_env: dict | None = None) -> Path:
+                   extra_env: dict | None = None, override: bool = True) -> Path:
     """Write the provenance module into `src` and run the wheel build there; the wheel lands in
     work/dist (emptied first). Returns its path."""
     (src / "vllm" / "_forge_provenance.py").write_text(
@@ -123,8 +142,8 @@ def build_from_src(src: Path, version: str, device: str, rec: dict, work: Path,
         f"PROVENANCE = {json.dumps(rec, indent=1, sort_keys=True)}\n".replace(": null", ": None")
         .replace(": true", ": True").replace(": false", ": False"))
     # SOURCE_DATE_EPOCH: the zip's timestamps, so the same inputs give the same wheel bytes
-    env = {"VLLM_TARGET_DEVICE": device, "VLLM_VERSION_OVERRIDE": version,
-           "SETUPTOOLS_SCM_PRETEND_VERSION": version,
+    env = {"VLLM_TARGET_DEVICE": device,
+           **({"VLLM_VERSION_OVERRIDE": version, "SETUPTOOLS_SCM_PRETEND_VERSION": version} if override else {}),
            "SOURCE_DATE_EPOCH": os.environ.get("SOURCE_DATE_EPOCH", str(SOURCE_DATE_EPOCH)), **(extra_env or {})}
     out = work / "dist"
     shutil.rmtree(out, ignore_errors=True)
@@ -152,7 +171,7 @@ def check_wheel(whl: Path, state: dict) -> None:
 
 
 def cmd_wheel(args) -> int:
-    w = build_wheel(args.device, force=args.force)
+    w = build_wheel(args.device, force=args.force, base=args.base)
     print(w)
     return 0
 
@@ -163,4 +182,5 @@ def register(sub) -> None:
     p.add_argument("--device", choices=("auto", "empty", "rocm"), default="auto",
                    help="auto: rocm when torch is a ROCm build, else empty (pure Python)")
     p.add_argument("--force", action="store_true", help="rebuild even if dist/ has this version")
+    tree.add_base_argument(p)
     p.set_defaults(func=cmd_wheel)

@@ -1,5 +1,8 @@
-"""configs/contest.yaml: the contest's rules, tiers, client options, formula and baselines, validated
-on load; and the one check every server command goes through (`check_options`)."""
+"""configs/contest.yaml: the contest's rules, the organizers' start script and benchmark client,
+tiers, formula and baselines, validated on load; and the one check every server command goes
+through (`check_command`). Every option of the start script is "set by the organizers": a profile
+may not change it (refused citing the start script, and the rule that also forbids it when there is
+one); `forbidden_options` are "forbidden to change" by a rule of their own."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from ..errors import ForgeError
 
 RULE = {"text": Field(str)}
 OPTION = {"option": Field(str), "rule": Field(str), "aliases": Field(list, item=str, required=False, default=[])}
-LOCKED = {"option": Field(str), "value": Field(str), "rule": Field(str)}
+VERBATIM = {"source": Field(str), "command": Field(str)}
 ALLOWED = {"option": Field(str), "note": Field(str), "aliases": Field(list, item=str, required=False, default=[]),
            "values": Field(list, item=str, required=False, default=None),
            "rule": Field(str, required=False, default=None),
@@ -29,11 +32,15 @@ SCHEMA = {
     "rules": Field(dict, value=RULE),
     "forbidden_paths": Field(list, item={"glob": Field(str), "rule": Field(str)}),
     "server": Field({"served_model_name": Field(str), "host": Field(str), "health_path": Field(str),
-                     "locked": Field(list, item=LOCKED)}),
+                     "start_script": Field({**VERBATIM, "model_placeholder": Field(str)}),
+                     "organizers_rule": Field(str, doc="the rule cited when a profile changes what the "
+                                                       "start script sets")}),
     "forbidden_options": Field(list, item=OPTION),
     "allowed_options": Field(list, item=ALLOWED),
     "tiers": Field(list, item=TIER),
-    "client": Field({"options": Field(list, item=list)}),
+    "client": Field({**VERBATIM, "per_tier": Field(list, item=str, doc="options the tool sets per tier "
+                                                                        "and server"),
+                     "options": Field(list, item=list)}),
     "scoring": Field({
         "floor": Field(float), "gain": Field(float), "rate": Field(float),
         "ttft_p99_max_ratio": Field(float), "tpot_p99_max_ratio": Field(float),
@@ -66,8 +73,8 @@ def _cross_check(data: dict, file: str) -> None:
                                      hint="write options as on the command line, e.g. --max-num-seqs")
             if section == "allowed_options" and o["values"] is not None and o["rule"] is None:
                 raise ForgeError(f"{file}: key 'allowed_options[{i}]': 'values' needs a 'rule' to cite")
-    for i, o in enumerate(data["server"]["locked"]):
-        need_rule(f"server.locked[{i}].rule", o["rule"])
+    need_rule("server.organizers_rule", data["server"]["organizers_rule"])
+    organizer_options(data, file)
     names = [t["name"] for t in data["tiers"]]
     if len(set(names)) != len(names) or not names:
         raise ForgeError(f"{file}: key 'tiers': tier names must be unique and non-empty")
@@ -163,6 +170,47 @@ def load_contest(path: str = "contest.yaml") -> dict:
     return data
 
 
+def _split(command: str, file: str, key: str) -> list[str]:
+    import shlex
+    try:
+        return shlex.split(command)
+    except ValueError as e:
+        raise ForgeError(f"{file}: key '{key}': not a shell command line ({e})")
+
+
+def organizer_options(contest: dict, file: str = "configs/contest.yaml") -> list[tuple[str, Any]]:
+    """The start script's options in order: [(option, value or True for a flag)]."""
+    ss = contest["server"]["start_script"]
+    argv = _split(ss["command"], file, "server.start_script.command")
+    if argv[:3] != ["vllm", "serve", ss["model_placeholder"]]:
+        raise ForgeError(f"{file}: key 'server.start_script.command': expected `vllm serve "
+                         f"{ss['model_placeholder']} ...`, got `{' '.join(argv[:3])} ...`")
+    out: list[tuple[str, Any]] = []
+    rest = argv[3:]
+    i = 0
+    while i < len(rest):
+        tok = rest[i]
+        if not tok.startswith("--"):
+            raise ForgeError(f"{file}: key 'server.start_script.command': {tok!r} follows no option")
+        if "=" in tok:
+            out.append(tuple(tok.split("=", 1)))
+        elif i + 1 < len(rest) and not rest[i + 1].startswith("--"):
+            out.append((tok, rest[i + 1]))
+            i += 1
+        else:
+            out.append((tok, True))
+        i += 1
+    return out
+
+
+def organizers_argv(contest: dict, model: str) -> list[str]:
+    """The start script's command with `model` for the model directory, exactly as the organizers
+    run it (`vllm serve <model> ...`)."""
+    ss = contest["server"]["start_script"]
+    argv = _split(ss["command"], "configs/contest.yaml", "server.start_script.command")
+    return [model if a == ss["model_placeholder"] else a for a in argv]
+
+
 def rule_text(contest: dict, rule: str) -> str:
     return contest["rules"][rule]["text"]
 
@@ -199,30 +247,30 @@ def attached_value(token: str) -> str | None:
 
 
 def _index(contest: dict) -> tuple[dict, dict, dict]:
-    forbidden, allowed, locked = {}, {}, {}
+    forbidden, allowed, locked = {}, {}, {}      # locked: what the organizers' start script sets
     for o in contest["forbidden_options"]:
         for n in [o["option"], *o["aliases"]]:
             forbidden[n] = o
     for o in contest["allowed_options"]:
         for n in [o["option"], *o["aliases"]]:
             allowed[n] = o
-    for o in contest["server"]["locked"]:
-        locked[o["option"]] = o
+    for name, value in organizer_options(contest):
+        locked[option_base(name)] = {"option": name, "value": value, "rule": contest["server"]["organizers_rule"]}
     return forbidden, allowed, locked
 
 
 def lookup_option(contest: dict, name: str) -> tuple[str, dict | None]:
-    """('forbidden'|'locked'|'allowed'|'unreviewed', entry) for an option name in any spelling."""
+    """('organizers'|'forbidden'|'allowed'|'unreviewed', entry) for an option name in any spelling."""
     forbidden, allowed, locked = _index(contest)
     base = option_base(name)
     candidates = [base]
     if base.startswith("--no-"):
         candidates.append("--" + base[5:])
     for c in candidates:
+        if c in locked:
+            return "organizers", {**locked[c], "also": forbidden.get(c)}
         if c in forbidden:
             return "forbidden", forbidden[c]
-        if c in locked:
-            return "locked", locked[c]
         if c in allowed:
             return "allowed", allowed[c]
     return "unreviewed", None
@@ -235,10 +283,13 @@ def check_option(contest: dict, name: str, value: Any, where: str) -> str:
         raise ForgeError(f"{where}: {name} is forbidden by the contest rules: "
                          f"\"{rule_text(contest, entry['rule'])}\" (rule '{entry['rule']}')",
                          hint=f"remove {name} from the profile")
-    if kind == "locked":
-        raise ForgeError(f"{where}: {name} is locked to {entry['value']} and always set by the tool: "
-                         f"\"{rule_text(contest, entry['rule'])}\" (rule '{entry['rule']}')",
-                         hint=f"remove {name} from the profile")
+    if kind == "organizers":
+        raise ForgeError(f"{where}: {name} is set by the organizers' start script"
+                         + (f" to {entry['value']}" if entry["value"] is not True else "") +
+                         f"; a profile may not change it: \"{rule_text(contest, entry['rule'])}\" (rule "
+                         f"'{entry['rule']}')" + _also(contest, entry.get("also")),
+                         hint=f"remove {name} from the profile (the start script is configs/contest.yaml "
+                              "server.start_script)")
     if kind == "unreviewed":
         raise ForgeError(f"{where}: {name} has not been reviewed against the contest rules",
                          hint="if it is allowed, add it to configs/contest.yaml allowed_options with a "
@@ -263,9 +314,16 @@ def check_option(contest: dict, name: str, value: Any, where: str) -> str:
     return entry["option"]
 
 
+def _also(contest: dict, forbidden: dict | None) -> str:
+    if not forbidden:
+        return ""
+    return (f"; it is also forbidden to change: \"{rule_text(contest, forbidden['rule'])}\" "
+            f"(rule '{forbidden['rule']}')")
+
+
 def check_command(contest: dict, args: list[str], where: str = "server command") -> None:
-    """Check a full rendered `vllm serve` argument list (after `serve <model>`): the locked options
-    must appear exactly once with their values, nothing forbidden or unreviewed may appear."""
+    """Check a full rendered `vllm serve` argument list (after `serve <model>`): the start script's
+    options must appear exactly once with their values, nothing forbidden or unreviewed may appear."""
     _, _, locked = _index(contest)
     seen: dict[str, str] = {}
     i = 0
@@ -287,16 +345,18 @@ def check_command(contest: dict, args: list[str], where: str = "server command")
             if base in seen:
                 raise ForgeError(f"{where}: {base} given twice",
                                  hint=f"\"{rule_text(contest, locked[base]['rule'])}\"")
-            if str(value) != locked[base]["value"]:
-                raise ForgeError(f"{where}: {base} {value} differs from the locked {locked[base]['value']}: "
-                                 f"\"{rule_text(contest, locked[base]['rule'])}\" (rule '{locked[base]['rule']}')")
+            if value != locked[base]["value"] and str(value) != str(locked[base]["value"]):
+                raise ForgeError(f"{where}: {base} {value} differs from the start script's {locked[base]['value']}: "
+                                 f"\"{rule_text(contest, locked[base]['rule'])}\" (rule '{locked[base]['rule']}')"
+                                 + _also(contest, _index(contest)[0].get(base)))
             seen[base] = str(value)
         else:
             check_option(contest, tok, value, where)
         i += 1
     for name, o in locked.items():
         if name not in seen:
-            raise ForgeError(f"{where}: the locked option {name} {o['value']} is missing",
+            raise ForgeError(f"{where}: the start script's option {name}"
+                             + (f" {o['value']}" if o["value"] is not True else "") + " is missing",
                              hint=f"\"{rule_text(contest, o['rule'])}\"")
 
 

@@ -1,5 +1,6 @@
-"""configs/serve/<profile>.yaml: the environment and the engine options one server runs with,
-checked against configs/contest.yaml on load, and rendered into the exact server command."""
+"""configs/serve/<profile>.yaml: the environment (and, if any, reviewed engine options) one server
+runs with, checked against configs/contest.yaml on load, and rendered into the exact server
+command: the organizers' start script plus that."""
 
 from __future__ import annotations
 
@@ -101,17 +102,16 @@ def option_args(options: dict[str, dict]) -> list[str]:
 
 
 def render(profile: dict, model: str, contest: dict) -> dict:
-    """The server command for `profile`: argv (starting with `vllm serve`), env (profile + loopback
-    proxy bypass), checked against the contest rules."""
-    locked: list[str] = []
-    for o in contest["server"]["locked"]:
-        locked += [o["option"], o["value"]]
-    args = locked + option_args(profile["options"])
+    """The server command for `profile`: argv is the organizers' start script (configs/contest.yaml
+    server.start_script) with `model` for its model directory, plus the profile's reviewed options
+    (none for the submission's profiles); env is the profile's variables plus the loopback proxy
+    bypass. Checked against the contest rules."""
+    argv = contest_mod.organizers_argv(contest, str(model)) + option_args(profile["options"])
+    args = argv[3:]
     contest_mod.check_command(contest, args, where=f"profile {profile['name']} ({profile['file']})")
     env = {k: e["value"] for k, e in profile["env"].items()}
     env.update(loopback_env(env))
-    return {"argv": ["vllm", "serve", str(model), *args], "env": env,
-            "engine_args": args, "model": str(model)}
+    return {"argv": argv, "env": env, "engine_args": args, "model": str(model)}
 
 
 def loopback_env(env: dict[str, str] | None = None) -> dict[str, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 
 from .. import config, paths, ui
@@ -39,8 +40,8 @@ def env_vars_md(profile: dict, contest: dict) -> str:
          f"Profile chain: {' → '.join(f'`configs/serve/{c}.yaml`' for c in profile['chain'])}. "
          f"Rule: \"{contest_mod.rule_text(contest, 'documented')}\"", "",
          "## Server command", "", "```",
-         " ".join(f"{k}={v}" for k, v in rendered["env"].items()) + " \\",
-         "  " + " ".join(rendered["argv"]), "```", "",
+         " ".join(f"{k}={shlex.quote(v)}" for k, v in rendered["env"].items()) + " \\",
+         "  " + shlex.join(rendered["argv"]), "```", "",
          "## Environment variables", "", "| variable | value | effect | set in |", "|---|---|---|---|"]
     for name, e in profile["env"].items():
         L.append(f"| `{name}` | `{_cell(e['value'])}` | {_cell(e['effect'])} | `{e['source']}` |")
@@ -48,9 +49,10 @@ def env_vars_md(profile: dict, contest: dict) -> str:
         L.append(f"| `{var}` | `{rendered['env'][var]}` | Keeps loopback requests away from any proxy "
                  f"(added by forge serve). | tool |")
     L += ["", "## Engine options", "", "| option | value | effect | rule review | set in |", "|---|---|---|---|---|"]
-    for o in contest["server"]["locked"]:
-        L.append(f"| `{o['option']}` | `{o['value']}` | locked by the contest | "
-                 f"{_cell(contest_mod.rule_text(contest, o['rule']))} | configs/contest.yaml |")
+    rule = contest["server"]["organizers_rule"]
+    for name, value in contest_mod.organizer_options(contest):
+        L.append(f"| `{name}` | {'(flag)' if value is True else f'`{_cell(value)}`'} | set by the organizers' start "
+                 f"script | {_cell(contest_mod.rule_text(contest, rule))} | configs/contest.yaml |")
     for name, e in profile["options"].items():
         canon = contest_mod.option_base(name)
         note = allowed.get(canon, {}).get("note", "")
@@ -155,13 +157,17 @@ def submission_readme_md(profile: dict, contest: dict, prov: dict, prov_src: str
           f"Series hash `{prov.get('series_hash', '?')}`"
           + (f"; project commit `{prov['forge']['commit']}`." if (prov.get("forge") or {}).get("commit") else ".")]
     L += ["", "The model weights (Qwen3.5-27B, bf16) are used as published, unmodified.", "",
-          "## Build", "", "In the DCU container (vendor DTK 26.04 vLLM 0.18.1 image):", "", "```",
-          "make fetch tree     # pinned vLLM 0.18.1 source, kernel overlay, patches/series",
-          "make wheel          # dist/vllm-0.18.1+forge.<hash>-*.whl with its provenance record",
+          "## Build", "", "In the DCU container (the organizers' image), with the vendor's vLLM tree checked out:", "",
+          "```",
+          "make tree BASE=vendor VENDOR_SRC=/path/to/vllm_cscc   # verified vendor tree, kernel overlay, patches/series",
+          "make wheel BASE=vendor    # setup.py bdist_wheel, as the platform runs it: vllm-0.18.1+das.dtk<DTK>-*.whl",
           "pip install dist/vllm-*.whl --no-deps", "```", "",
-          "## Run", "", "```",
-          " ".join(f"{k}={v}" for k, v in rendered["env"].items()) + " \\",
-          "  " + " ".join(rendered["argv"]), "```", "",
+          "`make submission VENDOR_SRC=/path/to/vllm_cscc` writes the repository to push (the vendor tree, our "
+          "commits, ENVIRONMENT.md and OPTIMIZATION.md) and runs its pre-flight.", "",
+          "## Run", "", "The organizers' start script, unchanged (no environment variable is needed: every "
+          "speed-up is on by default in code; the profile's variables equal those defaults):", "", "```",
+          " ".join(f"{k}={shlex.quote(v)}" for k, v in rendered["env"].items()) + " \\",
+          "  " + shlex.join(rendered["argv"]), "```", "",
           "Every variable and option is explained in `reports/env-vars.md`; the changes and their measurements "
           "in `reports/optimization-plan.md`.", "",
           "## Reproduce the measurements", "", "```",

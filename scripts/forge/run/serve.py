@@ -1,5 +1,5 @@
-"""`forge serve` / `forge stop`: start the contest's server command for a profile (in the image or
-from the installed wheel), wait until it answers /health, and stop exactly the server we started."""
+"""`forge serve` / `forge stop`: start the organizers' server command (their start script) with a
+profile's environment (in the image or from the installed wheel), wait until it answers /health, and stop exactly the server we started."""
 
 from __future__ import annotations
 
@@ -326,10 +326,11 @@ def cmd_stop(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("serve", help="start the contest server command for a profile and wait for /health",
-                       description="Render `vllm serve <model> --port 8001 --max-model-len 32768` plus the "
-                                   "profile's options and environment, check it against configs/contest.yaml, "
-                                   "start it (in IMAGE, or from the installed wheel) and wait for /health. "
-                                   "Prints the run id; the log goes to reports/runs/<run-id>/server.log.")
+                       description="Render the organizers' start script (configs/contest.yaml server.start_script: "
+                                   "`vllm serve $MODEL_DIR --served-model-name Qwen3.5-27B --port 8001 ...`) with "
+                                   "the profile's environment (and reviewed options, if any), check it against "
+                                   "configs/contest.yaml, start it (in IMAGE, or from the installed wheel) and wait "
+                                   "for /health. Prints the run id; the log goes to reports/runs/<run-id>/server.log.")
     p.add_argument("--profile", default="contest", help="configs/serve/<profile>.yaml (default: contest)")
     p.add_argument("--model", help="model directory (default: $MODEL)")
     p.add_argument("--image", help="run in this container image (default: $IMAGE); else the installed wheel")
