@@ -34,12 +34,22 @@ def test_tokenizer_has_the_models_vocabulary_and_counts_words(tmp_path):
     assert tok.get_vocab_size() == 5003
     assert tok.token_to_id(gpu_bundle.EOS_TEXT) == 4001
     assert tok.id_to_token(4000) == "w4000" and tok.id_to_token(4002) == "w4002"
-    text = "w17 w4000   w2\nw5002 w9"
+    text = "w17 w4000   w2\nw4998 w9"
     ids = tok.encode(text, add_special_tokens=False).ids
-    assert ids == [17, 4000, 2, 5002, 9]
-    assert tok.decode(ids) == "w17 w4000 w2 w5002 w9"
+    assert ids == [17, 4000, 2, 4998, 9]
+    assert tok.decode(ids) == "w17 w4000 w2 w4998 w9"
+    # the organizers' parsers find their tokens; thinking off ends the prompt with an empty think block
+    assert [tok.token_to_id(s) for s in gpu_bundle.SPECIAL_TEXTS] == [4999, 5000, 5001, 5002]
+    from jinja2 import Template
+    tmpl = Template(files["chat_template.jinja"])
+    msgs = [{"role": "user", "content": "w5 w6"}]
+    off = tmpl.render(messages=msgs, add_generation_prompt=True, enable_thinking=False)
+    assert tok.encode(off, add_special_tokens=False).ids == [5, 6, 4999, 5000]
+    assert tmpl.render(messages=msgs, add_generation_prompt=True) == "w5 w6"
     with pytest.raises(ForgeError):
         gpu_bundle.tokenizer_files(100, 100)
+    with pytest.raises(ForgeError):
+        gpu_bundle.tokenizer_files(100, 97)                  # among the special tokens' ids
 
 
 def test_bundle_manifest_catches_a_changed_or_missing_file(tmp_path):
@@ -229,7 +239,7 @@ def test_e2e_run_scores_every_profile_against_the_same_run_reference(tmp_path):
         assert [line["output_tokens"]] in [[o] for _, o in s["datasets"][tier]["requests"]]
     serve_int8 = json.loads((out / "runs" / "fast-int8" / "serve.json").read_text())
     assert "--kv-cache-dtype" in serve_int8["command"] and serve_int8["scored_port"] is False
-    assert serve_int8["harness_args"][:2] == ["--load-format", "dummy"]
+    assert serve_int8["harness_args"][:4] == ["--max-model-len", "32768", "--load-format", "dummy"]
     up = json.loads((out / "runs" / "upstream" / "serve.json").read_text())
     assert up["env"]["VLLM_FORGE_DECODE"] == "0" and "--kv-cache-dtype" not in up["command"]
     md = (out / "summary.md").read_text()

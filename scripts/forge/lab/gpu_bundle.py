@@ -39,8 +39,14 @@ SCHEMA = {
 }
 EOS_TEXT = "<|endoftext|>"
 UNK_TEXT = "<unk>"
+# The organizers' start script turns on the Qwen3 reasoning parser and the qwen3_coder tool parser, which
+# need these tokens in the vocabulary; with thinking off (their --default-chat-template-kwargs) the
+# template ends the prompt with an empty think block, as Qwen3.5's own template does, so the server
+# streams everything as content. They take the vocabulary's last ids.
+SPECIAL_TEXTS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 CHAT_TEMPLATE = ("{% for message in messages %}{{ message['content'] }}{% if not loop.last %} {% endif %}"
-                 "{% endfor %}")
+                 "{% endfor %}{% if add_generation_prompt and enable_thinking is defined and not enable_thinking %}"
+                 " <think> </think>{% endif %}")
 
 
 def harness_config(path: Path | None = None) -> dict:
@@ -164,21 +170,24 @@ def download_wheels(h: dict, out_dir: Path) -> list[Path]:
 
 
 def tokenizer_files(vocab_size: int, eos_id: int) -> dict[str, str]:
-    """A word-level tokenizer with `vocab_size` entries: id 0 is <unk>, `eos_id` is <|endoftext|>,
-    every other id i is the word "w<i>". Words split on whitespace, so a text of n words is n tokens
+    """A word-level tokenizer with `vocab_size` entries: id 0 is <unk>, `eos_id` is <|endoftext|>, the
+    last four ids the reasoning and tool-call tokens (SPECIAL_TEXTS), every other id i the word "w<i>". Words split on whitespace, so a text of n words is n tokens
     (what the synthetic tier prompts need)."""
-    if not 0 < eos_id < vocab_size:
-        raise ForgeError(f"eos_token_id {eos_id} is outside the vocabulary (size {vocab_size})")
+    first_special = vocab_size - len(SPECIAL_TEXTS)
+    if not 0 < eos_id < first_special:
+        raise ForgeError(f"eos_token_id {eos_id} is outside the vocabulary (size {vocab_size}) or among its last "
+                         f"{len(SPECIAL_TEXTS)} ids (the reasoning and tool-call tokens)")
+    specials = {first_special + i: text for i, text in enumerate(SPECIAL_TEXTS)}
     vocab = {UNK_TEXT: 0}
     for i in range(1, vocab_size):
-        vocab[EOS_TEXT if i == eos_id else f"w{i}"] = i
+        vocab[EOS_TEXT if i == eos_id else specials.get(i, f"w{i}")] = i
+
+    def added(i: int, text: str) -> dict:
+        return {"id": i, "content": text, "single_word": False, "lstrip": False, "rstrip": False,
+                "normalized": False, "special": True}
     tok = {
         "version": "1.0", "truncation": None, "padding": None,
-        "added_tokens": [
-            {"id": 0, "content": UNK_TEXT, "single_word": False, "lstrip": False, "rstrip": False,
-             "normalized": False, "special": True},
-            {"id": eos_id, "content": EOS_TEXT, "single_word": False, "lstrip": False, "rstrip": False,
-             "normalized": False, "special": True}],
+        "added_tokens": [added(0, UNK_TEXT), added(eos_id, EOS_TEXT), *(added(i, s) for i, s in specials.items())],
         "normalizer": None, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None,
         "decoder": None, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": UNK_TEXT},
     }
