@@ -23,7 +23,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .. import config, proc, ui
+from .. import config, options, proc, ui
 from ..errors import ForgeError
 from ..hashing import combine, sha256_file
 from ..paths import KERNELS, PATCHES, ROOT, TREE, Lock, rel, write_atomic
@@ -301,14 +301,14 @@ def _build_locked(tree, patches_dir, force, threeway, pristine, up_hash, entries
 
 
 def cmd_tree(args) -> int:
-    state = build_tree(force=args.force or os.environ.get("FORCE") == "1",
+    state = build_tree(force=options.forced(args.force),
                        threeway=args.threeway or os.environ.get("THREEWAY") == "1")
     print(f"{rel(TREE)} at {state['head'][:12]}: upstream + overlay + {len(state['patches'])} patches")
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("tree", help="build/vllm: upstream + kernel overlay + one commit per patch",
+    p = sub.add_parser("tree", help="build/vllm: pristine upstream + kernel overlay + one commit per patch (no-op when current)",
                        description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("--force", action="store_true", help="discard uncommitted/unexported work in build/vllm (also FORCE=1)")
     p.add_argument("--threeway", action="store_true", help="let git am fall back to a 3-way merge (also THREEWAY=1)")
