@@ -79,12 +79,12 @@ def read_state() -> dict | None:
         st = runs.read_json(STATE)
     except ForgeError as e:
         raise ForgeError(f"{e.message}; it is the record of the server forge started", hint=hint) from None
+    if not isinstance(st, dict):
+        raise ForgeError(f"{paths.rel(STATE)}: a JSON {type(st).__name__}, not the record of a server", hint=hint)
     for key, ok, want in (("pid", lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "a process id"),
                           ("pgid", lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "a process group id"),
                           ("start_time", lambda v: v is None or isinstance(v, str), "a process start time"),
                           ("run_id", lambda v: isinstance(v, str), "a run id")):
-        if not isinstance(st, dict):
-            raise ForgeError(f"{paths.rel(STATE)}: a JSON {type(st).__name__}, not the record of a server", hint=hint)
         if not ok(st.get(key)):
             raise ForgeError(f"{paths.rel(STATE)}: key '{key}' is {repr(st.get(key))[:40]}, expected {want}; "
                              "not the record of a server", hint=hint)
