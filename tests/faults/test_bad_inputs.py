@@ -121,7 +121,7 @@ def test_an_empty_value_is_not_taken_as_omitted(tmp_path, args, words):
 
 @pytest.mark.parametrize("args,words", [
     (["predict", "--speedup", "gemv=2", "--label", "../../escaped"], ["--label", "not a plain name"]),
-    (["predict", "--speedup", "gemv=2", "--label", "/tmp/escaped"], ["--label", "not a plain name"]),
+    (["predict", "--speedup", "gemv=2", "--label", "{tmp}/escaped"], ["--label", "not a plain name"]),
     (["serve", "--dry-run", "--model", "/m", "--run-id", "../evil"], ["run id", "../evil"]),
     (["bench-all-tiers", "--model", "/m", "--run-id", "../evil"], ["run id", "../evil"]),
     (["bench-all-tiers", "--model", "/m", "--profile", "../evil"], ["--profile", "../evil"]),
@@ -130,9 +130,8 @@ def test_a_name_that_is_a_path_is_refused_not_shortened(tmp_path, args, words):
     """A label or run id holding a path would land outside its folder, or silently become its last part."""
     port = ["--port", str(free_port())] if args[0] == "bench-all-tiers" else []
     with writes_nothing(tmp_path):
-        r = forge(tmp_path, *args, *port)
+        r = forge(tmp_path, *(a.format(tmp=tmp_path) for a in args), *port)
     refused(r, *words)
-    assert not (tmp_path / "escaped").exists() and not Path("/tmp/escaped").exists()
 
 
 # --- 2: archives ---------------------------------------------------------------------------------
@@ -244,8 +243,8 @@ def test_predict_e2e_without_the_reference_names_the_profiles_of_an_unpacked_fol
 
 
 @pytest.mark.parametrize("damage,words,not_words", [
-    ("hello", ["4-8K.json", "not JSON"], ["cut short"]),
-    ('{"completed": 4, "failed": 0, "output_thr', ["4-8K.json", "cut short"], []),
+    ("hello", ["4-8K.json", "not valid JSON", "damaged, not cut short"], []),
+    ('{"completed": 4, "failed": 0, "output_thr', ["4-8K.json", "not valid JSON, cut short"], ["damaged"]),
     (b"\xff\xfe{}", ["4-8K.json", "not UTF-8"], []),
 ])
 def test_garbage_and_cut_short_json_are_told_apart(tmp_path, damage, words, not_words):
@@ -461,7 +460,7 @@ def test_patches_lint_refuses_an_empty_series(proj):
         r = run_in(proj, "patches-lint")
     finally:
         series.write_text(kept)
-    refused(r, "patches/series", "lists no patch")
+    refused(r, "patches/series lists no patch")
 
 
 @pytest.mark.parametrize("where", ["stray.patch", "base/stand-in.patch", "base/deeper/x.diff"])

@@ -51,10 +51,8 @@ def lint(patches_dir: Path = PATCHES) -> int:
     (forbidden paths: a file outside the series may still be applied by hand or join it later)."""
     contest = load_contest()
     names = read_series(patches_dir)
-    if not names:
-        raise ForgeError(f"{rel(patches_dir / 'series')}: lists no patch" if (patches_dir / "series").is_file()
-                         else f"{rel(patches_dir / 'series')} not found",
-                         hint="the series names the patches `make tree` applies, one file name per line")
+    empty = [] if names else [f"{rel(patches_dir / 'series')} lists no patch" if (patches_dir / "series").is_file()
+                              else f"{rel(patches_dir / 'series')} not found"]
     listed = set(names)
     bad = 0
     for stray in sorted(p.name for p in patches_dir.glob("*.patch") if p.name not in listed):
@@ -75,11 +73,12 @@ def lint(patches_dir: Path = PATCHES) -> int:
     overlay = lint_overlay(tree.overlay_entries(), contest["forbidden_paths"], contest["rules"])
     for p in overlay:
         print(p)
-    if bad or overlay:
-        what = [f"{bad} patch(es) failed the lint"] if bad else []
+    if bad or overlay or empty:
+        what = empty + ([f"{bad} patch(es) failed the lint"] if bad else [])
         what += [f"kernels/overlay.yaml adds {len(overlay)} file(s) where the contest forbids changes"] if overlay else []
         raise ForgeError("; ".join(what),
-                         hint="every message needs Why:/What:/Risk:/Evidence:/Rule check: sections "
+                         hint="patches/series names the patches `make tree` applies, one file name per line; "
+                              "every message needs Why:/What:/Risk:/Evidence:/Rule check: sections "
                               "(see README 'Adding a patch'); forbidden paths are in configs/contest.yaml, and "
                               "neither a patch (in the series or not) nor an overlay destination may fall under them")
     ui.info(f"lint: {len(names)} patches carry their review record, and they, {len(others)} other patch file(s) "

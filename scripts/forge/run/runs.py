@@ -90,10 +90,11 @@ def read_json(path: Path) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         if not text.strip() or e.pos >= len(text.rstrip()) or e.msg.startswith("Unterminated string"):
-            raise ForgeError(f"{paths.rel(path)}: JSON cut short ({'empty file' if not text.strip() else e.msg})",
+            raise ForgeError(f"{paths.rel(path)}: not valid JSON, cut short ({'empty file' if not text.strip() else e.msg})",
                              hint="the file was cut short (an interrupted write); rerun the step that writes it"
                              ) from None
-        raise ForgeError(f"{paths.rel(path)}: not JSON ({e.msg} at line {e.lineno} column {e.colno})",
+        raise ForgeError(f"{paths.rel(path)}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
+                         "the file is damaged, not cut short",
                          hint=damaged) from None
 
 
