@@ -1,8 +1,8 @@
 # dcu-forge: the front door. Every target calls the tool (scripts/forge); `make help` lists them.
-# Variables: PY (python to run the tool), PROFILE, MODEL, IMAGE, RUN, BASELINE, BASELINE_NAME, A, B,
-# DATA_DIR, TOK_S, FORCE, E2E, REFERENCE, SPEEDUP, TTFT_S, TPOT_MS, VLLM_SRC, MAX_JOBS, BASE_IMAGE, E2E_ARGS,
-# BASE (sdist | vendor | standin), VENDOR_SRC (the vendor's vllm_cscc checkout), INTO, FROM, CALIBRATE_ARGS,
-# CALIBRATION.
+# Variables: PY (python to run the tool), PROFILE, PROFILES, MODEL, IMAGE, RUN, BASELINE, BASELINE_NAME, A, B,
+# DATA_DIR, TOK_S, FORCE, E2E, REFERENCE, SPEEDUP, TTFT_S, TPOT_MS, OUT, LABEL, VLLM_SRC, MAX_JOBS, BASE_IMAGE,
+# THREEWAY, WHEEL_DEVICE, WARM_ARCH, E2E_ARGS, BASE (sdist | vendor | standin), VENDOR_SRC (the vendor's
+# vllm_cscc checkout), INTO, FROM, CALIBRATE_ARGS, CALIBRATION. FORCE takes 1 (or nothing); another value is refused.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -24,16 +24,16 @@ export VLLM_SRC VENDOR_SRC MAX_JOBS BASE_IMAGE DATA_DIR MODEL IMAGE
         predict compare sweep \
         accuracy report gpu-bundle e2e-gpu test clean
 
-help: ## list the targets
+help: ## list the Makefile targets
 	@$(BOOT) help-make Makefile
 
 venv: ## create/update the project venv (.venv) from requirements/dev.txt
 	@$(BOOT) venv --path $(VENV)
 
-fetch: ## fetch and verify the pinned vLLM 0.18.1 source (VLLM_SRC=path for offline use)
+fetch: ## fetch and verify the pinned vLLM 0.18.1 source; prints the verified tree's path (VLLM_SRC=path for offline use)
 	@$(FORGE) fetch
 
-tree: ## build/vllm[-BASE]: the base (sdist; vendor with VENDOR_SRC=; standin) + kernel overlay + one commit per patch
+tree: ## build/vllm[-BASE]: the base (sdist; vendor with VENDOR_SRC=; standin) + kernel overlay + one commit per patch (no-op when current); FORCE=1 discards work there, THREEWAY=1 lets git am merge
 	@$(FORGE) tree --base $(BASE)
 
 patches-check: ## prove patches/ applies to every base present (sdist, standin; vendor with VENDOR_SRC=), matches its tree, builds offline
@@ -54,7 +54,7 @@ export: ## patched tree as a tarball + one combined diff, for a scoring reposito
 submission: ## the repository to push (vendor base with VENDOR_SRC=, else the labelled stand-in) + Art. 12/13 documents + pre-flight (INTO=dir)
 	@$(FORGE) submission $(if $(INTO),--into $(INTO))
 
-wheel: ## the wheel from a clean copy of the BASE's tree (ROCm build on a DCU host; BASE=vendor: setup.py's own version)
+wheel: ## the wheel from a clean copy of the BASE's tree (ROCm build on a DCU host; BASE=vendor: setup.py's own version; WHEEL_DEVICE=auto)
 	@$(FORGE) wheel --device $(WHEEL_DEVICE) --base $(BASE)
 
 image: ## build the DCU image from Dockerfile.rocm (BuildKit or buildah); `make -n image` prints the command
@@ -66,10 +66,10 @@ pin-base: ## record the digest of the pulled base image in configs/build.yaml
 image-rehearsal: venv ## build Dockerfile.rocm on a debootstrap stand-in base and run its self-check
 	@$(FORGE) image-rehearsal
 
-rehearsal: venv ## full-compile rehearsal on any Linux box: fetch, tree, wheel, install, self-tests, AOT
+rehearsal: venv ## full-compile rehearsal on any Linux box: fetch, tree, wheel, install, self-tests, AOT (writes reports/rehearsal.md)
 	@$(FORGE) rehearsal
 
-warm-kernels: ## (in the image) compile our Triton kernels for WARM_ARCH into TRITON_CACHE_DIR
+warm-kernels: ## (in the image) compile our Triton kernels for ARCH into TRITON_CACHE_DIR (ARCH=WARM_ARCH, default gfx936)
 	@$(FORGE) warm-kernels --arch $(WARM_ARCH)
 
 self-check: ## (in the image) check that the installed vLLM is our wheel
@@ -78,50 +78,50 @@ self-check: ## (in the image) check that the installed vLLM is our wheel
 kernels-check: venv ## compile-check kernels/csrc (hipcc gfx90a, nvcc sm_90) and Triton AOT targets
 	@$(FORGE) kernels-check
 
-bench-kernels: ## kernel benchmarks (GPU machine): writes reports/kernels/
+bench-kernels: ## kernel benchmarks on a GPU machine (writes reports/kernels/)
 	@$(FORGE) bench-kernels
 
 calibrate: ## on the card (or a GPU machine): check and time every kernel candidate, write the device's table (CALIBRATE_ARGS=...)
 	@$(FORGE) calibrate $(CALIBRATE_ARGS)
 
-serve: ## start the server for PROFILE (MODEL=dir, IMAGE=optional image)
+serve: ## start the contest server command for a profile and wait for /health (PROFILE=, MODEL=dir, IMAGE=optional image)
 	@$(FORGE) serve --profile $(PROFILE)
 
-stop: ## stop the server `make serve` started
+stop: ## stop the server `forge serve` started (and only that one)
 	@$(FORGE) stop
 
-bench-all-tiers: ## run the contest's three tiers against the running server
+bench-all-tiers: ## run the contest's tiers with `vllm bench serve` against the server (RUN=<run-id> resumes one)
 	@$(FORGE) bench-all-tiers --profile $(PROFILE) $(if $(RUN),--run-id $(RUN))
 
-score: ## contest score of RUN (or TOK_S=a,b,c what-if) against BASELINE=<run> or BASELINE_NAME=<set: team, official>; FORCE=1 replaces a recorded score
+score: ## the contest score of a run (or of what-if tok/s) against a baseline: RUN= or TOK_S=a,b,c, BASELINE=<run> or BASELINE_NAME=<set: team, official>; FORCE=1 replaces a recorded score
 	@$(FORGE) score $(if $(RUN),--run $(RUN)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(BASELINE_NAME),--baseline-name $(BASELINE_NAME)) $(if $(TOK_S),--tok-s $(TOK_S)) $(if $(filter 1,$(FORCE)),--force)
 
-predict: ## DCU tok/s + score prediction: E2E=<e2e folder> | RUN=<run> REFERENCE=<run> | CALIBRATION=<calibrate folder> | SPEEDUP="prefill_attn=10 gemv=1.45" | TTFT_S=a,b,c TPOT_MS=a,b,c [BASELINE_NAME=]
-	@$(FORGE) predict $(if $(CALIBRATION),--calibration $(CALIBRATION)) $(if $(E2E),--e2e $(E2E)) $(if $(RUN),--run $(RUN)) $(if $(REFERENCE),--reference $(REFERENCE)) $(foreach s,$(SPEEDUP),--speedup $(s)) $(if $(TTFT_S),--ttft-s $(TTFT_S)) $(if $(TPOT_MS),--tpot-ms $(TPOT_MS)) $(if $(BASELINE_NAME),--baseline-name $(BASELINE_NAME))
+predict: ## predict the DCU tok/s per tier and the contest score: E2E=<e2e folder> | RUN=<run> REFERENCE=<run> | CALIBRATION=<calibrate folder> | SPEEDUP="prefill_attn=10 gemv=1.45" | TTFT_S=a,b,c TPOT_MS=a,b,c [BASELINE_NAME=] [OUT=<folder>] [LABEL=<name>]
+	@$(FORGE) predict $(if $(CALIBRATION),--calibration $(CALIBRATION)) $(if $(E2E),--e2e $(E2E)) $(if $(RUN),--run $(RUN)) $(if $(REFERENCE),--reference $(REFERENCE)) $(foreach s,$(SPEEDUP),--speedup $(s)) $(if $(TTFT_S),--ttft-s $(TTFT_S)) $(if $(TPOT_MS),--tpot-ms $(TPOT_MS)) $(if $(BASELINE_NAME),--baseline-name $(BASELINE_NAME)) $(if $(OUT),--out $(OUT)) $(if $(LABEL),--label $(LABEL))
 
 import-throughput: ## the organizers' run_throughput.sh results (FROM=<their testdata folder>) as a run folder for score/compare/predict
 	@$(FORGE) import-throughput $(FROM) $(if $(RUN),--run-id $(RUN)) --profile $(PROFILE)
 
-compare: ## per-tier deltas of run A vs run B with a noise band (REFERENCE=<run>: score both against it)
-	@$(FORGE) compare --a $(A) --b $(B) $(if $(REFERENCE),--reference $(REFERENCE))
+compare: ## per-tier deltas between runs A and B, with a noise band (A=<run> B=<run>; REFERENCE=<run>: score both against it)
+	@$(FORGE) compare $(if $(A),--a $(A)) $(if $(B),--b $(B)) $(if $(REFERENCE),--reference $(REFERENCE))
 
-sweep: ## serve + bench a list of profiles back to back (PROFILES="a b")
+sweep: ## serve, bench all tiers, score and stop for each profile in turn (PROFILES="a b")
 	@$(FORGE) sweep $(PROFILES)
 
-accuracy: ## accuracy: official run_accuracy.sh (DATA_DIR) or our LongBench-format evaluator; resumes; FORCE=1 replaces a recorded result
+accuracy: ## accuracy sets against the running server (official script or ours): run_accuracy.sh with DATA_DIR, else our LongBench-format evaluator; resumes; FORCE=1 replaces a recorded result
 	@$(FORGE) accuracy $(if $(RUN),--run-id $(RUN)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(filter 1,$(FORCE)),--force)
 
 report: ## regenerate reports/env-vars.md, optimization-plan.md, submission-readme.md
 	@$(FORGE) report --profile $(PROFILE)
 
-gpu-bundle: ## build/gpu-bundle: patched vLLM (harness build), extra wheels, model dir, manifest
+gpu-bundle: ## build the bundle for the end-to-end run on a GPU machine: build/gpu-bundle (patched vLLM, harness build; extra wheels, model dir, manifest)
 	@$(FORGE) gpu-bundle
 
-e2e-gpu: ## on a GPU machine: install the bundle, serve the profiles side by side, plumbing, tiers, fault, score (E2E_ARGS=...)
+e2e-gpu: ## the end-to-end run on a GPU machine (serve, bench, plumbing, fault, score): the bundle installed, the profiles served side by side (E2E_ARGS=...)
 	@$(FORGE) e2e-gpu $(E2E_ARGS)
 
 test: venv ## what CI runs: unit tests, patches-check, rehearsal, kernel and tree tests
 	@$(FORGE) test
 
-clean: ## remove build/ and dist/ (keeps the verified source cache); refuses to lose build/vllm work or a running server (FORCE=1)
+clean: ## remove build/ and dist/ (keeps the verified source cache); refuses while a server started by forge runs or build/vllm holds work not in patches/ (FORCE=1 anyway)
 	@$(FORGE) clean

@@ -7,9 +7,10 @@ import argparse
 import importlib
 import os
 import pkgutil
+import re
 import sys
 
-from . import __version__
+from . import __version__, options
 from .errors import ForgeError
 
 STAGES = ("builder", "run", "lab")
@@ -19,16 +20,50 @@ HEADINGS = {"builder": "build (source -> tree -> patches -> wheel -> image)",
             "": "project (environment, tests)"}
 
 
+# an option value that starts like a negative number ("-1", "-1.5,2,3", "-.5") is a value, so the
+# verb's own check refuses it with its rule instead of argparse's "expected one argument"
+_NUMBER_LIKE = re.compile(r"^-\.?\d")
+
+
+class ForgeParser(argparse.ArgumentParser):
+    """argparse with the tool's rules for option values: a value that starts like a negative number
+    is a value; an empty value is refused (unless `keep_empty`: the lab's verbs, where '' may mean
+    "none"); and a mistake is one line naming the option, with where to look."""
+
+    def __init__(self, *args, keep_empty: bool = False, **kw):
+        self.keep_empty = keep_empty
+        super().__init__(*args, **kw)
+
+    def _parse_optional(self, arg_string):
+        if _NUMBER_LIKE.match(arg_string) and not self._has_negative_number_optionals:
+            return None
+        return super()._parse_optional(arg_string)
+
+    def add_argument(self, *args, **kw):
+        action = super().add_argument(*args, **kw)
+        if not self.keep_empty and action.nargs != 0 and action.type is None and action.choices is None:
+            action.type = options.nonempty(action.option_strings[-1] if action.option_strings else action.dest)
+        return action
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n  fix: `{self.prog} --help` lists its options\n")
+
+
 class _Verbs:
-    """What a module's register() is given: it adds the verb's parser as argparse would and keeps
-    its one-line help for the listing grouped by stage."""
+    """What a module's register() is given: it adds the verb's parser as argparse would (described
+    by its one-line help where it has no longer description) and keeps that help for the listing
+    grouped by stage."""
 
     def __init__(self, sub, stage: str, listing: dict):
         self.sub, self.stage, self.listing = sub, stage, listing
 
     def add_parser(self, name: str, **kw):
-        self.listing.setdefault(self.stage, []).append((name, kw.pop("help", "")))
-        return self.sub.add_parser(name, **kw)
+        short = kw.pop("help", "") or ""
+        if not short.strip():
+            raise ValueError(f"verb {name}: no one-line help")         # caught by the tests, never by a user
+        self.listing.setdefault(self.stage, []).append((name, short))
+        kw.setdefault("description", short[:1].upper() + short[1:] + ".")
+        return self.sub.add_parser(name, keep_empty=self.stage == "lab", **kw)
 
 
 def verb_modules() -> list:
@@ -46,7 +81,7 @@ def verb_modules() -> list:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ForgeParser(
         prog="forge", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Build, serve, benchmark and score a patched vLLM 0.18.1 for Qwen3.5-27B on Hygon DCU.")
     p.add_argument("--version", action="version", version=f"dcu-forge {__version__}")

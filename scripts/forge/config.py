@@ -36,15 +36,45 @@ def hex_digest(n: int) -> Callable[[Any], str | None]:
 
 
 def load_yaml(path: Path) -> Any:
+    """A YAML file's content ({} for an empty file). A file that is missing, a folder, not UTF-8 text,
+    not YAML, or a mapping that gives one key twice (YAML would silently keep the last) is a
+    ForgeError naming the file."""
     import yaml  # lazy: the bootstrap step runs before PyYAML is guaranteed
 
     path = Path(path)
+    if path.is_dir():
+        raise ForgeError(f"{rel(path)}: is a folder, not a file", hint="give the YAML file itself")
     if not path.is_file():
         raise ForgeError(f"{rel(path)}: file not found", hint="check the path (configs live in configs/)")
     try:
-        return yaml.safe_load(path.read_text()) or {}
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ForgeError(f"{rel(path)}: not UTF-8 text (byte {e.start}), so not YAML",
+                         hint="save the file as UTF-8 text") from None
+    try:
+        return yaml.load(text, Loader=_unique_keys_loader(yaml)) or {}
     except yaml.YAMLError as e:
-        raise ForgeError(f"{rel(path)}: not valid YAML: {e}")
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ForgeError(f"{rel(path)}: not valid YAML: {where}{getattr(e, 'problem', None) or e}") from None
+
+
+def _unique_keys_loader(yaml):
+    """yaml.SafeLoader that refuses a mapping giving the same key twice."""
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            self.flatten_mapping(node)
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, (str, int, float, bool)):
+                    continue
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice",
+                                                            key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+    return Loader
 
 
 def _tname(t: Any) -> str:

@@ -6,13 +6,12 @@ This module imports only the standard library: `forge venv` runs before anything
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import sys
 from pathlib import Path
 
-from . import proc
+from . import options, proc
 from .errors import ForgeError
 from .paths import BUILD, DIST, ROOT, TREE, rel
 
@@ -79,7 +78,7 @@ def _work_clean_would_lose() -> None:
 
 
 def cmd_clean(args) -> int:
-    if not (args.force or os.environ.get("FORCE") == "1"):
+    if not options.forced(args.force):
         _work_clean_would_lose()
     for d in (BUILD, DIST):
         if d.exists():
@@ -89,7 +88,7 @@ def cmd_clean(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("venv", help="create/update the project venv from requirements/dev.txt")
+    p = sub.add_parser("venv", help="create/update the project venv (.venv) from requirements/dev.txt")
     p.add_argument("--path", default=".venv")
     p.set_defaults(func=cmd_venv)
     p = sub.add_parser("help-make", help="list the Makefile targets")

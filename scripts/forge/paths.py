@@ -1,7 +1,10 @@
 """Where things live. Everything is relative to the repository root unless overridden by env."""
 
+import contextlib
 import os
+import shutil
 import tarfile
+import tempfile
 from pathlib import Path, PurePosixPath
 
 from .errors import ForgeError
@@ -96,23 +99,134 @@ class Lock:
         return False
 
 
+# --- names and folders given on the command line ------------------------------------------------
+
+def plain_name(value: str, what: str) -> str:
+    """A name that becomes one component of a path under the tool's own folders (a label, a run id, a
+    profile's subfolder): refused, naming `what`, when it is empty or would be a path (a '/', '.' or
+    '..', an absolute path), so it never lands elsewhere or silently becomes another name."""
+    if value is None or not str(value).strip():
+        raise ForgeError(f"{what} {value!r}: empty", hint=f"give a name for {what}, or leave the option out")
+    value = str(value)
+    if value in (".", "..") or any(c in value for c in "/\\\0") or value.startswith("~"):
+        raise ForgeError(f"{what} {value!r}: not a plain name (a path would put it outside its folder)",
+                         hint="use letters, digits, '.', '_' and '-', without '/'")
+    return value
+
+
+def target_folder(value: str, what: str, *, outside_checkout: bool = False) -> Path:
+    """A folder given as a path that the tool writes into (--to, --into, --out): refused, naming
+    `what`, when it is empty; with `outside_checkout`, also when it is this checkout or lies inside it
+    (the tool would overwrite its own tracked files)."""
+    if value is None or not str(value).strip():
+        raise ForgeError(f"{what} {value!r}: empty", hint=f"give a folder for {what}, or leave the option out")
+    p = Path(value).expanduser()
+    if outside_checkout:
+        real = p.resolve()
+        if real == ROOT or ROOT in real.parents:
+            raise ForgeError(f"{what} {value}: inside this checkout ({ROOT}); writing there would overwrite "
+                             "the tool's own files", hint="give a folder outside the checkout, e.g. a checkout of "
+                                                         "your scoring repository")
+    return p
+
+
+@contextlib.contextmanager
+def staged_folder(dest: Path):
+    """A temporary folder to fill for `dest`, beside it: when the block ends without an error its
+    contents move into `dest` (a new `dest` appears whole, an existing one receives them file by file);
+    on an error it is removed, and so is every parent folder that was made for it, so a failure leaves
+    the disk as it was."""
+    dest = Path(dest)
+    if dest.exists() and not dest.is_dir():
+        raise ForgeError(f"{dest}: is a file, not a folder", hint="give a folder (a new or an existing one)")
+    made = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]
+    anchor = dest if dest.is_dir() else dest.parent
+    anchor.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.part-", dir=anchor))
+    try:
+        yield tmp
+        if dest.is_dir():
+            _move_into(tmp, dest)
+            tmp.rmdir()
+        else:
+            os.rename(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for p in made:                      # deepest first
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        raise
+
+
+def _move_into(src: Path, dest: Path) -> None:
+    for entry in sorted(src.iterdir()):
+        target = dest / entry.name
+        if entry.is_dir() and not entry.is_symlink():
+            target.mkdir(exist_ok=True)
+            _move_into(entry, target)
+            entry.rmdir()
+        else:
+            os.replace(entry, target)
+
+
+# --- archives ------------------------------------------------------------------------------------
+
 def leaves_folder(name: str) -> bool:
     """A tar member name (or link target) that would land outside the folder it is extracted into."""
     return name.startswith("/") or ".." in PurePosixPath(name).parts
 
 
+def _member_problem(m: tarfile.TarInfo, links: set[str]) -> str | None:
+    """Why member `m` may not be extracted (None: it may): a name that is absolute, empty or climbs out
+    (`..`), a kind other than a file, folder or link, a link whose target leaves the folder, or a path
+    through a symbolic link of the archive (whose target decides where it lands)."""
+    name = m.name
+    parts = PurePosixPath(name).parts
+    if not name or name.startswith("/") or ".." in parts or "\0" in name:
+        return "leaves the folder it is extracted into" if name else "has an empty name"
+    if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
+        return "is not a file, folder or link (a device, FIFO or other special file)"
+    if any(str(PurePosixPath(*parts[:i])) in links for i in range(1, len(parts))):
+        return "lies under a link of the archive"
+    if m.issym() or m.islnk():
+        target = m.linkname
+        if not target or target.startswith("/"):
+            return f"is a link to {target!r}, outside the folder"
+        base = list(parts[:-1]) if m.issym() else []
+        for part in PurePosixPath(target).parts:
+            if part == "..":
+                if not base:
+                    return f"is a link to {target!r}, outside the folder"
+                base.pop()
+            elif part != ".":
+                base.append(part)
+                if str(PurePosixPath(*base)) in links:
+                    return f"is a link to {target!r}, through another link of the archive"
+    return None
+
+
+def check_members(members: list[tarfile.TarInfo], where: str) -> None:
+    """Refuse (a ForgeError naming the archive and the member) an archive any member of which could
+    write outside the folder it is extracted into or make a special file; the whole list is checked,
+    so nothing is written when one member is bad. The same rule on every Python."""
+    links: set[str] = set()
+    for m in members:
+        why = _member_problem(m, links)
+        if why:
+            raise ForgeError(f"{where}: member {m.name!r} {why}; nothing was extracted",
+                             hint="the archive is damaged or not one of ours; take it again")
+        if m.issym():
+            links.add(str(PurePosixPath(m.name)))
+
+
 def extract_tar(tf: tarfile.TarFile, dest: Path, member: "tarfile.TarInfo | None" = None) -> None:
-    """Extract an open archive (or one `member` of it) into dest without writing outside it: Python's
-    "data" filter where this Python has one (3.10.12+), else a member whose name or link target leaves
-    dest is refused (a ForgeError naming the archive and the member) before anything is written."""
+    """Extract an open archive (or one `member` of it) into dest without writing outside it: every member
+    is checked first (check_members), so a bad one is refused before anything is written, on every
+    Python; Python's "data" filter, where this Python has one, is applied on top."""
     where = rel(Path(tf.name)) if tf.name else "archive"
     hint = "the archive is damaged or not one of ours; take it again"
-    filtered = hasattr(tarfile, "data_filter")
-    if not filtered:
-        for m in [member] if member is not None else tf.getmembers():
-            if leaves_folder(m.name) or ((m.issym() or m.islnk()) and leaves_folder(m.linkname)):
-                raise ForgeError(f"{where}: member {m.name!r} leaves the folder it is extracted into", hint=hint)
-    kw = {"filter": "data"} if filtered else {}
+    check_members([member] if member is not None else tf.getmembers(), where)
+    kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
     try:
         if member is None:
             tf.extractall(dest, **kw)

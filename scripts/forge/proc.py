@@ -16,6 +16,20 @@ def merged_env(env: Mapping[str, str] | None) -> dict[str, str]:
     return full
 
 
+def split_command(text: str, what: str) -> list[str]:
+    """A command given as one string (an option's value or an environment variable), split as a shell
+    would; an unbalanced quote or an empty command is a ForgeError naming `what`."""
+    try:
+        argv = shlex.split(text)
+    except ValueError as e:
+        raise ForgeError(f"{what} {text!r}: {e} (an unbalanced quote)",
+                         hint="quote the command as a shell would, e.g. --vllm 'python3 -m vllm.entrypoints.cli.main'"
+                         ) from None
+    if not argv:
+        raise ForgeError(f"{what} {text!r}: an empty command", hint="give the command, or leave the option out")
+    return argv
+
+
 def fmt(cmd: Sequence[str]) -> str:
     return " ".join(shlex.quote(str(c)) for c in cmd)
 

@@ -151,6 +151,7 @@ def test_lint_refuses_an_overlay_file_in_a_forbidden_path(env, monkeypatch):
     for spelled in ("./pkg/sched/x.py", "pkg//sched/x.py", "pkg/ops/../sched/./x.py"):
         assert patches.lint_overlay([{"src": "kernels/k.py", "dst": spelled}], FORBIDDEN, RULES), spelled
     monkeypatch.setattr(patches, "load_contest", lambda: {"forbidden_paths": FORBIDDEN, "rules": RULES})
+    add_patch(env, "one.patch", "pkg/config.py", "LINE_3 = 3", "LINE_3 = 33", "pkg: first")
     with pytest.raises(ForgeError, match="kernels/overlay.yaml adds 1 file"):
         patches.lint(env["pdir"])
     (env["root"] / "kernels" / "overlay.yaml").write_text("files:\n  - src: kernels/k.py\n    dst: pkg/ops/k.py\n")

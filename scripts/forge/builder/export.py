@@ -12,13 +12,13 @@ from pathlib import Path
 from .. import config, ui
 from ..errors import ForgeError
 from ..hashing import sha256_file
-from ..paths import DIST, TREE, rel
+from ..paths import DIST, TREE, rel, target_folder
 from . import provenance, tree, wheel
 
 
-def export(out_dir: Path = DIST / "export", into: Path | None = None) -> dict:
+def export(out_dir: Path = DIST / "export", into: "Path | str | None" = None) -> dict:
     if into is not None:            # checked before the tree is built (minutes on a fresh machine)
-        into = Path(into)
+        into = target_folder(str(into), "--into", outside_checkout=True)
         if not into.is_dir():
             raise ForgeError(f"--into {into}: not a directory", hint="give the checkout of your scoring repository")
     state = tree.build_tree()
@@ -54,13 +54,13 @@ def export(out_dir: Path = DIST / "export", into: Path | None = None) -> dict:
 
 
 def cmd_export(args) -> int:
-    m = export(Path(args.out), Path(args.into) if args.into else None)
+    m = export(Path(args.out), args.into)
     print(json.dumps(m, indent=1))
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("export", help="patched tree tarball + combined diff for a scoring repository",
+    p = sub.add_parser("export", help="patched tree as a tarball + one combined diff, for a scoring repository",
                        description=__doc__)
     p.add_argument("--out", default=str(DIST / "export"), help="output folder (default dist/export)")
     p.add_argument("--into", help="also write the patched tree's files into this directory")

@@ -350,7 +350,7 @@ def cmd_fetch(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("fetch", help="fetch and verify the pinned vLLM source; prints the verified tree's path",
+    p = sub.add_parser("fetch", help="fetch and verify the pinned vLLM 0.18.1 source; prints the verified tree's path",
                        description=__doc__)
     p.add_argument("--source", choices=("auto", "index", "git"), default="auto",
                    help="auto: VLLM_SRC, cache, then pip's index; git: the mirror (VLLM_GIT_URL)")

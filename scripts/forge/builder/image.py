@@ -380,12 +380,12 @@ def register(sub) -> None:
     p.add_argument("--allow-unpinned", action="store_true", help="accept a base image not pinned by digest")
     p.add_argument("--pin-base", action="store_true", help="write the pulled base image's digest to configs/build.yaml")
     p.set_defaults(func=cmd_image)
-    p = sub.add_parser("image-rehearsal", help="build Dockerfile.rocm on a debootstrap stand-in base; run its self-check")
+    p = sub.add_parser("image-rehearsal", help="build Dockerfile.rocm on a debootstrap stand-in base and run its self-check")
     p.add_argument("--builder", choices=("auto", "docker", "buildah"), default="auto")
     p.add_argument("--torch-wheel", help="CPU torch wheel for the stand-in base (default: the one in /opt/wheels)")
     p.set_defaults(func=cmd_image_rehearsal)
     p = sub.add_parser("warm-kernels", help="(in the image) compile our Triton kernels for ARCH into TRITON_CACHE_DIR")
     p.add_argument("--arch", default="gfx936")
     p.set_defaults(func=cmd_warm)
-    sub.add_parser("self-check", help="(in the image) check the installed vLLM is our wheel").set_defaults(
+    sub.add_parser("self-check", help="(in the image) check that the installed vLLM is our wheel").set_defaults(
         func=cmd_self_check)

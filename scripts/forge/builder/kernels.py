@@ -136,12 +136,12 @@ def cmd_bench_kernels(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("kernels-check", help="compile-check kernels/csrc (nvcc, hipcc) and Triton AOT targets")
+    p = sub.add_parser("kernels-check", help="compile-check kernels/csrc (hipcc gfx90a, nvcc sm_90) and Triton AOT targets")
     p.add_argument("--strict", action="store_true", help="fail when nvcc or hipcc is missing")
     p.add_argument("--report-dir", metavar="DIR",
                    help="where compile-check.{md,json} go (default reports/kernels; the tests write elsewhere)")
     p.set_defaults(func=cmd_kernels_check)
-    p = sub.add_parser("bench-kernels", help="kernel benchmark on a GPU machine (writes reports/kernels/)")
+    p = sub.add_parser("bench-kernels", help="kernel benchmarks on a GPU machine (writes reports/kernels/)")
     p.add_argument("--out", default=str(REPORTS / "kernels"))
     p.add_argument("--prepare", action="store_true", help="(re)build build/gpu-payload from the pinned source")
     p.set_defaults(func=cmd_bench_kernels)

@@ -15,7 +15,7 @@ from ..errors import ForgeError
 from ..paths import BUILD, PATCHES, TREE, rel
 from ..run.contest import load_contest
 from . import bases, offline, tree
-from .patchfile import REVIEW_SECTIONS, parse, read_series
+from .patchfile import REVIEW_SECTIONS, diff_paths, parse, read_series
 
 
 def lint_patch(patch, forbidden: list[dict], rules: dict) -> list[str]:
@@ -48,8 +48,12 @@ def lint_overlay(entries: list[dict], forbidden: list[dict], rules: dict) -> lis
 
 
 def lint(patches_dir: Path = PATCHES) -> int:
+    """Lint the series (review records, forbidden paths) and every other patch file under patches/
+    (forbidden paths: a file outside the series may still be applied by hand or join it later)."""
     contest = load_contest()
     names = read_series(patches_dir)
+    empty = [] if names else [f"{rel(patches_dir / 'series')} lists no patch" if (patches_dir / "series").is_file()
+                              else f"{rel(patches_dir / 'series')} not found"]
     listed = set(names)
     bad = 0
     for stray in sorted(p.name for p in patches_dir.glob("*.patch") if p.name not in listed):
@@ -59,18 +63,27 @@ def lint(patches_dir: Path = PATCHES) -> int:
         for p in problems:
             print(f"{rel(patches_dir / name)}: {p}")
         bad += bool(problems)
+    others = sorted(p for p in patches_dir.rglob("*") if p.suffix in (".patch", ".diff") and p.is_file()
+                    and p.relative_to(patches_dir).as_posix() not in listed)
+    for f in others:
+        problems = [f"touches {path}, {hit}" for path in diff_paths(f)
+                    for hit in forbidden_hits(path, contest["forbidden_paths"], contest["rules"])]
+        for p in problems:
+            print(f"{rel(f)}: {p}")
+        bad += bool(problems)
     overlay = lint_overlay(tree.overlay_entries(), contest["forbidden_paths"], contest["rules"])
     for p in overlay:
         print(p)
-    if bad or overlay:
-        what = [f"{bad} patch(es) failed the lint"] if bad else []
+    if bad or overlay or empty:
+        what = empty + ([f"{bad} patch(es) failed the lint"] if bad else [])
         what += [f"kernels/overlay.yaml adds {len(overlay)} file(s) where the contest forbids changes"] if overlay else []
         raise ForgeError("; ".join(what),
-                         hint="every message needs Why:/What:/Risk:/Evidence:/Rule check: sections "
+                         hint="patches/series names the patches `make tree` applies, one file name per line; "
+                              "every message needs Why:/What:/Risk:/Evidence:/Rule check: sections "
                               "(see README 'Adding a patch'); forbidden paths are in configs/contest.yaml, and "
-                              "neither a patch nor an overlay destination may fall under them")
-    ui.info(f"lint: {len(names)} patches carry their review record, and they and kernels/overlay.yaml touch "
-            "nothing forbidden")
+                              "neither a patch (in the series or not) nor an overlay destination may fall under them")
+    ui.info(f"lint: {len(names)} patches carry their review record, and they, {len(others)} other patch file(s) "
+            "under patches/ and kernels/overlay.yaml touch nothing forbidden")
     return 0
 
 
@@ -199,7 +212,7 @@ def cmd_refresh(args) -> int:
 
 
 def register(sub) -> None:
-    sub.add_parser("patches-lint", help="check review records and the contest's forbidden paths"
+    sub.add_parser("patches-lint", help="check every patch's review record and the contest's forbidden paths"
                    ).set_defaults(func=cmd_lint)
     sub.add_parser("patches-check", help="prove patches/ applies to every base present, matches its tree, "
                                          "and (vendor, stand-in) builds offline").set_defaults(func=cmd_check)

@@ -109,6 +109,28 @@ def parse(path: Path, name: str | None = None) -> Patch:
                  body="\n".join(body_lines).strip(), files=files)
 
 
+def diff_paths(path: Path) -> list[str]:
+    """Every file path a patch or plain diff names (its `diff --git` lines and the ---/+++ headers
+    outside hunks, without the a/ b/ prefixes), whatever else the file holds."""
+    found, lines = set(), Path(path).read_text(errors="replace").splitlines()
+    old_left = new_left = 0                      # lines of the current hunk still to come
+    for i, line in enumerate(lines):
+        if old_left > 0 or new_left > 0:
+            old_left -= line[:1] in (" ", "-", "")
+            new_left -= line[:1] in (" ", "+", "")
+            continue
+        if (m := _HUNK.match(line)):
+            old_left, new_left = int(m.group(2) or 1), int(m.group(4) or 1)
+        elif (m := re.match(r"diff --git a/(.*) b/(.*)$", line)):
+            found |= {m.group(1), m.group(2)}
+        elif line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
+            for header in (line, lines[i + 1]):
+                name = header[4:].split("\t", 1)[0].strip()
+                if name != "/dev/null":
+                    found.add(re.sub(r"^[ab]/", "", name))
+    return sorted(found)
+
+
 def read_series(patches_dir: Path = PATCHES) -> list[str]:
     """Names in patches/series, in order; comments (#) and blank lines ignored. Each must exist."""
     series = patches_dir / "series"

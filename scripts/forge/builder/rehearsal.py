@@ -178,6 +178,6 @@ def cmd_rehearsal(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("rehearsal", help="full-compile rehearsal without a DCU (writes reports/rehearsal.md)",
+    p = sub.add_parser("rehearsal", help="full-compile rehearsal on any Linux box: fetch, tree, wheel, install, self-tests, AOT",
                        description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.set_defaults(func=cmd_rehearsal)

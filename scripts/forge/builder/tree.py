@@ -25,7 +25,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .. import config, proc, ui
+from .. import config, options, proc, ui
 from ..errors import ForgeError
 from ..hashing import combine, manifest_hash, sha256_file
 from ..paths import KERNELS, PATCHES, ROOT, Lock, rel, write_atomic
@@ -339,7 +339,7 @@ def _build_locked(tree, patches_dir, force, threeway, b, entries, ov_hash, serie
 
 
 def cmd_tree(args) -> int:
-    state = build_tree(force=args.force or os.environ.get("FORCE") == "1",
+    state = build_tree(force=options.forced(args.force),
                        threeway=args.threeway or os.environ.get("THREEWAY") == "1", base=args.base)
     print(f"{rel(bases.tree_dir(args.base))} at {state['head'][:12]}: {args.base} base + overlay + "
           f"{len(state['patches'])} patches")
@@ -347,7 +347,7 @@ def cmd_tree(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("tree", help="build/vllm: upstream + kernel overlay + one commit per patch",
+    p = sub.add_parser("tree", help="build/vllm: pristine upstream + kernel overlay + one commit per patch (no-op when current)",
                        description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("--force", action="store_true", help="discard uncommitted/unexported work in build/vllm (also FORCE=1)")
     p.add_argument("--threeway", action="store_true", help="let git am fall back to a 3-way merge (also THREEWAY=1)")

@@ -15,7 +15,7 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
-from .. import paths, proc, ui
+from .. import options, paths, proc, ui
 from ..errors import ForgeError
 from ..hashing import sha256_file
 from . import contest as contest_mod
@@ -264,6 +264,7 @@ def run_official(contest: dict, script: Path, data_dir: Path, rdir: Path, host: 
 
 def cmd_accuracy(args) -> int:
     contest = contest_mod.load_contest()
+    args.force = options.forced(args.force)
     if args.a or args.b:
         if not (args.a and args.b):
             raise ForgeError("A/B mode needs both --a and --b")
@@ -353,7 +354,7 @@ def register(sub) -> None:
     p.add_argument("--own", action="store_true", help="use our evaluator even when run_accuracy.sh is present")
     p.add_argument("--limit", type=int, help="first N records per task (quick checks)")
     p.add_argument("--run-id", help="run folder to write into (default: the running server's run)")
-    p.add_argument("--port", type=int, default=None, help="server port (default: the running server's, else 8001)")
+    p.add_argument("--port", type=options.port, default=None, help="server port (default: the running server's, else 8001)")
     p.add_argument("--force", action="store_true",
                    help="replace accuracy results already recorded in the run folder, and discard an unfinished "
                         "evaluation there made with other data or settings")

@@ -16,6 +16,7 @@ import io
 import os
 import tarfile
 import tempfile
+import zlib
 from pathlib import Path
 
 from .. import paths, ui
@@ -109,7 +110,11 @@ def _opened(src: Path):
     try:
         with tarfile.open(src, "r:gz") as tf:
             yield tf
-    except (tarfile.TarError, EOFError, OSError) as e:
+    except (tarfile.TarError, EOFError, zlib.error) as e:
+        raise ForgeError(f"{paths.rel(src)}: cannot be read ({e})", hint="the archive is damaged; take it from git")
+    except OSError as e:
+        if e.filename is not None:          # a file of the extraction (named by the caller), not the archive
+            raise
         raise ForgeError(f"{paths.rel(src)}: cannot be read ({e})", hint="the archive is damaged; take it from git")
 
 
@@ -119,17 +124,21 @@ def archive_members(src: Path) -> list[str]:
 
 
 def unpack_run(folder: Path, to: Path | None = None) -> list[str]:
-    """Extract a run folder's raw.tgz into `to` (default: the folder itself); returns the member names."""
+    """Extract a run folder's raw.tgz into `to` (default: the folder itself); returns the member names.
+    The whole archive is read and every member checked before the first file is written, and the
+    extraction goes to a temporary folder that moves into place once complete: a damaged or unsafe
+    archive leaves the disk as it was (no new `to` folder either)."""
     folder = Path(folder)
     src = folder / ARCHIVE
     if not src.is_file():
         raise ForgeError(f"{paths.rel(src)} not found", hint="give a run folder that holds raw.tgz")
-    dest = Path(to) if to else folder
-    dest.mkdir(parents=True, exist_ok=True)
+    dest = paths.target_folder(str(to), "--to") if to is not None else folder
     with _opened(src) as tf:
-        names = tf.getnames()
-        paths.extract_tar(tf, dest)
-    return names
+        members = tf.getmembers()           # reads the whole archive: a damaged one fails here
+        paths.check_members(members, paths.rel(src))
+        with paths.staged_folder(dest) as tmp:
+            paths.extract_tar(tf, tmp)
+    return [m.name for m in members]
 
 
 def is_packed(folder: Path) -> bool:
@@ -152,10 +161,10 @@ def readable(folder: Path):
 
 
 def read_hint(folder: Path, hint: str) -> str:
-    """The hint of a tool that found no input in `folder`: for a packed record (one holding raw.tgz) how
-    to read it, else `hint`."""
+    """The hint of a tool that found no input in `folder`: for a packed record (is_packed) how to read
+    it, else `hint`."""
     folder = Path(folder)
-    if (folder / ARCHIVE).is_file():
+    if is_packed(folder):
         return (f"{paths.rel(folder)} is a packed record (its files are in {ARCHIVE}): "
                 f"forge unpack-run {paths.rel(folder)} --to /tmp/{folder.name}, then give /tmp/{folder.name}")
     return hint
@@ -173,7 +182,7 @@ def cmd_pack_run(args) -> int:
 
 
 def cmd_unpack_run(args) -> int:
-    names = unpack_run(Path(args.folder), Path(args.to) if args.to else None)
+    names = unpack_run(Path(args.folder), args.to)
     ui.info(f"{len(names)} files from {paths.rel(Path(args.folder) / ARCHIVE)} into {args.to or args.folder}")
     return 0
 

@@ -4,14 +4,13 @@ with the contest's options, one result file per tier in reports/runs/<run-id>/, 
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import signal
 import sys
 import time
 from pathlib import Path
 
-from .. import paths, proc, ui
+from .. import options, paths, proc, ui
 from ..errors import ForgeError
 from ..hashing import sha256_file
 from . import contest as contest_mod
@@ -25,9 +24,10 @@ failed_result = runs.failed_result   # the result of a tier the server could not
 def client_launcher(arg: str | None) -> list[str]:
     """How to start vLLM's CLI for `bench serve`: --client, $FORGE_BENCH_CLIENT, `vllm` on PATH,
     or this Python's vllm module."""
-    cmd = arg or os.environ.get(CLIENT_ENV)
-    if cmd:
-        return shlex.split(cmd)
+    if arg is not None:
+        return proc.split_command(arg, "--client")
+    if os.environ.get(CLIENT_ENV):
+        return proc.split_command(os.environ[CLIENT_ENV], CLIENT_ENV)
     if shutil.which("vllm"):
         return ["vllm"]
     return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
@@ -225,6 +225,19 @@ def run_tiers(*, profile: str | None = None, run_id: str | None = None, model: s
     exists is resumed: finished tiers are kept, tiers with failed requests run again unless
     `keep_failed`. Raises ForgeError (exit code 1) when a tier has failed requests."""
     contest = contest or contest_mod.load_contest()
+    # what the command line says is checked before anything is asked of a server
+    chosen = contest["tiers"]
+    if tiers is not None:
+        unknown = [w for w in tiers if w not in contest_mod.tier_names(contest)]
+        if unknown or not tiers:
+            raise ForgeError(f"unknown tier(s) {', '.join(unknown)}" if unknown else "--tiers names no tier",
+                             hint=f"tiers: {', '.join(contest_mod.tier_names(contest))}")
+        chosen = [t for t in chosen if t["name"] in tiers]
+    if run_id is not None:
+        runs.check_run_id(run_id)
+    if profile is not None:
+        paths.plain_name(profile, "--profile")      # a label that becomes part of a new run id
+    client_launcher(client)
     st = serve.running_server() if port is None else None
     host = contest["server"]["host"]
     given_port = port is not None
@@ -239,13 +252,6 @@ def run_tiers(*, profile: str | None = None, run_id: str | None = None, model: s
     if not model:
         raise ForgeError("no model directory for the client's tokenizer",
                          hint="pass --model DIR (or MODEL=DIR), or start the server with forge serve")
-    chosen = contest["tiers"]
-    if tiers:
-        unknown = [w for w in tiers if w not in contest_mod.tier_names(contest)]
-        if unknown:
-            raise ForgeError(f"unknown tier(s) {', '.join(unknown)}",
-                             hint=f"tiers: {', '.join(contest_mod.tier_names(contest))}")
-        chosen = [t for t in chosen if t["name"] in tiers]
     run_id = run_id or (st or {}).get("run_id") or runs.new_run_id(profile)
     rdir = runs.run_dir(run_id, create=False)
     created = not rdir.exists()
@@ -264,7 +270,7 @@ def run_tiers(*, profile: str | None = None, run_id: str | None = None, model: s
 
 
 def cmd_bench(args) -> int:
-    tiers = [x.strip() for x in args.tiers.split(",") if x.strip()] if args.tiers else None
+    tiers = [x.strip() for x in args.tiers.split(",") if x.strip()] if args.tiers is not None else None
     rdir = run_tiers(profile=args.profile, run_id=args.run_id, model=args.model, data_dir=args.data_dir,
                      tiers=tiers, num_prompts=args.num_prompts, client=args.client, port=args.port,
                      progress_every=args.progress_every, keep_failed=args.keep_failed, harness=args.harness)
@@ -381,7 +387,7 @@ def register(sub) -> None:
                         "against harness runs)")
     p.add_argument("--client", help="command that runs vLLM's CLI (default: $FORGE_BENCH_CLIENT, `vllm`, or "
                                     "this Python's vllm module); `bench serve ...` is appended")
-    p.add_argument("--port", type=int, default=None,
+    p.add_argument("--port", type=options.port, default=None,
                    help="server port when not started by forge serve (default: the running server's, else 8001)")
     p.add_argument("--progress-every", type=float, default=30.0, help="seconds between progress lines")
     p.add_argument("--keep-failed", action="store_true",

@@ -8,17 +8,31 @@ import math
 import statistics
 from pathlib import Path
 
-from .. import ui
+from .. import options, ui
 from ..errors import ForgeError
 from . import bench, runs, score, serve
 from . import contest as contest_mod
 from . import profiles as profiles_mod
 
 
-def _side(paths: list[str], contest: dict) -> list[dict]:
+def _folders(paths: list[str], side: str) -> list[Path]:
+    """A side's run folders, each once: a folder given twice would count as two repeats and shrink the
+    noise band to nothing."""
     if not paths:
-        raise ForgeError("each side needs at least one run", hint="forge compare --a RUN [RUN...] --b RUN [RUN...]")
-    side = [score.load_run(runs.resolve_run(p), contest, partial=True) for p in paths]
+        raise ForgeError(f"side {side} has no run", hint="forge compare --a RUN [RUN...] --b RUN [RUN...] "
+                                                         "(make compare A=<run> B=<run>)")
+    seen: dict[Path, str] = {}
+    for p in paths:
+        d = runs.resolve_run(p).resolve()
+        if d in seen:
+            raise ForgeError(f"side {side}: {p} and {seen[d]} are the same run folder ({d}); a repeat is another run",
+                             hint="give each run once; repeats are separate runs of the same profile")
+        seen[d] = p
+    return list(seen)
+
+
+def _side(folders: list[Path], contest: dict) -> list[dict]:
+    side = [score.load_run(d, contest, partial=True) for d in folders]
     for r in side:
         if not r["tiers"]:
             raise ForgeError(f"{r['path']}: no tier results (<tier>.json) in this run folder",
@@ -101,7 +115,7 @@ def delta(a: list[float], b: list[float], noise_pct: float) -> dict:
 def compare(contest: dict, a_runs: list[dict], b_runs: list[dict], noise_pct: float,
             uncompared: list[str] | None = None, reference: dict | None = None) -> dict:
     """Per metric, the delta of side B against side A; metrics without a value on one side are
-    appended to `uncompared` (as 'metric (no run on side X)'), as is the score when the runs may not
+    appended to `uncompared` (as 'metric (no run on side X)', or '(no value on either side)'), as is the score when the runs may not
     be scored against one baseline (score_baseline). The score's delta names its baseline."""
     base, score_key = score_baseline(contest, [*a_runs, *b_runs], reference)
     if base is None and uncompared is not None:
@@ -116,15 +130,21 @@ def compare(contest: dict, a_runs: list[dict], b_runs: list[dict], noise_pct: fl
             if key == score_key:
                 out[key]["baseline"] = base["label"]
         elif uncompared is not None:
-            uncompared.append(f"{key} (no run on side {'A' if not av else 'B'})")
+            uncompared.append(f"{key} (no value on either side)" if not (av or bv) else
+                              f"{key} (no run on side {'A' if not av else 'B'})")
     return out
 
 
 def cmd_compare(args) -> int:
     contest = contest_mod.load_contest()
     skipped: list[str] = []
+    a, b = _folders(args.a, "A"), _folders(args.b, "B")
+    both = [d for d in a if d in b]
+    if both:
+        raise ForgeError(f"{both[0]} is on both sides: a run compared with itself shows no difference",
+                         hint="side A and side B are different runs (e.g. two profiles)")
     ref = score.baseline_from_run(runs.resolve_run(args.reference), contest) if args.reference else None
-    res = compare(contest, _side(args.a, contest), _side(args.b, contest), args.noise_pct, skipped, ref)
+    res = compare(contest, _side(a, contest), _side(b, contest), args.noise_pct, skipped, ref)
     print(f"{'metric':<26} {'A':>10} {'B':>10} {'B-A':>10} {'rel':>8} {'band':>9} {'runs':>5}  verdict")
     for key, d in res.items():
         rel = f"{100 * d['rel']:+.1f}%" if d["rel"] is not None else "—"
@@ -201,8 +221,8 @@ def register(sub) -> None:
                                    "one run per side uses --noise-pct. The score uses forge score's pairing: a "
                                    "harness run only against a harness reference (--reference, or the one its e2e "
                                    "results name), a DCU run against the default baseline set or --reference.")
-    p.add_argument("--a", nargs="+", required=True, help="run folder(s) or id(s) of side A")
-    p.add_argument("--b", nargs="+", required=True, help="run folder(s) or id(s) of side B")
+    p.add_argument("--a", nargs="+", default=[], help="run folder(s) or id(s) of side A, each once")
+    p.add_argument("--b", nargs="+", default=[], help="run folder(s) or id(s) of side B, each once")
     p.add_argument("--noise-pct", type=_positive_pct, default=3.0,
                    help="assumed run-to-run noise in %% when neither side has repeats (default 3; > 0)")
     p.add_argument("--reference", help="score both sides against this run (a harness run's same-run reference, "
@@ -222,5 +242,5 @@ def register(sub) -> None:
     s.add_argument("--shm-size", default="64g", help="container shared memory (default 64g)")
     s.add_argument("--vllm", help="how to start vLLM natively (see forge serve --help)")
     s.add_argument("--client", help="how to start vLLM's CLI for the client (see forge bench-all-tiers --help)")
-    s.add_argument("--port", type=int, default=None, help="testing only: a port other than the locked 8001")
+    s.add_argument("--port", type=options.port, default=None, help="testing only: a port other than the locked 8001")
     s.set_defaults(func=cmd_sweep)

@@ -221,6 +221,24 @@ def tier_names(contest: dict) -> list[str]:
 
 # --- options ------------------------------------------------------------------------------------
 
+def per_tier_values(text: str, option: str, names: list[str], what: str, hint: str | None = None) -> dict[str, float]:
+    """An option's "a,b,c": one finite positive number per tier, in the contest's tier order; anything
+    else is a ForgeError naming the option and the tier."""
+    parts = [x.strip() for x in text.split(",")]
+    if len(parts) != len(names):
+        raise ForgeError(f"{option} {text!r}: needs {len(names)} values, one per tier ({', '.join(names)})", hint=hint)
+    out = {}
+    for n, x in zip(names, parts):
+        try:
+            v = float(x)
+        except ValueError:
+            raise ForgeError(f"{option}: the {n} value {x!r} is not a number", hint=hint) from None
+        if not (math.isfinite(v) and v > 0):
+            raise ForgeError(f"{option}: the {n} value {x!r} is not a finite positive {what}", hint=hint)
+        out[n] = v
+    return out
+
+
 def option_base(token: str) -> str:
     """The option a command-line token names: `--max_num_seqs=4` -> `--max-num-seqs`,
     `--compilation-config.mode` -> `--compilation-config`, `-O3` -> `-O`."""

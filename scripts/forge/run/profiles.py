@@ -59,23 +59,25 @@ def _check_entries(data: dict, file: str, contest: dict) -> None:
 
 
 def load_profile(name: str, contest: dict | None = None, _chain: tuple = ()) -> dict:
-    """A validated profile with `extends` resolved: {name, description, chain, env, options, files}.
-    env/options map a name to {value, effect, source}."""
+    """A validated profile with `extends` resolved: {name, description, chain (the profiles' names, base
+    first), chain_files (their files), env, options, file}. env/options map a name to {value, effect,
+    source}."""
     contest = contest or contest_mod.load_contest()
     path = _path(name)
     file = rel(path)
-    if path.stem in _chain:
-        raise ForgeError(f"{file}: key 'extends': cycle {' -> '.join([*_chain, path.stem])}")
+    # `_chain`: the files (resolved) that extend this one: a cycle is one file met twice, not one name
+    if path.resolve() in _chain:
+        raise ForgeError(f"{file}: key 'extends': cycle {' -> '.join(rel(f) for f in [*_chain, path.resolve()])}")
     data = validate(load_yaml(path), SCHEMA, file)
     _check_entries(data, file, contest)
     env: dict[str, dict] = {}
     options: dict[str, dict] = {}
-    chain = [path.stem]
+    chain, files = [path.stem], [file]
     if data["extends"]:
-        parent = load_profile(data["extends"], contest, (*_chain, path.stem))
+        parent = load_profile(data["extends"], contest, (*_chain, path.resolve()))
         env.update(parent["env"])
         options.update(parent["options"])
-        chain = parent["chain"] + chain
+        chain, files = parent["chain"] + chain, parent["chain_files"] + files
     for k, e in data["env"].items():
         env[k] = {**e, "source": file}
     for k, e in data["options"].items():
@@ -84,7 +86,7 @@ def load_profile(name: str, contest: dict | None = None, _chain: tuple = ()) -> 
         for old in [o for o in options if contest_mod.option_base(o) == canon]:
             del options[old]
         options[k] = {**e, "source": file}
-    return {"name": path.stem, "description": data["description"], "chain": chain,
+    return {"name": path.stem, "description": data["description"], "chain": chain, "chain_files": files,
             "env": env, "options": options, "file": file}
 
 

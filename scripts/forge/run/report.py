@@ -37,7 +37,7 @@ def env_vars_md(profile: dict, contest: dict) -> str:
     allowed = {o["option"]: o for o in contest["allowed_options"]}
     L = [_header(), "", f"# Environment variables and engine options: profile `{profile['name']}`", "",
          profile["description"], "",
-         f"Profile chain: {' → '.join(f'`configs/serve/{c}.yaml`' for c in profile['chain'])}. "
+         f"Profile chain: {' → '.join(f'`{f}`' for f in profile['chain_files'])}. "
          f"Rule: \"{contest_mod.rule_text(contest, 'documented')}\"", "",
          "## Server command", "", "```",
          " ".join(f"{k}={shlex.quote(v)}" for k, v in rendered["env"].items()) + " \\",

@@ -34,13 +34,19 @@ def new_run_id(profile: str | None, suffix: str = "") -> str:
     return run_id
 
 
-def run_dir(run_id: str, create: bool = True, root: Path | None = None) -> Path:
-    """reports/runs/<run_id> (or <root>/<run_id>), created unless `create` is false."""
-    run_id = Path(run_id).name if "/" in run_id else run_id
+def check_run_id(run_id: str) -> str:
+    """A run id: a plain name (paths.plain_name) of letters, digits, '.', '_' and '-'; a path is refused,
+    never shortened to its last part."""
+    paths.plain_name(run_id, "run id")
     if not _ID.match(run_id):
         raise ForgeError(f"run id {run_id!r} is not a plain name",
                          hint="use letters, digits, '.', '_' and '-' (e.g. 20260101-120000-contest)")
-    d = Path(root or runs_root()) / run_id
+    return run_id
+
+
+def run_dir(run_id: str, create: bool = True, root: Path | None = None) -> Path:
+    """reports/runs/<run_id> (or <root>/<run_id>), created unless `create` is false."""
+    d = Path(root or runs_root()) / check_run_id(run_id)
     if create:
         d.mkdir(parents=True, exist_ok=True)
     return d
@@ -70,14 +76,26 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
+    """A JSON file's content; a missing file, one that is not UTF-8 text, JSON cut short or other text
+    than JSON is a ForgeError naming the file and what is wrong with it."""
+    damaged = "the file is damaged; restore it from a copy of the run, or rerun the step that writes it"
     try:
-        return json.loads(Path(path).read_text())
+        text = Path(path).read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise ForgeError(f"{paths.rel(path)}: not found",
                          hint="check the path; if a forge step writes it, run that step first")
+    except UnicodeDecodeError as e:
+        raise ForgeError(f"{paths.rel(path)}: not UTF-8 text (byte {e.start}), so not JSON", hint=damaged) from None
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as e:
-        raise ForgeError(f"{paths.rel(path)}: not valid JSON ({e})",
-                         hint="the file was cut short; rerun the step that writes it")
+        if not text.strip() or e.pos >= len(text.rstrip()) or e.msg.startswith("Unterminated string"):
+            raise ForgeError(f"{paths.rel(path)}: not valid JSON, cut short ({'empty file' if not text.strip() else e.msg})",
+                             hint="the file was cut short (an interrupted write); rerun the step that writes it"
+                             ) from None
+        raise ForgeError(f"{paths.rel(path)}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
+                         "the file is damaged, not cut short",
+                         hint=damaged) from None
 
 
 # --- tier results and their records in the manifest --------------------------------------------

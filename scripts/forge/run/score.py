@@ -17,10 +17,11 @@ import json
 import math
 from pathlib import Path
 
-from .. import paths, ui
+from .. import options, paths, ui
 from ..errors import ForgeError
 from . import contest as contest_mod
-from . import runs
+from . import results, runs
+from .results import check_result, finite_positive, read_result, request_tpots_ms  # noqa: F401
 from .score_doc import HARNESS_LABEL, chart, print_run, print_what_if, render_md
 
 # --- metrics from `vllm bench serve` result files ----------------------------------------------
@@ -36,68 +37,8 @@ def percentile(values: list[float], q: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def request_tpots_ms(res: dict) -> list[float] | None:
-    """Per-request TPOT (ms) of the successful requests: time after the first token over the
-    remaining tokens, as vLLM's client defines it (needs --save-detailed)."""
-    if res.get("itls") is None or res.get("output_lens") is None:
-        return None
-    errors = res.get("errors") or [""] * len(res["output_lens"])
-    out = []
-    for itl, n, err in zip(res["itls"], res["output_lens"], errors):
-        if err or not n or n <= 1:
-            continue
-        out.append(1000.0 * sum(itl) / (n - 1))
-    return out
-
-
-def finite_positive(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-
-
-DAMAGED = "the result file is damaged; rerun that tier (forge bench-all-tiers --run-id ...)"
-
-
-def _count(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-
-
-def check_result(res, file: str) -> None:
-    """The fields scoring reads from a `vllm bench serve` result, type-checked: a damaged file is
-    an error naming the file and key, never a crash."""
-    def bad(key: str, v, want: str) -> ForgeError:
-        return ForgeError(f"{file}: key '{key}' is {repr(v)[:60]}, expected {want}", hint=DAMAGED)
-
-    for key in ("completed", "failed", "output_throughput"):
-        if not isinstance(res, dict) or key not in res:
-            raise ForgeError(f"{file}: not a `vllm bench serve` result (no '{key}')",
-                             hint="results are written by forge bench-all-tiers")
-    for key, ok, want in (("completed", _count, "a whole number >= 0"), ("failed", _count, "a whole number >= 0"),
-                          ("output_throughput", _number, "a finite number >= 0"),
-                          ("p99_ttft_ms", _number, "a finite number >= 0 or null"),
-                          ("p99_tpot_ms", _number, "a finite number >= 0 or null")):
-        if not ok(res.get(key)) and not (key.startswith("p99") and res.get(key) is None):
-            raise bad(key, res.get(key), want)
-    for key, ok, want in (("output_lens", _count, "a whole number >= 0"),     # one entry per request
-                          ("itls", lambda x: isinstance(x, list) and all(map(_number, x)),
-                           "a list of finite numbers >= 0"),
-                          ("errors", lambda x: x is None or isinstance(x, str), "a string or null")):
-        v, lens = res.get(key), res.get("output_lens")
-        if v is not None and not isinstance(v, list):
-            raise bad(key, v, "a list, one entry per request")
-        i = next((i for i, x in enumerate(v or []) if not ok(x)), None)
-        if i is not None:
-            raise bad(f"{key}[{i}]", v[i], want)
-        if v and lens is not None and len(v) != len(lens):
-            raise ForgeError(f"{file}: key '{key}' has {len(v)} entries, 'output_lens' {len(lens)}; expected "
-                             "one per request", hint=DAMAGED)
-
-
 def tier_metrics(res: dict, file: str) -> dict:
-    check_result(res, file)
+    check_result(res, file)            # load_run reads it with read_result; callers with a dict check here
     total = res["completed"] + res["failed"]
     return {
         "tok_s": float(res["output_throughput"]),
@@ -122,9 +63,8 @@ def load_run(run: Path, contest: dict, partial: bool = False) -> dict:
             if partial:
                 missing.append(name)
                 continue
-            raise ForgeError(f"{run}: tier {name} has no result ({p.name})",
-                             hint=f"finish the run: forge bench-all-tiers --run-id {run.name}")
-        tiers[name] = tier_metrics(runs.read_json(p), str(p))
+            raise ForgeError(f"{run}: tier {name} has no result ({p.name})", hint=_no_result_hint(run))
+        tiers[name] = tier_metrics(read_result(p), str(p))
     pooled = None                              # pooled over all tiers: none while one is missing
     if not missing and all(t["tpots_ms"] is not None for t in tiers.values()):
         pooled = percentile([x for t in tiers.values() for x in t["tpots_ms"]], 99)
@@ -134,7 +74,7 @@ def load_run(run: Path, contest: dict, partial: bool = False) -> dict:
     acc = _read_object(run / "accuracy.json") if (run / "accuracy.json").is_file() else {}
     man = _read_object(run / "manifest.json") if (run / "manifest.json").is_file() else {}
     for file, key, ok, want in (
-            ("accuracy.json", "scores", lambda v: isinstance(v, dict) and all(map(_number, v.values())),
+            ("accuracy.json", "scores", lambda v: isinstance(v, dict) and all(map(results.number, v.values())),
              "a mapping of task to a finite number >= 0"),
             ("manifest.json", "harness", lambda v: isinstance(v, bool), "true or false")):
         v = (acc if file == "accuracy.json" else man).get(key)
@@ -144,6 +84,18 @@ def load_run(run: Path, contest: dict, partial: bool = False) -> dict:
                                   "wrote it")
     return {"tiers": tiers, "tpot_p99_pooled_ms": pooled, "accuracy": acc.get("scores"),
             "manifest": man, "path": str(run), "missing": missing, "harness": bool(man.get("harness"))}
+
+
+def _no_result_hint(run: Path) -> str:
+    """What to give instead of a folder without tier results: a profile's run folder of an e2e results
+    folder (runs/<profile>), how to read a packed record, or the bench command that finishes a run."""
+    from .archive import ARCHIVE
+    profiles = sorted(p.name for p in (run / "runs").iterdir() if p.is_dir()) if (run / "runs").is_dir() else []
+    if profiles or (run / ARCHIVE).is_file():
+        return (f"{run} is an e2e results folder: give one profile's run folder, {run}/runs/<profile>"
+                + (f" ({', '.join(profiles)})" if profiles else f" (its files are in {ARCHIVE}: forge unpack-run {run} "
+                                                              f"--to /tmp/{run.name}, then give /tmp/{run.name}/runs/<profile>)"))
+    return f"finish the run: forge bench-all-tiers --run-id {run.name}"
 
 
 def _read_object(path: Path) -> dict:
@@ -237,6 +189,11 @@ def score(contest: dict, run: dict, base: dict) -> dict:
         name = t["name"]
         m = run["tiers"][name]
         b = base["tiers"][name]
+        if not finite_positive(b["tok_s"]):
+            f = Path(str(base.get("source"))) / f"{name}.json"      # a baseline run's result file
+            raise ForgeError(f"baseline {base['label']}: tier {name} has {b['tok_s']} tok/s"
+                             + (f" ({paths.rel(f)})" if f.is_file() else "") + "; a baseline must serve every tier",
+                             hint="give a baseline run (or set) with output tok/s > 0 in every tier")
         lift, s = tier_score(sc, t["weight"], m["tok_s"], b["tok_s"])
         ttft_limit = sc["ttft_p99_max_ratio"] * b["ttft_p99_ms"] if b.get("ttft_p99_ms") else None
         ttft = m.get("ttft_p99_ms")
@@ -325,21 +282,9 @@ def write_report(contest: dict, rpath: Path, run: dict, base: dict, drift: dict 
 
 def parse_tok_s(text: str, names: list[str]) -> list[float]:
     """What-if tok/s, one finite positive number per tier."""
-    parts = [x.strip() for x in text.split(",")]
-    if len(parts) != len(names):
-        raise ForgeError(f"--tok-s {text!r}: needs {len(names)} values, one per tier ({', '.join(names)})",
-                         hint="e.g. --tok-s 15.97,14.44,11.04 (make score TOK_S=15.97,14.44,11.04)")
-    vals = []
-    for name, x in zip(names, parts):
-        try:
-            v = float(x)
-        except ValueError:
-            raise ForgeError(f"--tok-s: the {name} value {x!r} is not a number")
-        if not finite_positive(v):
-            raise ForgeError(f"--tok-s: the {name} value {x!r} is not a finite positive tok/s",
-                             hint="a tier that served nothing has no what-if; score the run itself (--run)")
-        vals.append(v)
-    return vals
+    return list(contest_mod.per_tier_values(
+        text, "--tok-s", names, "tok/s", hint="e.g. --tok-s 15.97,14.44,11.04 (make score TOK_S=15.97,14.44,11.04); "
+                                              "a tier that served nothing has no what-if: score the run itself (--run)").values())
 
 
 def score_run(run: "str | Path", *, baseline: "str | Path | None" = None, baseline_name: str | None = None,
@@ -365,6 +310,7 @@ def score_run(run: "str | Path", *, baseline: "str | Path | None" = None, baseli
 
 def cmd_score(args) -> int:
     contest = contest_mod.load_contest()
+    options.forced(args.force)                 # FORCE=yes is refused, even where nothing is replaced
     names = contest_mod.tier_names(contest)
     if args.tok_s and args.run:
         raise ForgeError("both --run and --tok-s given: score a recorded run or what-if tok/s, not both",
@@ -382,7 +328,7 @@ def cmd_score(args) -> int:
     if not args.run:
         raise ForgeError("nothing to score", hint="pass --run DIR (make score RUN=...) or --tok-s a,b,c")
     res, drew = score_run(args.run, baseline=args.baseline, baseline_name=args.baseline_name,
-                          force=args.force, contest=contest)
+                          force=options.forced(args.force), contest=contest)
     print_run(res, drew)
     return 0
 

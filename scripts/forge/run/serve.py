@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from .. import paths, proc, ui
+from .. import options, paths, proc, ui
 from ..errors import ForgeError
 from . import contest as contest_mod
 from . import profiles, runs
@@ -69,12 +69,26 @@ def _env_or(value: str | None, var: str) -> str | None:
 
 
 def read_state() -> dict | None:
+    """The record of the server `forge serve` started (None: none recorded). A record that cannot be
+    read is an error, never "none": the server it describes may still run."""
     if not STATE.is_file():
         return None
+    hint = (f"a server forge started may still run: find it (ps -ef | grep 'vllm serve'; ss -ltnp | grep :{LOCKED_PORT}) "
+            f"and stop it, then remove {paths.rel(STATE)}")
     try:
-        return runs.read_json(STATE)
-    except ForgeError:
-        return None
+        st = runs.read_json(STATE)
+    except ForgeError as e:
+        raise ForgeError(f"{e.message}; it is the record of the server forge started", hint=hint) from None
+    if not isinstance(st, dict):
+        raise ForgeError(f"{paths.rel(STATE)}: a JSON {type(st).__name__}, not the record of a server", hint=hint)
+    for key, ok, want in (("pid", lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "a process id"),
+                          ("pgid", lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "a process group id"),
+                          ("start_time", lambda v: v is None or isinstance(v, str), "a process start time"),
+                          ("run_id", lambda v: isinstance(v, str), "a run id")):
+        if not ok(st.get(key)):
+            raise ForgeError(f"{paths.rel(STATE)}: key '{key}' is {repr(st.get(key))[:40]}, expected {want}; "
+                             "not the record of a server", hint=hint)
+    return st
 
 
 def running_server() -> dict | None:
@@ -103,8 +117,8 @@ def health_ok(url: str, timeout: float = 2.0) -> bool:
 
 
 def native_launcher(vllm_cmd: str | None) -> list[str]:
-    if vllm_cmd:
-        return shlex.split(vllm_cmd)
+    if vllm_cmd is not None:
+        return proc.split_command(vllm_cmd, "--vllm")
     if shutil.which("vllm"):
         return ["vllm"]
     return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
@@ -140,7 +154,9 @@ def serve_profile(profile: str, model: str | None = None, *, image: str | None =
     if not model:
         raise ForgeError("no model directory given", hint="pass --model DIR (make serve MODEL=DIR)")
     port = port or LOCKED_PORT
-    run_id = run_id or runs.new_run_id(prof["name"])
+    run_id = runs.check_run_id(run_id) if run_id is not None else runs.new_run_id(prof["name"])
+    if vllm_cmd is not None:
+        native_launcher(vllm_cmd)                 # an unbalanced quote is refused before anything starts
     if not image and vllm_cmd is None and not shutil.which("vllm"):
         probe = proc.run([sys.executable, "-c", "import vllm"], check=False, capture=True)
         if probe.returncode != 0:
@@ -190,7 +206,7 @@ def _print_or_exec(args) -> int:
     model_path = Path(model).resolve() if not args.dry_run else Path(model)
     rendered = profiles.render(prof, str(model_path), contest)
     port = args.port or LOCKED_PORT
-    run_id = args.run_id or runs.new_run_id(prof["name"])
+    run_id = runs.check_run_id(args.run_id) if args.run_id is not None else runs.new_run_id(prof["name"])
     container = f"forge-serve-{run_id}".lower()
     cmd = launch_command(rendered, image=image, vllm_cmd=args.vllm, port=port,
                          container=container, shm_size=args.shm_size)
@@ -238,14 +254,17 @@ def start_server(prof: dict, model_path: Path, *, contest: dict, port: int, run_
     # resuming a run keeps its profile: its serve.json and results must describe one server
     runs.refuse_other_profile(rdir, prof["name"], "this server would run", hint=(
         f"start a new run: omit --run-id (or give a new one); --profile {{prior}} --run-id {run_id} resumes it"))
+    created = not rdir.exists()
     rdir.mkdir(parents=True, exist_ok=True)
     log = rdir / "server.log"
-    runs.write_json(rdir / "serve.json", {
+    # the run's record of its server (serve.json) is written once the server is up: a start that
+    # fails leaves only the server log it names (not tracked), and a new run folder holds nothing else
+    record = {
         "profile": prof["name"], "profile_chain": prof["chain"], "description": prof["description"],
         "model": str(model_path), "image": image, "command": rendered["argv"], "launch": cmd,
         "env": rendered["env"], "port": port, "scored_port": scored, "started": runs.now_iso(),
         **({"harness_args": list(harness_args), "harness_env": dict(extra_env or {})} if harness_args else {}),
-    })
+    }
     if harness_args:
         ui.info(f"harness server (not a scored run): {proc.fmt(harness_args)}")
     elif not scored:
@@ -253,8 +272,14 @@ def start_server(prof: dict, model_path: Path, *, contest: dict, port: int, run_
     env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in rendered["env"].items())
     ui.info(f"starting profile {prof['name']} (run {run_id}); log: {paths.rel(log)}")
     ui.info(f"{env_text} {proc.fmt(cmd)}")
-    p = proc.start(cmd, log=log, env={**(process_env or {}), **env}, what="server",
-                   hint="install docker" if image else "install our vLLM wheel")
+    try:
+        p = proc.start(cmd, log=log, env={**(process_env or {}), **env}, what="server",
+                       hint="install docker" if image else "install our vLLM wheel")
+    except BaseException:
+        if created:                     # nothing started: no log to read, no run
+            log.unlink(missing_ok=True)
+            runs.prune_empty(rdir)
+        raise
     state = {"pid": p.pid, "pgid": os.getpgid(p.pid), "start_time": proc.process_start_time(p.pid),
              "run_id": run_id, "run_dir": str(rdir), "log": str(log), "profile": prof["name"],
              "model": str(model_path), "image": image, "container": container if image else None,
@@ -271,6 +296,7 @@ def start_server(prof: dict, model_path: Path, *, contest: dict, port: int, run_
             stop_server(state, quiet=True)
             raise
         state["ready"] = True
+    runs.write_json(rdir / "serve.json", record)
     return state
 
 
@@ -340,7 +366,7 @@ def register(sub) -> None:
     p.add_argument("--shm-size", default="64g", help="container shared memory (default 64g)")
     p.add_argument("--vllm", help="how to start vLLM natively, e.g. 'python3 -m vllm.entrypoints.cli.main' "
                                   "(default: `vllm` on PATH, else this Python's module)")
-    p.add_argument("--port", type=int, default=None,
+    p.add_argument("--port", type=options.port, default=None,
                    help="testing only: listen elsewhere than the locked 8001 (the run is marked unscored)")
     p.add_argument("--foreground", action="store_true",
                    help="exec the checked server command in this process (the image's entrypoint)")
