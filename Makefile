@@ -33,10 +33,10 @@ venv: ## create/update the project venv (.venv) from requirements/dev.txt
 fetch: ## fetch and verify the pinned vLLM 0.18.1 source; prints the verified tree's path (VLLM_SRC=path for offline use)
 	@$(FORGE) fetch
 
-tree: ## build/vllm[-BASE]: the base (sdist; vendor with VENDOR_SRC=; standin) + kernel overlay + one commit per patch (no-op when current); FORCE=1 discards work there, THREEWAY=1 lets git am merge
+tree: ## build/vllm: pristine upstream + kernel overlay + one commit per patch (no-op when current); BASE=vendor (VENDOR_SRC=) or standin: build/vllm-BASE; FORCE=1 discards work there, THREEWAY=1 lets git am merge
 	@$(FORGE) tree --base $(BASE)
 
-patches-check: ## prove patches/ applies to every base present (sdist, standin; vendor with VENDOR_SRC=), matches its tree, builds offline
+patches-check: ## prove patches/ applies to every base present, matches its tree, and (vendor, stand-in) builds offline (VENDOR_SRC= adds the vendor base)
 	@$(FORGE) patches-check
 
 patches-refresh: ## write build/vllm's commits back to patches/ (messages preserved)
@@ -45,16 +45,16 @@ patches-refresh: ## write build/vllm's commits back to patches/ (messages preser
 patches-lint: ## check every patch's review record and the contest's forbidden paths
 	@$(FORGE) patches-lint
 
-offline-check: ## fail naming file:line if a HIP build of the BASE's tree would download (CMake FetchContent, ...)
+offline-check: ## fail naming file:line if a HIP build of the tree would download (BASE=; CMake FetchContent, ExternalProject, file(DOWNLOAD))
 	@$(FORGE) offline-check --base $(BASE)
 
 export: ## patched tree as a tarball + one combined diff, for a scoring repository
 	@$(FORGE) export
 
-submission: ## the repository to push (vendor base with VENDOR_SRC=, else the labelled stand-in) + Art. 12/13 documents + pre-flight (INTO=dir)
+submission: ## the repository a team pushes: vendor base, kernels, one commit per patch, the Art. 12/13 documents, and a pre-flight (VENDOR_SRC=, else the labelled stand-in; INTO=dir)
 	@$(FORGE) submission $(if $(INTO),--into $(INTO))
 
-wheel: ## the wheel from a clean copy of the BASE's tree (ROCm build on a DCU host; BASE=vendor: setup.py's own version; WHEEL_DEVICE=auto)
+wheel: ## build the vllm wheel from a clean copy of build/vllm (BASE= picks the tree; BASE=vendor: setup.py's own version; ROCm build on a DCU host; WHEEL_DEVICE=auto)
 	@$(FORGE) wheel --device $(WHEEL_DEVICE) --base $(BASE)
 
 image: ## build the DCU image from Dockerfile.rocm (BuildKit or buildah); `make -n image` prints the command
@@ -81,7 +81,7 @@ kernels-check: venv ## compile-check kernels/csrc (hipcc gfx90a, nvcc sm_90) and
 bench-kernels: ## kernel benchmarks on a GPU machine (writes reports/kernels/)
 	@$(FORGE) bench-kernels
 
-calibrate: ## on the card (or a GPU machine): check and time every kernel candidate, write the device's table (CALIBRATE_ARGS=...)
+calibrate: ## check and time every kernel candidate on this device; write its table (on the card, or a GPU machine; CALIBRATE_ARGS=...)
 	@$(FORGE) calibrate $(CALIBRATE_ARGS)
 
 serve: ## start the contest server command for a profile and wait for /health (PROFILE=, MODEL=dir, IMAGE=optional image)
@@ -99,7 +99,7 @@ score: ## the contest score of a run (or of what-if tok/s) against a baseline: R
 predict: ## predict the DCU tok/s per tier and the contest score: E2E=<e2e folder> | RUN=<run> REFERENCE=<run> | CALIBRATION=<calibrate folder> | SPEEDUP="prefill_attn=10 gemv=1.45" | TTFT_S=a,b,c TPOT_MS=a,b,c [BASELINE_NAME=] [OUT=<folder>] [LABEL=<name>]
 	@$(FORGE) predict $(if $(CALIBRATION),--calibration $(CALIBRATION)) $(if $(E2E),--e2e $(E2E)) $(if $(RUN),--run $(RUN)) $(if $(REFERENCE),--reference $(REFERENCE)) $(foreach s,$(SPEEDUP),--speedup $(s)) $(if $(TTFT_S),--ttft-s $(TTFT_S)) $(if $(TPOT_MS),--tpot-ms $(TPOT_MS)) $(if $(BASELINE_NAME),--baseline-name $(BASELINE_NAME)) $(if $(OUT),--out $(OUT)) $(if $(LABEL),--label $(LABEL))
 
-import-throughput: ## the organizers' run_throughput.sh results (FROM=<their testdata folder>) as a run folder for score/compare/predict
+import-throughput: ## the organizers' run_throughput.sh results as a run folder (score, compare, predict read it) (FROM=<their testdata folder>)
 	@$(FORGE) import-throughput $(FROM) $(if $(RUN),--run-id $(RUN)) --profile $(PROFILE)
 
 compare: ## per-tier deltas between runs A and B, with a noise band (A=<run> B=<run>; REFERENCE=<run>: score both against it)
