@@ -596,3 +596,26 @@ def test_the_image_description_names_every_change_of_the_series():
         topic = re.sub(r"^Subject:\s*(\[PATCH[^\]]*\]\s*)?", "", subject).split(":", 1)[0]
         assert topic in named, f"{name}: topic {topic!r}: name it in the image description and here"
         assert named[topic] is None or named[topic] in label, (topic, label)
+
+
+# --- calibration ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, words", [
+    (["calibrate", "--families", "gemv,nope"], ["--families", "unknown nope"]),
+    (["calibrate", "--redo", "nope"], ["--redo", "unknown family 'nope'"]),
+    (["calibrate", "--python", "/nonexistent/python3"], ["--python", "not an executable file"]),
+    (["calibrate", "--out", ""], ["--out"]),
+    (["predict", "--calibration", "tests"], ["no calibration.json"]),
+    (["predict", "--check-e2e", "tests"], ["--check-e2e goes with --calibration"]),
+])
+def test_calibration_inputs_are_refused(tmp_path, args, words):
+    with writes_nothing(tmp_path):
+        refused(forge(tmp_path, *args), *words)
+
+
+def test_a_calibration_folder_that_is_not_a_report_is_named(tmp_path):
+    cal = tmp_path / "cal"
+    cal.mkdir()
+    (cal / "calibration.json").write_text('{"selection": 3}')
+    with writes_nothing(tmp_path):
+        refused(forge(tmp_path, "predict", "--calibration", str(cal)), "not a calibration report")

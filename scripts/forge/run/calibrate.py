@@ -180,8 +180,11 @@ def cmd_calibrate(args) -> int:
     for f in args.redo or []:
         if f not in FAMILIES:
             raise ForgeError(f"--redo: unknown family {f!r}", hint=f"families: {', '.join(FAMILIES)}")
-    if args.out is not None and not args.out.strip():
-        raise ForgeError("--out: an empty path", hint="give a folder, or leave --out out")
+    if args.out is not None:
+        args.out = str(paths.target_folder(args.out, "--out"))
+    if args.python is not None and not (os.path.isfile(args.python) and os.access(args.python, os.X_OK)):
+        raise ForgeError(f"--python {args.python}: not an executable file",
+                         hint="give the Python that has torch (and the installed vLLM) on this machine")
     dk, do = default_kernels()
     args.kernels = args.kernels or dk
     args.ops = args.ops or do
