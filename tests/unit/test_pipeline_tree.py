@@ -304,3 +304,25 @@ def test_export_refuses_a_bad_into_before_building_anything(tmp_path, monkeypatc
         with pytest.raises(ForgeError, match="not a directory"):
             export.export(tmp_path / "out", into=bad)
     assert not (tmp_path / "out").exists()
+
+
+def test_an_overlay_pattern_stands_for_each_file_it_matches(env):
+    """The per-device tables ride the overlay as a pattern: one entry per matching file, in name order,
+    into the folder the entry names; a pattern matching nothing adds nothing; a pattern needs a folder."""
+    tuned = env["root"] / "configs" / "tuned"
+    tuned.mkdir(parents=True)
+    overlay = env["root"] / "kernels" / "overlay.yaml"
+    overlay.write_text("files:\n  - src: kernels/k.py\n    dst: pkg/ops/k.py\n"
+                       "  - src: configs/tuned/*.json\n    dst: pkg/tuned/\n")
+    assert tree.overlay_entries() == [{"src": "kernels/k.py", "dst": "pkg/ops/k.py"}]
+    (tuned / "b.json").write_text("{}")
+    (tuned / "a.json").write_text("{}")
+    (tuned / "notes.txt").write_text("not a table")
+    assert tree.overlay_entries()[1:] == [{"src": "configs/tuned/a.json", "dst": "pkg/tuned/a.json"},
+                                          {"src": "configs/tuned/b.json", "dst": "pkg/tuned/b.json"}]
+    overlay.write_text("files:\n  - src: configs/tuned/*.json\n    dst: pkg/tuned\n")
+    with pytest.raises(ForgeError, match="a pattern's destination is a folder ending in '/'"):
+        tree.overlay_entries()
+    overlay.write_text("files:\n  - src: ../elsewhere/*.json\n    dst: pkg/tuned/\n")
+    with pytest.raises(ForgeError, match="relative paths inside the project"):
+        tree.overlay_entries()
