@@ -34,6 +34,9 @@ def main(argv=None) -> int:
                     help="tiny shapes under Triton's interpreter on a CPU: the plumbing, not the numbers")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--workdir", default=None, help="where a family keeps side files (default: beside --out)")
+    ap.add_argument("--resume", action="store_true",
+                    help="after a process of this family died: keep OUT.partial.jsonl's candidates, record those "
+                         "in OUT.killers.jsonl as failed, measure the rest")
     args = ap.parse_args(argv)
     args.workdir = args.workdir or os.path.dirname(os.path.abspath(args.out))
 
@@ -42,12 +45,14 @@ def main(argv=None) -> int:
     from calibrate import attention, common, gemv, misc
     run = {"gemv": gemv.run, "prefill": attention.prefill, "decode": attention.decode,
            "write": misc.write, "gemm": misc.gemm}[args.family]
+    args.ledger = common.Ledger(args.out, args.resume)
     t0 = time.time()
     doc = run(torch, args, lambda done, total, what: common.progress(args.family, done, total, what))
     doc.update(family=args.family, device=forge_tuned.device_identity(), seconds=round(time.time() - t0, 1),
                options={"kernels": args.kernels, "ops": args.ops, "quick": args.quick, "smoke": args.smoke,
                         "seed": args.seed})
     common.write_doc(args.out, doc)
+    args.ledger.finish()
     bad = [r for r in doc["records"] if not r["ok"]]
     print(f"[calibrate {args.family}] done in {doc['seconds']} s: {len(doc['records'])} records, "
           f"{len(bad)} failed", flush=True)

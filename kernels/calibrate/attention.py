@@ -144,7 +144,7 @@ def prefill(torch, args, emit) -> dict:
     if args.quick and not args.smoke:
         points = [p for p in points if p[0] in (0, 16384)]
     gen = torch.Generator(device=sh.dev).manual_seed(args.seed)
-    records, notes = [], []
+    L, notes = args.ledger, []
     kinds = [("16bit", C.BLOCK_BF16)] + ([] if args.quick else [("int8", C.BLOCK_INT8)])
     for kv, block in kinds:
         builtin = tuple(pre.launch_config(torch.int8 if kv == "int8" else torch.bfloat16, is_hip))
@@ -162,6 +162,8 @@ def prefill(torch, args, emit) -> dict:
             name = "vLLM unified (16-row tiles)" if kind == "upstream" else \
                 "BLOCK_M {} TILE_N {} warps {} stages {}".format(*launch)
             emit(n, total, f"prefill {kv}: {name}")
+            if not L.begin(f"prefill.{kv}", name, kind, list(launch) if launch else None):
+                continue
             kw = {} if launch is None else dict(block_m=launch[0], tile_n=launch[1], num_warps=launch[2],
                                                 num_stages=launch[3])
             outs = [torch.full_like(c["q"], float("nan")) for c in cases]
@@ -189,13 +191,13 @@ def prefill(torch, args, emit) -> dict:
                         us = C.time_events(torch, lambda i=i: call(i), reps=3 if args.quick else 8)
                     except Exception as e:  # noqa: BLE001
                         failure, ok = C.short_error(e), False
-                records.append(C.record(f"prefill.{kv}", name, kind, point=f"P={p} C={c}", weight=w,
+                L.add(C.record(f"prefill.{kv}", name, kind, point=f"P={p} C={c}", weight=w,
                                         launch=list(launch) if launch else None, ok=ok,
                                         err=None if failure else err, tol=TOL[kv], error=failure, us=us))
         cases = outs = None
         if sh.dev == "cuda":
             torch.cuda.empty_cache()
-    return {"records": records, "notes": notes}
+    return {"records": L.records, "notes": notes}
 
 
 def decode_grid(is_hip: bool, quick: bool):
@@ -211,7 +213,7 @@ def decode(torch, args, emit) -> dict:
     contexts = (97,) if args.smoke else ((4096, 32768) if args.quick else C.DECODE_CONTEXTS)
     gen = torch.Generator(device=sh.dev).manual_seed(args.seed + 1)
     rotate = 1 if not C.on_gpu(torch) else 4
-    records = []
+    led = args.ledger
     cus = torch.cuda.get_device_properties(0).multi_processor_count if C.on_gpu(torch) else 16
     for kv, block in (("16bit", C.BLOCK_BF16), ("int8", C.BLOCK_INT8)):
         builtin_s = dec.choose_num_segments(cus, 1, sh.hkv, 32768)
@@ -227,6 +229,8 @@ def decode(torch, args, emit) -> dict:
             name = "vLLM unified 3D (16 segments)" if kind == "upstream" else \
                 "segments {} TILE_N {} warps {} stages {}".format(*launch)
             emit(n, len(cands), f"decode {kv}: {name}")
+            if not led.begin(f"decode.1.{kv}", name, kind, list(launch) if launch else None):
+                continue
             for L in contexts:
                 outs = [torch.full_like(c["q"], float("nan")) for c in cases[L]]
                 if kind == "upstream":
@@ -256,8 +260,8 @@ def decode(torch, args, emit) -> dict:
                             else C.time_events(torch, fns[0], reps=2)
                 except Exception as e:  # noqa: BLE001
                     failure, ok = C.short_error(e), False
-                records.append(C.record(f"decode.1.{kv}", name, kind, point=f"ctx={L}", launch=list(launch) if launch
+                led.add(C.record(f"decode.1.{kv}", name, kind, point=f"ctx={L}", launch=list(launch) if launch
                                         else None, ok=ok, err=err, tol=TOL[kv], error=failure, us=us))
         cases = None
-    return {"records": records, "notes": ["decode int8: correctness of the built-in launch only (not in the "
+    return {"records": led.records, "notes": ["decode int8: correctness of the built-in launch only (not in the "
                                           "submission's profile)"]}

@@ -157,3 +157,77 @@ def write_doc(path: str, doc: dict) -> None:
 
 def progress(family: str, done: int, total: int, what: str) -> None:
     print(f"[calibrate {family}] {done}/{total} {what}", flush=True)
+
+
+class Ledger:
+    """A family's records as they are made, kept on disk, so a candidate that kills the process (a GPU
+    fault, a compiler crash) costs only itself: before a candidate runs, OUT.inflight names it; each
+    record is appended to OUT.partial.jsonl. `forge calibrate` moves the candidate in flight of a
+    process that died to OUT.killers.jsonl and starts the family again with resume: candidates already
+    measured are taken from the partial file, a killer is recorded as failed without running again.
+
+    FORGE_CALIBRATE_FAULT="<decision>|<candidate>" kills the process at that candidate (the tool's own
+    fault-injection tests)."""
+
+    def __init__(self, out: str, resume: bool):
+        self.partial, self.inflight, self.killers = out + ".partial.jsonl", out + ".inflight", out + ".killers.jsonl"
+        self.records: list[dict] = []
+        self.reuse: dict[tuple, list[dict]] = {}
+        self.dead: dict[tuple, dict] = {}
+        if resume:
+            for r in _jsonl(self.partial):
+                self.reuse.setdefault((r["decision"], r["candidate"]), []).append(r)
+            for k in _jsonl(self.killers):
+                self.dead[(k["decision"], k["candidate"])] = k
+        else:
+            for f in (self.partial, self.inflight, self.killers):
+                if os.path.exists(f):
+                    os.remove(f)
+        # the partial file is rewritten with what this run keeps, as it goes
+        if os.path.exists(self.partial):
+            os.remove(self.partial)
+
+    def begin(self, decision: str, candidate: str, kind: str, launch=None) -> bool:
+        """True when the candidate is to be measured now; False when its records are already here
+        (measured before this process, or a candidate that killed an earlier one)."""
+        key = (decision, candidate)
+        if key in self.reuse:
+            for r in self.reuse.pop(key):
+                self.add(r)
+            return False
+        if key in self.dead:
+            k = self.dead[key]
+            self.add(record(decision, candidate, kind, point="(every point)", launch=launch, ok=False,
+                            error=f"killed the calibration process ({k.get('why', 'it died')}); not run again"))
+            return False
+        with open(self.inflight, "w", encoding="utf-8") as f:
+            json.dump({"decision": decision, "candidate": candidate, "kind": kind, "launch": launch}, f)
+        if os.environ.get("FORGE_CALIBRATE_FAULT") == f"{decision}|{candidate}":
+            import signal
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return True
+
+    def add(self, rec: dict) -> dict:
+        self.records.append(rec)
+        with open(self.partial, "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec, default=str) + "\n")
+        return rec
+
+    def finish(self) -> None:
+        for f in (self.partial, self.inflight, self.killers):
+            if os.path.exists(f):
+                os.remove(f)
+
+
+def _jsonl(path: str) -> list[dict]:
+    out = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    break                # a line cut short by the process dying: the rest is measured again
+    except FileNotFoundError:
+        pass
+    return out

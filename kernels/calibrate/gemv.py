@@ -111,7 +111,7 @@ def run(torch, args, emit) -> dict:
     ms = (1, 2) if args.quick else (1, 2, 3, 4)
     shapes = C.LINEAR[:3] if args.quick else C.LINEAR
     g = torch.Generator(device="cuda").manual_seed(args.seed)
-    records = []
+    L = args.ledger
     total = len(shapes) * len(ms)
     step = 0
     for layer, N, K in shapes:
@@ -135,6 +135,8 @@ def run(torch, args, emit) -> dict:
 
             def candidate(name, kind, fn, launch=None, selectable=True, decision=dec, reference=ref,
                           shape_out=(M, N), poison=None):
+                if not L.begin(decision, name, kind, launch):
+                    return
                 r = C.record(decision, name, kind, point=point, launch=launch, selectable=selectable,
                              tol=TOL, weight=C.CALLS_PER_TOKEN[layer])
                 try:
@@ -151,7 +153,7 @@ def run(torch, args, emit) -> dict:
                 except Exception as e:  # noqa: BLE001 - a candidate that fails is recorded, not fatal
                     r["error"] = C.short_error(e)
                     r["ok"] = False
-                records.append(r)
+                L.add(r)
 
             candidate(base_name, "upstream", lambda w: base(x, w))
             if base_name != "F.linear":
@@ -187,4 +189,4 @@ def run(torch, args, emit) -> dict:
                               decision=fdec, reference=fref, shape_out=(M, half), poison=ys)
         ws = w0 = None
         torch.cuda.empty_cache()
-    return {"records": records, "notes": notes}
+    return {"records": L.records, "notes": notes}

@@ -39,7 +39,7 @@ def write(torch, args, emit) -> dict:
                 k, v, kd, vd, ks, vs, sl)
     except (ImportError, AttributeError, RuntimeError):
         pass
-    records = []
+    L = args.ledger
     g = torch.Generator(device=dev).manual_seed(args.seed + 2)
     cases = [(b, t) for b in (C.BLOCK_BF16, C.BLOCK_INT8) for t in ((1, 37) if args.smoke else (1, C.CHUNK))]
     for n, (block, tokens) in enumerate(cases, 1):
@@ -54,7 +54,10 @@ def write(torch, args, emit) -> dict:
         for name, fn in writers.items():
             cache = torch.full((nb, 2, block, hkv, d + 4), -99, dtype=torch.int8, device=dev)
             kd, vd, ks, vs = W.int8_kv_views(cache, hkv, d)
-            r = C.record("write", name, "ours", point=f"block={block} tokens={tokens}", tol=1.0)
+            dec = f"write.b{block}.t{tokens}"
+            if not L.begin(dec, name, "ours"):
+                continue
+            r = C.record(dec, name, "ours", point=f"block={block} tokens={tokens}", tol=1.0)
             try:
                 fn(key, val, kd, vd, ks, vs, slots)
                 flat = kd.reshape(nb * block, hkv, d)
@@ -71,8 +74,8 @@ def write(torch, args, emit) -> dict:
                     r["us"] = C.time_graph(torch, [lambda: fn(key, val, kd, vd, ks, vs, slots)], reps=10)
             except Exception as e:  # noqa: BLE001
                 r.update(ok=False, error=C.short_error(e))
-            records.append(r)
-    return {"records": records, "notes": [f"writers: {', '.join(writers)}"]}
+            L.add(r)
+    return {"records": L.records, "notes": [f"writers: {', '.join(writers)}"]}
 
 
 def gemm(torch, args, emit) -> dict:
@@ -85,7 +88,7 @@ def gemm(torch, args, emit) -> dict:
     m = C.CHUNK
     shapes = C.LINEAR[:2] if args.quick else [s for s in C.LINEAR if s[0] != "lm_head"]
     results = os.path.join(args.workdir, "tunableop_results.csv")
-    records, notes = [], ["lm_head runs once per prefill (the last token only): not a prefill GEMM"]
+    L, notes = args.ledger, ["lm_head runs once per prefill (the last token only): not a prefill GEMM"]
     g = torch.Generator(device="cuda").manual_seed(args.seed + 3)
     for n, (layer, N, K) in enumerate(shapes, 1):
         emit(n, len(shapes), f"gemm {layer} {m}x{N}x{K}")
@@ -95,6 +98,8 @@ def gemm(torch, args, emit) -> dict:
         dec = f"gemm.{N}x{K}"
         weight = C.CALLS_PER_TOKEN[layer]
         for name, kind in (("F.linear (default)", "upstream"), ("F.linear (TunableOp)", "ours")):
+            if not L.begin(dec, name, kind):
+                continue
             r = C.record(dec, name, kind, point=f"M={m}", weight=weight, tol=2e-2)
             try:
                 if kind == "ours":
@@ -115,11 +120,11 @@ def gemm(torch, args, emit) -> dict:
             finally:
                 if kind == "ours":
                     tun.enable(False)
-            records.append(r)
+            L.add(r)
         x = w = None
     try:
         tun.write_file(results)
         notes.append(f"TunableOp results: {os.path.basename(results)}")
     except Exception as e:  # noqa: BLE001
         notes.append(f"TunableOp results not written: {C.short_error(e)}")
-    return {"records": records, "notes": notes}
+    return {"records": L.records, "notes": notes}

@@ -100,3 +100,14 @@ def test_fit_rate_recovers_a_linear_kernel():
     flops = lambda pt: (lambda p, c: c * (p + (c + 1) / 2))(*(int(x.split("=")[1]) for x in pt.split()))  # noqa: E731
     a, b = sel.fit_rate(times, flops)
     assert a == pytest.approx(3e-6) and b == pytest.approx(7.0)
+
+
+def test_a_candidate_that_killed_its_process_fails_alone():
+    """A killer is recorded once for every point (it never ran): the others' points still decide."""
+    P = "prefill.16bit"
+    recs = [rec(P, "unified", "upstream", 50.0, point="a"), rec(P, "unified", "upstream", 50.0, point="b"),
+            rec(P, "L1", "builtin", 10.0, point="a"), rec(P, "L1", "builtin", 10.0, point="b"),
+            rec(P, "L2", "ours", None, point="(every point)", ok=False, error="killed the calibration process")]
+    s = sel.select(recs)[P]
+    assert s["chosen"] == "L1" and set(s["candidates"]) == {"unified", "L1"}
+    assert "killed" in s["failed"]["L2"]

@@ -7,8 +7,9 @@ ties to upstream), the per-device table the patched vLLM reads at start-up, and 
 Runs in the competition container or the image with our wheel installed (`--kernels installed --ops
 vllm`, the default when the installed vLLM carries our kernels), or from a checkout on any GPU
 machine (`--kernels checkout --ops build`: our kernels from kernels/, the GEMV compiled from
-kernels/csrc; vLLM's own kernels from the installed vLLM). Each family runs in a child process, so a
-candidate that faults the GPU costs its family, which is recorded as failed, and the rest goes on.
+kernels/csrc; vLLM's own kernels from the installed vLLM). Each family runs in a child process, and a
+candidate that faults the GPU or crashes the process is recorded as failed while its family starts again
+with the candidates it has not measured (at most 5 times); the other families go on regardless.
 Families already measured in the output folder with the same options are kept (rerun after an
 interrupt to resume; --redo FAMILY to measure one again).
 
@@ -35,6 +36,7 @@ from . import calibration as sel
 
 FAMILIES = ("gemv", "prefill", "decode", "write", "gemm")
 FAMILY_TIMEOUT_S = {"gemv": 600, "prefill": 600, "decode": 300, "write": 120, "gemm": 300}
+MAX_RESTARTS = 5          # candidates that may kill a family's process before the family is given up
 TUNED = paths.CONFIGS / "kernels" / "tuned"
 
 
@@ -81,22 +83,36 @@ def run_family(family: str, out_dir: Path, args) -> dict:
     if args.smoke:
         # Triton's interpreter on the CPU; vLLM keeps Triton enabled when no GPU driver is visible
         env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    ui.info(f"{family}: measuring (log: {paths.rel(log)}; at most {FAMILY_TIMEOUT_S[family]} s)")
+    budget = FAMILY_TIMEOUT_S[family] * (3 if args.smoke else 1)
+    ui.info(f"{family}: measuring (log: {paths.rel(log)}; at most {budget} s)")
     t0 = time.monotonic()
-    try:
-        res = proc.run(worker_cmd(family, path, args), env=env, check=False, log=log, cwd=paths.ROOT,
-                       timeout=FAMILY_TIMEOUT_S[family] * (3 if args.smoke else 1), what=f"calibrate {family}")
-        code = res.returncode
-    except ForgeError as e:          # timed out
-        code, why = None, str(e).splitlines()[0]
-    if code == 0 and path.is_file():
-        doc = json.loads(path.read_text())
-        bad = sum(1 for r in doc["records"] if not r["ok"])
-        ui.info(f"{family}: {len(doc['records'])} records, {bad} failed, {time.monotonic() - t0:.0f} s")
-        return doc
-    if code is not None:
+    inflight, killers = Path(f"{path}.inflight"), Path(f"{path}.killers.jsonl")
+    for attempt in range(MAX_RESTARTS + 1):
+        left = budget - (time.monotonic() - t0)
+        try:
+            res = proc.run(worker_cmd(family, path, args) + (["--resume"] if attempt else []), env=env, check=False,
+                           log=log, cwd=paths.ROOT, timeout=max(left, 1), what=f"calibrate {family}")
+            code = res.returncode
+        except ForgeError as e:          # timed out
+            code, why = None, str(e).splitlines()[0]
+            break
+        if code == 0 and path.is_file():
+            doc = json.loads(path.read_text())
+            bad = sum(1 for r in doc["records"] if not r["ok"])
+            ui.info(f"{family}: {len(doc['records'])} records, {bad} failed, {time.monotonic() - t0:.0f} s")
+            return doc
         why = (f"the process was killed by signal {-code} (a GPU fault or a crash)" if code < 0
                else f"the process exited {code}")
+        try:
+            who = json.loads(inflight.read_text())
+        except (OSError, ValueError):
+            break                        # it died outside a candidate: the family as a whole failed
+        who["why"] = why
+        with open(killers, "a", encoding="utf-8") as f:
+            f.write(json.dumps(who) + "\n")
+        inflight.unlink(missing_ok=True)
+        ui.warn(f"{family}: {who['decision']} / {who['candidate']}: {why}; recorded as failed, "
+                f"the family goes on with the other candidates")
     tail = proc.tail(log, 6) if log.is_file() else ""
     ui.warn(f"{family}: FAILED: {why}; the calibration goes on without it\n{tail}")
     return {"family": family, "failed": why, "log_tail": tail, "records": [], "options": options(args)}

@@ -45,12 +45,13 @@ def select(records: list[dict], noise_floor: float = NOISE_FLOOR) -> dict:
     "candidates": {name: {...}}, "failed": {name: why}, "why"}} for every decision with records."""
     by_dec: dict[str, dict[str, list[dict]]] = {}
     for r in records:
-        if r["decision"] in CHECK_ONLY:
+        if r["decision"].split(".")[0] in CHECK_ONLY:
             continue
         by_dec.setdefault(r["decision"], {}).setdefault(r["candidate"], []).append(r)
     out = {}
     for dec, cands in sorted(by_dec.items()):
-        points = {r["point"] for recs in cands.values() for r in recs}
+        # the points some candidate was timed at (a candidate that failed everywhere adds none)
+        points = {r["point"] for recs in cands.values() for r in recs if r.get("ok") and r.get("us")}
         info, failed = {}, {}
         for name, recs in cands.items():
             tot = _totals(recs)
