@@ -60,7 +60,8 @@ def refused(r: subprocess.CompletedProcess, *words: str) -> str:
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     errors = [x for x in lines if re.match(r"^forge( [\w-]+)?: error: ", x)]
     assert len(errors) == 1, r.stderr
-    assert all(x in errors or x.startswith(("  fix: ", "[forge] ", "make: *** ")) for x in lines), r.stderr
+    assert all(x in errors or x.startswith(("  fix: ", "[forge] ")) or re.match(r"make(\[\d+\])?: \*\*\* ", x)
+               for x in lines), r.stderr
     for w in words:
         assert w in errors[0], (w, r.stderr)
     return errors[0]

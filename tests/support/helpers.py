@@ -51,8 +51,9 @@ def forge_env(tmp: Path, **extra: str) -> dict:
     env = dict(os.environ)
     env.update({"PYTHONPATH": str(ROOT / "scripts"), "FORGE_RUNS_DIR": str(tmp / "runs"),
                 "FORGE_BUILD_DIR": str(tmp / "build"), "NO_PROXY": "127.0.0.1,localhost"})
-    env.pop("DATA_DIR", None)
-    env.pop("MODEL", None)
+    # a test's `make` runs as a user's does, not as a sub-make of the `make test` that started pytest
+    for k in ("DATA_DIR", "MODEL", "MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES"):
+        env.pop(k, None)
     env.update(extra)
     return env
 
