@@ -65,6 +65,66 @@ def test_the_core_imports_no_lab():
         assert not any(m.startswith("forge.lab") for m in imported(path)), path
 
 
+def import_graph() -> dict[str, set[str]]:
+    """forge module -> the forge modules it imports (anywhere in it: top level, inside a function, or
+    for type checking only), a package's import of one of its modules counted as that module's."""
+    names = {module_name(p) for p in MODULES}
+    return {module_name(p): {m for m in imported(p) if m in names} - {module_name(p)} for p in MODULES}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                group = []
+                while True:
+                    x = stack.pop()
+                    on_stack.discard(x)
+                    group.append(x)
+                    if x == v:
+                        break
+                if len(group) > 1:
+                    found.append(sorted(group))
+    return found
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_in_the_tool():
+    """No two modules of scripts/forge import each other, directly or round a ring, not even inside a
+    function or for type checking only: a shared piece lives in the module both can import."""
+    assert not circles(import_graph()), "import circles (move the shared piece where both can import it)"
+
+
 SPAWNERS = {("subprocess", "run"), ("subprocess", "Popen"), ("subprocess", "call"), ("subprocess", "check_call"),
             ("subprocess", "check_output"), ("os", "system"), ("os", "popen"), ("os", "execv"), ("os", "execvp"),
             ("os", "execvpe"), ("os", "execve"), ("os", "spawnv"), ("os", "spawnvp"), ("os", "posix_spawn")}

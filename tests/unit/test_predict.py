@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import FIXTURE_RUNS, ROOT, forge  # noqa: E402
 
-from forge.run import contest, predict, synth  # noqa: E402
+from forge.run import contest, predict, synth, timemodel  # noqa: E402
 
 TIERS = ["4-8K", "8-16K", "16-32K"]
 
@@ -37,9 +37,9 @@ def formula(tok, base=(12.21, 8.81, 5.39), weights=(20, 50, 30)):
 
 def test_tier_tok_s_hand_computed():
     # two requests of 10 and 20 tokens, TTFT 1 s, TPOT 0.1 s: 30 tokens in 2 + (9 + 19) x 0.1 = 4.8 s
-    assert predict.tier_tok_s([10, 20], 1.0, 0.1) == pytest.approx(6.25)
+    assert timemodel.tier_tok_s([10, 20], 1.0, 0.1) == pytest.approx(6.25)
     # one token: TTFT only
-    assert predict.tier_tok_s([1], 0.5, 9.9) == pytest.approx(2.0)
+    assert timemodel.tier_tok_s([1], 0.5, 9.9) == pytest.approx(2.0)
 
 
 def test_ratios_of_one_reproduce_the_official_run(c, w):
@@ -81,7 +81,7 @@ def test_component_model_hand_computed():
     w = one_request_workload()
     # prefill of 10,000 tokens: attention 196,608e8 / 4e12 = 4.9152 s, GEMMs 1.53 s, GDN 0.61 x 10/21.7
     # = 0.281106 s, elementwise 0.42 x 10/21.7 = 0.193548 s, fixed 0.1 s: 7.019854 s
-    base = predict.component_times(w)["X"]
+    base = timemodel.component_times(w)["X"]
     assert base["ttft_s"] == pytest.approx(7.019854, abs=1e-5)
     # decode: 63.1 + 2.9 x 10/14 (2.071429) + 0.9 + 2.5 + 1.6 = 70.171429 ms
     assert base["tpot_ms"] == pytest.approx(70.171429, abs=1e-5)

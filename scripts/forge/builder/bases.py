@@ -25,11 +25,10 @@ from ..errors import ForgeError
 from ..hashing import combine, file_entry, manifest_diff, manifest_hash, sha256_file, tree_manifest
 from ..paths import BUILD, CACHE, ROOT, TREE, Lock, rel
 from . import fetch
+from .fetch import SKIP_ANYWHERE, in_scope, scope_manifest, vendor_cfg
 
 BASES = ("sdist", "standin", "vendor")
-# never part of a vendor checkout's content: Python's byte-code caches (an import of vllm/envs.py by
-# setup.py writes one) and a build's outputs at the top of the checkout
-SKIP_ANYWHERE = (".git", "__pycache__", *fetch.INTERNAL)
+# never part of a vendor checkout's content at its top: a build's outputs (SKIP_ANYWHERE: builder/fetch.py)
 SKIP_AT_TOP = ("build", "dist", ".deps", "vllm.egg-info")
 
 
@@ -54,35 +53,6 @@ def check_name(base: str) -> None:
 
 
 # --- the vendor tree's pin ---------------------------------------------------------------------
-
-def vendor_cfg() -> dict:
-    v = config.upstream().get("vendor")
-    if not v:
-        raise ForgeError("configs/upstream.yaml has no 'vendor' section: the vendor tree is not pinned",
-                         hint="restore the vendor section (scope, scope_sha256, changed, absent, standin_patch)")
-    return v
-
-
-def in_scope(path: str, vcfg: dict) -> bool:
-    parts = path.split("/")
-    if any(p in ("__pycache__", ".git") for p in parts):
-        return False
-    return path in vcfg["scope"]["files"] or (len(parts) > 1 and parts[0] in vcfg["scope"]["folders"])
-
-
-def scope_manifest(root: Path, vcfg: dict, files: list[str] | None = None) -> dict[str, list]:
-    """{path: [kind, size, sha256]} of the scoped files under root (of `files` when given: a git
-    checkout's tracked files; a tracked file that is gone is left out and shows as missing)."""
-    root = Path(root)
-    if files is not None:
-        return {p: file_entry(root / p) for p in files
-                if in_scope(p, vcfg) and ((root / p).exists() or (root / p).is_symlink())}
-    out = {p: file_entry(root / p) for p in vcfg["scope"]["files"] if (root / p).exists() or (root / p).is_symlink()}
-    for d in vcfg["scope"]["folders"]:
-        if (root / d).is_dir():
-            out.update({f"{d}/{p}": e for p, e in tree_manifest(root / d, exclude=SKIP_ANYWHERE).items()})
-    return out
-
 
 def expected_vendor_manifest(sdist_dir: Path, vcfg: dict) -> dict[str, list]:
     """The vendor's scoped manifest derived from the verified sdist's: the absent files left out, the

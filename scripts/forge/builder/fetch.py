@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .. import config, proc, ui
 from ..errors import ForgeError
-from ..hashing import manifest_diff, manifest_hash, sha256_file, tree_manifest, tree_sha256
+from ..hashing import file_entry, manifest_diff, manifest_hash, sha256_file, tree_manifest, tree_sha256
 from ..paths import CACHE, Lock, extract_tar, rel, set_aside
 
 MARKER = ".forge-verified"
@@ -336,11 +336,46 @@ def _fetch_from_index(sd: dict, tarball: Path) -> None:
                           "or --source git with VLLM_GIT_URL")
 
 
+# --- the vendor tree's pinned scope (configs/upstream.yaml `vendor`; builder/bases.py builds on it) --
+
+# never part of a vendor checkout's content: Python's byte-code caches (an import of vllm/envs.py by
+# setup.py writes one), git's folder and our own markers
+SKIP_ANYWHERE = (".git", "__pycache__", *INTERNAL)
+
+
+def vendor_cfg() -> dict:
+    v = config.upstream().get("vendor")
+    if not v:
+        raise ForgeError("configs/upstream.yaml has no 'vendor' section: the vendor tree is not pinned",
+                         hint="restore the vendor section (scope, scope_sha256, changed, absent, standin_patch)")
+    return v
+
+
+def in_scope(path: str, vcfg: dict) -> bool:
+    parts = path.split("/")
+    if any(p in ("__pycache__", ".git") for p in parts):
+        return False
+    return path in vcfg["scope"]["files"] or (len(parts) > 1 and parts[0] in vcfg["scope"]["folders"])
+
+
+def scope_manifest(root: Path, vcfg: dict, files: list[str] | None = None) -> dict[str, list]:
+    """{path: [kind, size, sha256]} of the scoped files under root (of `files` when given: a git
+    checkout's tracked files; a tracked file that is gone is left out and shows as missing)."""
+    root = Path(root)
+    if files is not None:
+        return {p: file_entry(root / p) for p in files
+                if in_scope(p, vcfg) and ((root / p).exists() or (root / p).is_symlink())}
+    out = {p: file_entry(root / p) for p in vcfg["scope"]["files"] if (root / p).exists() or (root / p).is_symlink()}
+    for d in vcfg["scope"]["folders"]:
+        if (root / d).is_dir():
+            out.update({f"{d}/{p}": e for p, e in tree_manifest(root / d, exclude=SKIP_ANYWHERE).items()})
+    return out
+
+
 def cmd_fetch(args) -> int:
     if args.print_tree_hash:
         if args.vendor_scope:
-            from . import bases
-            print(manifest_hash(bases.scope_manifest(Path(args.print_tree_hash), bases.vendor_cfg())))
+            print(manifest_hash(scope_manifest(Path(args.print_tree_hash), vendor_cfg())))
         else:
             print(tree_sha256(Path(args.print_tree_hash), exclude=(".git", *INTERNAL)))
         return 0

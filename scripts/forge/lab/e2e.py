@@ -34,7 +34,7 @@ from pathlib import Path
 
 from .. import paths, ui
 from ..errors import ForgeError
-from ..run import serve
+from ..run import serve, synth
 from . import e2e_decode, gpu_bundle, prefill_profile
 from .client import client_runner
 from .fault import fault_check
@@ -53,7 +53,7 @@ from .rounds import (
     scores,
 )
 from .serverlog import log_facts
-from .servers import guarded, start_all, stop_all, stop_stale_servers, synthetic_prompt
+from .servers import guarded, start_all, stop_all, stop_stale_servers
 from .session import Run, device_name
 
 FIRST_PORT = serve.LOCKED_PORT
@@ -121,7 +121,7 @@ def cmd_e2e(args) -> int:
         if run.summary.get("plumbing"):
             run.step("plumbing check: kept from an earlier invocation")
         elif not args.no_plumbing and names[0] != ref and names[0] in live and ref in live:
-            prompts = [synthetic_prompt(model, n, f"plumbing{n}") for n in PLUMBING_PROMPT_TOKENS]
+            prompts = [synth.synthetic_prompt(model, n, f"plumbing{n}") for n in PLUMBING_PROMPT_TOKENS]
             pl = guarded(run, names[0], plumbing, run.servers[names[0]], run.servers[ref], prompts, run.left)
             if pl is not None:
                 run.summary["plumbing"] = pl

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from .. import paths, ui
 from ..errors import ForgeError
-from ..run import archive, runs
+from ..run import archive, runs, synth
 from .client import complete, post_empty
 
 if TYPE_CHECKING:
@@ -70,9 +70,8 @@ def capture(run: Run, name: str, model: Path, tokens: int) -> dict:
     base = f"http://{st['host']}:{st['port']}"
     tdir = trace_dir(run.out, name)
     tdir.mkdir(parents=True, exist_ok=True)
-    from .servers import synthetic_prompt  # here: servers imports this module for server_args
-    plain = synthetic_prompt(model, tokens, f"profile-a-{tokens}")
-    profiled = synthetic_prompt(model, tokens, f"profile-b-{tokens}")
+    plain = synth.synthetic_prompt(model, tokens, f"profile-a-{tokens}")
+    profiled = synth.synthetic_prompt(model, tokens, f"profile-b-{tokens}")
     t = time.monotonic()
     complete(st, plain, 1, timeout=600)
     ttft_plain = time.monotonic() - t

@@ -5,7 +5,6 @@ server is recorded against its name and the run goes on with the others."""
 from __future__ import annotations
 
 import functools
-import random
 import threading
 import time
 from pathlib import Path
@@ -22,12 +21,6 @@ if TYPE_CHECKING:
     from .session import Run
 
 WARM_PROMPT_TOKENS = 9000                          # one full 8192-token prefill chunk and a ragged one
-
-
-def synthetic_prompt(model: Path, n_tokens: int, seed: str) -> str:
-    tok = synth.Tok(model)
-    text, _ = synth.make_prompt(tok, synth.word_pool(tok), n_tokens, random.Random(seed))
-    return text
 
 
 def start_all(run: Run, model: Path, names: list[str], site: Path | None) -> list[str]:
@@ -119,7 +112,7 @@ def wait_ready(run: Run, name: str) -> bool:
 def warm(run: Run, name: str, model: Path) -> None:
     st = run.servers[name]
     t = time.monotonic()
-    prompt = synthetic_prompt(model, WARM_PROMPT_TOKENS, "warm")
+    prompt = synth.synthetic_prompt(model, WARM_PROMPT_TOKENS, "warm")
     complete(st, prompt, 16, timeout=max(5.0, run.left()))
     st["warm_s"] = round(time.monotonic() - t, 1)
     run.step(f"server {name} warmed (first request: Triton compile and autotune)", seconds=st["warm_s"])

@@ -4,7 +4,7 @@ and the DCU prediction from them, proxy scores, plumbing and fault checks, what 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..errors import ForgeError
 from ..run import contest as contest_mod
@@ -12,8 +12,16 @@ from ..run import runs, synth
 from ..run.score_doc import fmt
 from .serverlog import log_facts
 
-if TYPE_CHECKING:
-    from .session import Run
+
+class Run(Protocol):
+    """What the summary reads of an end-to-end run (lab/session.py's Run, which writes the summary
+    after every step; named here so that the summary does not import the session that calls it)."""
+
+    contest: dict
+    servers: dict
+    summary: dict
+
+    def run_dir(self, name: str, create: bool = True) -> Path: ...
 
 
 def _server_facts(run: Run, s: dict, name: str) -> tuple:
@@ -35,7 +43,7 @@ def _server_facts(run: Run, s: dict, name: str) -> tuple:
 def tier_ratio_lines(run: Run, names: list[str], ref: str) -> list[str]:
     """Per tier and profile: mean TTFT and TPOT, the TTFT share of the tier's wall time, the ratios to
     the reference, and what `forge predict` makes of those ratios on the DCU."""
-    from ..run import predict
+    from ..run import predict, timemodel
     tiers = contest_mod.tier_names(run.contest)
     rows, ratios = [], {}
     for t in tiers:
@@ -74,8 +82,8 @@ def tier_ratio_lines(run: Run, names: list[str], ref: str) -> list[str]:
         for n, per in ratios.items():
             if n == ref or set(per) != set(tiers):
                 continue
-            pred = predict.predict_from_ratios(w, {t: per[t][0] for t in tiers}, {t: per[t][1] for t in tiers})
-            res = predict.score_prediction(run.contest, w, pred, "official")
+            pred = timemodel.predict_from_ratios(w, {t: per[t][0] for t in tiers}, {t: per[t][1] for t in tiers})
+            res = timemodel.score_prediction(run.contest, w, pred, "official")
             preds.append(f"- {n}: **{res['display']}** against the official baseline ("
                          + " / ".join(f"{pred[t]['tok_s']:.2f}" for t in tiers) + " tok/s)")
     except ForgeError as e:

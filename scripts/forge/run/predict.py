@@ -21,145 +21,24 @@ measured durations 1020.9 / 1553.8 / 2181.8 s (within 0.2 %), so no request-rate
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from .. import paths, ui
 from ..errors import ForgeError
 from . import archive, results, runs, score, synth
 from . import contest as contest_mod
-
-# The DCU time model: vLLM 0.18.1 upstream on gfx936, from public request-window profiles.
-# Prefill of a prompt of S tokens, in seconds; decode per output token at
-# context C, in ms. Each entry: (what, function of S or C, source).
-ATTN_FLOPS_PER_S2 = 196_608          # causal full-attention FLOPs per S^2, 16 layers
-ATTN_BASE_FLOPS = 4.0e12             # the paged unified 2D kernel on gfx936: ~3.6-4.1 TFLOP/s
-DECODE_ATTN_REF_CTX = 14_000         # decode attention 2.9 ms per token at 14K context
-
-PREFILL = {
-    "prefill_attn": ("full-attention prefill, 196,608 x S^2 FLOPs at ~4 TFLOP/s",
-                     lambda s: ATTN_FLOPS_PER_S2 * s * s / ATTN_BASE_FLOPS),
-    "prefill_gemm": ("GEMMs, 0.153 ms per prompt token", lambda s: 0.153e-3 * s),
-    "prefill_gdn": ("GDN chunk kernels, 0.61 s at 21.7K tokens", lambda s: 0.61 * s / 21_700),
-    "prefill_elementwise": ("elementwise, norms, copies, 0.42 s at 21.7K tokens", lambda s: 0.42 * s / 21_700),
-    "prefill_other": ("fixed per-request cost, 0.1 s", lambda s: 0.1),
-}
-DECODE = {
-    "gemv": ("GEMV/GEMM of all linear layers, 63.1 ms", lambda c: 63.1),
-    "decode_attn": ("decode attention, 2.9 ms at 14K context, linear in context",
-                    lambda c: 2.9 * c / DECODE_ATTN_REF_CTX),
-    "decode_gdn": ("GDN recurrent + conv update, 0.9 ms", lambda c: 0.9),
-    "decode_elementwise": ("elementwise (inductor-fused), 2.5 ms", lambda c: 2.5),
-    "host": ("host / graph launch gap, 1.6 ms", lambda c: 1.6),
-}
-COMPONENTS = {**PREFILL, **DECODE}
-
-ASSUMPTIONS = {
-    "throughput": "tier tok/s = total output tokens / sum over requests of (TTFT + (n-1) x TPOT), with the "
-                  "official run's output length n of every request (end-of-text as upstream produced it); "
-                  "no request-rate spacing (checked on the official run: within 0.2 % of its durations)",
-    "ratios": "per-tier mean TTFT and TPOT ratios measured against same-run upstream carry over from the "
-              "machine they were measured on to the DCU unchanged",
-    "components": "each component's time is divided by its speed-up; the model's per-tier sums are used as "
-                  "shares: predicted time = the official run's measured mean x model(speed-ups) / model(1), "
-                  "so all speed-ups 1 reproduce the baseline exactly; decode context = the prompt length",
-    "sla": "TTFT P99 = baseline TTFT P99 x the tier's TTFT ratio; pooled TPOT P99 = the baseline's x the "
-           "largest tier TPOT ratio; completion 100 %; accuracy not applied",
-}
-
-
-# --- the model -----------------------------------------------------------------------------------
-
-def tier_tok_s(outputs: list[int], ttft_s: float, tpot_s: float) -> float:
-    """Output tok/s of a tier at concurrency 1: total output tokens over the summed request times."""
-    if not outputs:
-        raise ForgeError("a tier needs at least one request")
-    total = sum(ttft_s + (n - 1) * tpot_s for n in outputs)
-    return sum(outputs) / total
-
-
-def _baseline(workload: dict, tier: str) -> dict:
-    return workload["tiers"][tier]["baseline"]
-
-
-def predict_from_times(workload: dict, ttft_ms: dict, tpot_ms: dict, how: str = "times") -> dict:
-    """Per tier: {ttft_ms, tpot_ms, ttft_ratio, tpot_ratio, tok_s, baseline_tok_s_model, ...}."""
-    out = {}
-    for tier, w in workload["tiers"].items():
-        b = w["baseline"]
-        outs = [o for _, o in w["requests"]]
-        t, p = float(ttft_ms[tier]), float(tpot_ms[tier])
-        for name, v in (("TTFT", t), ("TPOT", p)):
-            if not (math.isfinite(v) and v > 0):
-                raise ForgeError(f"tier {tier}: {name} {v} is not a finite positive time")
-        tok = tier_tok_s(outs, t / 1000, p / 1000)
-        base = tier_tok_s(outs, b["mean_ttft_ms"] / 1000, b["mean_tpot_ms"] / 1000)
-        dur = sum(t / 1000 + (n - 1) * p / 1000 for n in outs)
-        out[tier] = {"ttft_ms": t, "tpot_ms": p, "ttft_ratio": t / b["mean_ttft_ms"], "tpot_ratio": p / b["mean_tpot_ms"],
-                     "tok_s": tok, "baseline_tok_s_model": base, "baseline_tok_s_measured": b["output_tok_s"],
-                     "ttft_share": len(outs) * t / 1000 / dur, "output_tokens": sum(outs), "requests": len(outs),
-                     "how": how}
-    return out
-
-
-def predict_from_ratios(workload: dict, ttft_ratio: dict, tpot_ratio: dict) -> dict:
-    """Scale the official baseline's mean TTFT and TPOT per tier by measured ratios."""
-    return predict_from_times(
-        workload, {t: _baseline(workload, t)["mean_ttft_ms"] * ttft_ratio[t] for t in workload["tiers"]},
-        {t: _baseline(workload, t)["mean_tpot_ms"] * tpot_ratio[t] for t in workload["tiers"]}, how="ratios")
-
-
-def component_times(workload: dict, speedups: dict | None = None) -> dict:
-    """Per tier, the model's mean TTFT (s) and TPOT (ms) per component, with speed-ups applied."""
-    sp = check_speedups(speedups or {})
-    out = {}
-    for tier, w in workload["tiers"].items():
-        lens = [s for s, _ in w["requests"]]
-        pre = {k: sum(f(s) for s in lens) / len(lens) / sp.get(k, 1.0) for k, (_, f) in PREFILL.items()}
-        dec = {k: sum(f(s) for s in lens) / len(lens) / sp.get(k, 1.0) for k, (_, f) in DECODE.items()}
-        out[tier] = {"prefill_s": pre, "decode_ms": dec, "ttft_s": sum(pre.values()), "tpot_ms": sum(dec.values())}
-    return out
-
-
-def predict_from_components(workload: dict, speedups: dict) -> dict:
-    """The DCU prediction for speed-ups per component (COMPONENTS; 1 = unchanged): each tier's model
-    time relative to the model's baseline, applied to the official run's measured means."""
-    base = component_times(workload)
-    new = component_times(workload, speedups)
-    ttft = {t: _baseline(workload, t)["mean_ttft_ms"] * new[t]["ttft_s"] / base[t]["ttft_s"] for t in new}
-    tpot = {t: _baseline(workload, t)["mean_tpot_ms"] * new[t]["tpot_ms"] / base[t]["tpot_ms"] for t in new}
-    pred = predict_from_times(workload, ttft, tpot, how="components")
-    for t in pred:
-        b = _baseline(workload, t)
-        pred[t]["model"] = {"baseline": base[t], "with_speedups": new[t],
-                            "model_vs_measured_ttft": base[t]["ttft_s"] * 1000 / b["mean_ttft_ms"] - 1,
-                            "model_vs_measured_tpot": base[t]["tpot_ms"] / b["mean_tpot_ms"] - 1}
-    return pred
-
-
-def check_speedups(sp: dict) -> dict:
-    for k, v in sp.items():
-        if k not in COMPONENTS:
-            raise ForgeError(f"unknown component {k!r} in the speed-ups",
-                             hint=f"components: {', '.join(COMPONENTS)}")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
-            raise ForgeError(f"speed-up of {k}: {v!r} is not a finite positive factor",
-                             hint="e.g. --speedup prefill_attn=10 (10x faster); 1 = unchanged")
-    return {k: float(v) for k, v in sp.items()}
-
-
-def score_prediction(contest: dict, workload: dict, pred: dict, baseline_name: str | None = None) -> dict:
-    """The contest score of the predicted tok/s against a configured baseline set, with the SLA
-    estimated as ASSUMPTIONS['sla'] says."""
-    base = score.baseline_from_config(contest, baseline_name)
-    tiers = {}
-    for t, p in pred.items():
-        b = _baseline(workload, t)
-        tiers[t] = {"tok_s": p["tok_s"], "ttft_p99_ms": b["p99_ttft_ms"] * p["ttft_ratio"], "completion": 1.0,
-                    "completed": p["requests"], "failed": 0}
-    pooled = max(_baseline(workload, t)["p99_tpot_ms"] for t in pred) * max(p["tpot_ratio"] for p in pred.values())
-    return score.score(contest, {"tiers": tiers, "tpot_p99_pooled_ms": pooled}, base)
-
+from .timemodel import (
+    ASSUMPTIONS,
+    COMPONENTS,
+    DECODE,
+    PREFILL,
+    check_speedups,
+    predict_from_components,
+    predict_from_ratios,
+    predict_from_times,
+    print_table,
+    score_prediction,
+)
 
 # --- measured ratios from run folders -------------------------------------------------------------
 
@@ -271,18 +150,6 @@ def write_outputs(out: Path, label: str, how: str, pred: dict, res: dict, inputs
     if chart(label, pred, res, out / "predict.png"):
         files.append(out / "predict.png")
     return files
-
-
-def print_table(label: str, pred: dict, res: dict) -> None:
-    print(f"{label}")
-    print(f"{'tier':>7} {'TTFT s':>8} {'ratio':>6} {'TPOT ms':>8} {'ratio':>6} {'TTFT%':>6} {'tok/s':>7} "
-          f"{'base':>6} {'lift':>7} {'score':>6}")
-    for t, p in pred.items():
-        s = res["tiers"][t]
-        print(f"{t:>7} {p['ttft_ms'] / 1000:>8.2f} {p['ttft_ratio']:>6.3f} {p['tpot_ms']:>8.1f} {p['tpot_ratio']:>6.3f} "
-              f"{100 * p['ttft_share']:>5.0f}% {p['tok_s']:>7.2f} {s['baseline_tok_s']:>6.2f} "
-              f"{100 * s['lift']:>+6.1f}% {s['contribution']:>6.2f}")
-    print(f"predicted score {res['display']}  (exact {res['total']:.2f}; baseline {res['baseline']['label']})")
 
 
 # --- command line --------------------------------------------------------------------------------

@@ -138,7 +138,7 @@ class Kernels:
 
 def factors(doc: dict, records: list[dict], workload: dict) -> dict:
     """{tier: {component: {"factor", "label", "how"}}} for every component of the DCU time model."""
-    from .predict import COMPONENTS
+    from .timemodel import COMPONENTS
     k = Kernels(doc, records)
     dev = doc.get("device", {})
     on_card = str(dev.get("arch", "")).startswith("gfx936")
@@ -175,7 +175,7 @@ def factors(doc: dict, records: list[dict], workload: dict) -> dict:
 
 def predict(workload: dict, fac: dict) -> dict:
     """The DCU time model with each tier's own speed-ups."""
-    from .predict import predict_from_components
+    from .timemodel import predict_from_components
     pred = {}
     for tier, f in fac.items():
         sp = {c: v["factor"] for c, v in f.items() if v["factor"] != 1.0}
@@ -248,7 +248,7 @@ def render(doc: dict, fac: dict, pred: dict, res: dict, check: dict | None, sour
 def run(args, contest: dict, workload: dict) -> int:
     from .. import ui
     from . import contest as contest_mod
-    from .predict import print_table, score_prediction
+    from .timemodel import print_table, score_prediction
     doc, records = load(Path(args.calibration))
     fac = factors(doc, records, workload)
     pred = predict(workload, fac)

@@ -170,6 +170,13 @@ def make_prompt(tok: Tok, pool: list[int], target: int, rng: random.Random) -> t
     return text, len(tok.encode(text))
 
 
+def synthetic_prompt(model: Path, n_tokens: int, seed: str) -> str:
+    """About `n_tokens` of the model's own words, the same for the same seed (warm-ups, probes)."""
+    tok = Tok(model)
+    text, _ = make_prompt(tok, word_pool(tok), n_tokens, random.Random(seed))
+    return text
+
+
 def build_tier(model_dir: Path, tier: dict, n: int, out: Path, seed: int = 0) -> dict:
     lo, hi = tier["prompt_tokens"]
     tok = Tok(model_dir)
