@@ -2,7 +2,8 @@
 # Variables: PY (python to run the tool), PROFILE, PROFILES, MODEL, IMAGE, RUN, BASELINE, BASELINE_NAME, A, B,
 # DATA_DIR, TOK_S, FORCE, E2E, REFERENCE, SPEEDUP, TTFT_S, TPOT_MS, OUT, LABEL, VLLM_SRC, MAX_JOBS, BASE_IMAGE,
 # THREEWAY, WHEEL_DEVICE, WARM_ARCH, E2E_ARGS, BASE (sdist | vendor | standin), VENDOR_SRC (the vendor's
-# vllm_cscc checkout), INTO, FROM, CALIBRATE_ARGS, CALIBRATION. FORCE takes 1 (or nothing); another value is refused.
+# vllm_cscc checkout), INTO, FROM, CALIBRATE_ARGS, CALIBRATION, WORKERS (pytest processes for check and test). FORCE
+# takes 1 (or nothing); another value is refused.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -22,7 +23,7 @@ export VLLM_SRC VENDOR_SRC MAX_JOBS BASE_IMAGE DATA_DIR MODEL IMAGE
 .PHONY: help venv fetch tree patches-check patches-refresh patches-lint offline-check export submission wheel image image-rehearsal \
         pin-base warm-kernels self-check rehearsal kernels-check bench-kernels calibrate serve stop bench-all-tiers import-throughput score \
         predict compare sweep \
-        accuracy report gpu-bundle e2e-gpu test clean
+        accuracy report gpu-bundle e2e-gpu lint check test clean
 
 help: ## list the Makefile targets
 	@$(BOOT) help-make Makefile
@@ -120,8 +121,14 @@ gpu-bundle: ## build the bundle for the end-to-end run on a GPU machine: build/g
 e2e-gpu: ## the end-to-end run on a GPU machine (serve, bench, plumbing, fault, score): the bundle installed, the profiles served side by side (E2E_ARGS=...)
 	@$(FORGE) e2e-gpu $(E2E_ARGS)
 
-test: venv ## what CI runs: unit tests, patches-check, rehearsal, kernel and tree tests
-	@$(FORGE) test
+lint: venv ## ruff over every tracked Python file with the project's configuration
+	@$(FORGE) lint
+
+check: venv ## the inner loop: lint, unit tests and the fault-injection suite; about 4 minutes on 2 cores; WORKERS=
+	@$(FORGE) check $(if $(WORKERS),--workers $(WORKERS))
+
+test: venv ## lint, the rehearsals and the whole test suite (what CI runs); WORKERS=
+	@$(FORGE) test $(if $(WORKERS),--workers $(WORKERS))
 
 clean: ## remove build/ and dist/ (keeps the verified source cache); refuses while a server started by forge runs or build/vllm holds work not in patches/ (FORCE=1 anyway)
 	@$(FORGE) clean

@@ -1,17 +1,25 @@
-"""`make test` (what CI runs): the rehearsal (which includes patches-check and the wheel), the image
+"""The project's own checks, fastest first.
+
+`make lint`: ruff with the project's configuration (pyproject.toml) over every tracked Python file.
+`make check` (the inner loop, a few minutes): lint, then the unit tests and the fault-injection suite.
+`make test` (what CI runs): lint, the rehearsal (which includes patches-check and the wheel), the image
 rehearsal (Dockerfile.rocm on a stand-in base; skipped with a warning where no builder exists), the
 fault-injection suite (tests/faults/; its summary line counts the cases), then the rest of the pytest
-suite: unit tests, kernel tests (Triton interpreter on CPU, real sizes on a GPU), tree tests (against the patched vLLM the rehearsal installed); GPU-only e2e tests skip without a GPU. The
-rehearsals' reports go to build/test-reports/: a test run leaves the tracked reports/ as it found it."""
+suite: unit tests, kernel tests (Triton interpreter on CPU, real sizes on a GPU), tree tests (against
+the patched vLLM the rehearsal installed); GPU-only e2e tests skip without a GPU. The rehearsals'
+reports go to build/test-reports/: a test run leaves the tracked reports/ as it found it. pytest runs on
+--workers processes (pytest-xdist) and prints its 15 slowest tests, so growth shows."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
 
 from . import proc, ui
 from .builder import image, rehearsal
+from .errors import ForgeError
 from .paths import BUILD, ROOT
 
 # What a fresh `make test` writes, measured on a fresh clone: the rehearsal venv (torch with its CUDA
@@ -21,8 +29,10 @@ NEED_GB = {"rehearsal": 7.0, "image": 12.0}
 # `make image-rehearsal` record), so a test run leaves the working tree as it found it.
 TEST_REPORTS = BUILD / "test-reports"
 # Fault injection (tests/faults/): interrupted stages, tampered or missing inputs, forbidden options,
-# corrupt results; about 1.5 minutes on two cores.
+# corrupt results.
 FAULTS = ROOT / "tests" / "faults"
+UNIT = ROOT / "tests" / "unit"
+SLOWEST = 15          # pytest's --durations: the slowest tests of every run are printed
 
 
 def _existing(path) -> str:
@@ -55,7 +65,61 @@ def disk_preflight(with_image: bool) -> None:
                     "`buildah --storage-driver vfs rmi --prune` (untagged images)")
 
 
+def default_workers() -> int:
+    """Two on CI's two cores; at most four (each tree-test worker holds a Python with torch loaded)."""
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+def lint() -> int:
+    """ruff check with the project's configuration; 0 when it finds nothing."""
+    if importlib.util.find_spec("ruff") is None:
+        raise ForgeError(f"ruff is not installed for {sys.executable}",
+                         hint="make venv (requirements/dev.txt pins it), or run make through the project venv")
+    ui.info("lint: ruff check (pyproject.toml's configuration, every tracked Python file)")
+    rc = proc.run([sys.executable, "-m", "ruff", "check", "."], cwd=ROOT, check=False).returncode
+    if rc:
+        ui.warn("lint found problems: fix them (`ruff check --fix` sorts imports and drops unused ones); "
+                "the tests do not run until lint is clean")
+    return rc
+
+
+def pytest_runs(runs: list[list[str]], workers: int) -> int:
+    """Each run of pytest in turn on `workers` processes; the worst exit code."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
+    spread: list[str] = []
+    if workers > 1:
+        if importlib.util.find_spec("xdist") is None:
+            ui.warn("pytest-xdist is not installed: the tests run on one process (make venv installs it)")
+        else:
+            spread = ["-n", str(workers), "--dist", "worksteal"]
+    rc = 0
+    for pytest_args in runs:
+        ui.info("pytest " + " ".join(pytest_args) + (f" (on {workers} workers)" if spread else ""))
+        rc = max(rc, proc.run([sys.executable, "-m", "pytest", "-q", "-rs", f"--durations={SLOWEST}", *spread,
+                               *pytest_args], cwd=ROOT, env=env, check=False).returncode)
+    return rc
+
+
+def check_workers(n: int) -> int:
+    if n < 1:
+        raise ForgeError(f"--workers {n}: needs at least 1", hint=f"e.g. --workers {default_workers()}")
+    return n
+
+
+def cmd_lint(args) -> int:
+    return lint()
+
+
+def cmd_check(args) -> int:
+    workers = check_workers(args.workers)
+    return lint() or pytest_runs([[str(UNIT.relative_to(ROOT)), str(FAULTS.relative_to(ROOT))]], workers)
+
+
 def cmd_test(args) -> int:
+    workers = check_workers(args.workers)
+    rc = lint()
+    if rc:
+        return rc
     if not args.no_rehearsal:
         disk_preflight(with_image=not args.no_image and bool(shutil.which("buildah")))
         rehearsal.rehearse(report_dir=TEST_REPORTS)
@@ -68,23 +132,30 @@ def cmd_test(args) -> int:
             ui.warn("image rehearsal skipped: no buildah and no running Docker engine "
                     "(.ci/run installs buildah and debootstrap)")
         ui.info(f"rehearsal reports of this test run: {TEST_REPORTS} (reports/ is left as it was)")
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
     if args.pytest_args:
         runs = [args.pytest_args]
     else:
         # the fault-injection suite first, on its own: its summary line counts the cases it tried
         runs = [[str(FAULTS.relative_to(ROOT))], ["tests", f"--ignore={FAULTS.relative_to(ROOT)}"]]
-    rc = 0
-    for pytest_args in runs:
-        ui.info("pytest " + " ".join(pytest_args))
-        rc = max(rc, proc.run([sys.executable, "-m", "pytest", "-q", "-rs", *pytest_args],
-                              cwd=ROOT, env=env, check=False).returncode)
-    return rc
+    return pytest_runs(runs, workers)
+
+
+def _workers_option(p) -> None:
+    p.add_argument("--workers", type=int, default=default_workers(), metavar="N",
+                   help="pytest processes (pytest-xdist; default: the cores, at most 4; 1: no xdist)")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("test", help="rehearsal + the whole test suite (what CI runs)", description=__doc__)
+    p = sub.add_parser("lint", help="ruff over every tracked Python file with the project's configuration",
+                       description=__doc__)
+    p.set_defaults(func=cmd_lint)
+    p = sub.add_parser("check", help="the inner loop: lint, unit tests and the fault-injection suite",
+                       description=__doc__)
+    _workers_option(p)
+    p.set_defaults(func=cmd_check)
+    p = sub.add_parser("test", help="lint, the rehearsals and the whole test suite (what CI runs)", description=__doc__)
     p.add_argument("--no-rehearsal", action="store_true", help="skip the rehearsals (tree tests then need an earlier one)")
     p.add_argument("--no-image", action="store_true", help="skip the image rehearsal")
+    _workers_option(p)
     p.add_argument("pytest_args", nargs="*", help="passed to pytest (default: tests)")
     p.set_defaults(func=cmd_test)

@@ -1,6 +1,7 @@
 """Tree tests run against the patched vLLM that `make rehearsal` installs (pure-Python build, CPU torch)
 into build/rehearsal/venv. `forge test` runs the rehearsal before these tests, so in CI they never skip."""
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
 BUILD = Path(os.environ.get("FORGE_BUILD_DIR", ROOT / "build"))     # as scripts/forge/paths.py
 REHEARSAL_PY = BUILD / "rehearsal" / "venv" / "bin" / "python"
 TREE = BUILD / "vllm"
@@ -21,24 +23,90 @@ def vllm_python() -> Path:
     return REHEARSAL_PY
 
 
+class SnippetServer:
+    """tests/tree/helpers/snippet_server.py in the rehearsal venv: each snippet runs in a child forked
+    from a process that has already imported the third-party packages (torch, transformers, ...),
+    so a snippet costs its own work and vLLM's import, not torch's. One per test worker, started on
+    first use, restarted if it dies. FORGE_TREE_SNIPPETS=fresh runs every snippet in a new
+    interpreter instead (the reference behaviour, for a snippet suspected of depending on it)."""
+
+    def __init__(self, python: Path, tmp: Path):
+        self.python, self.tmp, self.proc, self.n = python, tmp, None, 0
+
+    def _start(self) -> None:
+        r, w = os.pipe()
+        log = open(self.tmp / "snippet-server.log", "ab")
+        self.proc = subprocess.Popen([str(self.python), str(HERE / "helpers" / "snippet_server.py"), str(w)],
+                                     stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=(w,), cwd=ROOT,
+                                     env=snippet_env(None), text=True)
+        os.close(w)
+        log.close()
+        self.replies = os.fdopen(r, "r")
+        if not self.replies.readline():
+            raise AssertionError(f"the snippet server did not start: {(self.tmp / 'snippet-server.log').read_text()[-3000:]}")
+
+    def run(self, code: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        self.n += 1
+        out, err = self.tmp / f"{self.n}.out", self.tmp / f"{self.n}.err"
+        req = {"code": code, "env": env, "cwd": str(ROOT), "timeout": timeout, "stdout": str(out), "stderr": str(err)}
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        line = self.replies.readline()
+        if not line:
+            raise AssertionError(f"the snippet server died: {(self.tmp / 'snippet-server.log').read_text()[-3000:]}")
+        rc = json.loads(line)["rc"]
+        res = subprocess.CompletedProcess([str(self.python), "-c", code], rc, out.read_text(errors="replace"),
+                                          err.read_text(errors="replace"))
+        out.unlink()
+        err.unlink()
+        if rc == -9:
+            raise subprocess.TimeoutExpired(res.args, timeout, res.stdout, res.stderr)
+        return res
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            self.replies.close()
+
+
+def snippet_env(env: dict | None) -> dict:
+    full_env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", **(env or {})}
+    full_env.pop("PYTHONPATH", None)
+    if "TRITON_INTERPRET" not in (env or {}):
+        # tests/kernels turns the interpreter on for the whole pytest process; a snippet
+        # asks for it explicitly (ahead-of-time compiles must not run interpreted)
+        full_env.pop("TRITON_INTERPRET", None)
+    return full_env
+
+
 @pytest.fixture(scope="session")
-def run_in_vllm(vllm_python):
-    """Run a Python snippet in the rehearsal venv; returns CompletedProcess (text)."""
+def run_in_vllm(vllm_python, tmp_path_factory):
+    """Run a Python snippet in the rehearsal venv as `python -c` would (its environment: ours, with
+    `env` on top, PYTHONPATH and TRITON_INTERPRET dropped unless `env` sets them); returns a
+    CompletedProcess (text). Raises on a non-zero exit when `check`."""
+    fresh = os.environ.get("FORGE_TREE_SNIPPETS") == "fresh"
+    server = None if fresh else SnippetServer(vllm_python, tmp_path_factory.mktemp("snippets"))
 
     def run(code: str, *, env: dict | None = None, timeout: float = 600, check: bool = True):
-        full_env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", **(env or {})}
-        full_env.pop("PYTHONPATH", None)
-        if "TRITON_INTERPRET" not in (env or {}):
-            # tests/kernels turns the interpreter on for the whole pytest process; a snippet
-            # asks for it explicitly (ahead-of-time compiles must not run interpreted)
-            full_env.pop("TRITON_INTERPRET", None)
-        res = subprocess.run([str(vllm_python), "-c", code], capture_output=True, text=True,
-                             env=full_env, timeout=timeout, cwd=ROOT)
+        full_env = snippet_env(env)
+        if server is None:
+            res = subprocess.run([str(vllm_python), "-c", code], capture_output=True, text=True,
+                                 env=full_env, timeout=timeout, cwd=ROOT)
+        else:
+            res = server.run(code, full_env, timeout)
         if check and res.returncode != 0:
             raise AssertionError(f"snippet failed (exit {res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}")
         return res
 
-    return run
+    yield run
+    if server is not None:
+        server.close()
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,8 @@ def test_make_test_writes_the_rehearsal_reports_under_build(monkeypatch, tmp_pat
     monkeypatch.setattr(testrun.shutil, "which", lambda name: f"/usr/bin/{name}")
     monkeypatch.setattr(rehearsal, "rehearse", lambda **kw: calls.setdefault("rehearsal", kw))
     monkeypatch.setattr(image, "image_rehearsal", lambda **kw: calls.setdefault("image", kw))
-    args = types.SimpleNamespace(no_rehearsal=False, no_image=False, pytest_args=["--version"])
+    monkeypatch.setattr(testrun, "lint", lambda: 0)
+    args = types.SimpleNamespace(no_rehearsal=False, no_image=False, pytest_args=["--version"], workers=1)
     assert testrun.cmd_test(args) == 0
     for stage in ("rehearsal", "image"):
         out = calls[stage]["report_dir"]
@@ -36,11 +37,48 @@ def test_the_image_report_goes_where_it_is_told(tmp_path):
     assert ROOT in REPORTS.parents
 
 
-def test_make_test_runs_the_fault_suite_first_and_the_rest_once(monkeypatch):
+def _recording(monkeypatch, rcs: list[int]) -> list:
+    """Replace process starts by a recorder: each call returns the next exit code of `rcs`."""
     seen = []
-    monkeypatch.setattr(testrun.proc, "run", lambda cmd, **kw: seen.append(cmd[cmd.index("-rs") + 1:])
-                        or types.SimpleNamespace(returncode=len(seen) - 1))
-    args = types.SimpleNamespace(no_rehearsal=True, no_image=True, pytest_args=[])
+
+    def fake(cmd, **kw):
+        seen.append(cmd)
+        return types.SimpleNamespace(returncode=rcs[len(seen) - 1])
+
+    monkeypatch.setattr(testrun.proc, "run", fake)
+    return seen
+
+
+def test_make_test_lints_first_then_runs_the_fault_suite_and_the_rest_once(monkeypatch):
+    seen = _recording(monkeypatch, [0, 0, 1])
+    args = types.SimpleNamespace(no_rehearsal=True, no_image=True, pytest_args=[], workers=2)
     assert testrun.cmd_test(args) == 1, "a failure in either run fails make test"
-    assert seen == [["tests/faults"], ["tests", "--ignore=tests/faults"]]
+    assert seen[0][1:] == ["-m", "ruff", "check", "."]
+    runs = [c[c.index("pytest") + 1:] for c in seen[1:]]
+    for r in runs:
+        assert "--durations=15" in r and r[r.index("-n") + 1] == "2", r
+    assert [r[-1:] if r[-1] == "tests/faults" else r[-2:] for r in runs] == \
+        [["tests/faults"], ["tests", "--ignore=tests/faults"]]
     assert (ROOT / "tests" / "faults" / "conftest.py").is_file()
+
+
+def test_a_lint_finding_stops_make_test_before_the_rehearsal(monkeypatch):
+    seen = _recording(monkeypatch, [1])
+    monkeypatch.setattr(rehearsal, "rehearse", lambda **kw: seen.append("rehearsal"))
+    args = types.SimpleNamespace(no_rehearsal=False, no_image=True, pytest_args=[], workers=2)
+    assert testrun.cmd_test(args) == 1
+    assert len(seen) == 1 and "ruff" in seen[0]
+
+
+def test_make_check_is_lint_unit_and_faults_on_the_workers(monkeypatch):
+    seen = _recording(monkeypatch, [0, 0])
+    assert testrun.cmd_check(types.SimpleNamespace(workers=3)) == 0
+    assert "ruff" in seen[0]
+    run = seen[1][seen[1].index("pytest") + 1:]
+    assert run[-2:] == ["tests/unit", "tests/faults"] and run[run.index("-n") + 1] == "3"
+
+
+def test_one_worker_runs_without_xdist(monkeypatch):
+    seen = _recording(monkeypatch, [0, 0])
+    assert testrun.cmd_check(types.SimpleNamespace(workers=1)) == 0
+    assert "-n" not in seen[1]
