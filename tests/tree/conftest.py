@@ -85,28 +85,39 @@ def snippet_env(env: dict | None) -> dict:
     return full_env
 
 
+def _checked(res: subprocess.CompletedProcess, check: bool) -> subprocess.CompletedProcess:
+    if check and res.returncode != 0:
+        raise AssertionError(f"snippet failed (exit {res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}")
+    return res
+
+
 @pytest.fixture(scope="session")
-def run_in_vllm(vllm_python, tmp_path_factory):
-    """Run a Python snippet in the rehearsal venv as `python -c` would (its environment: ours, with
-    `env` on top, PYTHONPATH and TRITON_INTERPRET dropped unless `env` sets them); returns a
-    CompletedProcess (text). Raises on a non-zero exit when `check`."""
-    fresh = os.environ.get("FORGE_TREE_SNIPPETS") == "fresh"
-    server = None if fresh else SnippetServer(vllm_python, tmp_path_factory.mktemp("snippets"))
+def run_in_fresh_vllm(vllm_python):
+    """run_in_vllm's reference: every snippet in a new interpreter of the rehearsal venv."""
 
     def run(code: str, *, env: dict | None = None, timeout: float = 600, check: bool = True):
-        full_env = snippet_env(env)
-        if server is None:
-            res = subprocess.run([str(vllm_python), "-c", code], capture_output=True, text=True,
-                                 env=full_env, timeout=timeout, cwd=ROOT)
-        else:
-            res = server.run(code, full_env, timeout)
-        if check and res.returncode != 0:
-            raise AssertionError(f"snippet failed (exit {res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}")
-        return res
+        return _checked(subprocess.run([str(vllm_python), "-c", code], capture_output=True, text=True,
+                                       env=snippet_env(env), timeout=timeout, cwd=ROOT,
+                                       stdin=subprocess.DEVNULL), check)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def run_in_vllm(vllm_python, run_in_fresh_vllm, tmp_path_factory):
+    """Run a Python snippet in the rehearsal venv as `python -c` would (its environment: ours, with
+    `env` on top, PYTHONPATH and TRITON_INTERPRET dropped unless `env` sets them; stdin empty);
+    returns a CompletedProcess (text). Raises on a non-zero exit when `check`."""
+    if os.environ.get("FORGE_TREE_SNIPPETS") == "fresh":
+        yield run_in_fresh_vllm
+        return
+    server = SnippetServer(vllm_python, tmp_path_factory.mktemp("snippets"))
+
+    def run(code: str, *, env: dict | None = None, timeout: float = 600, check: bool = True):
+        return _checked(server.run(code, snippet_env(env), timeout), check)
 
     yield run
-    if server is not None:
-        server.close()
+    server.close()
 
 
 @pytest.fixture(scope="session")

@@ -13,11 +13,13 @@ Protocol (one request at a time): the client writes one JSON line per snippet on
 ({"code", "env", "cwd", "timeout", "stdout", "stderr"}) and reads one JSON line ({"rc"}) from the
 file descriptor named by argv[1]. Run by tests/tree/conftest.py; standard library only."""
 
+import atexit
 import importlib
 import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 
@@ -59,6 +61,10 @@ def _child(req: dict) -> None:
         except BaseException:
             traceback.print_exc()
             rc = 1
+        # what an interpreter does on its way out: wait for the snippet's non-daemon threads, run
+        # the exit handlers (logging's flush among them)
+        threading._shutdown()
+        atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
     except BaseException:
