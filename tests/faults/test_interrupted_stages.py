@@ -15,6 +15,7 @@ import random
 import shutil
 import signal
 import time
+import zipfile
 
 import pytest
 from project import interrupt, make_project, run
@@ -63,8 +64,26 @@ def _result(proj, stage):
                 "leftovers": sorted(p.name for p in (root / "build").iterdir()
                                     if p.name.startswith(".") and not p.name.endswith(".lock"))}
     wheels = sorted((root / "dist").iterdir())
-    return {"files": [p.name for p in wheels],
-            "sha256": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in wheels}}
+    out = {"files": [p.name for p in wheels],
+           "sha256": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in wheels}}
+    # what a difference is made of, named in the failure: each member of the wheel, each field of
+    # the provenance record
+    for p in wheels:
+        if p.suffix == ".whl":
+            with zipfile.ZipFile(p) as z:
+                out[f"{p.name} members"] = {i.filename: (hashlib.sha256(z.read(i)).hexdigest()[:16], i.date_time,
+                                                          i.external_attr) for i in z.infolist()}
+        elif p.name.endswith(".provenance.json"):
+            out[f"{p.name} fields"] = json.loads(p.read_text())
+    return out
+
+
+def _differences(got: dict, want: dict, prefix: str = "") -> list[str]:
+    """Leaf by leaf: what differs between two results."""
+    if not (isinstance(got, dict) and isinstance(want, dict)):
+        return [] if got == want else [f"{prefix}: {want!r} -> {got!r}"[:400]]
+    return [d for k in sorted(set(got) | set(want), key=str)
+            for d in _differences(got.get(k, "<absent>"), want.get(k, "<absent>"), f"{prefix}/{k}")]
 
 
 @pytest.fixture(scope="module")
@@ -94,4 +113,6 @@ def test_interrupted_stage_resumes_to_the_same_result(proj, stage, sig, k):
     interrupt(proj, _args(stage), at, SIGNALS[sig])
     r = run(proj, *_args(stage))
     assert r.returncode == 0, f"rerun after {where} failed:\n{r.stderr[-3000:]}"
-    assert _result(proj, stage) == proj["baseline"][stage], f"rerun after {where} differs"
+    got = _result(proj, stage)
+    assert got == proj["baseline"][stage], (f"rerun after {where} differs:\n  "
+                                            + "\n  ".join(_differences(got, proj["baseline"][stage])[:20]))
