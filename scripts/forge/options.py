@@ -1,5 +1,5 @@
-"""Option values every verb reads the same way: a TCP port, a value that may not be empty, and
-FORCE (make ... FORCE=1). A value outside its rule is refused, never read as another or as absent."""
+"""Option values every verb reads the same way: a TCP port, a count, a value that may not be empty,
+and FORCE (make ... FORCE=1). A value outside its rule is refused, never read as another or as absent."""
 
 from __future__ import annotations
 
@@ -17,6 +17,17 @@ def port(text: str) -> int:
         v = 0
     if not 1 <= v <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1 to 65535)")
+    return v
+
+
+def count(text: str) -> int:
+    """A whole number of at least 1 (argparse type): processes, repeats."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (a whole number, 1 or more)")
     return v
 
 

@@ -17,7 +17,7 @@ import os
 import shutil
 import sys
 
-from . import proc, ui
+from . import options, proc, ui
 from .builder import image, rehearsal
 from .errors import ForgeError
 from .paths import BUILD, ROOT
@@ -100,23 +100,15 @@ def pytest_runs(runs: list[list[str]], workers: int) -> int:
     return rc
 
 
-def check_workers(n: int) -> int:
-    if n < 1:
-        raise ForgeError(f"--workers {n}: needs at least 1", hint=f"e.g. --workers {default_workers()}")
-    return n
-
-
 def cmd_lint(args) -> int:
     return lint()
 
 
 def cmd_check(args) -> int:
-    workers = check_workers(args.workers)
-    return lint() or pytest_runs([[str(UNIT.relative_to(ROOT)), str(FAULTS.relative_to(ROOT))]], workers)
+    return lint() or pytest_runs([[str(UNIT.relative_to(ROOT)), str(FAULTS.relative_to(ROOT))]], args.workers)
 
 
 def cmd_test(args) -> int:
-    workers = check_workers(args.workers)
     rc = lint()
     if rc:
         return rc
@@ -137,11 +129,11 @@ def cmd_test(args) -> int:
     else:
         # the fault-injection suite first, on its own: its summary line counts the cases it tried
         runs = [[str(FAULTS.relative_to(ROOT))], ["tests", f"--ignore={FAULTS.relative_to(ROOT)}"]]
-    return pytest_runs(runs, workers)
+    return pytest_runs(runs, args.workers)
 
 
 def _workers_option(p) -> None:
-    p.add_argument("--workers", type=int, default=default_workers(), metavar="N",
+    p.add_argument("--workers", type=options.count, default=default_workers(), metavar="N",
                    help="pytest processes (pytest-xdist; default: the cores, at most 4; 1: no xdist)")
 
 

@@ -34,6 +34,8 @@ class SnippetServer:
         self.python, self.tmp, self.proc, self.n = python, tmp, None, 0
 
     def _start(self) -> None:
+        if self.proc is not None:             # a server that died: its reply pipe goes with it
+            self.replies.close()
         r, w = os.pipe()
         log = open(self.tmp / "snippet-server.log", "ab")
         self.proc = subprocess.Popen([str(self.python), str(HERE / "helpers" / "snippet_server.py"), str(w)],
@@ -56,12 +58,12 @@ class SnippetServer:
         line = self.replies.readline()
         if not line:
             raise AssertionError(f"the snippet server died: {(self.tmp / 'snippet-server.log').read_text()[-3000:]}")
-        rc = json.loads(line)["rc"]
-        res = subprocess.CompletedProcess([str(self.python), "-c", code], rc, out.read_text(errors="replace"),
-                                          err.read_text(errors="replace"))
+        reply = json.loads(line)
+        res = subprocess.CompletedProcess([str(self.python), "-c", code], reply["rc"],
+                                          out.read_text(errors="replace"), err.read_text(errors="replace"))
         out.unlink()
         err.unlink()
-        if rc == -9:
+        if reply["timed_out"]:
             raise subprocess.TimeoutExpired(res.args, timeout, res.stdout, res.stderr)
         return res
 

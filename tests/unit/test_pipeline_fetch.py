@@ -155,15 +155,11 @@ def test_modified_source_dir_names_the_file_when_the_manifest_is_known(fake, mon
     assert d.is_dir(), "a user's own folder is never moved"
 
 
-def test_a_second_use_verifies_the_tree_without_fetching_or_extracting_again(fake, monkeypatch, tmp_path):
+def test_a_second_use_verifies_the_tree_without_fetching_or_extracting_again(fake, monkeypatch):
     """Every use re-hashes the tarball and the extracted tree (what that costs on vLLM's 4,297 files shows
     as the fetch stage of `make rehearsal`'s report, seconds), and nothing more: a second use neither
     asks the index nor extracts again, and returns the same tree."""
-    files = {f"pkg/m{i // 10}/f{i}.py": ("x = %d\n" % i) * 20 for i in range(200)}
-    (tmp_path / "big").mkdir()
-    tb, sha, th = make_sdist(tmp_path / "big", files)
-    monkeypatch.setattr(fetch.config, "upstream", lambda: upstream_cfg(sha, th))
-    monkeypatch.setattr(fetch, "CACHE", tmp_path / "cache2")
+    tb, _, _ = fake
     monkeypatch.setenv("VLLM_SRC", str(tb))
     first = fetch.ensure_source()
     monkeypatch.delenv("VLLM_SRC")

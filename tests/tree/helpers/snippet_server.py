@@ -11,7 +11,7 @@ would return (1 after an uncaught exception, with the traceback on stderr).
 
 Protocol (one request at a time): the client writes one JSON line per snippet on stdin
 ({"code", "env", "cwd", "timeout", "stdout", "stderr"}) and reads one JSON line ({"rc"}) from the
-file descriptor named by argv[1]. Run by tests/tree/conftest.py; standard library only."""
+file descriptor named by argv[1] ({"rc", "timed_out"}). Run by tests/tree/conftest.py; standard library only."""
 
 import atexit
 import importlib
@@ -73,19 +73,20 @@ def _child(req: dict) -> None:
     os._exit(rc)
 
 
-def _wait(pid: int, timeout: float) -> int:
+def _wait(pid: int, timeout: float) -> tuple[int, bool]:
+    """(exit code as subprocess gives it, whether the snippet was killed for its time)."""
     deadline = time.monotonic() + timeout
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            return os.waitstatus_to_exitcode(status)
+            return os.waitstatus_to_exitcode(status), False
         if time.monotonic() > deadline:
             try:
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             os.waitpid(pid, 0)
-            return -signal.SIGKILL
+            return -signal.SIGKILL, True
         time.sleep(0.01)
 
 
@@ -116,7 +117,8 @@ def main() -> None:
             os.setpgid(pid, pid)              # also here: the timeout may come before the child's own call
         except OSError:
             pass
-        reply.write(json.dumps({"rc": _wait(pid, float(req["timeout"]))}) + "\n")
+        rc, timed_out = _wait(pid, float(req["timeout"]))
+        reply.write(json.dumps({"rc": rc, "timed_out": timed_out}) + "\n")
 
 
 if __name__ == "__main__":
