@@ -55,6 +55,8 @@ def upstream_gemm(torch, F):
             for f in ("forge_gemv_enabled", "forge_gemv_table"):
                 if hasattr(getattr(U, f, None), "cache_clear"):
                     getattr(U, f).cache_clear()
+            if hasattr(U, "_FORGE_GEMV_ON"):     # the route, decided once per process: decide it again
+                U._FORGE_GEMV_ON = None
             return (lambda x, w: U.rocm_unquantized_gemm_impl(x, w, None)), "vLLM ROCm route (kernel off)"
         except ImportError:
             pass

@@ -10,11 +10,12 @@ A table (JSON, ``schema`` = SCHEMA):
     validators  what the measurements depend on; a table is used only on a device and software stack
                 where every key of MATCH is equal (device name, arch, compute units, toolkit, torch,
                 triton). A mismatch is refused with a one-line reason, never used silently.
-    provenance  where it came from (project commit, patch series, kernel-source hash, driver, date,
-                command, report): recorded, not matched, because the submission's vLLM is built from
-                the vendor tree with a version string of its own, and a commit that leaves the
-                kernels alone does not change what is fast. `forge calibrate --check` compares the
-                kernel-source hash with a checkout.
+    provenance  where it came from (project commit, and the hash of its diff when the tree was dirty;
+                patch series, kernel-source hash, driver, date, command, report folder): recorded, not
+                matched, because the submission's vLLM is built from the vendor tree with a version string
+                of its own, and a commit that leaves the kernels alone does not change what is fast. A
+                table that is shipped (carried into a tree, a wheel or a submission) names no path of the
+                machine that made it (`shipping_problems`).
     gemv        {"plain"|"fused": {"NxK": {"M": [block, rows]}}}: the (shape, token count) pairs at
                 which our decode GEMV beat the platform's GEMM (and the launch that won; [0, 0] is
                 the kernel's built-in choice); a pair not listed keeps the platform's GEMM.
@@ -23,9 +24,14 @@ A table (JSON, ``schema`` = SCHEMA):
     decode      {"segments": {"<batch>": S}, "launch": {"16bit"|"int8": [TILE_N, warps, stages]}}:
                 split-KV decode; absent: the built-in heuristic.
 
-Which table: ``VLLM_FORGE_TUNED`` = a file (used if its validators match, refused with the reason
-otherwise), ``0``/``off`` (built-in defaults), or unset: the first table in this package's folder
-whose validators match the running device, else the built-in defaults. Every outcome is logged once.
+Every value is checked against the kernels' own legal launches (`validate`): a table that names a
+launch the kernel cannot run, a wrong type, a duplicate key or an unknown key is refused whole.
+
+Which table: ``VLLM_FORGE_TUNED`` = a file (used if it is valid and its validators match, refused with
+the reason otherwise), ``0``/``off`` (built-in defaults), or unset: the first valid table in this
+package's folder whose validators match the running device, else the built-in defaults. Every outcome
+is logged once, each refused malformed file with its reason; no table, however malformed, stops the
+server (`active`).
 """
 
 from __future__ import annotations
@@ -94,100 +100,252 @@ def mismatch(table: dict, ident: dict) -> str | None:
     return "made for another device or stack: " + ", ".join(diffs) if diffs else None
 
 
-def _check_launch(where: str, v, n: int) -> None:
-    if not (isinstance(v, list) and len(v) == n and all(isinstance(x, int) and x >= 0 for x in v)):
-        raise TableError(f"{where}: must be a list of {n} non-negative integers, got {v!r}")
+# The kernels' own legal launch sets (mirrored here so this file stays self-contained; tests/kernels
+# checks each against its kernel). A table may name only these: anything else would fail at the first
+# request that takes the route, on the card, in a scored run.
+#   forge_gemv.cu: the launch menu `launch()` dispatches (block x rows), and the configurations it
+#   builds (`Built`: on AMD every (block, rows, M) with at most 16 partial sums per thread; the fused
+#   kernel has no 8-row launch). [0, 0] is the kernel's built-in choice.
+GEMV_BLOCKS = (64, 128, 256, 512, 640, 768)
+GEMV_ROWS = (1, 2, 4, 8)
+GEMV_FUSED_ROWS = (1, 2, 4)
+GEMV_MAX_TOKENS = 4
+#   forge_prefill_attention.py (BLOCK_M, TILE_N, num_warps, num_stages); BLOCK_M also >= the heads of
+#   a KV head, which the kernel checks per model.
+PREFILL_LAUNCH = ((16, 32, 64, 128, 256), (16, 32, 64, 128), (1, 2, 4, 8, 16), (1, 2, 3, 4))
+#   forge_split_kv_decode.py (TILE_N, num_warps, num_stages) and the segments per (sequence, KV head):
+#   a power of two its merge kernel holds in one tile (MAX_TABLE_SEGMENTS), per batch size up to
+#   MAX_DECODE_BATCH (the 3D-kernel threshold is far below it).
+DECODE_LAUNCH = ((16, 32, 64, 128), (1, 2, 4, 8, 16), (1, 2, 3, 4))
+MAX_TABLE_SEGMENTS = 256
+MAX_DECODE_BATCH = 1024
+KEYS = ("schema", "validators", "provenance", "gemv", "prefill", "decode")
+KV_KINDS = ("16bit", "int8")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _mapping(where: str, v) -> dict:
+    if not isinstance(v, dict):
+        raise TableError(f"key '{where}': expected an object, got {type(v).__name__} {v!r:.60}")
+    return v
+
+
+def _launch(where: str, v, legal: tuple) -> tuple:
+    names = ("BLOCK_M", "TILE_N", "num_warps", "num_stages") if len(legal) == 4 else \
+        ("TILE_N", "num_warps", "num_stages")
+    if not (isinstance(v, list) and len(v) == len(legal) and all(_is_int(x) for x in v)):
+        raise TableError(f"key '{where}': must be a list of {len(legal)} integers "
+                         f"[{', '.join(names)}], got {v!r:.80}")
+    for name, x, ok in zip(names, v, legal):
+        if x not in ok:
+            raise TableError(f"key '{where}': {name} {x} is not one the kernel launches "
+                             f"({', '.join(map(str, ok))})")
+    return tuple(v)
+
+
+def _mt(m: int) -> int:
+    return 1 if m <= 1 else 2 if m <= 2 else 4
+
+
+def gemv_launch_problem(block, rows, m: int, fused: bool, on_amd: bool) -> str | None:
+    """Why forge_gemv.cu cannot launch (block, rows) for m tokens, or None when it can."""
+    if not (_is_int(block) and _is_int(rows)):
+        return f"[block, rows] must be integers, got {[block, rows]!r:.60}"
+    if block == 0 and rows == 0:
+        return None                       # the kernel's built-in choice
+    menu = GEMV_FUSED_ROWS if fused else GEMV_ROWS
+    if block not in GEMV_BLOCKS or rows not in menu:
+        return (f"[{block}, {rows}] is not in the kernel's launch menu (block {', '.join(map(str, GEMV_BLOCKS))}; "
+                f"rows {', '.join(map(str, menu))}; or [0, 0] for its built-in choice)")
+    partial = (2 if fused else 1) * rows * _mt(m)
+    if on_amd and partial > 16:
+        return f"[{block}, {rows}] at {m} token(s) is not built for AMD ({partial} partial sums per thread > 16)"
+    return None
+
+
+def _on_amd(val: dict) -> bool:
+    return str(val.get("toolkit") or "").startswith("hip") or str(val.get("arch") or "").startswith("gfx")
 
 
 def validate(table) -> dict:
-    """Check a table's structure; return it. Raises TableError naming the key."""
+    """Check a table's structure, types and ranges against the kernels' legal launches; return it.
+    Raises TableError naming the key. Never anything else, whatever the input."""
     if not isinstance(table, dict):
         raise TableError("the table is not a JSON object")
+    unknown = sorted(k for k in table if k not in KEYS)
+    if unknown:
+        raise TableError(f"unknown key(s) {', '.join(map(repr, unknown))}; a table holds {', '.join(KEYS)}")
     if table.get("schema") != SCHEMA:
-        raise TableError(f"key 'schema': {table.get('schema')!r}, expected {SCHEMA!r}")
+        raise TableError(f"key 'schema': {table.get('schema')!r:.60}, expected {SCHEMA!r}")
     val = table.get("validators")
     if not isinstance(val, dict) or any(k not in val for k in MATCH):
         raise TableError(f"key 'validators': must hold {', '.join(MATCH)}")
-    for kind, shapes in (table.get("gemv") or {}).items():
-        if kind not in ("plain", "fused") or not isinstance(shapes, dict):
-            raise TableError(f"key 'gemv.{kind}': expected 'plain' or 'fused' mapping shapes")
-        for shape, rows in shapes.items():
+    for k in MATCH:
+        v = val[k]
+        if k == "compute_units":
+            if not (_is_int(v) and v >= 0):
+                raise TableError(f"key 'validators.compute_units': a count >= 0, got {v!r:.60}")
+        elif not (v is None or isinstance(v, str)):
+            raise TableError(f"key 'validators.{k}': a string or null, got {v!r:.60}")
+    if "provenance" in table:
+        _mapping("provenance", table["provenance"])
+    on_amd = _on_amd(val)
+    for kind, shapes in _mapping("gemv", table.get("gemv", {})).items():
+        if kind not in ("plain", "fused"):
+            raise TableError(f"key 'gemv.{kind}': expected 'plain' or 'fused'")
+        for shape, rows in _mapping(f"gemv.{kind}", shapes).items():
             nk = shape.lower().split("x")
-            if len(nk) != 2 or not all(p.isdigit() for p in nk) or not isinstance(rows, dict):
-                raise TableError(f"key 'gemv.{kind}.{shape}': expected 'NxK': {{'M': [block, rows]}}")
-            for m, launch in rows.items():
-                if m not in ("1", "2", "3", "4"):
-                    raise TableError(f"key 'gemv.{kind}.{shape}.{m}': token count must be 1-4")
-                _check_launch(f"key 'gemv.{kind}.{shape}.{m}'", launch, 2)
-    for kv, launch in (table.get("prefill") or {}).items():
-        if kv not in ("16bit", "int8"):
+            if len(nk) != 2 or not all(p.isdigit() and p.isascii() and int(p) > 0 for p in nk):
+                raise TableError(f"key 'gemv.{kind}.{shape}': expected 'NxK' with N, K > 0 (output x input features)")
+            if kind == "fused" and int(nk[0]) % 2:
+                raise TableError(f"key 'gemv.fused.{shape}': the fused weight is [gate; up], N must be even")
+            for m, launch in _mapping(f"gemv.{kind}.{shape}", rows).items():
+                if m not in tuple(str(i) for i in range(1, GEMV_MAX_TOKENS + 1)):
+                    raise TableError(f"key 'gemv.{kind}.{shape}.{m}': token count must be 1-{GEMV_MAX_TOKENS}")
+                if not (isinstance(launch, list) and len(launch) == 2):
+                    raise TableError(f"key 'gemv.{kind}.{shape}.{m}': must be a list of 2 integers "
+                                     f"[block, rows], got {launch!r:.60}")
+                why = gemv_launch_problem(launch[0], launch[1], int(m), kind == "fused", on_amd)
+                if why:
+                    raise TableError(f"key 'gemv.{kind}.{shape}.{m}': {why}")
+    for kv, launch in _mapping("prefill", table.get("prefill", {})).items():
+        if kv not in KV_KINDS:
             raise TableError(f"key 'prefill.{kv}': expected '16bit' or 'int8'")
-        _check_launch(f"key 'prefill.{kv}'", launch, 4)
-    dec = table.get("decode") or {}
-    for b, s in (dec.get("segments") or {}).items():
-        if not (str(b).isdigit() and isinstance(s, int) and s >= 1 and s & (s - 1) == 0):
-            raise TableError(f"key 'decode.segments.{b}': segments must be a power of two >= 1, got {s!r}")
-    for kv, launch in (dec.get("launch") or {}).items():
-        if kv not in ("16bit", "int8"):
+        _launch(f"prefill.{kv}", launch, PREFILL_LAUNCH)
+    dec = _mapping("decode", table.get("decode", {}))
+    unknown = sorted(k for k in dec if k not in ("segments", "launch"))
+    if unknown:
+        raise TableError(f"key 'decode': unknown key(s) {', '.join(map(repr, unknown))}; expected 'segments', 'launch'")
+    for b, s in _mapping("decode.segments", dec.get("segments", {})).items():
+        if not (b.isdigit() and b.isascii() and 1 <= int(b) <= MAX_DECODE_BATCH):
+            raise TableError(f"key 'decode.segments.{b}': a batch size 1-{MAX_DECODE_BATCH}")
+        if not (_is_int(s) and 1 <= s <= MAX_TABLE_SEGMENTS and s & (s - 1) == 0):
+            raise TableError(f"key 'decode.segments.{b}': segments must be a power of two from 1 to "
+                             f"{MAX_TABLE_SEGMENTS}, got {s!r:.60}")
+    for kv, launch in _mapping("decode.launch", dec.get("launch", {})).items():
+        if kv not in KV_KINDS:
             raise TableError(f"key 'decode.launch.{kv}': expected '16bit' or 'int8'")
-        _check_launch(f"key 'decode.launch.{kv}'", launch, 3)
+        _launch(f"decode.launch.{kv}", launch, DECODE_LAUNCH)
     return table
+
+
+def _no_duplicates(pairs):
+    seen = {}
+    for k, v in pairs:
+        if k in seen:
+            raise TableError(f"key {k!r} appears twice in one object")
+        seen[k] = v
+    return seen
+
+
+def parse(text: str) -> dict:
+    """A table from its JSON text (duplicate keys refused), validated."""
+    try:
+        data = json.loads(text, object_pairs_hook=_no_duplicates)
+    except ValueError as e:      # json.JSONDecodeError; RecursionError is not a ValueError
+        raise TableError(f"not valid JSON: {e}") from None
+    except RecursionError:
+        raise TableError("not valid JSON: nested too deeply") from None
+    return validate(data)
 
 
 def read(path: str) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            text = f.read()
     except OSError as e:
         raise TableError(f"cannot read it: {e.strerror or e}") from None
-    except (ValueError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
         raise TableError(f"not valid JSON: {e}") from None
-    return validate(data)
+    return parse(text)
+
+
+_HEX = set("0123456789abcdef")
+
+
+def shipping_problems(table: dict) -> list[str]:
+    """Why a valid table should not be shipped as it is (carried into a tree, a wheel, a submission):
+    its provenance names a machine's path, or a commit that is neither clean nor dirty with the hash of
+    its diff. Recorded, never matched: the loader does not refuse a table for these."""
+    prov = table.get("provenance")
+    if not isinstance(prov, dict) or not prov:
+        return ["it has no provenance (commit, command, report)"]
+    out = []
+    for key in ("command", "report"):
+        v = prov.get(key)
+        words = v.split() if isinstance(v, str) else []
+        if any(w.startswith(("/", "~")) or ":\\" in w for w in words):
+            out.append(f"provenance.{key} names a path on the machine that made it ({v!r:.80})")
+    commit = prov.get("commit")
+    sha = commit.split()[0] if isinstance(commit, str) and commit.strip() else ""
+    if not (7 <= len(sha) <= 40 and set(sha) <= _HEX):
+        out.append(f"provenance.commit {commit!r:.60} is not a commit hash")
+    elif commit != sha:
+        diff = prov.get("diff_sha256")
+        if not (isinstance(diff, str) and len(diff) == 64 and set(diff) <= _HEX):
+            out.append(f"provenance.commit {commit!r} was dirty and provenance.diff_sha256 does not give the "
+                       "hash of its diff")
+    return out
 
 
 def committed_tables(folder: str = HERE) -> list[str]:
     return sorted(glob.glob(os.path.join(folder, "*.json")))
 
 
-def choose(ident: dict, env: str | None, folder: str = HERE) -> tuple[dict | None, str]:
-    """(table or None, one line saying which and why). Pure: no logging, no device query."""
+def choose(ident: dict, env: str | None, folder: str = HERE) -> tuple[dict | None, str, list[str]]:
+    """(table or None, one line saying which and why, malformed tables refused on the way: "file: why").
+    Pure: no logging, no device query. A malformed table is skipped, whichever device it was made for:
+    it never decides the selection for another."""
     if env is not None and env.strip().lower() in ("0", "off", "none"):
-        return None, f"{ENV}={env}: built-in defaults"
+        return None, f"{ENV}={env}: built-in defaults", []
     if env:
         try:
             table = read(env)
         except TableError as e:
-            return None, f"{ENV}={env} refused: {e}; built-in defaults"
+            return None, f"{ENV}={env} refused: {e}; built-in defaults", [f"{env}: {e}"]
         why = mismatch(table, ident)
         if why:
-            return None, f"{ENV}={env} refused: {why}; built-in defaults"
-        return table, f"table {env} (validators match {ident.get('device_name')} {ident.get('arch')})"
-    seen = []
+            return None, f"{ENV}={env} refused: {why}; built-in defaults", []
+        return table, f"table {env} (validators match {ident.get('device_name')} {ident.get('arch')})", []
+    seen, bad = [], []
     for path in committed_tables(folder):
         name = os.path.basename(path)
         try:
             table = read(path)
         except TableError as e:
             seen.append(f"{name}: {e}")
+            bad.append(f"{path}: {e}")
             continue
         why = mismatch(table, ident)
         if why is None:
-            return table, f"table {name} (validators match {ident.get('device_name')} {ident.get('arch')})"
+            return table, f"table {name} (validators match {ident.get('device_name')} {ident.get('arch')})", bad
         seen.append(f"{name}: {why}")
     where = "; ".join(seen) if seen else "no table is installed"
     return None, (f"no table for {ident.get('device_name')} {ident.get('arch')} "
-                  f"{ident.get('compute_units')} CUs ({where}); built-in defaults")
+                  f"{ident.get('compute_units')} CUs ({where}); built-in defaults"), bad
 
 
 @functools.cache
 def active() -> dict | None:
-    """The table this process uses (chosen and logged once)."""
+    """The table this process uses, chosen and logged once. Called where vLLM builds its layers and
+    attention backends, never inside a traced forward. Whatever the folder or VLLM_FORGE_TUNED hold,
+    this returns (a table that cannot be used means the built-in defaults), so no table stops a server."""
     try:
         ident = device_identity()
     except Exception as e:  # noqa: BLE001 - no device query: defaults
         logger.warning("dcu-forge tuned table: no device identity (%s); built-in defaults", e)
         return None
-    table, line = choose(ident, os.environ.get(ENV))
+    try:
+        table, line, bad = choose(ident, os.environ.get(ENV))
+    except Exception as e:  # noqa: BLE001 - a loader bug must not stop the server either
+        logger.warning("dcu-forge tuned table: could not choose a table (%s: %s); built-in defaults",
+                       type(e).__name__, e)
+        return None
+    for b in bad:
+        logger.warning("dcu-forge tuned table: refused %s", b)
     (logger.info if table is not None or os.environ.get(ENV) is None else logger.warning)(
         "dcu-forge tuned table: %s", line)
     if table is not None:

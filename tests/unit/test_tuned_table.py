@@ -32,16 +32,16 @@ def write(folder: Path, name: str, data) -> Path:
 def test_the_matching_table_of_the_folder_is_taken(tmp_path):
     write(tmp_path, "a-dcu.json", table(DCU))
     write(tmp_path, "b-h200.json", table(H200))
-    got, line = T.choose(H200, None, folder=str(tmp_path))
+    got, line, _ = T.choose(H200, None, folder=str(tmp_path))
     assert got["validators"]["device_name"] == "NVIDIA H200" and "b-h200.json" in line
-    got, line = T.choose(DCU, None, folder=str(tmp_path))
+    got, line, _ = T.choose(DCU, None, folder=str(tmp_path))
     assert got["validators"]["arch"] == "gfx936" and "a-dcu.json" in line
 
 
 def test_a_stale_table_is_refused_with_the_keys_that_differ(tmp_path):
     newer = dict(H200, torch="2.12")
     write(tmp_path, "h200.json", table(H200))
-    got, line = T.choose(newer, None, folder=str(tmp_path))
+    got, line, _ = T.choose(newer, None, folder=str(tmp_path))
     assert got is None
     assert "torch '2.11' != '2.12'" in line and "built-in defaults" in line and "h200.json" in line
     assert "\n" not in line
@@ -49,44 +49,136 @@ def test_a_stale_table_is_refused_with_the_keys_that_differ(tmp_path):
 
 def test_the_driver_and_provenance_are_recorded_not_matched(tmp_path):
     write(tmp_path, "h200.json", table(H200, provenance={"commit": "other", "series": "other"}))
-    got, _ = T.choose(dict(H200, driver=99999), None, folder=str(tmp_path))
+    got, _, _ = T.choose(dict(H200, driver=99999), None, folder=str(tmp_path))
     assert got is not None
 
 
 def test_an_explicit_table_for_another_device_is_refused(tmp_path):
     p = write(tmp_path, "dcu.json", table(DCU))
-    got, line = T.choose(H200, str(p), folder=str(tmp_path / "none"))
+    got, line, _ = T.choose(H200, str(p), folder=str(tmp_path / "none"))
     assert got is None and f"{T.ENV}={p} refused" in line and "device_name 'BW' != 'NVIDIA H200'" in line
 
 
 @pytest.mark.parametrize("env", ["0", "off", "none"])
 def test_off_means_the_built_in_defaults(tmp_path, env):
     write(tmp_path, "h200.json", table(H200))
-    got, line = T.choose(H200, env, folder=str(tmp_path))
+    got, line, _ = T.choose(H200, env, folder=str(tmp_path))
     assert got is None and "built-in defaults" in line
 
 
-@pytest.mark.parametrize("bad, why", [
+def _with(**kw):
+    return json.dumps(dict(table(H200), **kw))
+
+
+DUPLICATE = json.dumps(table(H200))[:-1] + ', "prefill": {"16bit": [64, 32, 4, 1]}}'
+MALFORMED = [
     ("{nope", "not valid JSON"),
     (json.dumps([1, 2]), "not a JSON object"),
-    (json.dumps(dict(table(H200), schema="other/9")), "key 'schema'"),
-    (json.dumps(dict(table(H200), validators={"arch": "sm_90"})), "key 'validators'"),
-    (json.dumps(dict(table(H200), gemv={"plain": {"96x5120": {"5": [0, 0]}}})), "token count must be 1-4"),
-    (json.dumps(dict(table(H200), gemv={"plain": {"96by5120": {"1": [0, 0]}}})), "expected 'NxK'"),
-    (json.dumps(dict(table(H200), gemv={"plain": {"96x5120": {"1": [0]}}})), "list of 2"),
-    (json.dumps(dict(table(H200), prefill={"16bit": [64, 32, 4]})), "key 'prefill.16bit'"),
-    (json.dumps(dict(table(H200), decode={"segments": {"1": 24}})), "power of two"),
-])
+    (_with(schema="other/9"), "key 'schema'"),
+    (_with(validators={"arch": "sm_90"}), "key 'validators'"),
+    (_with(validators=dict(table(H200)["validators"], compute_units="132")), "validators.compute_units"),
+    (_with(validators=dict(table(H200)["validators"], compute_units=True)), "validators.compute_units"),
+    (_with(gemv={"plain": {"96x5120": {"5": [0, 0]}}}), "token count must be 1-4"),
+    (_with(gemv={"plain": {"96by5120": {"1": [0, 0]}}}), "expected 'NxK'"),
+    (_with(gemv={"plain": {"0x0": {"1": [0, 0]}}}), "N, K > 0"),
+    (_with(gemv={"plain": {"96x5120": {"1": [0]}}}), "list of 2"),
+    # wrong types where an object is expected: each raised AttributeError in the loader and stopped the server
+    (_with(prefill="x"), "key 'prefill': expected an object"),
+    (_with(gemv=[1]), "key 'gemv': expected an object"),
+    (_with(gemv={"plain": [1]}), "key 'gemv.plain': expected an object"),
+    (_with(gemv={"plain": {"96x5120": [1]}}), "key 'gemv.plain.96x5120': expected an object"),
+    (_with(decode="x"), "key 'decode': expected an object"),
+    (_with(decode={"segments": [1]}), "key 'decode.segments': expected an object"),
+    (_with(decode={"launch": "x"}), "key 'decode.launch': expected an object"),
+    (_with(provenance="x"), "key 'provenance': expected an object"),
+    (_with(gemv=None), "key 'gemv': expected an object"),
+    # values outside what the kernels launch
+    (_with(prefill={"16bit": [64, 32, 4]}), "key 'prefill.16bit'"),
+    (_with(prefill={"16bit": [0, 0, 0, 0]}), "BLOCK_M 0 is not one the kernel launches"),
+    (_with(prefill={"16bit": [True, 32, 4, 1]}), "must be a list of 4 integers"),
+    (_with(prefill={"16bit": [64, 32, 3, 1]}), "num_warps 3"),
+    (_with(decode={"launch": {"16bit": [0, 0, 0]}}), "TILE_N 0"),
+    (_with(decode={"launch": {"16bit": [16, 4, False]}}), "must be a list of 3 integers"),
+    (_with(decode={"segments": {"1": 24}}), "power of two"),
+    (_with(decode={"segments": {"1": 2 ** 40}}), "power of two from 1 to 256"),
+    (_with(decode={"segments": {"1": True}}), "power of two"),
+    (_with(decode={"segments": {"0": 32}}), "batch size"),
+    (_with(decode={"segmnets": {"1": 32}}), "unknown key"),
+    (_with(gemv={"plain": {"96x5120": {"1": [True, False]}}}), "must be integers"),
+    (_with(gemv={"plain": {"96x5120": {"1": [100, 2]}}}), "launch menu"),
+    (_with(gemv={"fused": {"34816x5120": {"1": [640, 8]}}}), "launch menu"),
+    (_with(gemv={"fused": {"101x5120": {"1": [0, 0]}}}), "N must be even"),
+    (_with(extra={}), "unknown key(s) 'extra'"),
+    (DUPLICATE, "appears twice"),
+]
+
+
+@pytest.mark.parametrize("bad, why", MALFORMED, ids=[w for _, w in MALFORMED])
 def test_a_malformed_table_is_refused_naming_the_key(tmp_path, bad, why):
     p = write(tmp_path, "t.json", bad)
-    got, line = T.choose(H200, str(p), folder=str(tmp_path / "none"))
-    assert got is None and why in line and "refused" in line
-    got, line = T.choose(H200, None, folder=str(tmp_path))   # in the folder: skipped with its reason
-    assert got is None and "t.json" in line and why in line
+    got, line, refused = T.choose(H200, str(p), folder=str(tmp_path / "none"))
+    assert got is None and why in line and "refused" in line and "\n" not in line
+    assert refused and why in refused[0]
+    got, line, refused = T.choose(H200, None, folder=str(tmp_path))   # in the folder: skipped with its reason
+    assert got is None and "t.json" in line and why in line and why in refused[0]
+
+
+@pytest.mark.parametrize("bad, why", MALFORMED[2:], ids=[w for _, w in MALFORMED[2:]])
+def test_a_malformed_table_for_another_device_does_not_affect_selection(tmp_path, bad, why):
+    write(tmp_path, "a-broken.json", bad.replace('"NVIDIA H200"', '"another card"'))
+    write(tmp_path, "b-h200.json", table(H200))
+    got, line, refused = T.choose(H200, None, folder=str(tmp_path))
+    assert got is not None and "b-h200.json" in line
+    assert len(refused) == 1 and "a-broken.json" in refused[0]
+
+
+def test_an_amd_table_names_only_launches_built_for_amd():
+    ok = table(DCU, gemv={"plain": {"14336x5120": {"1": [640, 8], "4": [640, 4]}}})
+    T.validate(ok)                          # 8 and 16 partial sums per thread
+    with pytest.raises(T.TableError, match="not built for AMD"):
+        T.validate(table(DCU, gemv={"plain": {"14336x5120": {"4": [640, 8]}}}))
+    with pytest.raises(T.TableError, match="not built for AMD"):
+        T.validate(table(DCU, gemv={"fused": {"34816x5120": {"3": [640, 4]}}}))
+    T.validate(table(H200, gemv={"plain": {"14336x5120": {"4": [256, 8]}}}))   # built on NVIDIA below 640
+
+
+def test_the_server_keeps_its_defaults_whatever_the_loader_meets(monkeypatch, tmp_path, caplog):
+    write(tmp_path, "t.json", '{"schema": "forge-tuned/1", "gemv": [1]}')
+    monkeypatch.setattr(T, "HERE", str(tmp_path))
+    monkeypatch.setattr(T, "device_identity", lambda device_index=0: dict(H200))
+    monkeypatch.delenv(T.ENV, raising=False)
+    monkeypatch.setattr(T.choose, "__defaults__", (str(tmp_path),))
+    T.active.cache_clear()
+    caplog.set_level("INFO", logger=T.logger.name)
+    try:
+        assert T.active() is None
+        assert any("refused" in r.getMessage() and "t.json" in r.getMessage() for r in caplog.records)
+        T.active.cache_clear()
+
+        def broken(*a, **k):
+            raise KeyError("a bug")
+        monkeypatch.setattr(T, "choose", broken)
+        assert T.active() is None
+        assert any("could not choose a table" in r.getMessage() for r in caplog.records)
+    finally:
+        T.active.cache_clear()
+
+
+def test_a_shipped_table_names_no_machine_path_and_a_clean_or_hashed_commit():
+    good = table(H200, provenance={"commit": "0123456789ab", "command": "forge calibrate --install",
+                                  "report": "reports/calibration/x"})
+    assert T.shipping_problems(good) == []
+    dirty = dict(good, provenance=dict(good["provenance"], commit="0123456789ab (dirty)"))
+    assert "diff_sha256" in T.shipping_problems(dirty)[0]
+    dirty["provenance"]["diff_sha256"] = "a" * 64
+    assert T.shipping_problems(dirty) == []
+    tmp = dict(good, provenance=dict(good["provenance"], report="/tmp/pipe/cal",
+                                     command="forge calibrate --out /tmp/pipe/cal"))
+    assert [p.split()[0] for p in T.shipping_problems(tmp)] == ["provenance.command", "provenance.report"]
 
 
 def test_an_unreadable_table_is_refused(tmp_path):
-    got, line = T.choose(H200, str(tmp_path / "missing.json"), folder=str(tmp_path))
+    got, line, _ = T.choose(H200, str(tmp_path / "missing.json"), folder=str(tmp_path))
     assert got is None and "cannot read it" in line
 
 
@@ -108,6 +200,7 @@ def test_every_committed_table_is_valid_and_describes_its_routes():
     for p in tables:
         t = T.read(str(p))
         assert all(t["validators"].get(k) is not None for k in T.MATCH), p
+        assert T.shipping_problems(t) == [], p
         assert t["provenance"].get("report"), f"{p.name}: provenance names the calibration report"
         lines = T.describe(t)
         assert len(lines) == sum(len(s) for s in t.get("gemv", {}).values()) + len(t.get("prefill", {})) + \

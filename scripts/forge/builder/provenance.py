@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import platform
 import re
 import shutil
 import sys
+from pathlib import Path
 
 from .. import config, proc
 from ..errors import ForgeError
@@ -75,6 +77,40 @@ def forge_commit() -> dict:
     except Exception:
         return {"commit": None, "dirty": None}
     return {"commit": sha, "dirty": dirty}
+
+
+def forge_diff_hash() -> str | None:
+    """sha256 of the uncommitted change to tracked files (`git diff HEAD`), for a record made from a dirty
+    checkout: what it was made from is then named, not only "dirty"."""
+    try:
+        diff = proc.run(["git", "-C", ROOT, "diff", "HEAD", "--binary"], capture=True, what="git diff").stdout
+    except Exception:
+        return None
+    return hashlib.sha256(diff.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def shown_path(path) -> str:
+    """A path as a record shows it: relative to the project when inside it, else only its last part
+    (a machine's folders are not part of what was made)."""
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(ROOT))
+    except (ValueError, OSError):
+        return f".../{p.name}" if p.name else "..."
+
+
+def shown_command(argv: list[str]) -> str:
+    """A command line as a record shows it: every absolute or home path argument through shown_path."""
+    out = []
+    for a in argv:
+        opt, eq, val = a.partition("=")
+        if eq and val.startswith(("/", "~")):
+            out.append(f"{opt}={shown_path(Path(val).expanduser())}")
+        elif a.startswith(("/", "~")):
+            out.append(shown_path(Path(a).expanduser()))
+        else:
+            out.append(a)
+    return " ".join(out)
 
 
 def kernel_hashes() -> dict[str, str]:

@@ -25,7 +25,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .. import config, options, proc, ui
+from .. import config, options, proc, tunedtable, ui
 from ..errors import ForgeError
 from ..hashing import combine, manifest_hash, sha256_file
 from ..paths import KERNELS, PATCHES, ROOT, Lock, rel, write_atomic
@@ -55,6 +55,8 @@ def git_out(tree: Path, *args, **kw) -> str:
 
 # --- overlay --------------------------------------------------------------------------------
 
+# where the overlay places the per-device tuned tables (configs/kernels/tuned/*.json)
+TUNED_DST = "vllm/forge_tuned"
 OVERLAY_SCHEMA = {"files": config.Field(list, item={"src": config.Field(str), "dst": config.Field(str)})}
 
 
@@ -72,8 +74,11 @@ def overlay_entries() -> list[dict]:
             if not e["dst"].endswith("/"):
                 raise ForgeError(f"kernels/overlay.yaml: key 'files[{i}].dst': a pattern's destination is "
                                  f"a folder ending in '/', got {e['dst']!r}")
-            files += [{"src": str(p.relative_to(ROOT)), "dst": e["dst"] + p.name}
-                      for p in sorted(ROOT.glob(e["src"])) if p.is_file()]
+            matched = [p for p in sorted(ROOT.glob(e["src"])) if p.is_file()]
+            if e["dst"].rstrip("/") == TUNED_DST:
+                for p in matched:        # what the server would refuse never enters a tree or a wheel
+                    tunedtable.check_table(p, fix="re-make it with `forge calibrate --install`, or remove it")
+            files += [{"src": str(p.relative_to(ROOT)), "dst": e["dst"] + p.name} for p in matched]
             continue
         if not (ROOT / e["src"]).is_file():
             raise ForgeError(f"kernels/overlay.yaml: key 'files[{i}].src': {e['src']} does not exist",

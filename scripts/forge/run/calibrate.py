@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import paths, proc, ui
+from .. import paths, proc, tunedtable, ui
 from ..errors import ForgeError
 from . import calibration as sel
 
@@ -143,12 +143,16 @@ def calibrate(args) -> dict:
     validators, dev = _validators({k: v for k, v in docs.items() if not v.get("failed")})
     selection = sel.select(records)
     from ..builder import provenance
-    commit = provenance.forge_commit()
-    if isinstance(commit, dict):
-        commit = f"{commit.get('commit', '?')[:12]}{' (dirty)' if commit.get('dirty') else ''}"
+    head = provenance.forge_commit()
+    commit = f"{(head.get('commit') or '?')[:12]}{' (dirty)' if head.get('dirty') else ''}"
+    # a shipped table names no path of the machine that made it, and what a dirty tree held (kernels/
+    # forge_tuned shipping_problems)
     prov = {"commit": commit, "series": series_hash(), "kernels": kernels_hash(),
             "driver": dev.get("driver"), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": "forge " + " ".join(sys.argv[1:]), "report": paths.rel(out_dir), "options": options(args)}
+            "command": "forge " + provenance.shown_command(sys.argv[1:]), "report": provenance.shown_path(out_dir),
+            "options": options(args)}
+    if head.get("dirty"):
+        prov["diff_sha256"] = provenance.forge_diff_hash()
     table = sel.build_table(selection, validators, prov)
     doc = {"provenance": prov, "device": dev, "families": {f: {k: d.get(k) for k in ("seconds", "notes", "failed")}
                                                              for f, d in docs.items()},
@@ -211,9 +215,14 @@ def cmd_calibrate(args) -> int:
     ui.info(f"calibration: {len(sel_)} decisions, {failed} failing candidate(s) left out; "
             f"report {paths.rel(out / 'calibration.md')}; table {paths.rel(out / 'table.json')}")
     slug = device_slug(doc["device"])
+    text = (out / "table.json").read_text()
+    if args.install or args.install_vllm:
+        # the loader's own validator: what the server would refuse is never installed
+        tunedtable.check_text(text, paths.rel(out / "table.json"), shipped=bool(args.install),
+                              fix="see the calibration report; rerun the failing family with --redo")
     if args.install:
         dest = TUNED / f"{slug}.json"
-        paths.write_atomic(dest, (out / "table.json").read_text())
+        paths.write_atomic(dest, text)
         ui.info(f"installed the table as {paths.rel(dest)} (commit it; `make tree` puts it into the vLLM tree)")
     if args.install_vllm:
         import importlib.util
