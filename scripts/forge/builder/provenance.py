@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import platform
 import re
 import shutil
@@ -70,7 +72,53 @@ def toolchain() -> dict:
     return tv
 
 
+# A copy of the project without its git folder (a GPU machine's copy of the checkout) can still name the
+# commit it holds: `source_manifest()` here lists HEAD and the git blob id of every file HEAD tracks; there,
+# FORGE_SOURCE_MANIFEST=<that file> makes forge_commit() compare the copy's files with it.
+SOURCE_MANIFEST_ENV = "FORGE_SOURCE_MANIFEST"
+
+
+def _blob_id(path: Path) -> str | None:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def source_manifest() -> dict:
+    """HEAD and {path: blob id} of the files it tracks (as committed, whatever the work tree holds)."""
+    sha = proc.output(["git", "-C", ROOT, "rev-parse", "HEAD"], what="git rev-parse")
+    listing = proc.output(["git", "-C", ROOT, "ls-tree", "-r", "--full-tree", "HEAD"], what="git ls-tree")
+    files = {}
+    for line in listing.splitlines():
+        meta, _, name = line.partition("\t")
+        mode, kind, blob = meta.split()
+        if kind == "blob" and mode != "120000":
+            files[name] = blob
+    return {"commit": sha, "files": files}
+
+
+def _commit_from_manifest(path: str) -> dict:
+    try:
+        man = json.loads(Path(path).read_text())
+        files, sha = man["files"], man["commit"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ForgeError(f"{SOURCE_MANIFEST_ENV}={path}: not a source manifest ({e})",
+                         hint="write one with `forge.builder.provenance.source_manifest()` in the checkout") from None
+    differ = sorted(n for n, blob in files.items() if _blob_id(ROOT / n) != blob)
+    if not differ:
+        return {"commit": sha, "dirty": False, "from": "source manifest"}
+    h = hashlib.sha256()
+    for n in differ:
+        h.update(f"{n}\0{_blob_id(ROOT / n)}\n".encode())
+    return {"commit": sha, "dirty": True, "diff_sha256": h.hexdigest(), "from": "source manifest",
+            "differ": differ[:20]}
+
+
 def forge_commit() -> dict:
+    if os.environ.get(SOURCE_MANIFEST_ENV):
+        return _commit_from_manifest(os.environ[SOURCE_MANIFEST_ENV])
     try:
         sha = proc.output(["git", "-C", ROOT, "rev-parse", "HEAD"], what="git rev-parse")
         dirty = bool(proc.output(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"]))

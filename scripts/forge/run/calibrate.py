@@ -152,7 +152,7 @@ def calibrate(args) -> dict:
             "command": "forge " + provenance.shown_command(sys.argv[1:]), "report": provenance.shown_path(out_dir),
             "options": options(args)}
     if head.get("dirty"):
-        prov["diff_sha256"] = provenance.forge_diff_hash()
+        prov["diff_sha256"] = head.get("diff_sha256") or provenance.forge_diff_hash()
     table = sel.build_table(selection, validators, prov)
     doc = {"provenance": prov, "device": dev, "families": {f: {k: d.get(k) for k in ("seconds", "notes", "failed")}
                                                              for f, d in docs.items()},
