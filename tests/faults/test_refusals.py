@@ -116,6 +116,38 @@ def test_missing_overlay_source_is_named(proj):
         k.write_text(text)
 
 
+@pytest.mark.parametrize("table, words", [
+    ('{"schema": "forge-tuned/1", "gemv": [1]}', ["key 'validators'"]),
+    ('{"schema": "forge-tuned/1", "validators": {"device_name": "BW", "arch": "gfx936", "compute_units": 80, '
+     '"toolkit": "hip 6.3", "torch": "2.10", "triton": "3.4"}, "prefill": "x"}', ["key 'prefill'"]),
+    ('{"schema": "forge-tuned/1", "validators": {"device_name": "BW", "arch": "gfx936", "compute_units": 80, '
+     '"toolkit": "hip 6.3", "torch": "2.10", "triton": "3.4"}, "provenance": {"commit": "0123456789ab", '
+     '"command": "forge calibrate --out /tmp/x/cal", "report": "/tmp/x/cal"}}', ["names a path on the machine"]),
+])
+def test_a_tuned_table_the_server_would_refuse_never_enters_the_tree(proj, table, words):
+    """`make tree` validates every per-device table before the overlay carries it into the tree (and so into
+    the wheel and the submission): with the loader's own validator, and the shipped-provenance rule."""
+    root = proj["root"]
+    shutil.copytree(ROOT / "kernels" / "forge_tuned", root / "kernels" / "forge_tuned", dirs_exist_ok=True)
+    overlay = root / "kernels" / "overlay.yaml"
+    good_overlay = overlay.read_text()
+    tuned = root / "configs" / "kernels" / "tuned"
+    tuned.mkdir(parents=True, exist_ok=True)
+    bad = tuned / "bw-gfx936-80cu.json"
+    head = subprocess.run(["git", "-C", str(root / "build" / "vllm"), "rev-parse", "HEAD"],
+                          capture_output=True, text=True).stdout
+    try:
+        overlay.write_text(good_overlay + "  - src: configs/kernels/tuned/*.json\n    dst: vllm/forge_tuned/\n")
+        bad.write_text(table)
+        refused(run(proj, "tree"), "configs/kernels/tuned/bw-gfx936-80cu.json", *words)
+        assert subprocess.run(["git", "-C", str(root / "build" / "vllm"), "rev-parse", "HEAD"],
+                              capture_output=True, text=True).stdout == head      # the tree was not touched
+    finally:
+        bad.unlink(missing_ok=True)
+        overlay.write_text(good_overlay)
+    assert run(proj, "tree").returncode == 0
+
+
 # --- serving and results (this repository's own configs) -------------------------------------------
 
 def forge(tmp_path, *args):
