@@ -205,3 +205,19 @@ def test_every_committed_table_is_valid_and_describes_its_routes():
         lines = T.describe(t)
         assert len(lines) == sum(len(s) for s in t.get("gemv", {}).values()) + len(t.get("prefill", {})) + \
             len(t.get("decode", {}).get("segments", {})) + len(t.get("decode", {}).get("launch", {}))
+
+
+def test_the_submission_preflight_reads_its_tables_with_the_loader_it_ships(tmp_path):
+    from forge.builder import submission
+    folder = tmp_path / "vllm" / "forge_tuned"
+    folder.mkdir(parents=True)
+    (folder / "__init__.py").write_text((ROOT / "kernels" / "forge_tuned" / "__init__.py").read_text())
+    ok = submission._tuned_tables_check(tmp_path)
+    assert ok["ok"] and "no per-device table" in ok["detail"]
+    good = table(DCU, provenance={"commit": "0123456789ab", "command": "forge calibrate --install",
+                                  "report": "reports/calibration/x"})
+    write(folder, "bw-gfx936-80cu.json", good)
+    assert submission._tuned_tables_check(tmp_path)["ok"]
+    write(folder, "other.json", dict(good, gemv=[1]))
+    got = submission._tuned_tables_check(tmp_path)
+    assert not got["ok"] and "vllm/forge_tuned/other.json: key 'gemv'" in got["detail"]

@@ -21,6 +21,7 @@ build/submission-preflight.json.
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
 import json
 import os
 import shlex
@@ -115,12 +116,35 @@ def preflight(repo: Path, base: str, code_commit: str, first: str) -> list[dict]
     probs = contest_docs.defaults_problems(profiles.load_profile("contest", c), contest_docs.series_env_vars())
     out.append({"check": "defaults on", "ok": not probs, "detail": "; ".join(probs) or
                 "the contest profile sets every variable to its default in code: it runs as measured with none set"})
+    out.append(_tuned_tables_check(repo))
     tracked = tree.git_out(repo, "ls-files").splitlines()
     outputs = sorted({p.split("/")[0] for p in tracked if p.split("/")[0] in ("build", "dist")} |
                      {d for d in ("build", "dist") if (repo / d).exists()})
     out.append({"check": "no build outputs", "ok": not outputs, "detail": f"found {', '.join(outputs)}/" if outputs
                 else "no build/ or dist/ folder (a stale build/lib is reused by bdist_wheel)"})
     return out
+
+
+def _tuned_tables_check(repo: Path) -> dict:
+    """Every per-device table the repository ships, read by the loader it ships (the same code the server
+    runs): valid, and no machine path or unhashed dirty commit in its provenance."""
+    folder = repo / "vllm" / "forge_tuned"
+    tables = sorted(folder.glob("*.json"))
+    if not (folder / "__init__.py").is_file():
+        return {"check": "tuned tables", "ok": False, "detail": "vllm/forge_tuned/__init__.py is missing"}
+    spec = importlib.util.spec_from_file_location("submission_forge_tuned", folder / "__init__.py")
+    loader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loader)
+    bad = []
+    for t in tables:
+        try:
+            probs = loader.shipping_problems(loader.read(str(t)))
+        except loader.TableError as e:
+            probs = [str(e)]
+        bad += [f"vllm/forge_tuned/{t.name}: {p}" for p in probs]
+    return {"check": "tuned tables", "ok": not bad, "detail": "; ".join(bad) or (
+        f"{len(tables)} table(s) ({', '.join(t.name for t in tables)}) valid for the loader the repository ships"
+        if tables else "no per-device table: the built-in launches and routes run")}
 
 
 def _onto_vendor_history(work: Path, ours: str, vendor_src: str) -> str | None:
