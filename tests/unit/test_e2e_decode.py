@@ -127,10 +127,12 @@ def test_no_prediction_where_the_benchmark_did_not_measure_the_profiles_kernel(t
     assert all(x["predicted_saved_ms"] is None and x["saved_ms"] is not None for x in rows)
     body = lambda text: text.split("\n", 1)[1]       # the first line names the generating module
     # decode.md as recorded in reports/e2e/2026-11-30-h200-int8kv, which read the kernel benchmark from
-    # reports/kernels/bench.json; the same numbers now come from its copy in configs/
+    # reports/kernels/bench.json; the same numbers now come from its copy in configs/, and the first
+    # column names the request (a round of that layout, a place in a tier's client invocation now)
     assert body((dst / "decode.md").read_text()) == body((src / "decode.md").read_text()).replace(
         "reports/e2e/2026-11-30-h200-int8kv", str(dst)).replace("reports/kernels/bench.json",
-                                                                "configs/kernels/bench-h200.json")
+                                                                "configs/kernels/bench-h200.json").replace(
+        "| round | tier |", "| request | tier |")
 
 
 # --- the GEMV term ----------------------------------------------------------------------------------

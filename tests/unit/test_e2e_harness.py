@@ -1,7 +1,8 @@
-"""The GPU end-to-end harness on a CPU box: the bundle's pieces (tokenizer, manifest), merging of
-tier rounds checked against vLLM's own result arithmetic, the plumbing comparison's verdicts, and
-whole `forge e2e-gpu` runs against two fake servers (the client replays results recorded by vLLM's
-real client; tests/tree/test_gpu_harness.py runs the real client and the fault check)."""
+"""The GPU end-to-end harness on a CPU box: the bundle's pieces (tokenizer, manifest), the server and
+client commands against the organizers' (only the differences harness.yaml lists), the plumbing
+comparison's verdicts, and whole `forge e2e-gpu` runs against two fake servers (the client replays
+results recorded by vLLM's real client; tests/tree/test_gpu_harness.py runs the real client and the
+fault check): one client invocation per (tier, profile), resuming a folder, reusing servers left up."""
 
 import json
 import math
@@ -16,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"
 from helpers import FIXTURE_RUNS, ROOT, SUPPORT, forge_env, free_port_pair, h200_e2e, health  # noqa: E402
 
 from forge.errors import ForgeError  # noqa: E402
-from forge.lab import gpu_bundle, packing, plumbing, rounds, serverlog  # noqa: E402
+from forge.lab import gpu_bundle, packing, plumbing, serverlog, tiers  # noqa: E402
 from forge.run import contest  # noqa: E402
 
 FAKE = f"{sys.executable} {SUPPORT / 'fakeserver.py'}"
@@ -80,67 +81,7 @@ def test_harness_config_is_checked(tmp_path):
         gpu_bundle.harness_config(bad)
 
 
-def test_harness_args_keep_the_contest_client_but_drop_warmups():
-    c = contest.load_contest()
-    h = rounds.harness_contest(c)
-    opts = dict((o[0], o[1] if len(o) > 1 else None) for o in h["client"]["options"])
-    assert opts["--num-warmups"] == "0" and opts["--ready-check-timeout-sec"] == "0"
-    orig = dict((o[0], o[1] if len(o) > 1 else None) for o in c["client"]["options"])
-    assert orig["--num-warmups"] == "2"                      # the contest's own set is untouched
-    for k in ("--max-concurrency", "--temperature", "--backend", "--endpoint"):
-        assert opts[k] == orig[k]
-    # the contest workload: each prompt's own output length, run to the end (random weights)
-    assert opts["--custom-output-len"] == "-1" and "--ignore-eos" in opts
-    fixed = dict((o[0], o[1] if len(o) > 1 else None) for o in rounds.harness_contest(c, 1024)["client"]["options"])
-    assert fixed["--custom-output-len"] == "1024" and "--ignore-eos" in fixed
-
-
-# --- merging rounds --------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("tier", ["4-8K", "8-16K", "16-32K"])
-def test_merging_one_result_reproduces_vllms_own_numbers(tier):
-    """vLLM's client computed these fields itself; recomputing them from its per-request lists
-    must agree (this is what merging several rounds relies on)."""
-    res = json.loads((FIXTURE_RUNS / "base" / f"{tier}.json").read_text())
-    m = rounds.merge_results([res])
-    assert m["completed"] == res["completed"] and m["failed"] == res["failed"]
-    assert m["output_throughput"] == pytest.approx(res["output_throughput"], rel=1e-9)
-    for k in ("p50_ttft_ms", "p99_ttft_ms", "mean_ttft_ms"):
-        assert m[k] == pytest.approx(res[k], rel=1e-6), k
-    # vLLM's TPOT uses each request's end-to-end latency, which the result file does not keep; the
-    # per-request token gaps it does keep give the same figure up to the last chunk's timing
-    for k in ("p50_tpot_ms", "p99_tpot_ms", "mean_tpot_ms"):
-        assert m[k] == pytest.approx(res[k], rel=0.01), k
-
-
-def test_merging_rounds_sums_tokens_over_time_and_pools_requests():
-    a = json.loads((FIXTURE_RUNS / "base" / "8-16K.json").read_text())
-    b = json.loads((FIXTURE_RUNS / "fast" / "8-16K.json").read_text())
-    m = rounds.merge_results([a, b])
-    assert m["forge_merged_rounds"] == 2
-    assert m["completed"] == a["completed"] + b["completed"]
-    assert m["output_throughput"] == pytest.approx(
-        (a["total_output_tokens"] + b["total_output_tokens"]) / (a["duration"] + b["duration"]))
-    assert len(m["ttfts"]) == len(a["ttfts"]) + len(b["ttfts"])
-    lo, hi = sorted([a["output_throughput"], b["output_throughput"]])
-    assert lo <= m["output_throughput"] <= hi
-    assert max(a["p99_ttft_ms"], b["p99_ttft_ms"]) >= m["p99_ttft_ms"] >= min(a["p50_ttft_ms"], b["p50_ttft_ms"])
-
-
-def test_merging_keeps_failed_requests_failed():
-    ok = json.loads((FIXTURE_RUNS / "base" / "8-16K.json").read_text())
-    died = json.loads((FIXTURE_RUNS / "died" / "8-16K.json").read_text())       # 3 completed, 1 failed
-    m = rounds.merge_results([ok, died])
-    assert m["failed"] == ok["failed"] + died["failed"] == 1
-    assert m["completed"] == ok["completed"] + died["completed"]
-    assert sum(1 for e in m["errors"] if e) == 1
-    # the failed request's TTFT is not pooled into the percentiles
-    good = [1000 * t for t, e in zip(m["ttfts"], m["errors"]) if not e]
-    assert max(good) >= m["p99_ttft_ms"] >= min(good)
-    gone = json.loads((FIXTURE_RUNS / "died" / "16-32K.json").read_text())     # server unreachable
-    g = rounds.merge_results([gone])
-    assert g["completed"] == 0 and g["output_throughput"] == 0.0 and g["p99_ttft_ms"] is None
-    assert "unreachable" in g["forge_synthesized"]
+# (the commands against the organizers': test_e2e_commands.py)
 
 
 # --- plumbing verdicts -----------------------------------------------------------------------------
@@ -176,7 +117,8 @@ def test_plumbing_flags_gross_mismatches(case, needle):
 # --- whole runs against fake servers -------------------------------------------------------------
 
 def _e2e(tmp_path, *extra, env_extra=None, timeout=300):
-    """fast-int8's server (first port) replays the `fast` recording, upstream's the `base` one."""
+    """fast-int8's server (first port) replays the `fast` recording, upstream's the `base` one (unless
+    `--profiles` says otherwise: the first profile's server replays `fast`)."""
     port = free_port_pair()
     env = forge_env(tmp_path, REPLAY_FROM=str(FIXTURE_RUNS / "base"), REPLAY_LOG=str(tmp_path / "replay.log"),
                     **{f"REPLAY_FROM_{port}": str(FIXTURE_RUNS / "fast")}, **(env_extra or {}))
@@ -186,7 +128,8 @@ def _e2e(tmp_path, *extra, env_extra=None, timeout=300):
                                   "eos_token_id": 248044}}, model)
     cmd = [sys.executable, "-m", "forge", "e2e-gpu", "--bundle", "", "--model", str(model), "--vllm", FAKE,
            "--client", REPLAY, "--first-port", str(port), "--out", str(tmp_path / "out"),
-           "--pack", str(tmp_path / "pack" / "e2e.tgz"), "--num-prompts", "1", *extra]
+           "--pack", str(tmp_path / "pack" / "e2e.tgz"), "--num-prompts", "1",
+           *([] if "--profiles" in extra else ["--profiles", "fast-int8,upstream"]), *extra]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     return r, port, tmp_path / "out"
 
@@ -231,15 +174,15 @@ def test_e2e_run_scores_every_profile_against_the_same_run_reference(tmp_path):
     assert ports == {str(port), str(port + 1)}
     for c in calls:
         a = c["argv"]
-        assert a[a.index("--num-warmups") + 1] == "0" and a[a.index("--custom-output-len") + 1] == "-1"
-        assert "--ignore-eos" in a
+        assert a[a.index("--num-warmups") + 1] == "2" and a[a.index("--custom-output-len") + 1] == "-1"
+        assert "--ignore-eos" in a and "--ready-check-timeout-sec" not in a
         # the contest workload's request: one line with its own output length
         line = json.loads(Path(a[a.index("--dataset-path") + 1]).read_text())
         tier = Path(a[a.index("--dataset-path") + 1]).stem
         assert [line["output_tokens"]] in [[o] for _, o in s["datasets"][tier]["requests"]]
     serve_int8 = json.loads((out / "runs" / "fast-int8" / "serve.json").read_text())
     assert "--kv-cache-dtype" in serve_int8["command"] and serve_int8["scored_port"] is False
-    assert serve_int8["harness_args"][:4] == ["--max-model-len", "32768", "--load-format", "dummy"]
+    assert serve_int8["harness_args"][:4] == ["--load-format", "dummy", "--language-model-only", "--attention-backend"]
     up = json.loads((out / "runs" / "upstream" / "serve.json").read_text())
     assert up["env"]["VLLM_FORGE_DECODE"] == "0" and "--kv-cache-dtype" not in up["command"]
     md = (out / "summary.md").read_text()
@@ -273,7 +216,7 @@ def test_e2e_plumbing_failure_is_reported_and_fails_the_run(tmp_path):
     assert "Plumbing check" in (tmp_path / "out" / "summary.md").read_text()
 
 
-def test_e2e_deadline_leaves_rounds_out_and_says_so(tmp_path):
+def test_e2e_deadline_leaves_tiers_out_and_says_so(tmp_path):
     r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--deadline-s", "30", "--reserve-s", "0")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     s = json.loads((out / "summary.json").read_text())
@@ -293,7 +236,7 @@ def test_e2e_refuses_a_tier_or_profile_it_does_not_know_before_starting_anything
     assert not out.exists()
 
 
-def test_e2e_resumes_its_folder_keeping_finished_rounds(tmp_path):
+def test_e2e_resumes_its_folder_keeping_finished_tiers(tmp_path):
     r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--tier-order", "4-8K")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     first = [json.loads(x)["tier"] for x in (tmp_path / "replay.log").read_text().splitlines()]
@@ -354,7 +297,7 @@ def test_servers_start_together_only_with_a_fixed_kv_cache_size(tmp_path, fixed_
     h = tmp_path / "harness.yaml"
     text = (gpu_bundle.HARNESS / "harness.yaml").read_text()
     if not fixed_kv:
-        text = text.replace("kv_cache_memory_bytes: 8589934592", "kv_cache_memory_bytes: null")
+        text = text.replace("kv_cache_memory_bytes: 5368709120", "kv_cache_memory_bytes: null")
     h.write_text(text)
     r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--tier-order", "4-8K", "--harness", str(h),
                         env_extra={"FAKE_STARTUP_S": "2"})
@@ -366,17 +309,17 @@ def test_servers_start_together_only_with_a_fixed_kv_cache_size(tmp_path, fixed_
     assert ("--kv-cache-memory-bytes" in s["harness"]["server_args"]) == fixed_kv
 
 
-def test_e2e_reruns_a_round_that_was_recorded_as_failed_for_a_missing_server(tmp_path):
+def test_e2e_reruns_a_tier_that_was_recorded_as_failed_for_a_missing_server(tmp_path):
     r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--tier-order", "4-8K")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     # as if upstream's server had been gone in that round: the loop records such a tier as failed
     from forge.run import bench
-    res = out / "runs" / "upstream" / "rounds" / "r1" / "4-8K.json"
+    res = out / "runs" / "upstream" / "4-8K.json"
     res.write_text(json.dumps(bench.failed_result(contest.load_contest(), "4-8K", 1, "server not reachable")))
     r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--tier-order", "4-8K")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     calls = [json.loads(x) for x in (tmp_path / "replay.log").read_text().splitlines()]
-    assert len(calls) == 3                      # the failed round ran again; fast-int8's was kept
+    assert len(calls) == 3                      # the failed tier ran again; fast-int8's was kept
     again = json.loads(res.read_text())
     assert "forge_synthesized" not in again
     assert again["completed"] == json.loads((FIXTURE_RUNS / "base" / "4-8K.json").read_text())["completed"]
@@ -394,7 +337,7 @@ def test_a_reference_that_served_nothing_gives_no_score_but_a_reason(tmp_path):
         shutil.copytree(FIXTURE_RUNS / src, dirs[name])
     assert json.loads((dirs["upstream"] / "16-32K.json").read_text())["completed"] == 0
     run = types.SimpleNamespace(contest=c, summary={}, out=tmp_path)
-    assert rounds.scores(run, dirs, "upstream") == {}
+    assert tiers.scores(run, dirs, "upstream") == {}
     assert "served nothing in tier(s) 16-32K" in run.summary["score_note"]
     assert bench.result_path(dirs["fast-int8"], "4-8K").is_file()
 
@@ -470,22 +413,24 @@ def test_seeding_skips_members_outside_the_cache(tmp_path):
     assert not (tmp_path / "evil-out.txt").exists()
 
 
-def test_a_resumed_run_estimates_tiers_from_its_kept_rounds(tmp_path):
-    """Round 1 kept from an earlier invocation: its measured duration, not the first-measurement
-    guess (~32 s per profile at 4-8K), decides whether round 2 fits a short deadline."""
-    args = ("--no-fault", "--no-plumbing", "--tier-order", "4-8K", "--num-prompts", "2", "--reserve-s", "0")
-    r, port, out = _e2e(tmp_path, *args, "--deadline-s", "120")
+def test_a_resumed_run_estimates_a_tier_from_its_kept_profile(tmp_path):
+    """fast-int8's 4-8K kept from an earlier invocation: its measured duration (4.1 s for two
+    requests, plus the client's two warm-ups), not the first-measurement guess (~115 s for two
+    1024-token requests and their warm-ups), decides whether upstream's 4-8K fits a short deadline."""
+    args = ("--no-fault", "--no-plumbing", "--tier-order", "4-8K", "--num-prompts", "2", "--reserve-s", "0",
+            "--fixed-output", "1024")
+    r, port, out = _e2e(tmp_path, *args)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    for name in ("fast-int8", "upstream"):              # as if the machine's limit had cut round 2
-        for f in (out / "runs" / name / "rounds" / "r2").glob("4-8K*"):
-            f.unlink()
-    r, port, out = _e2e(tmp_path, *args, "--deadline-s", "45")
+    for f in (out / "runs" / "upstream").glob("4-8K*"):     # as if the machine's limit had cut it
+        f.unlink()
+    r, port, out = _e2e(tmp_path, *args, "--deadline-s", "75")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     s = json.loads((out / "summary.json").read_text())
     assert not s["skipped"], s["skipped"]
     steps = [x["step"] for x in s["steps"]]
-    assert "round 1 tier 4-8K upstream: kept from an earlier invocation" in steps
-    assert any(x.startswith("round 2 tier 4-8K upstream:") and "kept" not in x for x in steps)
+    assert "tier 4-8K fast-int8: kept from an earlier invocation" in steps
+    assert any(x.startswith("tier 4-8K upstream:") and "kept" not in x for x in steps)
+    assert tiers.guess_s([[8192, 1024]] * 2, 2) > 75            # what it would have refused without the kept one
 
 
 # --- the tier runs on the H200 (reports/e2e/2026-11-30-h200-*: see reports/e2e/README.md) -----------
@@ -601,20 +546,20 @@ def test_make_score_on_a_real_run_folder(tmp_path):
 
 
 @pytest.mark.parametrize("no_fault,summary,live,extra", [
-    (False, {"reference": "upstream"}, ["fast-int8", "upstream"], rounds.FAULT_NEED_S),
+    (False, {"reference": "upstream"}, ["fast-int8", "upstream"], tiers.FAULT_NEED_S),
     (True, {"reference": "upstream"}, ["fast-int8", "upstream"], 0.0),
     (False, {"reference": "upstream", "fault": {"ok": True}}, ["fast-int8", "upstream"], 0.0),
     (False, {"reference": "upstream"}, ["fast-int8"], 0.0),
 ])
-def test_the_rounds_leave_time_for_a_fault_check_still_to_come(no_fault, summary, live, extra):
+def test_the_tiers_leave_time_for_a_fault_check_still_to_come(no_fault, summary, live, extra):
     import types
     args = types.SimpleNamespace(reserve_s=15.0, no_fault=no_fault)
-    assert rounds.rounds_reserve(args, summary, live) == 15.0 + extra
+    assert tiers.tiers_reserve(args, summary, live) == 15.0 + extra
 
 
 def test_a_profile_added_later_is_measured_beside_the_kept_reference_without_restarting_it(tmp_path):
-    """Two servers fit one GPU: a third profile extends the folder while the reference's rounds are
-    kept, and no server is started for a profile whose rounds are all kept."""
+    """Two servers fit one GPU: a third profile extends the folder while the reference's tiers are
+    kept, and no server is started for a profile whose tiers are all kept."""
     r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--tier-order", "4-8K",
                         "--profiles", "fast-int8,upstream")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -635,4 +580,4 @@ def test_a_profile_added_later_is_measured_beside_the_kept_reference_without_res
     assert not [x for x in s["steps"] if x["step"].endswith(" ready")]
     for name in ("fast-int8", "contest", "upstream"):
         m = json.loads((out / "runs" / name / "manifest.json").read_text())
-        assert m["rounds"]["4-8K"] == ["rounds/r1/4-8K.json"] and m["model"]
+        assert m["tiers"] == ["4-8K"] and m["model"] and "4-8K" in m["client_commands"]

@@ -1,26 +1,33 @@
 """`forge e2e-gpu`: the end-to-end run on a GPU machine, from the bundle `make gpu-bundle` built.
 
 One invocation: verify and install the bundle (harness build of the patched vLLM, extra wheels, model
-directory), start each profile's server through the same code as `forge serve` (the profile's checked
-command plus the harness's arguments: random weights, TRITON_ATTN, graph settings), all servers side
-by side on the one GPU, then:
+directory), start each profile's server through the same code as `forge serve`: the organizers' full
+command (configs/contest.yaml, vLLM's default compilation config included) with the profile's
+environment, plus only what a GPU machine without the real weights needs (harness/gpu/harness.yaml
+`server_args` and `side_by_side`, each recorded with its reason), all servers side by side on the one
+GPU, then:
   1. warm each server (the first request compiles the Triton kernels; not measured);
   2. plumbing check: greedy completions of the same prompts from the first profile and from the
      reference profile (same random weights), compared token by token and by first-token logprobs;
-  3. rounds of the contest's tiers through `vllm bench serve` (the project's bench loop), one prompt
-     per tier and profile per round, tiers and profiles interleaved so every profile sees the same
-     conditions; rounds continue while the deadline allows;
-     a profile whose every round an earlier invocation of the folder kept gets no server, so a run can
-     be extended one profile at a time beside a reference measured once (two servers fit one GPU);
-     with --profile-prefill, one long prefill per server under the torch profiler afterwards;
-  4. fault check: the reference server is killed in the middle of a tier; the loop records the
-     failed requests and the score marks the tier failed;
-  5. per-profile results (rounds merged per tier), a proxy score of every profile against the
-     reference measured in the same run (reference = 60.0; needs every tier), each request's TPOT
-     saving beside the kernel benchmark's prediction (decode.{md,json}, as `forge e2e-decode`), and
-     summary.{md,json}.
-Results land in --out (default reports/e2e/<date>-<device>/); --pack FILE rewrites a .tar.gz of it
-after every step, so a run cut short still returns what it finished.
+  3. the contest's tiers through the organizers' client (`vllm bench serve --backend openai-chat
+     --endpoint /v1/chat/completions`, temperature 0, two warm-up requests), changed only as
+     harness.yaml `client_args` says (each request's official output length, end-of-text ignored:
+     the weights are random): one invocation per (tier, profile) over all the tier's prompts, tiers in
+     order and the profiles one after the other within a tier, while the deadline allows;
+     a finished (tier, profile) of an earlier invocation of the folder is kept, and a profile whose
+     every tier is kept gets no server, so a run can be extended one profile at a time beside a
+     reference measured once (two servers fit one GPU); with --profile-prefill, one long prefill per
+     server under the torch profiler afterwards;
+  4. fault check, once every tier is measured: the reference server is killed in the middle of a tier
+     (one prompt per tier); the client records the failed request and the score marks the tier failed;
+  5. a proxy score of every profile against the reference measured in the same run (reference =
+     60.0; needs every tier), each request's TPOT saving beside the kernel benchmark's prediction
+     (decode.{md,json}, as `forge e2e-decode`), and summary.{md,json} with the differences from the
+     organizers' command.
+Servers left up by an earlier invocation of the folder (--keep-servers) are reused when they run the
+same command and answer /health, so a run longer than one command resumes without starting them
+again. Results land in --out (default reports/e2e/<date>-<device>/); --pack FILE rewrites a .tar.gz of
+it after every step, so a run cut short still returns what it finished.
 """
 
 from __future__ import annotations
@@ -32,38 +39,49 @@ import threading
 import time
 from pathlib import Path
 
-from .. import paths, ui
+from .. import paths, proc, ui
 from ..errors import ForgeError
-from ..run import serve, synth
+from ..run import bench, serve, synth
 from . import e2e_decode, gpu_bundle, prefill_profile
 from .client import client_runner
 from .fault import fault_check
 from .install import install_bundle, site_env, versions
 from .packing import TRITON_MANIFEST, TRITON_PART_MIB, pack_triton_cache, seed_triton_cache
 from .plumbing import PLUMBING_PROMPT_TOKENS, plumbing
-from .rounds import (
+from .serverlog import log_facts
+from .servers import adopt_or_stop, guarded, start_all, stop_all
+from .session import Run, device_name
+from .tiers import (
     DEFAULT_TIER_ORDER,
     FAULT_NEED_S,
-    bench_rounds,
+    bench_tiers,
     build_datasets,
     check_resume,
+    client_line,
+    differences,
     finish_runs,
     fully_kept,
     harness_args,
+    harness_contest,
     scores,
 )
-from .serverlog import log_facts
-from .servers import guarded, start_all, stop_all, stop_stale_servers
-from .session import Run, device_name
 
 FIRST_PORT = serve.LOCKED_PORT
+
+
+def _client(run: Run, model: Path) -> None:
+    """The client the tiers run, and its command line as the manifests record it."""
+    run.contest_h = harness_contest(run.contest, run.h, run.args.fixed_output)
+    run.client_options = run.contest_h["client"]["options"]
+    argv = bench.client_args(run.contest_h, dataset=Path("<tier>.jsonl"), num_prompts=0, model=str(model),
+                             host="", port=0, result_dir=Path(), result_name="")
+    run.client_line = client_line(argv)
 
 
 def cmd_e2e(args) -> int:
     run = Run(args)
     names, ref = run.names, run.ref
     (run.out / "logs").mkdir(exist_ok=True)
-    stop_stale_servers(run.out)
     site = None
     wheel_sha = None
     if args.bundle:
@@ -79,8 +97,14 @@ def cmd_e2e(args) -> int:
             raise ForgeError("--model is needed when no --bundle is given")
         model = Path(args.model)
     run.child_env = site_env(site)
-    run.hargs = harness_args(run.h, [*(args.server_arg or []), *shlex.split(args.server_args or "")])
+    extra = [*(args.server_arg or []), *shlex.split(args.server_args or "")]
+    run.hargs = harness_args(run.h, extra)
     run.identity = {"bundle_wheel_sha256": wheel_sha, "server_args": run.hargs, "device": device_name()}
+    _client(run, model)
+    run.summary["differences"] = differences(run.h, extra, args.fixed_output, args.profile_prefill)
+    run.summary["client"] = run.client_line
+    run.summary["harness"] = {"server_args": run.hargs, "env": {"VLLM_LOGGING_LEVEL": "INFO", **(
+        {"TRITON_CACHE_DIR": run.triton_cache} if run.triton_cache else {})}}
     if args.triton_cache_from:
         seeded = seed_triton_cache(Path(args.triton_cache_from), Path(run.triton_cache))
         run.summary["triton_cache"] = {"seeded": seeded}
@@ -96,27 +120,31 @@ def cmd_e2e(args) -> int:
     run.summary["reference"] = ref
     run.step("bundle installed" if site else "using the installed vLLM", model=str(model))
     scored: dict = {}
+    keep = args.keep_servers
 
-    def on_term(signum, frame):            # a machine's time limit: end like an interrupt, servers included
+    def on_term(signum, frame):            # a machine's time limit: end like an interrupt
         raise KeyboardInterrupt
     old_term = signal.signal(signal.SIGTERM, on_term)
     try:
         datasets = build_datasets(run, model, args.num_prompts)
         check_resume(run, names, datasets)
         run.step("synthetic tier prompts built", prompts_per_tier=args.num_prompts)
+        # servers left up by an earlier invocation: reused when they run this invocation's command
+        adopted = adopt_or_stop(run, model)
         # import vLLM's client while the servers start (about 20 s on a GPU machine)
         run.worker_thread = threading.Thread(target=guarded, args=(run, "client", client_runner, run), daemon=True)
         run.worker_thread.start()
         kept = [n for n in names if fully_kept(run, n, datasets)]
         if kept:
-            run.step("every round kept from an earlier invocation: no server started", profiles=kept)
-        to_start = [n for n in names if n not in kept]
-        live = start_all(run, model, to_start, site) if to_start else []
-        if to_start and not live:
+            run.step("every tier kept from an earlier invocation: no server started", profiles=kept)
+        to_start = [n for n in names if n not in kept and n not in adopted]
+        started = start_all(run, model, to_start) if to_start else []
+        live = [n for n in names if n in adopted or n in started]
+        if to_start and not started and not adopted:
             raise ForgeError("no server came up; see summary.json server_errors and logs/")
-        if live != to_start:
+        if started != to_start:
             run.summary["skipped"].append(f"profiles whose server did not come up: "
-                                          f"{', '.join(n for n in to_start if n not in live)}")
+                                          f"{', '.join(n for n in to_start if n not in started)}")
         measured = [n for n in names if n in live or n in kept]
         if run.summary.get("plumbing"):
             run.step("plumbing check: kept from an earlier invocation")
@@ -126,7 +154,7 @@ def cmd_e2e(args) -> int:
             if pl is not None:
                 run.summary["plumbing"] = pl
                 run.step("plumbing check", verdict=pl["verdict"])
-        done = bench_rounds(run, measured, model, datasets)
+        done = bench_tiers(run, measured, model, datasets)
         if args.profile_prefill:
             for name in live:
                 prof = guarded(run, name, prefill_profile.capture, run, name, model, args.profile_prefill)
@@ -138,30 +166,45 @@ def cmd_e2e(args) -> int:
                                      "tiers": {t: {"tok_s": v["tok_s"], "lift": v["lift"]} for t, v in r["tiers"].items()}}
                                  for n, r in scored.items()}
         run.step("scored", scores={n: r["display"] for n, r in scored.items()})
-        measured = any(rounds for per_tier in done.values() for rounds in per_tier.values())
-        if measured and Path(args.kernel_bench).is_file():
+        if any(done.values()) and Path(args.kernel_bench).is_file():
             # the decode saving against the kernel benchmark's prediction, also for a run of some tiers
             try:
                 e2e_decode.write(run.out, bench_path=Path(args.kernel_bench), reference=ref)
                 run.step("decode saving against the kernel benchmark: decode.md")
             except (ForgeError, OSError, KeyError, ValueError) as e:
                 ui.warn(f"decode.md not written: {type(e).__name__}: {e}")
+        left = [f"{t} {n}" for t in datasets for n in names if t not in done.get(n, {})]
         if run.summary.get("fault"):
             run.step("fault check: kept from an earlier invocation")
-        elif not args.no_fault and ref in live:
-            if run.left() >= FAULT_NEED_S:
-                fc = guarded(run, ref, fault_check, run, ref, model, datasets)
-                if fc is not None:
-                    run.summary["fault"] = fc
-                    run.step("fault check", ok=fc["ok"])
-            else:
-                run.summary["skipped"].append(f"fault check: {run.left():.0f}s left, needs ~{FAULT_NEED_S:.0f}s")
+        elif args.no_fault or ref not in live:
+            pass
+        elif left:
+            # it kills the reference: only once no tier is left for a later invocation to measure on it
+            run.summary["skipped"].append(f"fault check: postponed until every tier is measured (left: "
+                                          f"{', '.join(left)})")
+        elif run.left() >= FAULT_NEED_S:
+            fc = guarded(run, ref, fault_check, run, ref, model, datasets)
+            if fc is not None:
+                run.summary["fault"] = fc
+                run.step("fault check", ok=fc["ok"])
+        else:
+            run.summary["skipped"].append(f"fault check: {run.left():.0f}s left, needs ~{FAULT_NEED_S:.0f}s")
     except (ForgeError, KeyboardInterrupt) as e:
         run.summary["error"] = getattr(e, "message", None) or "interrupted (SIGTERM or Ctrl-C)"
         raise
     finally:
         signal.signal(signal.SIGTERM, old_term)
-        stop_all(run.servers)
+        if keep:
+            up = {n: {"pid": st["pid"], "port": st["port"]} for n, st in run.servers.items()
+                  if runs_alive(st)}
+            run.summary["servers_left_up"] = up
+            if up:
+                ui.info("servers left up (--keep-servers): " + ", ".join(f"{n} pid {v['pid']} port {v['port']}"
+                                                                         for n, v in up.items())
+                        + f"; the next `forge e2e-gpu --out {run.out}` with the same settings reuses them, "
+                          "one without --keep-servers stops them at its end")
+        else:
+            stop_all(run.servers)
         if run.worker is not None:
             run.worker.close()
         vt.join(timeout=10)
@@ -182,6 +225,10 @@ def cmd_e2e(args) -> int:
     return 0 if not run.summary.get("plumbing") or run.summary["plumbing"]["ok"] else 1
 
 
+def runs_alive(st: dict) -> bool:
+    return bool(st.get("start_time")) and proc.process_start_time(st["pid"]) == st["start_time"]
+
+
 def register(sub) -> None:
     p = sub.add_parser("e2e-gpu", help="the end-to-end run on a GPU machine (serve, bench, plumbing, fault, score)",
                        description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
@@ -192,9 +239,9 @@ def register(sub) -> None:
     p.add_argument("--model", help="model directory (default: the bundle's)")
     p.add_argument("--profiles", help="comma-separated profiles (default: harness/gpu/harness.yaml profiles)")
     p.add_argument("--reference", help="the profile scored as 60.0 (default: upstream)")
-    p.add_argument("--num-prompts", type=int, default=2,
-                   help="prompts per tier, one per round (default 2): requests of the contest workload "
-                        "(configs/workload.yaml) evenly spaced by output length")
+    p.add_argument("--num-prompts", type=int, default=6,
+                   help="prompts per tier (default 6), all in one client invocation per (tier, profile): requests "
+                        "of the contest workload (configs/workload.yaml) evenly spaced by output length")
     p.add_argument("--fixed-output", type=int, metavar="N",
                    help="instead of the contest workload, prompts across each tier's range with N output tokens "
                         "each (the earlier runs used 1024)")
@@ -202,14 +249,15 @@ def register(sub) -> None:
                    help="tiers in the order they run; tiers not named are not run (default: "
                         + ",".join(DEFAULT_TIER_ORDER) + ")")
     p.add_argument("--deadline-s", type=float, default=560.0,
-                   help="stop starting new tier rounds so the run ends within this many seconds (default 560)")
+                   help="start no (tier, profile) that would not end before this many seconds (default 560); "
+                        "what is left runs in the next invocation of the same --out")
     p.add_argument("--reserve-s", type=float, default=15.0,
-                   help="seconds kept after the tier rounds for stopping the servers and writing the reports "
+                   help="seconds kept after the tiers for stopping the servers and writing the reports "
                         f"(default 15; {FAULT_NEED_S:.0f} s more while the fault check is still to run)")
     p.add_argument("--out", help="results folder (default: reports/e2e/<date>-<device>/)")
     p.add_argument("--pack", help="also keep a .tar.gz of the results here, rewritten after every step")
     p.add_argument("--vllm", help="how to start vLLM (default: this Python's vllm.entrypoints.cli.main)")
-    p.add_argument("--client", help="command for `vllm bench serve` (default: as forge bench-all-tiers)")
+    p.add_argument("--client", help="command that runs vLLM's CLI for `bench serve` (default: as forge bench-all-tiers)")
     p.add_argument("--server-arg", action="append", help="one more server argument (repeatable; "
                                                             "write --server-arg=--opt for options)")
     p.add_argument("--server-args", help="more server arguments as one shell-quoted string, e.g. "
@@ -233,9 +281,13 @@ def register(sub) -> None:
                    help="kernel benchmark JSON for decode.md's predicted saving (default "
                         f"{paths.rel(e2e_decode.DEFAULT_BENCH)}; no decode.md when the file is missing)")
     p.add_argument("--profile-prefill", type=int, metavar="TOKENS",
-                   help="after the rounds, profile one TOKENS-token prefill on each server with the torch "
+                   help="after the tiers, profile one TOKENS-token prefill on each server with the torch "
                         "profiler (servers get --profiler-config; the trace's kernels are summed by name per "
                         "forward step into prefill-profile/<profile>.json; render with `forge prefill-profile`)")
+    p.add_argument("--keep-servers", action="store_true",
+                   help="leave the servers up at the end (also when interrupted): the next invocation of the same "
+                        "--out with the same settings reuses them instead of starting new ones (without this "
+                        "option an invocation stops them at its end)")
     p.add_argument("--no-plumbing", action="store_true")
     p.add_argument("--no-fault", action="store_true")
     p.set_defaults(func=cmd_e2e)

@@ -1,6 +1,7 @@
 """`forge e2e-decode`: does an end-to-end run's decode speed-up match the kernel benchmark?
 
-For every request a profile and the reference served in the same round, the measured TPOT saving
+For every request a profile and the reference both served (the same prompt: the same place in a tier's
+client invocation, or the same round of a folder of the earlier layout), the measured TPOT saving
 (reference TPOT - profile TPOT) is set beside the saving the kernel benchmark predicts: the decode
 attention time of the reference's kernel minus the profile's, at batch 1 and the request's mean
 context (prompt + half the output), interpolated linearly between the benchmark's context lengths,
@@ -139,10 +140,27 @@ def decode_us(bench: dict, kv: str, kernel: str, context: float) -> float | None
     return None
 
 
-def _rounds(run_dir: Path, tiers: list[str]) -> dict[tuple[str, str], dict]:
-    """{(round, tier): the round's `vllm bench serve` result} of one profile's run folder."""
-    return {(f.parent.name, t): runs.read_json(f) for t in tiers
-            for f in sorted((run_dir / "rounds").glob(f"r*/{t}.json"))}
+def _requests(run_dir: Path, tiers: list[str]) -> dict[tuple[str, str], dict]:
+    """{(request, tier): one served request} of one profile's run folder, each as a one-request
+    result: the requests of each <tier>.json (one client invocation over the tier's prompts, in the
+    dataset's order), or, in a folder of the earlier layout, its rounds (rounds/r<k>/<tier>.json, one
+    request each)."""
+    if (run_dir / "rounds").is_dir():
+        return {(f.parent.name, t): runs.read_json(f) for t in tiers
+                for f in sorted((run_dir / "rounds").glob(f"r*/{t}.json"))}
+    out = {}
+    for t in tiers:
+        f = runs.result_path(run_dir, t)
+        if not f.is_file():
+            continue
+        res = runs.read_json(f)
+        ins, outs, itls = res.get("input_lens") or [], res.get("output_lens") or [], res.get("itls") or []
+        errors = res.get("errors") or [""] * len(ins)
+        for i, (n_in, n_out, itl, err) in enumerate(zip(ins, outs, itls, errors)):
+            ok = not err and n_out and n_out > 1
+            out[(f"#{i + 1}", t)] = {"completed": 1 if ok else 0, "input_lens": [n_in], "output_lens": [n_out],
+                                     "mean_tpot_ms": 1000.0 * sum(itl) / (n_out - 1) if ok else None}
+    return out
 
 
 def analyse(folder: Path, bench: dict, layers: int, reference: str = "upstream", gbench: dict | None = None,
@@ -165,7 +183,7 @@ def analyse(folder: Path, bench: dict, layers: int, reference: str = "upstream",
 
     ref_gemv = gemv(ref_serve)
     tiers = contest_mod.tier_names(contest_mod.load_contest())
-    ref_rounds = _rounds(rdir / reference, tiers)
+    ref_rounds = _requests(rdir / reference, tiers)
     profiles = {}
     for pdir in sorted(p for p in rdir.iterdir() if p.is_dir() and p.name != reference
                        and not p.name.startswith("fault-") and (p / "serve.json").is_file()):
@@ -175,12 +193,12 @@ def analyse(folder: Path, bench: dict, layers: int, reference: str = "upstream",
         g_ms = [0.0 if g is None else g["ms"] for g in (own_gemv, ref_gemv)]
         gemv_pred = None if None in g_ms else g_ms[0] - g_ms[1]
         rows = []
-        measured = sorted(_rounds(pdir, tiers).items(), key=lambda kv: ((kv[1].get("input_lens") or [0])[0], kv[0][0]))
+        measured = sorted(_requests(pdir, tiers).items(), key=lambda kv: ((kv[1].get("input_lens") or [0])[0], kv[0][0]))
         for key, res in measured:
             ref = ref_rounds.get(key)
             if ref is None or res.get("completed") != 1 or ref.get("completed") != 1 \
                     or res.get("mean_tpot_ms") is None or ref.get("mean_tpot_ms") is None:
-                continue                 # one served request per round and profile: its TPOT is the request's
+                continue                 # one served request on each side: its TPOT is the request's
             prompt = (res.get("input_lens") or [None])[0]
             out_tokens = (res.get("output_lens") or [None])[0]
             if prompt is None or out_tokens is None:
@@ -237,7 +255,7 @@ def render_md(res: dict) -> str:
     L.append("")
     for name, p in res["profiles"].items():
         L += [f"## {name} ({p['kv']} KV, decode kernel `{p['kernel']}`)", ""]
-        cols = ["round", "tier", "prompt tokens", "reference TPOT ms", "TPOT ms", "saved ms", "predicted ms"]
+        cols = ["request", "tier", "prompt tokens", "reference TPOT ms", "TPOT ms", "saved ms", "predicted ms"]
         if with_gemv:
             g = p.get("predicted_gemv_saved_ms")
             L += [_gemv_line(name, p.get("gemv")),
@@ -256,7 +274,7 @@ def render_md(res: dict) -> str:
                 cells.append("—" if g is None else f"{g:.2f}")
             L.append("| " + " | ".join(cells + [att]) + " |")
         if not p["rows"]:
-            L.append("| — | no round with one served request from both servers |" + " |" * (len(cols) - 2))
+            L.append("| — | no request served by both servers |" + " |" * (len(cols) - 2))
         L.append("")
     return "\n".join(L).rstrip() + "\n"
 

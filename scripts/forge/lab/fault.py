@@ -12,22 +12,23 @@ from .. import proc
 from ..errors import ForgeError
 from ..run import bench, runs, score, serve
 from .client import client_runner
-from .rounds import harness_contest
+from .tiers import fault_datasets
 
 if TYPE_CHECKING:
     from .session import Run
 
 
 def fault_check(run: Run, name: str, model: Path, datasets: dict) -> dict:
-    """Kill `name`'s server while a tier's request is in flight, then let the loop go on: the killed
-    request must be recorded failed, the tiers after it failed without waiting, and the score must
-    zero them all."""
+    """Kill `name`'s server while a tier's first request is in flight (with the organizers' client,
+    that is its first warm-up), then let the loop go on: the tier's request must be recorded failed,
+    the tiers after it failed without waiting, and the score must zero them all."""
     st = run.servers[name]
     health = f"http://{st['host']}:{st['port']}{st['health']}"
     if not serve.health_ok(health):
         raise ForgeError(f"fault check: the {name} server was already down before the check")
-    contest_h = harness_contest(run.contest, run.args.fixed_output)
+    contest_h = run.contest_h             # the tiers' own client, warm-ups included
     tiers = run.contest["tiers"]
+    one = fault_datasets(run, datasets)
     rid = f"fault-{name}"
     rdir = run.run_dir(rid)
     for old in rdir.glob("*.json"):
@@ -57,7 +58,7 @@ def fault_check(run: Run, name: str, model: Path, datasets: dict) -> dict:
     k.start()
     try:
         for t in tiers:
-            ds = {"kind": "synthetic", "path": str(datasets[t["name"]][0]), "num_prompts": 1}
+            ds = {"kind": "synthetic", "path": str(one[t["name"]]), "num_prompts": 1}
             statuses[t["name"]] = bench.run_tier(contest_h, t, ds, launcher=launcher, model=str(model),
                                                  host=st["host"], port=st["port"], rdir=rdir, manifest=man,
                                                  health_url=health, poll_s=30, runner=client_runner(run),
@@ -65,7 +66,8 @@ def fault_check(run: Run, name: str, model: Path, datasets: dict) -> dict:
     finally:
         stop.set()
         k.join(timeout=5)
-    st["popen"].poll()
+    if st.get("popen") is not None:
+        st["popen"].poll()                # reap our own child
     res = {t["name"]: runs.read_json(runs.result_path(rdir, t["name"])) for t in tiers}
     ref_dir = run.run_dir(name)
     verdict = {}

@@ -24,6 +24,20 @@ from ..paths import BUILD, CACHE, ROOT, TREE, rel
 
 HARNESS = ROOT / "harness" / "gpu"
 BUNDLE = BUILD / "gpu-bundle"
+
+
+def _nonempty(v) -> str | None:
+    return None if str(v).strip() else "give the reason this differs from the organizers' command"
+
+
+def _args(v) -> str | None:
+    if not v or not all(isinstance(x, str) for x in v) or not v[0].startswith("--"):
+        return f"{v!r}: expected a list of strings starting with an option (--name[, value])"
+    return None
+
+
+# one change to the organizers' command: the options as they are added (or replace theirs), and why
+_CHANGE = {"args": config.Field(list, check=_args), "why": config.Field(str, check=_nonempty)}
 SCHEMA = {
     "python": config.Field(str),
     "platforms": config.Field(list),
@@ -31,9 +45,11 @@ SCHEMA = {
         (f"{x!r} is not an exact pin (name==version)" for x in v if x.count("==") != 1), None)),
     "model": config.Field({"config": config.Field(str), "vocab_size": config.Field(int),
                            "eos_token_id": config.Field(int)}),
-    "server_args": config.Field(list),
-    "gpu_memory_utilization": config.Field(float),
-    "kv_cache_memory_bytes": config.Field(int, required=False, default=None),
+    "server_args": config.Field(list, item=_CHANGE),
+    "side_by_side": config.Field({"gpu_memory_utilization": config.Field(float),
+                                  "kv_cache_memory_bytes": config.Field(int, required=False, default=None),
+                                  "why": config.Field(str, check=_nonempty)}),
+    "client_args": config.Field(list, item=_CHANGE),
     "profiles": config.Field(list, item=str),
     "max_bundle_mib": config.Field(int),
 }

@@ -1,6 +1,8 @@
 """The profiles' servers side by side on one GPU: started through `run.serve.start_server` (the
 profile's checked command plus the harness's arguments), waited for, warmed, and stopped; a failing
-server is recorded against its name and the run goes on with the others."""
+server is recorded against its name and the run goes on with the others. A server an earlier
+invocation of the folder left up (--keep-servers) is reused when it runs exactly the command this
+invocation would start and answers /health; any other server recorded in the folder is stopped."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from .. import proc, ui
 from ..errors import ForgeError
-from ..run import runs, serve, synth
+from ..run import profiles, runs, serve, synth
 from . import prefill_profile
 from .client import complete
 from .serverlog import log_facts
@@ -23,18 +25,18 @@ if TYPE_CHECKING:
 WARM_PROMPT_TOKENS = 9000                          # one full 8192-token prefill chunk and a ragged one
 
 
-def start_all(run: Run, model: Path, names: list[str], site: Path | None) -> list[str]:
+def start_all(run: Run, model: Path, names: list[str]) -> list[str]:
     """Start the servers side by side; returns the profiles whose server came up. With a fixed
     KV-cache size (no memory profiling) they all start at once and warm up together; otherwise the
     first starts alone (its memory profile must not see another process allocating) and the others
     start while it compiles its kernels on its first request."""
-    if run.h.get("kv_cache_memory_bytes"):
+    if run.h["side_by_side"].get("kv_cache_memory_bytes") or run.servers:
         return start_all_at_once(run, model, names)
     live: list[str] = []
     waited: set[str] = set()
     warm_thread = None
-    for i, name in enumerate(names):
-        st = _launch(run, model, name, i)
+    for name in names:
+        st = _launch(run, model, name)
         if st is None:
             continue
         if warm_thread is None:           # no server is up yet: this one starts alone
@@ -55,29 +57,88 @@ def start_all(run: Run, model: Path, names: list[str], site: Path | None) -> lis
     return [n for n in names if n in live]
 
 
-def _launch(run: Run, model: Path, name: str, i: int) -> dict | None:
-    args = run.args
+def port_of(run: Run, name: str) -> int:
+    """A profile's port: its place in the run's profiles after --first-port, the same in every
+    invocation of the folder (a kept server is found where it was started)."""
+    return run.args.first_port + run.names.index(name)
+
+
+def _launch_parts(run: Run, name: str) -> tuple[list[str], dict[str, str]]:
     extra_env = {"VLLM_LOGGING_LEVEL": "INFO"}
     if run.triton_cache:
         extra_env["TRITON_CACHE_DIR"] = run.triton_cache
     hargs = run.hargs
-    if run.args.profile_prefill:          # not part of the rounds' identity: the profiler idles until asked
+    if run.args.profile_prefill:          # not part of the tiers' identity: the profiler idles until asked
         hargs = hargs + prefill_profile.server_args(run.out, name)
-    run.summary["harness"] = {"server_args": hargs, "env": extra_env}
+    return hargs, extra_env
+
+
+def plan(run: Run, model: Path, name: str) -> dict:
+    """What this invocation would start for `name`, in the terms a server's state file keeps: a server
+    left up is reused only when it matches this exactly."""
+    hargs, extra_env = _launch_parts(run, name)
+    port = port_of(run, name)
+    rendered = profiles.render(run.profiles[name], str(model), run.contest)
+    launch = serve.launch_command(rendered, image=None, vllm_cmd=run.vllm_cmd, port=port, container="",
+                                  shm_size="") + hargs
+    return {"profile": name, "port": port, "launch": launch, "env": {**rendered["env"], **extra_env},
+            "process_env": dict(run.child_env), "bundle_wheel_sha256": run.identity.get("bundle_wheel_sha256")}
+
+
+def _launch(run: Run, model: Path, name: str) -> dict | None:
+    hargs, extra_env = _launch_parts(run, name)
     prof = run.profiles[name]
+    state_file = run.out / "state" / f"{name}.json"
     st = guarded(run, name, functools.partial(
-        serve.start_server, prof, model, contest=run.contest, port=args.first_port + i, run_id=name,
-        vllm_cmd=run.vllm_cmd, wait=False, run_dir=run.run_dir(name), process_env=run.child_env, state_file=run.out / "state" / f"{name}.json",
-        harness_args=hargs, extra_env=extra_env))
+        serve.start_server, prof, model, contest=run.contest, port=port_of(run, name), run_id=name,
+        vllm_cmd=run.vllm_cmd, wait=False, run_dir=run.run_dir(name), process_env=run.child_env,
+        state_file=state_file, harness_args=hargs, extra_env=extra_env))
     if st is not None:
         st["t_start"] = time.monotonic()
+        # the state file also says what the server runs, for an invocation that may reuse it
+        runs.write_json(state_file, {**{k: v for k, v in st.items() if k != "popen"},
+                                     "reuse": plan(run, model, name)})
         run.servers[name] = st
     return st
 
 
+def adopt_or_stop(run: Run, model: Path) -> list[str]:
+    """Servers an earlier invocation of this folder left running (--keep-servers, or a run killed
+    before it could stop them: they run in their own sessions): reuse each that runs exactly what
+    this invocation would start and answers /health; stop the others (they would hold the GPU and
+    the ports). Returns the profiles reused."""
+    adopted = []
+    for sf in sorted((run.out / "state").glob("*.json")):
+        try:
+            st = runs.read_json(sf)
+        except ForgeError:
+            sf.unlink()
+            continue
+        if not isinstance(st, dict) or not isinstance(st.get("pid"), int) or not st.get("start_time") or \
+                proc.process_start_time(st["pid"]) != st["start_time"]:
+            sf.unlink(missing_ok=True)        # that server has exited
+            continue
+        name = st.get("profile")
+        url = f"http://{st.get('host')}:{st.get('port')}{st.get('health')}"
+        want = plan(run, model, name) if name in run.names else None
+        if want is not None and st.get("reuse") == want and serve.health_ok(url):
+            st.update(popen=None, reused=True, ready_s="up already", warm_s="—", state_file=str(sf))
+            run.servers[name] = st
+            adopted.append(name)
+            run.step(f"server {name} reused: left up by an earlier invocation (pid {st['pid']}, port {st['port']})")
+            continue
+        why = ("not one of this run's profiles" if want is None else
+               "it runs another command than this invocation's" if st.get("reuse") != want else
+               "it does not answer /health")
+        ui.warn(f"stopping the {name} server an earlier invocation left running (pid {st['pid']}): {why}")
+        serve.stop_server(st, quiet=True)
+        sf.unlink(missing_ok=True)
+    return adopted
+
+
 def start_all_at_once(run: Run, model: Path, names: list[str]) -> list[str]:
-    for i, name in enumerate(names):
-        _launch(run, model, name, i)
+    for name in names:
+        _launch(run, model, name)
     live = [n for n in names if n in run.servers and guarded(run, n, wait_ready, run, n)]
     threads = [threading.Thread(target=guarded, args=(run, n, warm, run, n, model), daemon=True) for n in live]
     for t in threads:
@@ -103,6 +164,8 @@ def guarded(run: Run, name: str, fn, *a):
 
 def wait_ready(run: Run, name: str) -> bool:
     st = run.servers[name]
+    if st.get("reused"):
+        return True
     serve.wait_healthy(st["popen"], st, timeout=max(5.0, run.left()))
     st["ready_s"] = round(time.monotonic() - st["t_start"], 1)
     run.step(f"server {name} ready", seconds=st["ready_s"], port=st["port"], **log_facts(Path(st["log"])))
@@ -111,26 +174,13 @@ def wait_ready(run: Run, name: str) -> bool:
 
 def warm(run: Run, name: str, model: Path) -> None:
     st = run.servers[name]
+    if st.get("reused"):
+        return                            # warmed by the invocation that started it
     t = time.monotonic()
     prompt = synth.synthetic_prompt(model, WARM_PROMPT_TOKENS, "warm")
     complete(st, prompt, 16, timeout=max(5.0, run.left()))
     st["warm_s"] = round(time.monotonic() - t, 1)
     run.step(f"server {name} warmed (first request: Triton compile and autotune)", seconds=st["warm_s"])
-
-
-def stop_stale_servers(out: Path) -> None:
-    """Servers an interrupted invocation of this folder left running (a killed run cannot stop
-    them: they run in their own sessions) would hold the GPU and the ports."""
-    for sf in sorted((out / "state").glob("*.json")):
-        try:
-            st = runs.read_json(sf)
-        except ForgeError:
-            sf.unlink()
-            continue
-        if proc.process_start_time(st["pid"]) == st["start_time"]:
-            ui.warn(f"stopping the {st.get('profile')} server an earlier invocation left running (pid {st['pid']})")
-            serve.stop_server(st, quiet=True)
-        sf.unlink(missing_ok=True)
 
 
 def stop_all(servers: dict) -> None:

@@ -53,19 +53,22 @@ class Run:
             "/tmp/forge-triton" if (args.triton_cache_from or args.triton_cache_pack) else None)
         self.child_env: dict[str, str] = {}   # what the servers, the client and probes get on top of ours
         self.hargs: list[str] = []        # the harness's server arguments, after the profile's checked ones
-        self.identity: dict = {}          # what makes rounds of two invocations comparable
+        self.identity: dict = {}          # what makes tiers of two invocations comparable
+        self.contest_h: dict = {}         # the contest with the client the harness runs (tiers.harness_contest)
+        self.client_options: list = []    # that client's options (part of each tier's identity)
+        self.client_line = ""             # that client's command line, per-tier values named
         self.worker = None                # the long-lived bench client (client.ClientWorker)
         self.worker_thread: threading.Thread | None = None
         self.worker_failed = False
         self.final: tuple | None = None   # (profiles, scores, reference) once the run has ended
         prev_path = self.out / "summary.json"
         if prev_path.is_file():
-            # resuming this folder: keep what earlier invocations did (finished rounds are kept too)
+            # resuming this folder: keep what earlier invocations did (finished tiers are kept too)
             prev = runs.read_json(prev_path)
             earlier = prev.pop("earlier_invocations", [])
             self.summary["earlier_invocations"] = earlier + [
                 {k: prev.get(k) for k in ("started", "command", "seconds", "steps", "skipped", "server_facts",
-                                          "server_errors", "error", "git", "bundle", "versions")}]
+                                          "server_errors", "error", "git", "bundle", "versions", "servers_left_up")}]
             for k in ("plumbing", "fault"):
                 if prev.get(k) and prev[k].get("ok"):
                     # where it ran first: an invocation that kept it passes the first one's start on

@@ -26,7 +26,7 @@ class Run(Protocol):
 
 def _server_facts(run: Run, s: dict, name: str) -> tuple:
     """(ready s, first request s, log facts) of a profile's server: this invocation's, or, for a profile
-    whose rounds were all kept, the latest earlier invocation's that started it."""
+    whose tiers were all kept, the latest earlier invocation's that started it."""
     st = run.servers.get(name)
     if st:
         return st.get("ready_s", "—"), st.get("warm_s", "—"), log_facts(Path(st["log"])) if st.get("log") else {}
@@ -97,6 +97,21 @@ def tier_ratio_lines(run: Run, names: list[str], ref: str) -> list[str]:
     return L
 
 
+def difference_lines(diffs: list[dict]) -> list[str]:
+    """The run's differences from the organizers' command (summary.json `differences`, made from
+    harness/gpu/harness.yaml and the invocation's options), each with its reason."""
+    if not diffs:
+        return []
+    L = ["", "## Differences from the organizers' command", "",
+         "Everything else is the organizers' start script (configs/contest.yaml `server.start_script`, vLLM's "
+         "default compilation config) and their client (`client.command`).", "",
+         "| side | option | why |", "|---|---|---|"]
+    for d in diffs:
+        opt = " ".join(d["args"]).replace("|", "\\|")
+        L.append(f"| {d['side']} | `{opt}` | {d['why']} |")
+    return L
+
+
 def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
     s = run.summary
     v = s.get("versions", {})
@@ -112,19 +127,23 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
          f"bundle vLLM `{s.get('bundle', {}).get('version', '?')}`",
          f"- Python {v.get('python')}, torch {v.get('torch')}, triton {v.get('triton')}, "
          f"transformers {v.get('transformers')}",
-         "- harness, not a contest run: random weights (`--load-format dummy`), plain-torch stand-ins for "
-         "vLLM's compiled ops, client without warm-up/test requests (servers warmed once before the tiers; "
-         "vLLM's own client code, run for all tiers in one process unless --client-per-tier); "
-         "compare profiles only within this run.", ""]
+         "- harness, not a contest run: the organizers' server and client commands with the differences listed "
+         "below (random weights among them), plain-torch stand-ins for vLLM's compiled ops, each server warmed "
+         "once before the tiers; compare profiles only within this run.",
+         f"- client, one invocation per (tier, profile) over the tier's prompts: `{s.get('client', '?')}`", ""]
     for e in s.get("earlier_invocations", []):
         L.append(f"- earlier invocation in this folder: started {e.get('started')}, {e.get('seconds')} s "
                  f"(its steps are in summary.json)")
+    L += difference_lines(s.get("differences") or [])
     L += ["", "## Servers", "", "| profile | ready s | first request s | attention block | KV cache tokens | errors in log |",
           "|---|---|---|---|---|---|"]
     for n in names:
         ready, warm_s, f = _server_facts(run, s, n)
         L.append(f"| {n} | {ready} | {warm_s} | {f.get('attention_block_size', '—')} "
                  f"| {f.get('kv_cache_tokens', '—')} | {len(f.get('error_lines', []))} |")
+    if s.get("servers_left_up"):
+        L += ["", "Left up at the end (--keep-servers): " + ", ".join(
+            f"{n} (pid {v['pid']}, port {v['port']})" for n, v in s["servers_left_up"].items())]
     shape = next((d.get("shape") for d in (s.get("datasets") or {}).values() if d.get("shape")), None)
     L += ["", f"## Tiers (output tok/s, concurrency 1, {shape or 'prompts as in summary.json datasets'})", "",
           "| tier | " + " | ".join(names) + " | best vs " + ref + " | TTFT P99 ms | TPOT P99 ms | prompts |",

@@ -141,6 +141,40 @@ _op("apply_repetition_penalties_(Tensor! logits, Tensor prompt_mask, Tensor outp
 _op("weak_ref_tensor(Tensor(a) input) -> Tensor(a)", lambda x: x.view_as(x))
 
 
+# --- schemas only: the ops vLLM's compilation passes name when their modules are imported ----------
+# Under vLLM's default compilation config (the organizers' command: torch.compile, FULL_AND_PIECEWISE
+# graphs) the pass manager imports the fusion passes, and those modules look these ops up
+# (torch.ops._C.<op>.default) at import. The fusion passes that would call them are off by default and
+# the model calls none of them, so the schema is enough: a call would fail loudly (no kernel for the
+# op). Schemas as vLLM 0.18.1's csrc/torch_bindings.cpp defines them (tests/tree/test_gpu_harness.py
+# compares them with that file).
+SCHEMA_ONLY = (
+    "static_scaled_fp8_quant(Tensor! result, Tensor input, Tensor scale, (int, int)? group_shape=None) -> ()",
+    "dynamic_scaled_fp8_quant(Tensor! result, Tensor input, Tensor! scale) -> ()",
+    "dynamic_per_token_scaled_fp8_quant(Tensor! result, Tensor input, Tensor! scale, Tensor? scale_ub) -> ()",
+    "per_token_group_fp8_quant(Tensor input, Tensor! output_q, Tensor! output_s, int group_size, float eps, "
+    "float fp8_min, float fp8_max, bool scale_ue8m0, bool dummy_is_scale_transposed, bool dummy_is_tma_aligned) -> ()",
+    "scaled_fp4_quant(Tensor input, Tensor input_scale, bool is_sf_swizzled_layout) -> (Tensor, Tensor)",
+    "scaled_fp4_quant.out(Tensor input, Tensor input_scale, bool is_sf_swizzled_layout, *, Tensor(a!) output, "
+    "Tensor(b!) output_scale) -> ()",
+    "silu_and_mul_quant(Tensor! result, Tensor input, Tensor scale) -> ()",
+    "silu_and_mul_nvfp4_quant(Tensor! result, Tensor! result_block_scale, Tensor input, "
+    "Tensor input_global_scale) -> ()",
+    "rms_norm_static_fp8_quant(Tensor! result, Tensor input, Tensor weight, Tensor scale, float epsilon) -> ()",
+    "fused_add_rms_norm_static_fp8_quant(Tensor! result, Tensor input, Tensor! residual, Tensor weight, "
+    "Tensor scale, float epsilon) -> ()",
+    "rms_norm_dynamic_per_token_quant(Tensor! result, Tensor input, Tensor weight, Tensor! scale, float epsilon, "
+    "Tensor? scale_ub, Tensor!? residual) -> ()",
+    "rms_norm_per_block_quant(Tensor! result, Tensor input, Tensor weight, Tensor! scale, float epsilon, "
+    "Tensor? scale_ub, Tensor!? residual, int group_size, bool is_scale_transposed) -> ()",
+    "fused_qk_norm_rope(Tensor! qkv, int num_heads_q, int num_heads_k, int num_heads_v, int head_dim, float eps, "
+    "Tensor q_weight, Tensor k_weight, Tensor cos_sin_cache, bool is_neox, Tensor position_ids) -> ()",
+    "cutlass_scaled_mm(Tensor! out, Tensor a, Tensor b, Tensor a_scales, Tensor b_scales, Tensor? bias) -> ()",
+)
+for _s in SCHEMA_ONLY:
+    _lib.define(_s)
+
+
 # --- the FLA/GDN Triton kernels use TMA descriptors on Hopper, which need a Triton allocator -----
 def _set_triton_allocator() -> None:
     try:

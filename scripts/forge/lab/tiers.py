@@ -1,0 +1,326 @@
+"""The measured tiers of an end-to-end run: the organizers' client with the harness's recorded
+changes (harness/gpu/harness.yaml `client_args`), the same synthetic prompts for every profile, one
+`vllm bench serve` invocation per (tier, profile) over all of the tier's prompts (as the organizers'
+run_throughput.sh runs a tier), tiers in order and the profiles one after the other within a tier,
+under a deadline; a finished (tier, profile) of an earlier invocation of the folder is kept; each
+profile's run folder and the same-run proxy scores."""
+
+from __future__ import annotations
+
+import functools
+import json
+import shlex
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import ForgeError
+from ..hashing import sha256_file
+from ..run import bench, runs, score, synth
+from ..run import contest as contest_mod
+from .client import client_runner
+from .servers import guarded
+
+if TYPE_CHECKING:
+    from .session import Run
+
+CLIENT_TURN_S = 5.0       # a tier's client overhead over the requests themselves (start, dataset, JSON)
+FAULT_NEED_S = 40.0       # client start, a request cut after a few seconds, two failed tiers
+DEFAULT_TIER_ORDER = ["16-32K", "8-16K", "4-8K"]   # the largest expected change first
+# before a tier's first measurement: a request's time at these rates (the H200 under the default
+# compilation config: ~15 ms per output token, prefill well above 4000 tokens/s)
+GUESS_TPOT_S = 0.025
+GUESS_PREFILL_TOKENS_S = 4000.0
+# the options the tool fills in per tier (contest.yaml client.per_tier) and where the result goes
+FILLED_IN = ("--dataset-path", "--num-prompts", "--model", "--served-model-name", "--tokenizer", "--host",
+             "--port", "--result-dir", "--result-filename")
+
+
+# --- what differs from the organizers' command --------------------------------------------------------
+
+def apply_changes(options: list[list[str]], changes: list[list[str]]) -> list[list[str]]:
+    """The organizers' options with each change: an option they set takes the change's value(s) in
+    its place, one they do not set is appended."""
+    out = [list(o) for o in options]
+    for ch in changes:
+        i = next((k for k, o in enumerate(out) if o[0] == ch[0]), None)
+        if i is None:
+            out.append(list(ch))
+        else:
+            out[i] = list(ch)
+    return out
+
+
+def client_changes(h: dict, fixed_output: int | None = None) -> list[dict]:
+    """harness.yaml's client changes, each {"args", "why"}; --fixed-output N replaces the per-request
+    output lengths."""
+    out = [dict(c) for c in h["client_args"]]
+    if fixed_output:
+        out = [c for c in out if c["args"][0] != "--custom-output-len"]
+        out.insert(0, {"args": ["--custom-output-len", str(fixed_output)],
+                       "why": f"--fixed-output {fixed_output}: every request asks for {fixed_output} output tokens "
+                              "(prompts across each tier's range instead of the official pairs)"})
+    return out
+
+
+def harness_contest(contest: dict, h: dict, fixed_output: int | None = None) -> dict:
+    """The contest with the client the harness runs: the organizers' options with the recorded changes."""
+    c = json.loads(json.dumps(contest))
+    c["client"]["options"] = apply_changes(c["client"]["options"],
+                                           [x["args"] for x in client_changes(h, fixed_output)])
+    return c
+
+
+def harness_args(h: dict, extra: list[str]) -> list[str]:
+    """What the harness appends to every profile's checked server command."""
+    out = [x for a in h["server_args"] for x in a["args"]]
+    side = h["side_by_side"]
+    out += ["--gpu-memory-utilization", str(side["gpu_memory_utilization"])]
+    if side.get("kv_cache_memory_bytes"):
+        out += ["--kv-cache-memory-bytes", str(side["kv_cache_memory_bytes"])]
+    return out + extra
+
+
+def differences(h: dict, extra: list[str], fixed_output: int | None = None,
+                profile_prefill: int | None = None) -> list[dict]:
+    """Every difference between what the harness runs and the organizers' command, with its reason:
+    from harness.yaml, and from this invocation's own options."""
+    side = h["side_by_side"]
+    out = [{"side": "server", "args": list(a["args"]), "why": a["why"]} for a in h["server_args"]]
+    out.append({"side": "server", "args": ["--gpu-memory-utilization", str(side["gpu_memory_utilization"])],
+                "why": side["why"]})
+    if side.get("kv_cache_memory_bytes"):
+        out.append({"side": "server", "args": ["--kv-cache-memory-bytes", str(side["kv_cache_memory_bytes"])],
+                    "why": "a fixed KV cache per server skips vLLM's memory profiling, which would count the other "
+                           "server's allocations as its own; both servers then start at the same time"})
+    if extra:
+        out.append({"side": "server", "args": list(extra), "why": "given to this run (--server-arg, --server-args)"})
+    if profile_prefill:
+        out.append({"side": "server", "args": ["--profiler-config", "<torch profiler, idle until asked>"],
+                    "why": f"--profile-prefill {profile_prefill}: one prefill per server under the torch profiler "
+                           "after the tiers"})
+    out += [{"side": "client", **c} for c in client_changes(h, fixed_output)]
+    return out
+
+
+def client_line(argv: list[str]) -> str:
+    """What a tier's client ran, its per-tier values named rather than given."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a in FILLED_IN:
+            out += [a, f"<{a[2:]}>"]
+            i += 2
+            continue
+        out.append(shlex.quote(a))
+        i += 1
+    return "vllm " + " ".join(out)
+
+
+# --- the prompts --------------------------------------------------------------------------------------
+
+def build_datasets(run: Run, model: Path, n: int) -> dict[str, Path]:
+    """The same synthetic prompts for every profile: one file per tier with n prompts. By default n
+    requests of the contest workload (configs/workload.yaml; evenly spaced by output length), each
+    with its own output length; with --fixed-output, prompts across the tier's range."""
+    ddir = run.out / "datasets"
+    out: dict[str, Path] = {}
+    fixed = run.args.fixed_output
+    workload = None if fixed else synth.load_workload(run.contest)
+    for t in run.contest["tiers"]:
+        full = ddir / f"{t['name']}.jsonl"
+        if fixed:
+            info = synth.build_tier(model, t, n, full)
+            reqs = [[t["prompt_tokens"][1], fixed]] * n
+        else:
+            pairs = synth.stratified(workload["tiers"][t["name"]]["requests"], n)
+            info = synth.build_workload_tier(model, t["name"], pairs, full)
+            reqs = [list(x) for x in pairs]
+        out[t["name"]] = full
+        run.summary.setdefault("datasets", {})[t["name"]] = {
+            "prompt_tokens": info["prompt_tokens"], "seed": info["seed"], "num_prompts": n,
+            "shape": f"{fixed} output tokens per request" if fixed else "contest workload (configs/workload.yaml)",
+            "requests": reqs}
+    return out
+
+
+def fault_datasets(run: Run, datasets: dict[str, Path]) -> dict[str, Path]:
+    """One prompt per tier (each tier's first) for the fault check."""
+    out = {}
+    for name, path in datasets.items():
+        p = run.out / "datasets" / "fault" / f"{name}.jsonl"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(path.read_text().splitlines()[0] + "\n")
+        out[name] = p
+    return out
+
+
+# --- resuming a folder ----------------------------------------------------------------------------------
+
+def tier_identity(run: Run, dataset: Path) -> dict:
+    """What makes two results of one (tier, profile) comparable across invocations of one folder."""
+    return {"dataset_sha256": sha256_file(dataset), "client_options": run.client_options, **run.identity}
+
+
+def kept_tier(run: Run, rdir: Path, tname: str, ident: dict) -> bool:
+    """A finished (tier, profile) from an earlier invocation is kept when it was measured (not
+    recorded as failed for a missing server) with the same prompts, client, bundle, server arguments
+    and device."""
+    if not runs.tier_done(rdir, tname, keep_failed=True):
+        return False
+    if runs.read_json(runs.result_path(rdir, tname)).get("forge_synthesized"):
+        return False
+    idf = rdir / f"{tname}.identity.json"
+    prev = runs.read_json(idf) if idf.is_file() else None
+    if prev != ident:
+        words = {"dataset_sha256": "prompts", "client_options": "client options", "bundle_wheel_sha256": "bundle",
+                 "server_args": "server arguments", "device": "device"}
+        diff = sorted(words.get(k, k) for k in set(ident) | set(prev or {}) if (prev or {}).get(k) != ident.get(k))
+        raise ForgeError(f"{rdir}: an earlier invocation ran tier {tname} on other {', '.join(diff) or 'settings'}",
+                         hint="give a new --out folder, or the same bundle, --num-prompts and server arguments")
+    return True
+
+
+def check_resume(run: Run, names: list[str], datasets: dict[str, Path]) -> None:
+    """Refuse, before any server starts, a folder whose finished tiers are not comparable."""
+    for name in names:
+        for tname, ds in datasets.items():
+            kept_tier(run, run.run_dir(name, create=False), tname, tier_identity(run, ds))
+
+
+def tier_order(run: Run, datasets: dict) -> list[str]:
+    return [t for t in (run.args.tier_order or DEFAULT_TIER_ORDER) if t in datasets]
+
+
+def fully_kept(run: Run, name: str, datasets: dict[str, Path]) -> bool:
+    """Every tier this invocation runs is kept from an earlier invocation for this profile: it needs
+    no server (a folder can then be extended one profile at a time, the reference measured once, when
+    the GPU holds fewer servers than the run has profiles)."""
+    order = tier_order(run, datasets)
+    return bool(order) and all(kept_tier(run, run.run_dir(name, create=False), t, tier_identity(run, datasets[t]))
+                               for t in order)
+
+
+def tiers_reserve(args, summary: dict, live: list[str]) -> float:
+    """Seconds the tiers leave before the deadline: --reserve-s, plus the fault check's need while it
+    is still to run (not --no-fault, not kept from an earlier invocation, reference up)."""
+    pending = not args.no_fault and not summary.get("fault") and summary.get("reference") in live
+    return args.reserve_s + (FAULT_NEED_S if pending else 0.0)
+
+
+def guess_s(requests: list[list[int]], warmups: int) -> float:
+    """A (tier, profile)'s time before it was ever measured: its requests and the client's warm-ups
+    (the first request again) at the guessed rates."""
+    one = [i / GUESS_PREFILL_TOKENS_S + o * GUESS_TPOT_S for i, o in requests]
+    return CLIENT_TURN_S + sum(one) + warmups * (one[0] if one else 0.0)
+
+
+def _warmups(contest_h: dict) -> int:
+    opts = {o[0]: o[1:] for o in contest_h["client"]["options"]}
+    return int((opts.get("--num-warmups") or ["0"])[0])
+
+
+# --- the tiers ------------------------------------------------------------------------------------------
+
+def bench_tiers(run: Run, names: list[str], model: Path, datasets: dict[str, Path]) -> dict[str, dict[str, Path]]:
+    """One client invocation per (tier, profile), tiers in order and the profiles one after the other
+    within a tier; returns {profile: {tier: result file}}. A tier is started for all its profiles still
+    to measure or for none, so the profiles of a tier are measured back to back."""
+    contest_h = run.contest_h
+    tiers = {t["name"]: t for t in run.contest["tiers"]}
+    order = tier_order(run, datasets)
+    launcher = bench.client_launcher(run.args.client)
+    runner = client_runner(run)
+    done: dict[str, dict[str, Path]] = {n: {} for n in names}
+    reserve = tiers_reserve(run.args, run.summary, names)
+    warmups = _warmups(contest_h)
+    for tname in order:
+        ident = tier_identity(run, datasets[tname])
+        n = run.summary["datasets"][tname]["num_prompts"]
+        est = None
+        todo = []
+        for name in names:
+            rdir = run.run_dir(name)
+            if kept_tier(run, rdir, tname, ident):
+                done[name][tname] = runs.result_path(rdir, tname)
+                kept = runs.read_json(done[name][tname])
+                # what a served (tier, profile) took then is the best guess for the other profile's
+                if kept.get("completed") and isinstance(kept.get("duration"), (int, float)):
+                    est = max(est or 0.0, kept["duration"] * (n + warmups) / n + CLIENT_TURN_S)
+                run.step(f"tier {tname} {name}: kept from an earlier invocation")
+            else:
+                todo.append((name, rdir))
+        if not todo:
+            continue
+        guess = (est or guess_s(run.summary["datasets"][tname]["requests"], warmups)) * len(todo)
+        if run.left() - reserve < guess:
+            run.summary["skipped"].append(f"tier {tname} ({', '.join(n for n, _ in todo)}): "
+                                          f"{run.left():.0f}s left, needs ~{guess:.0f}s + {reserve:.0f}s reserve")
+            continue
+        for name, rdir in todo:
+            st = run.servers[name]
+            runs.write_json(rdir / f"{tname}.identity.json", ident)
+            # the run's manifest as it stands: the client adds this tier's exact command line to it
+            mpath = rdir / "manifest.json"
+            man = {**(runs.read_json(mpath) if mpath.is_file() else {}), "run_id": name, "profile": name,
+                   "harness": True, **run.identity}
+            ds = {"kind": "synthetic", "path": str(datasets[tname]), "num_prompts": n}
+            t = time.monotonic()
+            status = guarded(run, name, functools.partial(
+                bench.run_tier, contest_h, tiers[tname], ds, launcher=launcher, model=str(model), host=st["host"],
+                port=st["port"], rdir=rdir, manifest=man, poll_s=30, runner=runner, env=run.child_env,
+                health_url=f"http://{st['host']}:{st['port']}{st['health']}"))
+            took = time.monotonic() - t
+            if status is None:
+                continue
+            res = runs.read_json(runs.result_path(rdir, tname))
+            done[name][tname] = runs.result_path(rdir, tname)
+            run.step(f"tier {tname} {name}: {res.get('output_throughput', 0):.2f} tok/s",
+                     status=status, seconds=round(took, 1), completed=res.get("completed"),
+                     failed=res.get("failed"), ttft_ms=res.get("p99_ttft_ms"), tpot_ms=res.get("p99_tpot_ms"))
+    return done
+
+
+def finish_runs(run: Run, names: list[str], done: dict) -> dict[str, Path]:
+    """Each profile's run folder as `forge score` reads it: its tier results and a manifest that says
+    what ran (server record, client command line, identity)."""
+    out = {}
+    for name in names:
+        rdir = run.run_dir(name)
+        st = run.servers.get(name, {})
+        mpath = rdir / "manifest.json"
+        prev = runs.read_json(mpath) if mpath.is_file() else {}
+        serve_json = rdir / "serve.json"
+        commands = {t: c for t, c in (prev.get("client_commands") or {}).items() if t in done[name]}
+        runs.write_json(mpath, {
+            "run_id": name, "profile": name, "harness": True, "model": st.get("model") or prev.get("model"),
+            "server": runs.read_json(serve_json) if serve_json.is_file() else None,
+            "git": runs.git_commit(), "device": runs.device_info(), **run.identity,
+            "client": run.client_line, "client_commands": commands,
+            "differences": run.summary.get("differences"),
+            "tiers": sorted(done[name], key=contest_mod.tier_names(run.contest).index)})
+        out[name] = rdir
+    return out
+
+
+def scores(run: Run, run_dirs: dict[str, Path], ref: str) -> dict:
+    tiers = contest_mod.tier_names(run.contest)
+    complete_runs = {n: d for n, d in run_dirs.items() if all(runs.result_path(d, t).is_file() for t in tiers)}
+    out = {}
+    if ref not in complete_runs:
+        run.summary["score_note"] = f"no proxy score: the reference {ref} lacks a result for some tier"
+        return out
+    base = score.baseline_from_run(complete_runs[ref], run.contest)
+    base["label"] = f"{ref} measured in this run (H200 proxy: {ref} = 60.0)"
+    dead = [t for t, m in base["tiers"].items() if not m["tok_s"] > 0]
+    if dead:
+        run.summary["score_note"] = (f"no proxy score: the reference {ref} served nothing in tier(s) "
+                                     f"{', '.join(dead)} (see its server log)")
+        return out
+    for name, d in complete_runs.items():
+        loaded = score.load_run(d, run.contest)
+        drift = score.output_drift(loaded, base) if name != ref else None
+        # this run's own folders, rewritten on every invocation: their scores are redone
+        out[name], _ = score.write_report(run.contest, d, loaded, base, drift, shown=str(d.relative_to(run.out)),
+                                          force=True)
+    return out
