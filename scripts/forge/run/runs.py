@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import paths
+from ..builder import provenance
 from ..errors import ForgeError
 
 RUNS = paths.REPORTS / "runs"
@@ -219,14 +220,9 @@ def prune_empty(d: Path) -> None:
 # --- provenance ----------------------------------------------------------------------------------
 
 def git_commit() -> dict:
-    from .. import proc
-    try:
-        commit = proc.output(["git", "-C", str(paths.ROOT), "rev-parse", "HEAD"], what="git")
-        dirty = bool(proc.output(["git", "-C", str(paths.ROOT), "status", "--porcelain", "--untracked-files=no"],
-                                 what="git"))
-    except ForgeError:
-        return {"commit": None, "dirty": None}
-    return {"commit": commit, "dirty": dirty}
+    """The project commit a record was made from (provenance.forge_commit: also on a copy of the checkout
+    without its git folder, through a source manifest)."""
+    return provenance.forge_commit()
 
 
 def vllm_provenance(python: str | None = None) -> dict:
