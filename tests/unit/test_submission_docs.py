@@ -253,3 +253,32 @@ def test_clean_keeps_whole_sentences_and_renames_overlay_files():
         ("para", "At batch 1 decode is GEMV-bound (63.1 of ~71 ms). Our GEMV (csrc/forge/forge_gemv.cu) is built "
                  "into _C. The table lives in model_executor/layers/utils.py."),
         ("item", "Two shapes (14336x5120) win.")]
+
+
+def test_the_tracked_documents_are_current_and_read_whole(tmp_path):
+    """reports/submission/ holds what `forge report` writes now, and it passes the reader."""
+    docs = contest_docs.documents(contest_mod.load_contest(), "forge report")
+    for name, text in docs.items():
+        assert (ROOT / "reports" / "submission" / name).read_text() == text, f"rerun `make report`: {name}"
+    assert problems(docs["ENVIRONMENT.md"], docs["OPTIMIZATION.md"]) == []
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda c: c["submission"].update(run="reports/e2e/no-such-run"),
+     "key 'submission.run': reports/e2e/no-such-run holds no recorded run"),
+    (lambda c: c["submission"].update(profile="fast-int8"),
+     "key 'submission.profile' or 'submission.reference': run run-other served no profile 'fast-int8'"),
+    (lambda c: c["submission"].update(profile="nope"), "profile 'nope' not found"),
+    (lambda c: c["optimizations"][0].update(patches=["nope.patch"]),
+     "key 'optimizations[0].patches': nope.patch is not in patches/series"),
+    (lambda c: c["optimizations"][0].update(switch="X"), "unknown key 'optimizations[0].switch'"),
+    (lambda c: c["optimizations"][0].pop("name_zh"), "missing key 'optimizations[0].name_zh'"),
+])
+def test_a_mistake_in_the_configuration_names_its_key(tmp_path, edit, message):
+    from forge.errors import ForgeError
+    cfg = yaml.safe_load((ROOT / "configs" / "optimizations.yaml").read_text())
+    cfg["submission"]["run"] = str(fixture_run(tmp_path, False, True))
+    edit(cfg)
+    (tmp_path / "opt.yaml").write_text(yaml.safe_dump(cfg, allow_unicode=True))
+    with pytest.raises(ForgeError, match=re.escape(message)):
+        contest_docs.documents(contest_mod.load_contest(), "forge submission", None, tmp_path / "opt.yaml")

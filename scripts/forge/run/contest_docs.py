@@ -139,7 +139,7 @@ def load_optimizations(path: Path | str = "optimizations.yaml") -> dict:
                                  hint="fix the name, or drop the patch from the entry")
         for j, e in enumerate(o["ab_runs"]):
             run_exists(e["run"], f"optimizations[{i}].ab_runs[{j}].run")
-    return data
+    return {**data, "file": where}
 
 
 # --- ENVIRONMENT.md -----------------------------------------------------------------------------
@@ -248,7 +248,8 @@ def optimization_md(contest: dict, opt: dict, profile: dict, refs: References, v
     tiers = contest_mod.tier_names(contest)
     sub = opt["submission"]
     rec = submission_runs.read_run(sub["run"])
-    ev = submission_runs.compare(rec, sub["profile"], sub["reference"], tiers)
+    ev = submission_runs.compare(rec, sub["profile"], sub["reference"], tiers,
+                                 f"{opt['file']}: key 'submission.profile' or 'submission.reference'")
     diffs = submission_runs.command_differences(contest, ev["server"], profile)
     bad, fine = [d for d in diffs if not d["accepted"]], [d for d in diffs if d["accepted"]]
     t, series = ev["tiers"], read_series(paths.PATCHES)
@@ -335,10 +336,11 @@ def optimization_md(contest: dict, opt: dict, profile: dict, refs: References, v
 
 def ab_section(contest: dict, opt: dict, tiers: list[str]) -> list[str]:
     rows, notes, labels = [], [], []
-    for o in opt["optimizations"]:
-        for e in o["ab_runs"]:
+    for i, o in enumerate(opt["optimizations"]):
+        for j, e in enumerate(o["ab_runs"]):
             rec = submission_runs.read_run(e["run"])
-            ev = submission_runs.compare(rec, e["with"], e["without"], tiers)
+            ev = submission_runs.compare(rec, e["with"], e["without"], tiers,
+                                         f"{opt['file']}: key 'optimizations[{i}].ab_runs[{j}]'")
             label = _command_label(submission_runs.command_differences(contest, ev["server"], None))
             labels.append(label)
             t = ev["tiers"]

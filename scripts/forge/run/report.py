@@ -187,15 +187,14 @@ def write_report(profile: str = "contest", out: Path | None = None, provenance: 
     contest = contest_mod.load_contest()
     prof = profiles.load_profile(profile, contest)
     out = Path(out) if out else paths.REPORTS
-    out.mkdir(parents=True, exist_ok=True)
     prov, src = find_provenance(provenance)
     docs = {"env-vars.md": env_vars_md(prof, contest), "optimization-plan.md": optimization_plan_md(out),
             "submission-readme.md": submission_readme_md(prof, contest, prov, src),
             **{f"submission/{k}": v for k, v in contest_docs.documents(contest, "forge report").items()}}
-    written = []
+    written = []                    # every document was computed above: a mistake in one leaves no file written
     for name, text in docs.items():
         dest = out / name
-        dest.parent.mkdir(exist_ok=True)
+        dest.parent.mkdir(parents=True, exist_ok=True)
         if dest.is_file() and dest.read_text() == text:
             ui.info(f"{paths.rel(dest)} is up to date")
             continue

@@ -159,10 +159,16 @@ def command_differences(contest: dict, srv: dict, profile: dict | None) -> list[
     return out
 
 
-def compare(rec: dict, with_: str, without: str, tiers: list[str]) -> dict:
+def compare(rec: dict, with_: str, without: str, tiers: list[str], key: str = "configs/optimizations.yaml") -> dict:
     """Per tier, the output tok/s of both servers, the gain, the mean TTFT and TPOT ratios, the
     requests (completed, failed) and whether both produced the same output tokens; plus what differs
-    between the two servers and what the run was made with."""
+    between the two servers and what the run was made with. `key` names where the two profiles were
+    asked for (a profile the run did not serve is an error naming it)."""
+    served = sorted({n.split("/")[1] for n in rec["files"] if n.startswith("runs/")})
+    for p in (with_, without):
+        if p not in served:
+            raise ForgeError(f"{key}: run {rec['id']} served no profile '{p}'",
+                             hint=f"its profiles: {', '.join(served) or 'none'}")
     out: dict = {"tiers": {}}
     for t in tiers:
         a, b = (_file(rec, f"runs/{p}/{t}.json") for p in (with_, without))
