@@ -199,6 +199,20 @@ def test_the_route_on_the_card_is_the_series_rocm_table():
     assert "gate_up + SiLU-and-mul to our fused kernel, at 1 token (gate_up 34816x5120)" in en
 
 
+def test_a_table_installed_for_the_card_is_what_the_documents_describe(tmp_path, monkeypatch):
+    from forge.run import card_route
+    table = {"schema": "forge-tuned/1", "validators": {"device_name": "BW", "arch": "gfx936", "compute_units": 80},
+             "gemv": {"plain": {"5120x17408": {"1": [0, 0], "2": [0, 0]}, "14336x5120": {"1": [0, 0]}},
+                      "fused": {}}}
+    (tmp_path / "bw-gfx936-80cu.json").write_text(json.dumps(table))
+    monkeypatch.setattr(card_route.tree, "overlay_entries", lambda: [
+        {"src": str(tmp_path / "bw-gfx936-80cu.json"), "dst": "vllm/forge_tuned/bw-gfx936-80cu.json"}])
+    en, zh = card_route.gemv_on_card()
+    assert "`bw-gfx936-80cu.json`" in en and "down 5120x17408 at 1 and 2 tokens" in en
+    assert "qkv+gate 14336x5120 at 1 token" in en and "three one-token shapes" in en   # the built-in, where it fails
+    assert "5120x17408（1、2 个 token）" in zh
+
+
 # --- the reader can fail: what each check refuses ---------------------------------------------------
 
 ZH = "## 摘要\n\n本提交不需要设置任何环境变量，所有优化在代码中默认开启，共有 7 个变量，所测配置为 `contest`。\n\n"

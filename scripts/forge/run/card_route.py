@@ -18,7 +18,7 @@ SHAPE_NAMES = {"14336x5120": "qkv+gate", "16384x5120": "in_proj_qkvz", "34816x51
                "5120x17408": "down", "5120x6144": "o_proj/out_proj", "96x5120": "in_proj_ba",
                "248320x5120": "LM head"}
 EN_COUNT = "no one two three four five six seven eight nine ten".split()
-ZH_COUNT = "零一二三四五六七八九十"
+ZH_COUNT = "零一两三四五六七八九十"
 
 
 def en_count(n: int) -> str:
@@ -87,8 +87,8 @@ def describe_route(route: dict[str, dict[str, list[int]]]) -> tuple[str, str]:
     if fused:
         en += "; and the MLP's gate_up + SiLU-and-mul to our fused kernel, at " + "; ".join(
             f"{_tokens(v)} ({SHAPE_NAMES.get(s, 'the layer')} {s})" for s, v in fused.items())
-        zh += "；MLP 的 gate_up + SiLU 在 " + "；".join(
-            f"{_tokens_zh(v)}（{SHAPE_NAMES.get(s, 'the layer')} {s}）" for s, v in fused.items()) + " 时走我们的融合内核"
+        zh += "；MLP 的 gate_up + SiLU 融合在 " + "；".join(
+            f"{_tokens_zh(v)} 时（{SHAPE_NAMES.get(s, 'the layer')} {s}）" for s, v in fused.items()) + "走我们的融合内核"
     return en, zh
 
 

@@ -82,8 +82,6 @@ def other_env_reads(entries: list[dict], ours: set[str]) -> dict[str, list[str]]
     """{variable: [overlay destinations]} our kernel files read that the series does not define."""
     out: dict[str, list[str]] = {}
     for e in entries:
-        if "*" in e["src"]:
-            continue
         text = (paths.ROOT / e["src"]).read_text(errors="replace")
         for m in _READ.finditer(text):
             var = m.group(1) or m.group(2)
