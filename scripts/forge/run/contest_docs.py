@@ -302,7 +302,7 @@ def optimization_md(contest: dict, opt: dict, profile: dict, refs: References, v
     here = submission_runs.this_series()
     L += ["", gemv_on_card()[0], "", title, "", f"Run {rec['id']} on {ev['device']} ({ev['versions']}). {verdict}", "",
           f"The run's build came from {'the same' if ev['series'] == here else 'another'} state of the patch series and "
-          f"kernel files as this submission (series `{ev['series'] or 'unrecorded'}`"
+          f"kernel files {'as' if ev['series'] == here else 'than'} this submission (series `{ev['series'] or 'unrecorded'}`"
           + ("" if ev["series"] == here else f"; this submission: `{here}`") + ")."
           + (f" The run's records are kept in dcu-forge (commit `{forge_commit[:12]}`)." if forge_commit else ""),
           "", "The submission's server command differed from the organizers' start script as follows.", ""]
