@@ -176,19 +176,14 @@ def _onto_vendor_history(work: Path, ours: str, vendor_src: str) -> str | None:
 
 
 def write_submission(into: str | None = None, base: str | None = None, vendor_src: str | None = None) -> dict:
-    from ..run import contest, contest_docs, profiles
+    from ..run import contest, contest_docs
     vendor_src = vendor_src or os.environ.get("VENDOR_SRC")
     base = base or ("vendor" if vendor_src else "standin")
     target = target_dir(into)
     state = tree.build_tree(base=base, vendor_src=vendor_src)
     src = bases.tree_dir(base)
     c = contest.load_contest()
-    prof = profiles.load_profile("contest", c)
-    env_vars = contest_docs.series_env_vars()
-    docs = {"ENVIRONMENT.md": contest_docs.environment_md(
-                c, prof, env_vars, contest_docs.other_env_reads(tree.overlay_entries(), {v["name"] for v in env_vars})),
-            "OPTIMIZATION.md": contest_docs.optimization_md(c, contest_docs.load_optimizations(),
-                                                            forge_commit=provenance.forge_commit()["commit"]),
+    docs = {**contest_docs.documents(c, "forge submission", forge_commit=provenance.forge_commit()["commit"]),
             "SUBMISSION.md": submission_md(base, state, c)}
     work = target.parent / f".{target.name}.partial"
     shutil.rmtree(work, ignore_errors=True)

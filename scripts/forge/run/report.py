@@ -1,6 +1,8 @@
 """`forge report`: the submission's documents, regenerated from the repository's own records —
 reports/env-vars.md (the profile's variables and options), reports/optimization-plan.md (each
-patch's review record plus links to the measurement documents of configs/measurements.yaml) and reports/submission-readme.md."""
+patch's review record plus links to the measurement documents of configs/measurements.yaml),
+reports/submission-readme.md, and reports/submission/ENVIRONMENT.md and OPTIMIZATION.md: the two
+documents `forge submission` puts into the submission, as they stand (contest_docs.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 
 from .. import config, paths, ui
 from . import contest as contest_mod
-from . import profiles, runs
+from . import contest_docs, profiles, runs
 
 # Licences of the components a submission is built from (as published by each project).
 LICENCES = {
@@ -179,17 +181,20 @@ def submission_readme_md(profile: dict, contest: dict, prov: dict, prov_src: str
 
 def write_report(profile: str = "contest", out: Path | None = None, provenance: str | None = None) -> list[Path]:
     """Write env-vars.md, optimization-plan.md and submission-readme.md for `profile` into `out`
-    (default reports/); a document whose text is unchanged is left alone. Returns the files written."""
+    (default reports/), and the submission's ENVIRONMENT.md and OPTIMIZATION.md (for the profile and
+    run configs/optimizations.yaml names) into `out`/submission/; a document whose text is unchanged is
+    left alone. Returns the files written."""
     contest = contest_mod.load_contest()
     prof = profiles.load_profile(profile, contest)
     out = Path(out) if out else paths.REPORTS
-    out.mkdir(parents=True, exist_ok=True)
     prov, src = find_provenance(provenance)
     docs = {"env-vars.md": env_vars_md(prof, contest), "optimization-plan.md": optimization_plan_md(out),
-            "submission-readme.md": submission_readme_md(prof, contest, prov, src)}
-    written = []
+            "submission-readme.md": submission_readme_md(prof, contest, prov, src),
+            **{f"submission/{k}": v for k, v in contest_docs.documents(contest, "forge report").items()}}
+    written = []                    # every document was computed above: a mistake in one leaves no file written
     for name, text in docs.items():
         dest = out / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
         if dest.is_file() and dest.read_text() == text:
             ui.info(f"{paths.rel(dest)} is up to date")
             continue
@@ -205,10 +210,14 @@ def cmd_report(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("report", help="regenerate reports/env-vars.md, optimization-plan.md, submission-readme.md",
+    p = sub.add_parser("report", help="regenerate reports/env-vars.md, optimization-plan.md, submission-readme.md "
+                                      "and the submission's ENVIRONMENT.md and OPTIMIZATION.md (reports/submission/)",
                        description="Write the submission documents from configs/serve/<profile>.yaml, "
                                    "configs/contest.yaml, patches/ (review records), configs/measurements.yaml (the "
-                                   "measurement documents the plan links) and the wheel's provenance record.")
+                                   "measurement documents the plan links) and the wheel's provenance record; and the "
+                                   "submission's ENVIRONMENT.md and OPTIMIZATION.md, as `forge submission` writes "
+                                   "them, from configs/optimizations.yaml (the profile and the recorded run they "
+                                   "quote) into reports/submission/.")
     p.add_argument("--profile", default="contest", help="profile to document (default: contest)")
     p.add_argument("--provenance", help="a <wheel>.provenance.json: its build machine's versions go into the "
                                          "third-party table (default: the repository's own inputs only, so the "
