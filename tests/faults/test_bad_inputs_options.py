@@ -252,7 +252,8 @@ def test_a_vendor_file_differing_only_in_its_mode_is_named(vendor):
             r = run_in(p, "tree", "--base", "vendor", VENDOR_SRC=str(src))
     finally:
         os.chmod(src / "setup.py", 0o644)
-    line = refused(r, "setup.py: an executable file here, a plain file in the vendor tree", "its mode differs")
+    line = refused(r, "setup.py: changed (type: an executable file here, a plain file in the vendor tree; the same "
+                      "content)")
     assert "0 file(s)" not in line and f"chmod -x {src / 'setup.py'}" in r.stderr, r.stderr
 
 

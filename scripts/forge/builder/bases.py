@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .. import config, proc, ui
 from ..errors import ForgeError
-from ..hashing import combine, file_entry, manifest_diff, manifest_hash, sha256_file, tree_manifest
+from ..hashing import combine, file_entry, manifest_hash, sha256_file, tree_manifest
 from ..paths import BUILD, CACHE, ROOT, TREE, Lock, rel
 from . import fetch
 from .fetch import SKIP_ANYWHERE, in_scope, scope_manifest, vendor_cfg
@@ -103,7 +103,7 @@ def verify_vendor(src: Path) -> tuple[list[str] | None, str]:
     modes: dict[str, str] = {}
     if sdist is not None:
         named = {x.split(": ", 1)[0] for x in problems}
-        diff, modes = _differences(expected_vendor_manifest(sdist, vcfg), got)
+        diff, modes = fetch.manifest_differences(expected_vendor_manifest(sdist, vcfg), got, "the vendor tree")
         problems += [d for d in diff if d.split(": ", 1)[0] not in named]
     elif not problems:
         problems.append("files other than the seven vendor changes differ (`make fetch` first and this check "
@@ -134,23 +134,6 @@ def verify_vendor(src: Path) -> tuple[list[str] | None, str]:
     raise ForgeError(f"VENDOR_SRC={src}: the vendor tree differs from the pinned one ({len(problems)} file(s)):\n  "
                      + "\n  ".join(shown), hint="; ".join(hints))
 
-
-KINDS = {"f": "a plain file", "x": "an executable file", "l": "a symbolic link"}
-
-
-def _differences(expected: dict[str, list], got: dict[str, list]) -> tuple[list[str], dict[str, str]]:
-    """manifest_diff's lines against the vendor tree, a file whose content matches but whose mode
-    does not said so in words; and {path: the chmod that restores it} for those."""
-    lines, modes = [], {}
-    for line in manifest_diff(expected, got, what="the vendor tree"):
-        p = line.split(": ", 1)[0]
-        e, g = expected.get(p), got.get(p)
-        if e and g and e[2] == g[2] and e[0] != g[0] and {e[0], g[0]} <= set(KINDS):
-            line = f"{p}: {KINDS[g[0]]} here, {KINDS[e[0]]} in the vendor tree (the same content; its mode differs)"
-            if {e[0], g[0]} == {"f", "x"}:
-                modes[p] = "-x" if g[0] == "x" else "+x"
-        lines.append(line)
-    return lines, modes
 
 
 def vendor_base(src: str | os.PathLike | None = None) -> Base:
