@@ -264,7 +264,8 @@ def cmd_offline_check(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("offline-check", help="fail naming file:line if a HIP build of the tree would download",
                        description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
-    p.add_argument("--tree", help="a vLLM source tree to check (default: the BASE's patched tree, built first)")
+    p.add_argument("--tree", help="a vLLM source tree to check, instead of a base's (default: the BASE's patched tree, "
+                                  "built first; not with --base)")
     from .tree import add_base_argument
     add_base_argument(p)
     p.set_defaults(func=cmd_offline_check, base=None)       # None: not given (BASE=, else sdist)

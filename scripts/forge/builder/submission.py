@@ -232,5 +232,6 @@ def register(sub) -> None:
     p.add_argument("--into", help="an empty or new directory (default: dist/submission)")
     p.add_argument("--base", choices=("vendor", "standin"), default=None,
                    help="vendor when VENDOR_SRC is given, else standin (CI's stand-in: never push it)")
-    p.add_argument("--vendor-src", default=None, help="the vllm_cscc checkout (default: $VENDOR_SRC)")
+    p.add_argument("--vendor-src", default=None, help="the vllm_cscc checkout (default: $VENDOR_SRC); the vendor base "
+                                                       "only, refused with --base standin")
     p.set_defaults(func=cmd_submission)
