@@ -2,8 +2,8 @@
 # Variables: PY (python to run the tool), PROFILE, PROFILES, MODEL, IMAGE, RUN, BASELINE, BASELINE_NAME, A, B,
 # DATA_DIR, TOK_S, FORCE, E2E, REFERENCE, SPEEDUP, TTFT_S, TPOT_MS, OUT, LABEL, VLLM_SRC, MAX_JOBS, BASE_IMAGE,
 # THREEWAY, WHEEL_DEVICE, WARM_ARCH, E2E_ARGS, BASE (sdist | vendor | standin), VENDOR_SRC (the vendor's
-# vllm_cscc checkout), INTO, FROM, CALIBRATE_ARGS, CALIBRATION, WORKERS (pytest processes for check and test). FORCE
-# takes 1 (or nothing); another value is refused.
+# vllm_cscc checkout), INTO, FROM, CALIBRATE_ARGS, CALIBRATION, WORKERS (pytest processes for check and test, at most
+# the cores). The yes/no variables FORCE and THREEWAY take 1 (yes), 0 or nothing (no); another value is refused.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help

@@ -1,5 +1,6 @@
-"""Option values every verb reads the same way: a TCP port, a count, a value that may not be empty,
-and FORCE (make ... FORCE=1). A value outside its rule is refused, never read as another or as absent."""
+"""Option values every verb reads the same way: a TCP port, a count (with an upper bound where one
+exists), a value that may not be empty, and the boolean make variables (make ... FORCE=1, THREEWAY=1).
+A value outside its rule is refused, never read as another or as absent."""
 
 from __future__ import annotations
 
@@ -31,6 +32,26 @@ def count(text: str) -> int:
     return v
 
 
+def count_upto(most: int, what: str):
+    """An argparse type: a count (as `count`) of at most `most`; `what` names the bound, e.g. "this
+    machine's 2 cores"."""
+    def check(text: str) -> int:
+        v = count(text)
+        if v > most:
+            raise argparse.ArgumentTypeError(f"{text!r} is more than {what} (at most {most})")
+        return v
+    check.__name__ = "count"
+    return check
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. a container's share), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def nonempty(option: str):
     """An argparse type for `option` that refuses an empty value (an empty value is not the default)."""
     def check(text: str) -> str:
@@ -41,11 +62,20 @@ def nonempty(option: str):
     return check
 
 
-def forced(flag: bool) -> bool:
-    """--force, or FORCE=1 in the environment (`make ... FORCE=1`). FORCE set to anything other than
-    1, 0 or nothing is refused: FORCE=yes must not quietly mean "no"."""
-    v = os.environ.get("FORCE", "")
-    if v.strip() not in ("", "0", "1"):
-        raise ForgeError(f"FORCE={v!r}: expected FORCE=1 (or leave it unset)",
-                         hint="make ... FORCE=1 (or --force) replaces or discards what the command would keep")
-    return bool(flag) or v.strip() == "1"
+BOOLEAN_WORDS = ("", "0", "1")      # what every boolean make variable takes: nothing or 0 (no), 1 (yes)
+
+
+def flag(name: str, given: bool = False, hint: str | None = None) -> bool:
+    """A boolean make variable read from the environment (`make ... NAME=1`), or'ed with its option
+    (`given`). Every one takes the same words, 1 (yes), 0 or nothing (no); any other value is refused:
+    NAME=yes must not quietly mean "no"."""
+    v = os.environ.get(name, "")
+    if v.strip() not in BOOLEAN_WORDS:
+        raise ForgeError(f"{name}={v!r}: a yes/no make variable takes 1 (yes) or 0 (no), or leave it unset",
+                         hint=hint or f"make ... {name}=1")
+    return bool(given) or v.strip() == "1"
+
+
+def forced(given: bool) -> bool:
+    """--force, or FORCE=1 in the environment (`make ... FORCE=1`); see `flag`."""
+    return flag("FORCE", given, hint="make ... FORCE=1 (or --force) replaces or discards what the command would keep")

@@ -133,19 +133,34 @@ def cmd_test(args) -> int:
 
 
 def _workers_option(p) -> None:
-    p.add_argument("--workers", type=options.count, default=default_workers(), metavar="N",
-                   help="pytest processes (pytest-xdist; default: the cores, at most 4; 1: no xdist)")
+    cores = options.usable_cores()
+    p.add_argument("--workers", type=options.count_upto(cores, f"this machine's {cores} core(s)"),
+                   default=default_workers(), metavar="N",
+                   help="pytest processes, at most the cores (pytest-xdist; default: the cores, at most 4; 1: no xdist)")
+
+
+# each verb's own description, ahead of the module's account of all three
+DESCRIPTIONS = {
+    "lint": "Run ruff with the project's configuration (pyproject.toml) over every tracked Python file (tools, "
+            "kernels, tests); exit 0 when it finds nothing. The first step of `make check` and `make test`.",
+    "check": "The inner loop, no rehearsal needed: lint, then the unit tests (tests/unit) and the fault-injection "
+             "suite (tests/faults) on --workers processes; a few minutes on two cores.",
+    "test": "What CI runs: lint (a finding stops it), the rehearsal and the image rehearsal (reports in "
+            "build/test-reports/), the fault-injection suite, then the unit, kernel, compile and tree tests; "
+            "pytest arguments after the options replace the test selection.",
+}
 
 
 def register(sub) -> None:
     p = sub.add_parser("lint", help="ruff over every tracked Python file with the project's configuration",
-                       description=__doc__)
+                       description=DESCRIPTIONS["lint"] + "\n\n" + __doc__)
     p.set_defaults(func=cmd_lint)
     p = sub.add_parser("check", help="the inner loop: lint, unit tests and the fault-injection suite",
-                       description=__doc__)
+                       description=DESCRIPTIONS["check"] + "\n\n" + __doc__)
     _workers_option(p)
     p.set_defaults(func=cmd_check)
-    p = sub.add_parser("test", help="lint, the rehearsals and the whole test suite (what CI runs)", description=__doc__)
+    p = sub.add_parser("test", help="lint, the rehearsals and the whole test suite (what CI runs)",
+                       description=DESCRIPTIONS["test"] + "\n\n" + __doc__)
     p.add_argument("--no-rehearsal", action="store_true", help="skip the rehearsals (tree tests then need an earlier one)")
     p.add_argument("--no-image", action="store_true", help="skip the image rehearsal")
     _workers_option(p)

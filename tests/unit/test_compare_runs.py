@@ -1,5 +1,6 @@
 """forge compare: deltas with a noise band from repeated runs; 'within noise' only when it is."""
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -42,9 +43,13 @@ def test_missing_run_is_a_clear_error(tmp_path):
 
 
 def test_runs_missing_a_tier_count_only_where_they_have_it(tmp_path):
-    part = tmp_path / "part"
+    part = tmp_path / "part"               # a second run of fast's profile that did not run 4-8K
     shutil.copytree(FIXTURE_RUNS / "fast", part)
     (part / "4-8K.json").unlink()
+    for tier in ("8-16K", "16-32K"):       # measured again: its own date and times (a copy is no repeat)
+        f = part / f"{tier}.json"
+        d = json.loads(f.read_text())
+        f.write_text(json.dumps({**d, "date": "20261130-050000", "ttfts": [t * 1.02 for t in d["ttfts"]]}))
     r = forge(tmp_path, "compare", "--a", str(FIXTURE_RUNS / "base"), "--b", str(FIXTURE_RUNS / "fast"), str(part))
     assert r.returncode == 0, r.stderr
     rows = {" ".join(l.split()[:2]): l.split() for l in r.stdout.splitlines()[1:-1]}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .. import config, proc, ui
 from ..errors import ForgeError
-from ..hashing import combine, file_entry, manifest_diff, manifest_hash, sha256_file, tree_manifest
+from ..hashing import combine, file_entry, manifest_hash, sha256_file, tree_manifest
 from ..paths import BUILD, CACHE, ROOT, TREE, Lock, rel
 from . import fetch
 from .fetch import SKIP_ANYWHERE, in_scope, scope_manifest, vendor_cfg
@@ -100,13 +100,22 @@ def verify_vendor(src: Path) -> tuple[list[str] | None, str]:
             problems.append(f"{p}: differs from the vendor's ({got[p][1]} bytes sha256 {got[p][2][:12]}…, "
                             f"pinned {c['size']} bytes {c['sha256'][:12]}…)")
     sdist = _cached_sdist()
+    modes: dict[str, str] = {}
     if sdist is not None:
-        diff = manifest_diff(expected_vendor_manifest(sdist, vcfg), got, what="the vendor tree")
-        problems += [d for d in diff if d.split(":")[0] not in vcfg["changed"]]
+        named = {x.split(": ", 1)[0] for x in problems}
+        diff, modes = fetch.manifest_differences(expected_vendor_manifest(sdist, vcfg), got, "the vendor tree")
+        problems += [d for d in diff if d.split(": ", 1)[0] not in named]
     elif not problems:
         problems.append("files other than the seven vendor changes differ (`make fetch` first and this check "
                         "names them)")
+    if not problems:                # the pin disagrees with itself: never a silent, empty list
+        problems.append("no file differs from the pinned lists, yet the scope's hash does: configs/upstream.yaml "
+                        "vendor.scope_sha256 does not match its own `changed` and `absent` entries")
     hints = []
+    if modes:
+        hints.append("restore the file mode" + ("s" if len(modes) > 1 else "") + ": "
+                     + "; ".join(f"chmod {how} {src / p}" for p, how in sorted(modes.items()))
+                     + (f" (or `git -C {src} checkout -- {' '.join(sorted(modes))}`)" if (src / ".git").exists() else ""))
     vp = src / "vllm" / "version.py"
     if vp.is_file() and "__hcu_version__" in vp.read_text(errors="replace"):
         hints.append("vllm/version.py was rewritten by an earlier `setup.py` build of this checkout (the vendor's "
@@ -118,9 +127,13 @@ def verify_vendor(src: Path) -> tuple[list[str] | None, str]:
     hints.append("VENDOR_SRC must hold the vendor's vllm_cscc v0.18.1 files unmodified (the pin covers "
                  f"{', '.join(vcfg['scope']['files'])} and {', '.join(d + '/' for d in vcfg['scope']['folders'])}; "
                  "configs/upstream.yaml vendor); keep your changes in patches/, never in the checkout")
+    if len(problems) == 1:
+        raise ForgeError(f"VENDOR_SRC={src}: the vendor tree differs from the pinned one: {problems[0]}",
+                         hint="; ".join(hints))
     shown = problems[:20] + ([f"… and {len(problems) - 20} more"] if len(problems) > 20 else [])
     raise ForgeError(f"VENDOR_SRC={src}: the vendor tree differs from the pinned one ({len(problems)} file(s)):\n  "
                      + "\n  ".join(shown), hint="; ".join(hints))
+
 
 
 def vendor_base(src: str | os.PathLike | None = None) -> Base:
@@ -217,9 +230,14 @@ def standin_base(source: str = "auto") -> Base:
     return Base("standin", standin_source(source), combine("standin", sd["sha256"], sha256_file(patch)), msg)
 
 
+def sdist_key() -> str:
+    """The key the sdist's tree is built on (its record's `upstream`): the pinned sdist's sha256."""
+    return config.upstream()["sdist"]["sha256"]
+
+
 def sdist_base(source: str = "auto") -> Base:
     cfg = config.upstream()
-    sha = cfg["sdist"]["sha256"]
+    sha = sdist_key()
     return Base("sdist", fetch.ensure_source(source), sha, f"upstream vLLM {cfg['version']} (sdist sha256 {sha})")
 
 

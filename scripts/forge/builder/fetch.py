@@ -135,6 +135,25 @@ LEGACY_MARKERS = (".forge-verified",)       # earlier releases' marker: no manif
 INTERNAL = (MARKER, *LEGACY_MARKERS)        # never part of the source
 
 
+KINDS = {"f": "a plain file", "x": "an executable file", "l": "a symbolic link"}
+
+
+def manifest_differences(expected: dict[str, list], got: dict[str, list], what: str) -> tuple[list[str], dict[str, str]]:
+    """manifest_diff's lines, a file whose content matches but whose mode does not said so in words
+    ("changed (type: an executable file here, a plain file in the sdist; the same content)"); and
+    {path: the chmod that restores it} for those."""
+    lines, modes = [], {}
+    for line in manifest_diff(expected, got, what=what):
+        p = line.split(": ", 1)[0]
+        e, g = expected.get(p), got.get(p)
+        if e and g and e[2] == g[2] and e[0] != g[0] and {e[0], g[0]} <= set(KINDS):
+            line = f"{p}: changed (type: {KINDS[g[0]]} here, {KINDS[e[0]]} in {what}; the same content)"
+            if {e[0], g[0]} == {"f", "x"}:
+                modes[p] = "-x" if g[0] == "x" else "+x"
+        lines.append(line)
+    return lines, modes
+
+
 def _tree_mismatch(d: Path, problems: list[str], hint: str) -> ForgeError:
     shown = problems[:20] + ([f"… and {len(problems) - 20} more"] if len(problems) > 20 else [])
     return ForgeError(f"{rel(d)}: the extracted source differs from the pinned sdist "
@@ -160,7 +179,7 @@ def verify_extracted(d: Path, tree_hash: str | None, origin: str) -> None:
         why = "has no manifest" if man is None else "has a manifest that is not the pinned one"
         raise ForgeError(f"{rel(d)} {why}: it cannot be verified, so it is not used; moved to {rel(bad)}",
                          hint="rerun: the source is extracted again from the verified sdist")
-    problems = manifest_diff(man["files"], tree_manifest(d, exclude=INTERNAL))
+    problems = manifest_differences(man["files"], tree_manifest(d, exclude=INTERNAL), "the sdist")[0]
     if problems:
         bad = set_aside(d)
         raise _tree_mismatch(d, problems, f"the extracted tree was edited or damaged; moved to {rel(bad)} "
@@ -280,7 +299,7 @@ def ensure_source(source: str = "auto") -> Path:
                 hint = ("point VLLM_SRC at an unmodified extracted vllm-0.18.1 sdist, a v0.18.1 git checkout, "
                         "or the sdist tarball")
                 if known and manifest_hash(known["files"]) == sd["tree_sha256"]:
-                    raise _tree_mismatch(p, manifest_diff(known["files"], got_files) or ["(file modes)"], hint)
+                    raise _tree_mismatch(p, manifest_differences(known["files"], got_files, "the sdist")[0], hint)
                 raise _mismatch(f"VLLM_SRC={p}", sd["tree_sha256"], got, hint)
             return p
         if not p.is_file():

@@ -50,8 +50,11 @@ def base_ref(b: dict, allow_unpinned: bool = False) -> str:
     return ref
 
 
-def build_args(b: dict, base: str, *, device: str = "auto", warm_arch: str | None = None) -> dict[str, str]:
-    state = tree.build_tree()
+def build_args(b: dict, base: str, *, device: str = "auto", warm_arch: str | None = None,
+               state: dict | None = None) -> dict[str, str]:
+    """The image's build arguments; `state` is the sdist tree's record (default: build/vllm, brought up
+    to date first)."""
+    state = state or tree.build_tree()
     sh = provenance.series_hash(state)
     up = config.upstream()
     args = {"BASE_IMAGE": base, "PYTORCH_ROCM_ARCH": ";".join(b["rocm_arch"]),
@@ -85,8 +88,13 @@ def cmd_image(args) -> int:
             raise
         ui.warn(e.message + " — a real build refuses this")
         base = base_ref(b, allow_unpinned=True)
-    fetch.ensure_source()        # the sdist travels in the build context (.cache/forge/src)
-    bargs = build_args(b, base)
+    if args.dry_run:
+        # `make -n image` prints what would run and runs nothing: no fetch, no tree; the series hash
+        # and version come from the tree's inputs, as the build's own tree record will give them
+        bargs = build_args(b, base, state=tree.planned_state())
+    else:
+        fetch.ensure_source()        # the sdist travels in the build context (.cache/forge/src)
+        bargs = build_args(b, base)
     tag = f"{b['image_name']}:{bargs['FORGE_VERSION'].replace('+', '-')}"
     builder = "docker" if args.dry_run and args.builder == "auto" else pick_builder(args.builder)
     cmd, env = build_command(builder, tag, bargs)

@@ -176,38 +176,53 @@ def _onto_vendor_history(work: Path, ours: str, vendor_src: str) -> str | None:
 
 
 def write_submission(into: str | None = None, base: str | None = None, vendor_src: str | None = None) -> dict:
+    """Write the repository and run its pre-flight. Nothing is written to the target before the
+    pre-flight has run on the new repository: one that stops (a Python that cannot run setup.py, an
+    interrupt) leaves the target, and build/submission-preflight.json, as they were."""
     from ..run import contest, contest_docs
+    if vendor_src and base == "standin":
+        raise ForgeError(f"--vendor-src {vendor_src} goes with the vendor base; the stand-in base does not read it",
+                         hint="leave out --base standin to build on that checkout, or leave out --vendor-src for "
+                              "the stand-in")
     vendor_src = vendor_src or os.environ.get("VENDOR_SRC")
     base = base or ("vendor" if vendor_src else "standin")
     target = target_dir(into)
     state = tree.build_tree(base=base, vendor_src=vendor_src)
     src = bases.tree_dir(base)
+    basecheck.require_build_python(src)      # the pre-flight runs setup.py with this Python
     c = contest.load_contest()
     docs = {**contest_docs.documents(c, "forge submission", forge_commit=provenance.forge_commit()["commit"]),
             "SUBMISSION.md": submission_md(base, state, c)}
     work = target.parent / f".{target.name}.partial"
     shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    ui.info(f"writing the submission repository ({base} base) from {rel(src)}")
-    tree.git(work, "init", "-q", "-b", "main")
-    tree.git(work, "config", "core.autocrlf", "false")
-    tree.git(work, "fetch", "-q", "--no-tags", src, "HEAD")
-    ours = tree.git_out(work, "rev-parse", "FETCH_HEAD")
-    grafted = _onto_vendor_history(work, ours, vendor_src) if base == "vendor" else None
-    tree.git(work, "checkout", "-q", "-B", "main", grafted or ours)
-    code = tree.git_out(work, "rev-parse", "HEAD")
-    first = tree.git_out(work, "rev-parse", f"{code}~{len(state['patches']) + 1}")
-    _commit_docs(work, docs, base)
-    write_atomic(work / ".git" / MARKER, json.dumps({"base": base, "tree_head": state["head"],
-                                                     "series_hash": provenance.series_hash(state)}) + "\n")
+    made = next((d for d in reversed([work, *work.parents]) if not d.exists()), work)   # removed on failure
+    try:
+        work.mkdir(parents=True)
+        ui.info(f"writing the submission repository ({base} base) from {rel(src)}")
+        tree.git(work, "init", "-q", "-b", "main")
+        tree.git(work, "config", "core.autocrlf", "false")
+        tree.git(work, "fetch", "-q", "--no-tags", src, "HEAD")
+        ours = tree.git_out(work, "rev-parse", "FETCH_HEAD")
+        grafted = _onto_vendor_history(work, ours, vendor_src) if base == "vendor" else None
+        tree.git(work, "checkout", "-q", "-B", "main", grafted or ours)
+        code = tree.git_out(work, "rev-parse", "HEAD")
+        first = tree.git_out(work, "rev-parse", f"{code}~{len(state['patches']) + 1}")
+        _commit_docs(work, docs, base)
+        write_atomic(work / ".git" / MARKER, json.dumps({"base": base, "tree_head": state["head"],
+                                                         "series_hash": provenance.series_hash(state)}) + "\n")
+        ui.info(f"pre-flight on the new repository (for {target})")
+        checks = preflight(work, base, code, first)
+        rec = {"repository": str(target), "base": base, "code_commit": code,
+               "head": tree.git_out(work, "rev-parse", "HEAD"),
+               "log": tree.git_out(work, "log", "--format=%h %s").splitlines(), "preflight": checks,
+               "ok": all(x["ok"] for x in checks)}
+    except BaseException:
+        shutil.rmtree(made, ignore_errors=True)
+        raise
+    PREFLIGHT.unlink(missing_ok=True)       # from here on it never describes the repository being replaced
     if target.exists():
         shutil.rmtree(target)
     os.rename(work, target)
-    ui.info(f"pre-flight on {target}")
-    checks = preflight(target, base, code, first)
-    rec = {"repository": str(target), "base": base, "code_commit": code, "head": tree.git_out(target, "rev-parse", "HEAD"),
-           "log": tree.git_out(target, "log", "--format=%h %s").splitlines(), "preflight": checks,
-           "ok": all(x["ok"] for x in checks)}
     write_atomic(PREFLIGHT, json.dumps(rec, indent=1) + "\n")
     return rec
 
@@ -236,5 +251,6 @@ def register(sub) -> None:
     p.add_argument("--into", help="an empty or new directory (default: dist/submission)")
     p.add_argument("--base", choices=("vendor", "standin"), default=None,
                    help="vendor when VENDOR_SRC is given, else standin (CI's stand-in: never push it)")
-    p.add_argument("--vendor-src", default=None, help="the vllm_cscc checkout (default: $VENDOR_SRC)")
+    p.add_argument("--vendor-src", default=None, help="the vllm_cscc checkout (default: $VENDOR_SRC); the vendor base "
+                                                       "only, refused with --base standin")
     p.set_defaults(func=cmd_submission)

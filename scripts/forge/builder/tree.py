@@ -109,6 +109,13 @@ def series_inputs(patches_dir: Path = PATCHES) -> list[tuple[str, str]]:
     return [(n, sha256_file(patches_dir / n)) for n in read_series(patches_dir)]
 
 
+def planned_state(patches_dir: Path = PATCHES) -> dict:
+    """What the sdist tree's record says once `make tree` has brought it up to date, from the inputs
+    alone (nothing fetched or built): the keys provenance.series_hash reads."""
+    return {"upstream": bases.sdist_key(), "overlay": overlay_hash(overlay_entries()),
+            "patches": [[n, d, None] for n, d in series_inputs(patches_dir)]}
+
+
 # --- building ---------------------------------------------------------------------------------
 
 def _commit_all(tree: Path, message: str, paths: list[str] | None = None) -> str:
@@ -344,8 +351,9 @@ def _build_locked(tree, patches_dir, force, threeway, b, entries, ov_hash, serie
 
 
 def cmd_tree(args) -> int:
-    state = build_tree(force=options.forced(args.force),
-                       threeway=args.threeway or os.environ.get("THREEWAY") == "1", base=args.base)
+    force = options.forced(args.force)
+    threeway = options.flag("THREEWAY", args.threeway, hint="make tree THREEWAY=1 (or --threeway) lets git am merge")
+    state = build_tree(force=force, threeway=threeway, base=args.base)
     print(f"{rel(bases.tree_dir(args.base))} at {state['head'][:12]}: {args.base} base + overlay + "
           f"{len(state['patches'])} patches")
     return 0

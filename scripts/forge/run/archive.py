@@ -189,12 +189,14 @@ def cmd_unpack_run(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("pack-run", help="pack a recorded run folder's raw files into its raw.tgz",
-                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+                       description="Pack each FOLDER's raw files into FOLDER/raw.tgz and remove them (--keep-raw "
+                                   "leaves them); the documents stay beside it.\n\n" + __doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("folders", nargs="+", metavar="FOLDER", help="run folder(s), e.g. reports/e2e/<date>-<device>")
     p.add_argument("--keep-raw", action="store_true", help="write raw.tgz but leave the raw files in place")
     p.set_defaults(func=cmd_pack_run)
     p = sub.add_parser("unpack-run", help="restore a recorded run folder's raw files from its raw.tgz",
-                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+                       description="Restore FOLDER's raw files from FOLDER/raw.tgz (--to DIR: into DIR instead); "
+                                   "every member is checked before anything is written.\n\n" + __doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("folder", help="run folder holding raw.tgz")
     p.add_argument("--to", help="extract into this folder instead (the archive's paths are relative to the run folder)")
     p.set_defaults(func=cmd_unpack_run)

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 from pathlib import Path
 
 from .. import options, ui
 from ..errors import ForgeError
+from ..hashing import sha256_bytes
 from . import bench, runs, score, serve
 from . import contest as contest_mod
 from . import profiles as profiles_mod
@@ -29,6 +31,32 @@ def _folders(paths: list[str], side: str) -> list[Path]:
                              hint="give each run once; repeats are separate runs of the same profile")
         seen[d] = p
     return list(seen)
+
+
+def _copies(sides: dict[str, list[Path]], contest: dict) -> None:
+    """Refuse a run counted twice by content: a `cp -r` copy of a run (or a run sharing a tier's
+    result with another) is the same measurement, not a repeat, and would shrink the noise band to
+    nothing, or, across sides, compare a run with itself. Tier results are compared as parsed JSON,
+    so a re-indented copy counts too."""
+    seen: dict[str, tuple[str, Path]] = {}
+    for side, folders in sides.items():
+        for d in folders:
+            for name in contest_mod.tier_names(contest):
+                f = d / f"{name}.json"
+                if not f.is_file():
+                    continue
+                key = sha256_bytes(json.dumps(runs.read_json(f), sort_keys=True).encode())
+                if key in seen and seen[key][1] != d:
+                    other_side, other = seen[key]
+                    if other_side == side:
+                        raise ForgeError(f"side {side}: {f} holds the same result as {other / f.name}: a copy of one "
+                                         "run is the same measurement, not a repeat",
+                                         hint="give each measured run once; repeats are separate runs of the same "
+                                              "profile (forge sweep --repeat N)")
+                    raise ForgeError(f"{f} (side {side}) holds the same result as {other / f.name} (side {other_side}): "
+                                     "a run compared with its own copy shows no difference",
+                                     hint="side A and side B are different runs (e.g. two profiles)")
+                seen.setdefault(key, (side, d))
 
 
 def _side(folders: list[Path], contest: dict) -> list[dict]:
@@ -143,6 +171,7 @@ def cmd_compare(args) -> int:
     if both:
         raise ForgeError(f"{both[0]} is on both sides: a run compared with itself shows no difference",
                          hint="side A and side B are different runs (e.g. two profiles)")
+    _copies({"A": a, "B": b}, contest)
     ref = score.baseline_from_run(runs.resolve_run(args.reference), contest) if args.reference else None
     res = compare(contest, _side(a, contest), _side(b, contest), args.noise_pct, skipped, ref)
     print(f"{'metric':<26} {'A':>10} {'B':>10} {'B-A':>10} {'rel':>8} {'band':>9} {'runs':>5}  verdict")
