@@ -446,15 +446,15 @@ def test_dcu_prediction_says_what_its_ratios_are_to(ref, basis):
 
 
 @pytest.mark.parametrize("folder,expect", [
-    ("2026-11-30-h200-fast-int8", {"fast-int8": ("1552", "63632"), "upstream": ("784", "32144")}),
-    ("2026-11-30-h200x2-tp2", {"fast-int8": ("1552", "128816"), "upstream": ("784", "65072")}),
+    ("2026-11-30-h200-fast-int8", {"fast-int8": ("1552", "63632", "6.64"), "upstream": ("784", "32144", "3.71")}),
+    ("2026-11-30-h200x2-tp2", {"fast-int8": ("1552", "128816", "13.28"), "upstream": ("784", "65072", "7.42")}),
 ])
 def test_log_facts_of_the_tier_runs(folder, expect):
     """An 8 GiB KV cache per GPU: int8 pages hold 1552-token blocks and ~1.98x the tokens; with
     --tensor-parallel-size 2 each rank holds 2 of the 4 KV heads, so the same 8 GiB holds twice the tokens."""
-    for name, (block, tokens) in expect.items():
+    for name, (block, tokens, conc) in expect.items():
         f = serverlog.log_facts(E2E / folder / "logs" / f"server-{name}.log")
-        assert (f["attention_block_size"], f["kv_cache_tokens"]) == (block, tokens)
+        assert (f["attention_block_size"], f["kv_cache_tokens"], f["max_concurrency"]) == (block, tokens, conc)
         assert f["error_lines"] == []
 
 
