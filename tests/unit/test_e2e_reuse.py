@@ -8,6 +8,7 @@ import os
 import shlex
 import signal
 import sys
+import tarfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
@@ -90,6 +91,9 @@ def test_servers_left_up_are_reused_by_the_next_invocation_of_the_folder(tmp_pat
     assert all(_alive(st) for st in first.values()) and health(port) and health(port + 1)
     assert "servers left up (--keep-servers)" in r.stderr + r.stdout
     assert json.loads((out / "summary.json").read_text())["servers_left_up"]["upstream"]["port"] == port + 1
+    # the pack holds results, not the machine's state of its live servers
+    names = tarfile.open(tmp_path / "pack" / "e2e.tgz").getnames()
+    assert "out/summary.json" in names and not any("/state/" in n for n in names)
     # upstream's server dies between the invocations: it is started again, fast-int8's is reused
     os.killpg(first["upstream"]["pgid"], signal.SIGKILL)
     r, port, out = e2e_fake(tmp_path, *args, "--keep-servers", port=port)
@@ -132,3 +136,17 @@ def test_stop_servers_stops_what_keep_servers_left_up(tmp_path):
     assert not list((out / "state").glob("*.json"))
     r = forge(tmp_path, "e2e-gpu", "--stop-servers")
     assert r.returncode == 2 and "--stop-servers needs --out" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_folder_of_the_earlier_round_layout_is_refused_before_anything_runs(tmp_path):
+    import shutil
+
+    from helpers import h200_e2e
+    out = tmp_path / "out"
+    shutil.copytree(h200_e2e() / "2026-11-30-h200-contest", out)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    r, port, out = e2e_fake(tmp_path, "--profiles", "contest,upstream")
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "a folder of an earlier harness" in r.stderr and "Traceback" not in r.stderr
+    assert not health(port) and not (tmp_path / "replay.log").exists()
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

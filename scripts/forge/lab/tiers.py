@@ -177,11 +177,15 @@ def kept_tier(run: Run, rdir: Path, tname: str, ident: dict) -> bool:
     if runs.read_json(runs.result_path(rdir, tname)).get("forge_synthesized"):
         return False
     idf = rdir / f"{tname}.identity.json"
-    prev = runs.read_json(idf) if idf.is_file() else None
+    if not idf.is_file():
+        raise ForgeError(f"{rdir}: tier {tname} has a result but no record of what measured it ({idf.name}): a "
+                         "folder of an earlier harness (one prompt per round) or not an e2e-gpu folder",
+                         hint="give a new --out folder")
+    prev = runs.read_json(idf)
     if prev != ident:
         words = {"dataset_sha256": "prompts", "client_options": "client options", "bundle_wheel_sha256": "bundle",
                  "server_args": "server arguments", "device": "device"}
-        diff = sorted(words.get(k, k) for k in set(ident) | set(prev or {}) if (prev or {}).get(k) != ident.get(k))
+        diff = sorted(words.get(k, k) for k in set(ident) | set(prev) if prev.get(k) != ident.get(k))
         raise ForgeError(f"{rdir}: an earlier invocation ran tier {tname} on other {', '.join(diff) or 'settings'}",
                          hint="give a new --out folder, or the same bundle, --num-prompts and server arguments")
     return True
