@@ -97,6 +97,29 @@ def fake_server(model: Path, port: int | None = None, **env: str):
                 p.wait(timeout=10)
 
 
+def e2e_fake(tmp: Path, *extra: str, env_extra: dict | None = None, timeout: float = 300,
+             port: int | None = None) -> tuple[subprocess.CompletedProcess, int, Path]:
+    """`forge e2e-gpu` against two fake servers (tests/support/fakeserver.py) with the replay client:
+    the first profile's server replays tests/data/runs/fast, the others .../base; every client call is
+    logged to tmp/replay.log. Profiles fast-int8 and upstream unless `extra` names --profiles; one
+    prompt per tier unless it gives --num-prompts. Returns (result, first port, results folder)."""
+    port = port or free_port_pair()
+    env = forge_env(tmp, REPLAY_FROM=str(FIXTURE_RUNS / "base"), REPLAY_LOG=str(tmp / "replay.log"),
+                    **{f"REPLAY_FROM_{port}": str(FIXTURE_RUNS / "fast")}, **(env_extra or {}))
+    from forge.lab import gpu_bundle
+    model = tmp / "model"
+    if not model.is_dir():
+        gpu_bundle.write_model_dir({"model": {"config": "configs/models/qwen3.5-27b/config.json",
+                                              "vocab_size": 248320, "eos_token_id": 248044}}, model)
+    cmd = [sys.executable, "-m", "forge", "e2e-gpu", "--bundle", "", "--model", str(model), "--vllm",
+           f"{sys.executable} {SUPPORT / 'fakeserver.py'}", "--client", f"{sys.executable} {SUPPORT / 'replayclient.py'}",
+           "--first-port", str(port), "--out", str(tmp / "out"), "--pack", str(tmp / "pack" / "e2e.tgz"),
+           *([] if "--num-prompts" in extra else ["--num-prompts", "1"]),
+           *([] if "--profiles" in extra else ["--profiles", "fast-int8,upstream"]), *extra]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return r, port, tmp / "out"
+
+
 def tiny_model(dest: Path) -> Path:
     import tinymodel
     return tinymodel.build(dest)

@@ -253,6 +253,58 @@ def test_the_compilation_passes_import_with_the_standin(run_in_vllm, harness_src
     assert all("has no attribute" in e and "'_C'" in e for e in failed.values()), failed
 
 
+PARSE = r'''
+import json, sys
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+out = []
+for argv in json.loads(sys.argv[1]):
+    ns = make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(argv)
+    validate_parsed_serve_args(ns)
+    ns.model = ns.model_tag
+    ea = AsyncEngineArgs.from_cli_args(ns)
+    out.append({"ns": {k: repr(v) for k, v in vars(ns).items()},
+                "compilation_default": repr(ea.compilation_config) == repr(type(ea.compilation_config)())})
+print(json.dumps(out))
+'''
+
+
+def test_vllm_reads_the_harness_command_as_the_organizers_but_for_the_listed_changes(vllm_python):
+    """vLLM's own `vllm serve` parser on the organizers' command and on each harness server's: every
+    setting is the same (the compilation config vLLM's default) except those the run lists as
+    differences."""
+    import types
+
+    from forge.lab import servers, tiers
+    from forge.run import contest, profiles
+    c = contest.load_contest()
+    h = gpu_bundle.harness_config()
+    names = h["profiles"]
+    run = types.SimpleNamespace(
+        args=types.SimpleNamespace(first_port=8001, profile_prefill=None), names=names, contest=c, h=h,
+        hargs=tiers.harness_args(h, []), triton_cache=None, profiles={n: profiles.load_profile(n, c) for n in names},
+        vllm_cmd="vllm", child_env={}, identity={}, out=Path("/nonexistent"))
+    model = "/models/Qwen3.5-27B"
+    theirs = profiles.render(profiles.load_profile("upstream", c), model, c)["argv"][2:]
+    launches = [servers.plan(run, Path(model), n)["launch"][2:] for n in names]
+    r = subprocess.run([str(vllm_python), "-c", PARSE, json.dumps([theirs, *launches])], capture_output=True,
+                       text=True, env={"VLLM_LOGGING_LEVEL": "ERROR", "PATH": "/usr/bin:/bin"}, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-4000:]
+    base, *mine = json.loads(r.stdout.strip().splitlines()[-1])
+    assert base["compilation_default"] and all(m["compilation_default"] for m in mine)
+    diffs = tiers.differences(h, [], ports={n: servers.port_of(run, n) for n in names})
+    for name, m in zip(names, mine):
+        listed = {d["args"][0] for d in diffs if d["side"] == "server"
+                  and (d["args"][0] != "--port" or d["why"].startswith(f"{name}'s server"))}
+        listed |= set(run.profiles[name]["options"])          # the profile's own, as in a contest run
+        want = {o.lstrip("-").replace("-", "_") for o in listed}
+        changed = {k for k in base["ns"] if m["ns"].get(k) != base["ns"][k]}
+        assert changed == want, (name, changed ^ want)
+        assert m["ns"]["gpu_memory_utilization"] == repr(h["side_by_side"]["gpu_memory_utilization"])
+        assert m["ns"]["load_format"] == "'dummy'" and m["ns"]["max_model_len"] == "32768"
+
+
 @pytest.fixture(scope="module")
 def client(vllm_python):
     r = subprocess.run([str(vllm_python), "-c", "import pandas, vllm.benchmarks.serve"], capture_output=True, text=True)
@@ -286,6 +338,11 @@ def test_e2e_with_the_real_client_and_a_server_killed_mid_tier(tmp_path, client)
     # every tier ran in the one long-lived client process (vLLM's own parser and main)
     log = (tmp_path / "out" / "runs" / "upstream" / "8-16K.client.log").read_text()
     assert "forge bench worker" in log.splitlines()[0] and "Serving Benchmark Result" in log
+    # with the organizers' two warm-ups (the tier's first prompt) before the measured prompt, and no
+    # ready check: three chat requests per (tier, profile) reached the contest server
+    assert "Warming up with 2 requests" in log and "Skipping endpoint ready check" in log
+    served = (tmp_path / "out" / "runs" / "contest" / "server.log").read_text()
+    assert served.count("POST /v1/chat/completions") == 3 * 3
     f = s["fault"]
     assert f["ok"], f
     assert f["failed"] == {"4-8K": 1, "8-16K": 1, "16-32K": 1}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
-from helpers import FIXTURE_RUNS, ROOT, SUPPORT, forge_env, free_port_pair, h200_e2e, health  # noqa: E402
+from helpers import FIXTURE_RUNS, ROOT, SUPPORT, e2e_fake, forge_env, free_port_pair, h200_e2e, health  # noqa: E402
 
 from forge.errors import ForgeError  # noqa: E402
 from forge.lab import gpu_bundle, packing, plumbing, serverlog, tiers  # noqa: E402
@@ -117,21 +117,8 @@ def test_plumbing_flags_gross_mismatches(case, needle):
 # --- whole runs against fake servers -------------------------------------------------------------
 
 def _e2e(tmp_path, *extra, env_extra=None, timeout=300):
-    """fast-int8's server (first port) replays the `fast` recording, upstream's the `base` one (unless
-    `--profiles` says otherwise: the first profile's server replays `fast`)."""
-    port = free_port_pair()
-    env = forge_env(tmp_path, REPLAY_FROM=str(FIXTURE_RUNS / "base"), REPLAY_LOG=str(tmp_path / "replay.log"),
-                    **{f"REPLAY_FROM_{port}": str(FIXTURE_RUNS / "fast")}, **(env_extra or {}))
-    from forge.lab import gpu_bundle as gb
-    model = tmp_path / "model"
-    gb.write_model_dir({"model": {"config": "configs/models/qwen3.5-27b/config.json", "vocab_size": 248320,
-                                  "eos_token_id": 248044}}, model)
-    cmd = [sys.executable, "-m", "forge", "e2e-gpu", "--bundle", "", "--model", str(model), "--vllm", FAKE,
-           "--client", REPLAY, "--first-port", str(port), "--out", str(tmp_path / "out"),
-           "--pack", str(tmp_path / "pack" / "e2e.tgz"), "--num-prompts", "1",
-           *([] if "--profiles" in extra else ["--profiles", "fast-int8,upstream"]), *extra]
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    return r, port, tmp_path / "out"
+    """fast-int8's server (first port) replays the `fast` recording, upstream's the `base` one."""
+    return e2e_fake(tmp_path, *extra, env_extra=env_extra, timeout=timeout)
 
 
 def test_e2e_run_scores_every_profile_against_the_same_run_reference(tmp_path):
@@ -459,15 +446,15 @@ def test_dcu_prediction_says_what_its_ratios_are_to(ref, basis):
 
 
 @pytest.mark.parametrize("folder,expect", [
-    ("2026-11-30-h200-fast-int8", {"fast-int8": ("1552", "63632"), "upstream": ("784", "32144")}),
-    ("2026-11-30-h200x2-tp2", {"fast-int8": ("1552", "128816"), "upstream": ("784", "65072")}),
+    ("2026-11-30-h200-fast-int8", {"fast-int8": ("1552", "63632", "6.64"), "upstream": ("784", "32144", "3.71")}),
+    ("2026-11-30-h200x2-tp2", {"fast-int8": ("1552", "128816", "13.28"), "upstream": ("784", "65072", "7.42")}),
 ])
 def test_log_facts_of_the_tier_runs(folder, expect):
     """An 8 GiB KV cache per GPU: int8 pages hold 1552-token blocks and ~1.98x the tokens; with
     --tensor-parallel-size 2 each rank holds 2 of the 4 KV heads, so the same 8 GiB holds twice the tokens."""
-    for name, (block, tokens) in expect.items():
+    for name, (block, tokens, conc) in expect.items():
         f = serverlog.log_facts(E2E / folder / "logs" / f"server-{name}.log")
-        assert (f["attention_block_size"], f["kv_cache_tokens"]) == (block, tokens)
+        assert (f["attention_block_size"], f["kv_cache_tokens"], f["max_concurrency"]) == (block, tokens, conc)
         assert f["error_lines"] == []
 
 

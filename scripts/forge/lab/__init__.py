@@ -1,6 +1,7 @@
 """Lab: the GPU stand-in harness, not part of the product.
 
 Owns what an end-to-end run on a GPU machine needs: the bundle (gpu_bundle), the long-lived bench
-client (benchworker), servers side by side, measured rounds, plumbing and fault checks, the packed
-Triton cache, summaries (e2e*) and the decode analysis (e2e_decode). Drives `build` and `run`
+client (benchworker), servers side by side (servers, kept up across invocations on request), the
+measured tiers (tiers), plumbing and fault checks, the packed Triton cache, summaries (e2e*) and the
+decode analysis (e2e_decode). Drives `build` and `run`
 through their functions; nothing there imports this package."""

@@ -49,7 +49,7 @@ from .install import install_bundle, site_env, versions
 from .packing import TRITON_MANIFEST, TRITON_PART_MIB, pack_triton_cache, seed_triton_cache
 from .plumbing import PLUMBING_PROMPT_TOKENS, plumbing
 from .serverlog import log_facts
-from .servers import adopt_or_stop, guarded, start_all, stop_all
+from .servers import adopt_or_stop, guarded, port_of, start_all, stop_all, stop_left_servers
 from .session import Run, device_name
 from .tiers import (
     DEFAULT_TIER_ORDER,
@@ -79,6 +79,13 @@ def _client(run: Run, model: Path) -> None:
 
 
 def cmd_e2e(args) -> int:
+    if args.stop_servers:
+        if not args.out:
+            raise ForgeError("--stop-servers needs --out: the results folder whose servers to stop",
+                             hint="give the --out of the invocation that left them up (--keep-servers)")
+        n = stop_left_servers(Path(args.out))
+        ui.info(f"{n} server(s) stopped" if n else f"no server of {args.out} is up; nothing to stop")
+        return 0
     run = Run(args)
     names, ref = run.names, run.ref
     (run.out / "logs").mkdir(exist_ok=True)
@@ -101,7 +108,8 @@ def cmd_e2e(args) -> int:
     run.hargs = harness_args(run.h, extra)
     run.identity = {"bundle_wheel_sha256": wheel_sha, "server_args": run.hargs, "device": device_name()}
     _client(run, model)
-    run.summary["differences"] = differences(run.h, extra, args.fixed_output, args.profile_prefill)
+    run.summary["differences"] = differences(run.h, extra, args.fixed_output, args.profile_prefill,
+                                             ports={n: port_of(run, n) for n in names})
     run.summary["client"] = run.client_line
     run.summary["harness"] = {"server_args": run.hargs, "env": {"VLLM_LOGGING_LEVEL": "INFO", **(
         {"TRITON_CACHE_DIR": run.triton_cache} if run.triton_cache else {})}}
@@ -202,7 +210,7 @@ def cmd_e2e(args) -> int:
                 ui.info("servers left up (--keep-servers): " + ", ".join(f"{n} pid {v['pid']} port {v['port']}"
                                                                          for n, v in up.items())
                         + f"; the next `forge e2e-gpu --out {run.out}` with the same settings reuses them, "
-                          "one without --keep-servers stops them at its end")
+                          "one without --keep-servers stops them at its end, and --stop-servers stops them now")
         else:
             stop_all(run.servers)
         if run.worker is not None:
@@ -288,6 +296,8 @@ def register(sub) -> None:
                    help="leave the servers up at the end (also when interrupted): the next invocation of the same "
                         "--out with the same settings reuses them instead of starting new ones (without this "
                         "option an invocation stops them at its end)")
+    p.add_argument("--stop-servers", action="store_true",
+                   help="only stop the servers an earlier invocation of --out left up (--keep-servers), then exit")
     p.add_argument("--no-plumbing", action="store_true")
     p.add_argument("--no-fault", action="store_true")
     p.set_defaults(func=cmd_e2e)

@@ -3,7 +3,7 @@ harness server, summed by kernel and forward step, then grouped as full attentio
 rest, with the GEMM time as the floor under the TTFT (what is left if every other kernel cost nothing).
 
 On the GPU machine (`forge e2e-gpu --profile-prefill TOKENS`): each server is started with vLLM's
-`--profiler-config` (torch profiler, idle until /start_profile); after the rounds one fresh prompt of
+`--profiler-config` (torch profiler, idle until /start_profile); after the tiers one fresh prompt of
 TOKENS tokens is sent without the profiler (its latency with one output token is the TTFT), then
 another under it; the trace's GPU kernels are assigned to vLLM's forward steps (one per prefill
 chunk) through their launch's correlation id and written to <run>/prefill-profile/<profile>.json

@@ -1,5 +1,6 @@
-"""Facts read from a server's log (attention block size, KV cache size, graph capture time, error
-lines) and the trimmed copy of a log that goes into a results pack."""
+"""Facts read from a server's log (attention block size, KV cache size and how many max-length
+requests it holds, torch.compile and graph capture times, error lines) and the trimmed copy of a log
+that goes into a results pack."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ LOG_FACTS = {
     "attention_block_size": r"[Ss]etting attention block size to (\d+) tokens",
     "kv_cache_tokens": r"GPU KV cache size: ([\d,]+) tokens",
     "kv_cache_dtype": r"kv_cache_dtype=(\w+)",
+    "max_concurrency": r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x",
+    "compile_s": r"torch.compile took ([\d.]+) s in total",
     "graph_capture_s": r"Graph capturing finished in ([\d.]+) secs",
 }
 

@@ -136,6 +136,24 @@ def adopt_or_stop(run: Run, model: Path) -> list[str]:
     return adopted
 
 
+def stop_left_servers(out: Path) -> int:
+    """Stop the servers recorded in `out`/state (left up by --keep-servers); returns how many were up."""
+    n = 0
+    for sf in sorted((out / "state").glob("*.json")):
+        try:
+            st = runs.read_json(sf)
+        except ForgeError:
+            sf.unlink()
+            continue
+        if isinstance(st, dict) and isinstance(st.get("pid"), int) and st.get("start_time") and \
+                proc.process_start_time(st["pid"]) == st["start_time"]:
+            ui.info(f"stopping the {st.get('profile')} server (pid {st['pid']}, port {st.get('port')})")
+            serve.stop_server(st, quiet=True)
+            n += 1
+        sf.unlink(missing_ok=True)
+    return n
+
+
 def start_all_at_once(run: Run, model: Path, names: list[str]) -> list[str]:
     for name in names:
         _launch(run, model, name)

@@ -42,6 +42,11 @@ class Run:
             raise ForgeError(f"--tier-order {','.join(args.tier_order)}: no tier named {', '.join(unknown)} "
                              "in configs/contest.yaml", hint=f"name tiers from: {', '.join(known)}")
         self.out = Path(args.out) if args.out else default_out()
+        earlier = sorted(self.out.glob("runs/*/rounds"))
+        if earlier:
+            raise ForgeError(f"{self.out}: a folder of an earlier harness ({earlier[0].relative_to(self.out)}: one "
+                             "prompt per round, without warm-ups); its tiers cannot be resumed with the organizers' "
+                             "client", hint="give a new --out folder")
         self.out.mkdir(parents=True, exist_ok=True)
         self.summary: dict = {"started": runs.now_iso(), "command": " ".join(["forge e2e-gpu", *sys.argv[2:]]),
                               "git": runs.git_commit(), "steps": [], "skipped": [], "harness": {}}

@@ -135,12 +135,14 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
         L.append(f"- earlier invocation in this folder: started {e.get('started')}, {e.get('seconds')} s "
                  f"(its steps are in summary.json)")
     L += difference_lines(s.get("differences") or [])
-    L += ["", "## Servers", "", "| profile | ready s | first request s | attention block | KV cache tokens | errors in log |",
-          "|---|---|---|---|---|---|"]
+    L += ["", "## Servers", "", "| profile | ready s | first request s | torch.compile s | graph capture s "
+          "| attention block | KV cache tokens | max-length requests it holds | errors in log |",
+          "|---|---|---|---|---|---|---|---|---|"]
     for n in names:
         ready, warm_s, f = _server_facts(run, s, n)
-        L.append(f"| {n} | {ready} | {warm_s} | {f.get('attention_block_size', '—')} "
-                 f"| {f.get('kv_cache_tokens', '—')} | {len(f.get('error_lines', []))} |")
+        L.append(f"| {n} | {ready} | {warm_s} | {f.get('compile_s', '—')} | {f.get('graph_capture_s', '—')} "
+                 f"| {f.get('attention_block_size', '—')} | {f.get('kv_cache_tokens', '—')} "
+                 f"| {f.get('max_concurrency', '—')} | {len(f.get('error_lines', []))} |")
     if s.get("servers_left_up"):
         L += ["", "Left up at the end (--keep-servers): " + ", ".join(
             f"{n} (pid {v['pid']}, port {v['port']})" for n, v in s["servers_left_up"].items())]

@@ -18,6 +18,7 @@ from ..errors import ForgeError
 from ..hashing import sha256_file
 from ..run import bench, runs, score, synth
 from ..run import contest as contest_mod
+from ..run.serve import LOCKED_PORT
 from .client import client_runner
 from .servers import guarded
 
@@ -81,12 +82,17 @@ def harness_args(h: dict, extra: list[str]) -> list[str]:
     return out + extra
 
 
-def differences(h: dict, extra: list[str], fixed_output: int | None = None,
-                profile_prefill: int | None = None) -> list[dict]:
+def differences(h: dict, extra: list[str], fixed_output: int | None = None, profile_prefill: int | None = None,
+                ports: dict[str, int] | None = None) -> list[dict]:
     """Every difference between what the harness runs and the organizers' command, with its reason:
-    from harness.yaml, and from this invocation's own options."""
+    from harness.yaml, and from this invocation's own options (`ports`: each profile's server port)."""
     side = h["side_by_side"]
     out = [{"side": "server", "args": list(a["args"]), "why": a["why"]} for a in h["server_args"]]
+    for name, port in (ports or {}).items():
+        if port != LOCKED_PORT:
+            out.append({"side": "server", "args": ["--port", str(port)],
+                        "why": f"{name}'s server: servers side by side on one machine, each profile on its own port "
+                               "(the first on --first-port, the others after it)"})
     out.append({"side": "server", "args": ["--gpu-memory-utilization", str(side["gpu_memory_utilization"])],
                 "why": side["why"]})
     if side.get("kv_cache_memory_bytes"):
@@ -171,11 +177,15 @@ def kept_tier(run: Run, rdir: Path, tname: str, ident: dict) -> bool:
     if runs.read_json(runs.result_path(rdir, tname)).get("forge_synthesized"):
         return False
     idf = rdir / f"{tname}.identity.json"
-    prev = runs.read_json(idf) if idf.is_file() else None
+    if not idf.is_file():
+        raise ForgeError(f"{rdir}: tier {tname} has a result but no record of what measured it ({idf.name}): a "
+                         "folder of an earlier harness (one prompt per round) or not an e2e-gpu folder",
+                         hint="give a new --out folder")
+    prev = runs.read_json(idf)
     if prev != ident:
         words = {"dataset_sha256": "prompts", "client_options": "client options", "bundle_wheel_sha256": "bundle",
                  "server_args": "server arguments", "device": "device"}
-        diff = sorted(words.get(k, k) for k in set(ident) | set(prev or {}) if (prev or {}).get(k) != ident.get(k))
+        diff = sorted(words.get(k, k) for k in set(ident) | set(prev) if prev.get(k) != ident.get(k))
         raise ForgeError(f"{rdir}: an earlier invocation ran tier {tname} on other {', '.join(diff) or 'settings'}",
                          hint="give a new --out folder, or the same bundle, --num-prompts and server arguments")
     return True
@@ -234,6 +244,7 @@ def bench_tiers(run: Run, names: list[str], model: Path, datasets: dict[str, Pat
     done: dict[str, dict[str, Path]] = {n: {} for n in names}
     reserve = tiers_reserve(run.args, run.summary, names)
     warmups = _warmups(contest_h)
+    scale = None                  # measured time over the guess, the largest of this invocation's tiers
     for tname in order:
         ident = tier_identity(run, datasets[tname])
         n = run.summary["datasets"][tname]["num_prompts"]
@@ -252,7 +263,8 @@ def bench_tiers(run: Run, names: list[str], model: Path, datasets: dict[str, Pat
                 todo.append((name, rdir))
         if not todo:
             continue
-        guess = (est or guess_s(run.summary["datasets"][tname]["requests"], warmups)) * len(todo)
+        first = guess_s(run.summary["datasets"][tname]["requests"], warmups)
+        guess = (est or first * (scale or 1.0)) * len(todo)
         if run.left() - reserve < guess:
             run.summary["skipped"].append(f"tier {tname} ({', '.join(n for n, _ in todo)}): "
                                           f"{run.left():.0f}s left, needs ~{guess:.0f}s + {reserve:.0f}s reserve")
@@ -273,6 +285,7 @@ def bench_tiers(run: Run, names: list[str], model: Path, datasets: dict[str, Pat
             took = time.monotonic() - t
             if status is None:
                 continue
+            scale = max(scale or 0.0, took / first)
             res = runs.read_json(runs.result_path(rdir, tname))
             done[name][tname] = runs.result_path(rdir, tname)
             run.step(f"tier {tname} {name}: {res.get('output_throughput', 0):.2f} tok/s",
