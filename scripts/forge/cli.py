@@ -42,7 +42,9 @@ class ForgeParser(argparse.ArgumentParser):
     def add_argument(self, *args, **kw):
         action = super().add_argument(*args, **kw)
         if not self.keep_empty and action.nargs != 0 and action.type is None and action.choices is None:
-            action.type = options.nonempty(action.option_strings[-1] if action.option_strings else action.dest)
+            action.type = options.nonempty(action.option_strings[-1] if action.option_strings else
+                                           (action.metavar or action.dest).upper(),
+                                           required=action.required or not action.option_strings)
         return action
 
     def error(self, message: str):

@@ -22,9 +22,10 @@ def split_command(text: str, what: str) -> list[str]:
     try:
         argv = shlex.split(text)
     except ValueError as e:
+        example = "'python3 -m module --name \"a b\"'"
         raise ForgeError(f"{what} {text!r}: {e} (an unbalanced quote)",
-                         hint="quote the command as a shell would, e.g. --vllm 'python3 -m vllm.entrypoints.cli.main'"
-                         ) from None
+                         hint=f"quote the command as a shell would, e.g. {what}" + (" " if what.startswith("-") else "=")
+                              + example) from None
     if not argv:
         raise ForgeError(f"{what} {text!r}: an empty command", hint="give the command, or leave the option out")
     return argv

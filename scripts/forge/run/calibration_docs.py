@@ -114,7 +114,7 @@ def check_record(r, d: Doc, family: str, key: str) -> None:
     d.need(positive(r.get("weight")), f"{key}.weight", r.get("weight"), "a finite number > 0")
     point = r.get("point")
     d.need(isinstance(point, str) and (re.fullmatch(POINT[family], point) is not None or
-                                       point == EVERY_POINT and not r.get("ok")),
+                                       point == EVERY_POINT and not r.get("ok") and r.get("us") is None),
            f"{key}.point", point, f"a point of the {family} family ({SHOWN[family][1]})")
     err, tol = r.get("err"), r.get("tol")
     d.need(err is None or isinstance(err, (int, float)) and not isinstance(err, bool) and not math.isnan(err)
