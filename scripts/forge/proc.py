@@ -167,6 +167,23 @@ def process_start_time(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+def command_line(pid: int) -> list[str] | None:
+    """The arguments process `pid` runs with (/proc/<pid>/cmdline), or None when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [a.decode(errors="replace") for a in raw.split(b"\0")[:-1]] if raw else []
+
+
+def boot_id() -> str | None:
+    """This boot of the machine (a process's start time counts from the boot), or None where unknown."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
