@@ -115,9 +115,16 @@ def _os_error(e: OSError) -> str:
     return f"{where}: {what}; check the path"
 
 
+STARTING = "forge: interrupted while starting; nothing was done"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        parser = build_parser()             # imports every verb's module: the first moments of any verb
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        print(STARTING, file=sys.stderr)
+        return 130
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
