@@ -176,16 +176,29 @@ def staged_folder(dest: Path):
 @contextlib.contextmanager
 def signals_held():
     """SIGINT and SIGTERM held off for a step that must finish once begun (the renames that put the
-    files of one result in place): a signal that arrives meanwhile is delivered when the step ends, so
-    Ctrl-C leaves the old result or the new one, never a mix. (The mask is this thread's: the tool's
-    verbs that write results run in one thread.)"""
+    files of one result in place): a signal that arrives meanwhile is recorded and acted on when the
+    step ends, so Ctrl-C leaves the old result or the new one, never a mix. (Python runs signal handlers
+    in the main thread whichever thread the signal reaches, native library threads included, so the
+    handlers are swapped rather than the signal mask; outside the main thread the step runs as it is.)"""
     import signal
-    held = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in held}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(got):
+            handler = old[s]
+            if callable(handler):
+                handler(s, None)             # Python's own SIGINT handler raises KeyboardInterrupt here
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), s)      # the default: end as the signal would have
 
 
 def _stage_dir(parent: Path, name: str) -> Path:
