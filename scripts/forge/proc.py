@@ -167,13 +167,20 @@ def process_start_time(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-def command_line(pid: int) -> list[str] | None:
-    """The arguments process `pid` runs with (/proc/<pid>/cmdline), or None when it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return [a.decode(errors="replace") for a in raw.split(b"\0")[:-1]] if raw else []
+def command_line(pid: int, wait_s: float = 0.0) -> list[str] | None:
+    """The arguments process `pid` runs with (/proc/<pid>/cmdline), or None when it is gone. A process
+    that has just been started may show none for a moment (its exec is still setting them up): with
+    `wait_s`, wait up to that long for them."""
+    import time
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return None
+        if raw or time.monotonic() >= deadline:
+            return [a.decode(errors="replace") for a in raw.split(b"\0")[:-1]] if raw else []
+        time.sleep(0.01)
 
 
 def boot_id() -> str | None:

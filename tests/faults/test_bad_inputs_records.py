@@ -461,7 +461,7 @@ def test_stop_signals_nothing_on_a_record_that_does_not_hold(tmp_path, bystander
     ("forge.cli", ["stop"]),
     ("forge.run.calibrate", ["calibrate", "--out", "{tmp}/cal"]),
     ("forge.builder.image", ["import-throughput", "{tmp}/nowhere"]),
-    ("yaml", ["predict", "--speedup", "gemv=2", "--out", "{tmp}/out"]),
+    ("forge.run.score", ["predict", "--speedup", "gemv=2", "--out", "{tmp}/out"]),
     ("forge.run.predict_calibration", ["predict", "--calibration", "{tmp}/cal", "--out", "{tmp}/out"]),
 ])
 def test_ctrl_c_while_the_tool_loads_prints_one_line(tmp_path, module, args):

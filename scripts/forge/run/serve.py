@@ -112,7 +112,7 @@ def still_ours(st: dict) -> bool:
         return False                                    # recorded before the machine restarted
     if proc.process_start_time(pid) != st["start_time"] or not proc.alive(pid):
         return False
-    now, tail = proc.command_line(pid) or [], list(st.get("server_args") or [])
+    now, tail = proc.command_line(pid, wait_s=1.0) or [], list(st.get("server_args") or [])
     try:
         group = os.getpgid(pid)
     except ProcessLookupError:
@@ -318,7 +318,7 @@ def start_server(prof: dict, model_path: Path, *, contest: dict, port: int, run_
     # what `forge stop` checks before it signals: this boot, the pid's start time, a command line ending
     # with the server's own arguments (a launcher that execs keeps them), the process group it leads
     state = {"pid": p.pid, "pgid": os.getpgid(p.pid), "start_time": proc.process_start_time(p.pid),
-             "cmdline": proc.command_line(p.pid), "server_args": cmd[len(cmd) - len(rendered["argv"]) + 1
+             "cmdline": proc.command_line(p.pid, wait_s=5.0) or cmd, "server_args": cmd[len(cmd) - len(rendered["argv"]) + 1
                                                                     - len(harness_args or []):],
              "boot_id": proc.boot_id(), "run_id": run_id, "run_dir": str(rdir), "log": str(log), "profile": prof["name"],
              "model": str(model_path), "image": image, "container": container if image else None,
