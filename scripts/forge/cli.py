@@ -42,7 +42,9 @@ class ForgeParser(argparse.ArgumentParser):
     def add_argument(self, *args, **kw):
         action = super().add_argument(*args, **kw)
         if not self.keep_empty and action.nargs != 0 and action.type is None and action.choices is None:
-            action.type = options.nonempty(action.option_strings[-1] if action.option_strings else action.dest)
+            action.type = options.nonempty(action.option_strings[-1] if action.option_strings else
+                                           (action.metavar or action.dest).upper(),
+                                           required=action.required or not action.option_strings)
         return action
 
     def error(self, message: str):
@@ -113,9 +115,16 @@ def _os_error(e: OSError) -> str:
     return f"{where}: {what}; check the path"
 
 
+STARTING = "forge: interrupted while starting; nothing was done"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        parser = build_parser()             # imports every verb's module: the first moments of any verb
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        print(STARTING, file=sys.stderr)
+        return 130
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -52,11 +52,13 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def nonempty(option: str):
-    """An argparse type for `option` that refuses an empty value (an empty value is not the default)."""
+def nonempty(option: str, required: bool = False):
+    """An argparse type for `option` that refuses an empty value (an empty value is not the default;
+    for a `required` argument, such as a positional one, it is no value at all)."""
     def check(text: str) -> str:
         if not text.strip():
-            raise argparse.ArgumentTypeError(f"an empty value; leave {option} out for its default")
+            raise argparse.ArgumentTypeError(f"an empty value; give {option}" if required else
+                                             f"an empty value; leave {option} out for its default")
         return text
     check.__name__ = "value"
     return check

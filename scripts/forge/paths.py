@@ -1,6 +1,7 @@
 """Where things live. Everything is relative to the repository root unless overridden by env."""
 
 import contextlib
+import errno
 import os
 import shutil
 import tarfile
@@ -114,6 +115,20 @@ def plain_name(value: str, what: str) -> str:
     return value
 
 
+def tracked_files(folder: Path) -> list[str]:
+    """The files under `folder` that git tracks in this checkout (none where it lies outside the
+    checkout, or git cannot say): a recorded result that only `--force` may replace."""
+    real = Path(folder).resolve()
+    if real != ROOT and ROOT not in real.parents:
+        return []
+    from . import proc
+    try:
+        out = proc.output(["git", "-C", str(ROOT), "ls-files", "-z", "--", str(real)], what="git ls-files")
+    except ForgeError:
+        return []
+    return [x for x in out.split("\0") if x]
+
+
 def target_folder(value: str, what: str, *, outside_checkout: bool = False) -> Path:
     """A folder given as a path that the tool writes into (--to, --into, --out): refused, naming
     `what`, when it is empty; with `outside_checkout`, also when it is this checkout or lies inside it
@@ -152,6 +167,101 @@ def staged_folder(dest: Path):
             os.rename(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        for p in made:                      # deepest first
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        raise
+
+
+@contextlib.contextmanager
+def signals_held():
+    """SIGINT and SIGTERM held off for a step that must finish once begun (the renames that put the
+    files of one result in place): a signal that arrives meanwhile is recorded and acted on when the
+    step ends, so Ctrl-C leaves the old result or the new one, never a mix. (Python runs signal handlers
+    in the main thread whichever thread the signal reaches, native library threads included, so the
+    handlers are swapped rather than the signal mask; outside the main thread the step runs as it is.)"""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(got):
+            handler = old[s]
+            if callable(handler):
+                handler(s, None)             # Python's own SIGINT handler raises KeyboardInterrupt here
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), s)      # the default: end as the signal would have
+
+
+def _stage_dir(parent: Path, name: str) -> Path:
+    """A new hidden folder in `parent` for staging `name` (made with this process's umask)."""
+    import secrets
+    tmp = parent / f".{name}.part-{os.getpid()}-{secrets.token_hex(4)}"
+    os.mkdir(tmp)
+    return tmp
+
+
+def write_files(folder: Path, files: "dict[str, str | bytes]") -> None:
+    """Write the files of one result into `folder` all or nothing: each is written in full (and flushed
+    to disk) in a staging folder beside them, then all are renamed into place together with interrupts
+    held off (signals_held). A failure or an interrupt before the renames leaves `folder` as it was."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    stage = _stage_dir(folder, "files")
+    try:
+        for name, data in files.items():
+            with open(stage / name, "wb") as f:
+                f.write(data.encode() if isinstance(data, str) else data)
+                f.flush()
+                os.fsync(f.fileno())
+        with signals_held():
+            for name in files:
+                os.replace(stage / name, folder / name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged_result(dest: Path, replace: bool = False):
+    """A folder to fill for the result folder `dest`, beside it: when the block ends without an error it
+    is renamed to `dest`, so `dest` appears whole or not at all. An existing `dest` that holds anything
+    is replaced whole only with `replace` (the caller asked: --force), the swap held off from interrupts;
+    without it the caller has refused beforehand. On an error or an interrupt the staged folder and the
+    parent folders made for it go, and `dest` is as it was."""
+    dest = Path(dest)
+    made = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = None
+    try:
+        tmp = _stage_dir(dest.parent, dest.name)
+        yield tmp
+        old = None
+        with signals_held():
+            if dest.is_symlink() or dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
+                if not replace:
+                    raise FileExistsError(errno.EEXIST, "already exists", str(dest))
+                old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+                os.rename(dest, old)
+            try:
+                os.rename(tmp, dest)     # a new or empty `dest`: this one rename
+            except BaseException:
+                if old is not None:
+                    os.rename(old, dest)
+                raise
+            tmp = None
+        if old is not None:
+            shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+    except BaseException:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         for p in made:                      # deepest first
             with contextlib.suppress(OSError):
                 p.rmdir()

@@ -22,9 +22,10 @@ def split_command(text: str, what: str) -> list[str]:
     try:
         argv = shlex.split(text)
     except ValueError as e:
+        example = "'python3 -m module --name \"a b\"'"
         raise ForgeError(f"{what} {text!r}: {e} (an unbalanced quote)",
-                         hint="quote the command as a shell would, e.g. --vllm 'python3 -m vllm.entrypoints.cli.main'"
-                         ) from None
+                         hint=f"quote the command as a shell would, e.g. {what}" + (" " if what.startswith("-") else "=")
+                              + example) from None
     if not argv:
         raise ForgeError(f"{what} {text!r}: an empty command", hint="give the command, or leave the option out")
     return argv
@@ -164,6 +165,30 @@ def process_start_time(pid: int) -> str | None:
     except OSError:
         return None
     return stat.rsplit(")", 1)[1].split()[19]
+
+
+def command_line(pid: int, wait_s: float = 0.0) -> list[str] | None:
+    """The arguments process `pid` runs with (/proc/<pid>/cmdline), or None when it is gone. A process
+    that has just been started may show none for a moment (its exec is still setting them up): with
+    `wait_s`, wait up to that long for them."""
+    import time
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return None
+        if raw or time.monotonic() >= deadline:
+            return [a.decode(errors="replace") for a in raw.split(b"\0")[:-1]] if raw else []
+        time.sleep(0.01)
+
+
+def boot_id() -> str | None:
+    """This boot of the machine (a process's start time counts from the boot), or None where unknown."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
 
 
 def alive(pid: int) -> bool:

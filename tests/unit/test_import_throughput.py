@@ -44,4 +44,4 @@ def test_a_folder_without_their_results_is_named(tmp_path):
     d = their_folder(tmp_path, tiers=("8-16K",))
     (d / "test" / "8-16K_throughput" / "result.json").write_text('{"not": "a result"}')
     r = forge(tmp_path, "import-throughput", str(d))
-    assert r.returncode == 2 and "not a `vllm bench serve --save-result` file" in r.stderr
+    assert r.returncode == 2 and "not a `vllm bench serve` result" in r.stderr and "8-16K_throughput" in r.stderr

@@ -42,9 +42,12 @@ def calibration(tmp_path, arch="sm_90"):
     fams = {"prefill": [], "decode": [], "gemv": [], "gemm": []}
     for r in recs:
         fams[r["decision"].split(".")[0]].append(r)
+    device = {"device_name": "Card", "arch": arch, "compute_units": 80, "toolkit": "hip 6.3", "torch": "2.10",
+              "triton": "3.4", "driver": None}
     for fam, rs in fams.items():
-        (tmp_path / f"{fam}.json").write_text(json.dumps({"records": rs}))
-    doc = {"selection": sel.select(recs), "device": {"device_name": "Card", "arch": arch},
+        (tmp_path / f"{fam}.json").write_text(json.dumps({"family": fam, "device": device, "options": {},
+                                                          "records": rs}))
+    doc = {"selection": sel.select(recs), "device": device, "table": {},
            "families": {f: {} for f in fams}, "provenance": {"report": "x", "date": "d", "commit": "c"}}
     (tmp_path / "calibration.json").write_text(json.dumps(doc))
     return tmp_path
@@ -79,7 +82,7 @@ def test_the_e2e_check_subtracts_the_kernel_savings_from_the_reference_requests(
         (e2e / "runs" / prof).mkdir(parents=True)
         (e2e / "runs" / prof / "T.json").write_text(json.dumps({
             "input_lens": [8192], "output_lens": [3], "ttfts": [1.0], "itls": [[0.02, 0.02]], "duration": 2.04,
-            "output_throughput": tput, "completed": 1, "failed": 0}))
+            "output_throughput": tput, "completed": 1, "failed": 0, "errors": [""]}))
     doc, recs = pc.load(cal)
     got = pc.check_e2e(doc, recs, e2e, ["T"])["T"]
     flops = 4096 * (0 + 4097 / 2) + 4096 * (4096 + 4097 / 2)            # the prompt's two chunks

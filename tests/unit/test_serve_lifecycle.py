@@ -88,7 +88,8 @@ def test_stop_leaves_a_process_that_reused_the_pid_alone(tmp_path):
     # state that names a live process (this test) but with another start time: not ours
     st = tmp_path / "build" / "serve" / "server.json"
     st.parent.mkdir(parents=True)
-    st.write_text(json.dumps({"pid": os.getpid(), "pgid": os.getpgid(0), "start_time": "1", "run_id": "x"}))
+    st.write_text(json.dumps({"pid": os.getpid(), "pgid": os.getpgid(0), "start_time": "1", "run_id": "x",
+                              "cmdline": ["vllm", "serve", "/m"], "server_args": ["serve", "/m"], "boot_id": None}))
     r = forge(tmp_path, "stop")
     assert r.returncode == 0 and "already exited" in r.stderr
     assert not st.exists()

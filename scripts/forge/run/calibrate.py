@@ -11,7 +11,11 @@ kernels/csrc; vLLM's own kernels from the installed vLLM). Each family runs in a
 candidate that faults the GPU or crashes the process is recorded as failed while its family starts again
 with the candidates it has not measured (at most 5 times); the other families go on regardless.
 Families already measured in the output folder with the same options are kept (rerun after an
-interrupt to resume; --redo FAMILY to measure one again).
+interrupt, or after a family failed, to resume). A folder that holds a complete calibration (or one
+git tracks) is not written into again unless asked (--force; --redo FAMILY then measures one again).
+Every family document kept is read and checked first (a damaged one, or one measured on another
+device, is refused naming its file and key), and the results (table.json, calibration.json,
+calibration.md, the charts) are written together: an interrupt leaves the previous set or the new one.
 
 Writes OUT/ (default build/calibration/<device>): <family>.json (the records), calibration.json (the
 selection, the table, provenance), calibration.md, one chart per family, table.json. --install copies
@@ -21,30 +25,38 @@ for a server started right away on this machine."""
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import os
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
 
+from .. import options as opts
 from .. import paths, proc, tunedtable, ui
 from ..errors import ForgeError
 from . import calibration as sel
+from . import calibration_docs as cd
 
-FAMILIES = ("gemv", "prefill", "decode", "write", "gemm")
+FAMILIES = cd.FAMILIES
+SEED_MAX = 2**31 - 1      # the families seed torch generators with seed + 0..3
 FAMILY_TIMEOUT_S = {"gemv": 600, "prefill": 600, "decode": 300, "write": 120, "gemm": 300}
 MAX_RESTARTS = 5          # candidates that may kill a family's process before the family is given up
 TUNED = paths.CONFIGS / "kernels" / "tuned"
 
 
 def device_slug(ident: dict) -> str:
-    """A file name for a device: its name, arch and compute units (e.g. nvidia-h200-sm_90-132cu)."""
+    """A file name for a device: its name, arch and compute units (e.g. nvidia-h200-sm_90-132cu), made
+    from the record's data through the path rule (paths.plain_name): never a path."""
     name = re.sub(r"[^a-z0-9]+", "-", str(ident.get("device_name", "device")).lower()).strip("-") or "device"
     arch = re.sub(r"[^a-z0-9_]+", "", str(ident.get("arch", "")).lower())
-    return f"{name}-{arch}-{ident.get('compute_units', 0)}cu"
+    cu = ident.get("compute_units", 0)
+    if not (isinstance(cu, int) and not isinstance(cu, bool) and cu >= 0):
+        raise ForgeError(f"the device's compute units {cu!r}: not a whole number, so no file name is made of it",
+                         hint="the calibration's device record is damaged; measure again")
+    return paths.plain_name(f"{name}-{arch}-{cu}cu", "the device's file name")
 
 
 def kernels_hash() -> str:
@@ -64,25 +76,58 @@ def options(args) -> dict:
     return {"kernels": args.kernels, "ops": args.ops, "quick": args.quick, "smoke": args.smoke, "seed": args.seed}
 
 
-def run_family(family: str, out_dir: Path, args) -> dict:
-    """The family's document: kept from an earlier run with the same options, else measured now in a
-    child process; a child that fails leaves {"failed": why}."""
-    path = out_dir / f"{family}.json"
-    if path.is_file() and family not in (args.redo or []):
-        try:
-            doc = json.loads(path.read_text())
-            if doc.get("options") == options(args):
-                ui.info(f"{family}: kept from {paths.rel(path)} ({len(doc.get('records', []))} records)")
-                return doc
-            ui.info(f"{family}: {paths.rel(path)} was measured with other options; measuring again")
-        except (OSError, ValueError):
-            ui.warn(f"{paths.rel(path)} is damaged; measuring {family} again")
-    log = out_dir / f"{family}.log"
-    log.unlink(missing_ok=True)
+def child_env(args) -> dict:
+    """What a family's process (and the device probe) runs with: kernels/ importable; with --smoke,
+    Triton's interpreter on the CPU (vLLM keeps Triton enabled when no GPU driver is visible)."""
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(paths.KERNELS), os.environ.get("PYTHONPATH")]))}
     if args.smoke:
-        # Triton's interpreter on the CPU; vLLM keeps Triton enabled when no GPU driver is visible
         env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    return env
+
+
+def recorded(out_dir: Path) -> str | None:
+    """What `out_dir` holds that a calibration would replace: a folder git tracks, or a complete
+    calibration (calibration.json with no failed family); None for a new folder, or an interrupted or
+    partly failed calibration, which a rerun resumes."""
+    tracked = paths.tracked_files(out_dir)
+    if tracked:
+        return f"a recorded calibration ({len(tracked)} files tracked by git)"
+    cal = out_dir / "calibration.json"
+    if not cal.is_file():
+        return None
+    try:
+        fams = json.loads(cal.read_text())["families"]
+        if any(info.get("failed") for info in fams.values()):
+            return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass                             # unreadable: a calibration all the same, kept unless asked
+    return "a complete calibration"
+
+
+def kept_families(out_dir: Path, families: list[str], args) -> dict:
+    """The family documents `out_dir` holds with this run's options, read and checked before anything is
+    measured: a damaged one, or families of two devices, are refused naming the file and key."""
+    kept = {}
+    for fam in families:
+        path = out_dir / f"{fam}.json"
+        if not path.is_file() or fam in (args.redo or []):
+            continue
+        doc = cd.read_family(path, fam)
+        if doc["options"] == options(args):
+            kept[fam] = doc
+        else:
+            ui.info(f"{fam}: {paths.rel(path)} was measured with other options; measuring again")
+    cd.one_device({paths.rel(out_dir / f"{f}.json"): d for f, d in kept.items()})
+    return kept
+
+
+def run_family(family: str, out_dir: Path, args) -> dict:
+    """The family's document, measured now in a child process and checked; a child that fails (or
+    writes a damaged document, set aside) leaves {"failed": why}."""
+    path = out_dir / f"{family}.json"
+    log = out_dir / f"{family}.log"
+    log.unlink(missing_ok=True)
+    env = child_env(args)
     budget = FAMILY_TIMEOUT_S[family] * (3 if args.smoke else 1)
     ui.info(f"{family}: measuring (log: {paths.rel(log)}; at most {budget} s)")
     t0 = time.monotonic()
@@ -97,7 +142,11 @@ def run_family(family: str, out_dir: Path, args) -> dict:
             code, why = None, str(e).splitlines()[0]
             break
         if code == 0 and path.is_file():
-            doc = json.loads(path.read_text())
+            try:
+                doc = cd.read_family(path, family)
+            except ForgeError as e:
+                why = f"it wrote a damaged document ({e.message}), set aside as {paths.set_aside(path).name}"
+                break
             bad = sum(1 for r in doc["records"] if not r["ok"])
             ui.info(f"{family}: {len(doc['records'])} records, {bad} failed, {time.monotonic() - t0:.0f} s")
             return doc
@@ -118,29 +167,49 @@ def run_family(family: str, out_dir: Path, args) -> dict:
     return {"family": family, "failed": why, "log_tail": tail, "records": [], "options": options(args)}
 
 
-def _validators(docs: dict) -> dict:
-    for d in docs.values():
-        dev = d.get("device")
-        if dev:
-            return {k: dev.get(k) for k in ("device_name", "arch", "compute_units", "toolkit", "torch", "triton")}, dev
-    raise ForgeError("no family ran, so the device is unknown; nothing to select",
-                     hint="see the families' logs in the output folder")
+def _device(docs: dict, out_dir: Path) -> dict:
+    """The device every measured family ran on (one device per folder; cd.one_device)."""
+    measured = {paths.rel(out_dir / f"{f}.json"): d for f, d in docs.items() if not d.get("failed")}
+    if not measured:
+        raise ForgeError("no family ran, so the device is unknown; nothing to select",
+                         hint="see the families' logs in the output folder")
+    cd.one_device(measured)
+    return next(iter(measured.values()))["device"]
 
 
-def calibrate(args) -> dict:
-    out_dir = Path(args.out) if args.out else None
-    if out_dir is None:
+def calibrate(args, force: bool = False) -> dict:
+    ident = None
+    if args.out:
+        out_dir = Path(args.out)
+    else:
         ident = probe_device(args)
         out_dir = paths.BUILD / "calibration" / device_slug(ident)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    what = recorded(out_dir)
+    if what and not force:
+        raise ForgeError(f"{paths.rel(out_dir)} holds {what}; calibrating into it would replace it",
+                         hint="give a new --out (the default is build/calibration/<device>), or --force (FORCE=1) to "
+                              "calibrate into it again: families measured with the same options are kept, "
+                              "--redo FAMILY measures one again")
     families = [f for f in FAMILIES if f in args.families]
+    kept = kept_families(out_dir, families, args)
+    if kept and len(kept) < len(families):
+        # the families measured now must run on the device of those kept: ask the device before measuring
+        ident = ident or probe_device(args)
+        cd.one_device({**{paths.rel(out_dir / f"{f}.json"): d for f, d in kept.items()},
+                       "the device calibrating now": {"device": ident}})
+    out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     docs = {}
     for i, fam in enumerate(families, 1):
         ui.info(f"[{i}/{len(families)}] family {fam}")
-        docs[fam] = run_family(fam, out_dir, args)
+        if fam in kept:
+            docs[fam] = kept[fam]
+            ui.info(f"{fam}: kept from {paths.rel(out_dir / f'{fam}.json')} ({len(kept[fam]['records'])} records)")
+        else:
+            docs[fam] = run_family(fam, out_dir, args)
     records = [r for d in docs.values() for r in d.get("records", [])]
-    validators, dev = _validators({k: v for k, v in docs.items() if not v.get("failed")})
+    dev = _device(docs, out_dir)
+    validators = cd.identity(dev)
     selection = sel.select(records)
     from ..builder import provenance
     head = provenance.forge_commit()
@@ -154,13 +223,21 @@ def calibrate(args) -> dict:
     if head.get("dirty"):
         prov["diff_sha256"] = head.get("diff_sha256") or provenance.forge_diff_hash()
     table = sel.build_table(selection, validators, prov)
+    ft = tunedtable.loader()      # the table's loader: its validator before anything is written
+    try:
+        ft.validate(table)
+    except ft.TableError as e:
+        raise ForgeError(f"the table made from {paths.rel(out_dir)} is not one the loader takes: {e}; nothing written",
+                         hint="the family documents hold launches the table cannot carry: measure them again "
+                              "(--force --redo FAMILY)") from None
     doc = {"provenance": prov, "device": dev, "families": {f: {k: d.get(k) for k in ("seconds", "notes", "failed")}
                                                              for f, d in docs.items()},
            "selection": selection, "table": table, "wall_s": round(time.monotonic() - t0, 1)}
-    paths.write_atomic(out_dir / "table.json", json.dumps(table, indent=1, sort_keys=True) + "\n")
-    paths.write_atomic(out_dir / "calibration.json", json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
     from . import calibrate_report
-    calibrate_report.write(out_dir, doc, records)
+    # the results as one set: an interrupt leaves the previous set or this one, never a mix
+    paths.write_files(out_dir, {"table.json": json.dumps(table, indent=1, sort_keys=True) + "\n",
+                                "calibration.json": json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n",
+                                **calibrate_report.files(doc, records)})
     return {"out": out_dir, "doc": doc}
 
 
@@ -177,9 +254,14 @@ def probe_device(args) -> dict:
     """The device's identity from a child process (this process stays off the GPU)."""
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import forge_tuned; "
             "print(json.dumps(forge_tuned.device_identity()))")
+    hint = "calibrate needs torch where it runs (the DCU container, the image or a GPU machine)"
     out = proc.output([args.python or sys.executable, "-c", code, str(paths.KERNELS)], what="device query",
-                      hint="calibrate needs torch where it runs (the DCU container, the image or a GPU machine)")
-    return json.loads(out.splitlines()[-1])
+                      hint=hint, env=child_env(args))
+    try:
+        ident = json.loads(out.splitlines()[-1])
+    except (ValueError, IndexError):
+        raise ForgeError(f"device query: printed {out[-200:]!r}, not the device's identity", hint=hint) from None
+    return cd.check_device(ident, cd.Doc("the device query", hint))
 
 
 def default_kernels() -> tuple[str, str]:
@@ -191,6 +273,16 @@ def default_kernels() -> tuple[str, str]:
     except (ImportError, ValueError):
         pass
     return "checkout", "build"
+
+
+def _vllm_tables() -> Path:
+    """The folder of the installed vLLM's tuned tables (--install-vllm)."""
+    import importlib.util
+    spec = importlib.util.find_spec("vllm.forge_tuned")
+    if spec is None or not spec.submodule_search_locations:
+        raise ForgeError("--install-vllm: the installed vLLM has no forge_tuned package",
+                         hint="install a wheel built from the patch series (make wheel)")
+    return Path(list(spec.submodule_search_locations)[0])
 
 
 def cmd_calibrate(args) -> int:
@@ -205,45 +297,62 @@ def cmd_calibrate(args) -> int:
     if args.python is not None and not (os.path.isfile(args.python) and os.access(args.python, os.X_OK)):
         raise ForgeError(f"--python {args.python}: not an executable file",
                          hint="give the Python that has torch (and the installed vLLM) on this machine")
+    force = opts.forced(args.force)
+    vllm_tables = _vllm_tables() if args.install_vllm else None
     dk, do = default_kernels()
     args.kernels = args.kernels or dk
     args.ops = args.ops or do
-    res = calibrate(args)
+    res = calibrate(args, force)
     doc, out = res["doc"], res["out"]
     sel_ = doc["selection"]
     failed = sum(len(d["failed"]) for d in sel_.values())
     ui.info(f"calibration: {len(sel_)} decisions, {failed} failing candidate(s) left out; "
             f"report {paths.rel(out / 'calibration.md')}; table {paths.rel(out / 'table.json')}")
     slug = device_slug(doc["device"])
-    text = (out / "table.json").read_text()
-    if args.install or args.install_vllm:
-        # the loader's own validator: what the server would refuse is never installed
-        tunedtable.check_text(text, paths.rel(out / "table.json"), shipped=bool(args.install),
-                              fix="see the calibration report; rerun the failing family with --redo")
+    text = json.dumps(doc["table"], indent=1, sort_keys=True) + "\n"      # validated before it was written
+    if args.install:
+        # a table that is shipped names no machine path and a clean or hashed commit
+        tunedtable.check_text(text, paths.rel(out / "table.json"), shipped=True,
+                              fix="calibrate from a committed checkout (or a dirty one: its diff's hash is recorded)")
     if args.install:
         dest = TUNED / f"{slug}.json"
         paths.write_atomic(dest, text)
         ui.info(f"installed the table as {paths.rel(dest)} (commit it; `make tree` puts it into the vLLM tree)")
-    if args.install_vllm:
-        import importlib.util
-        spec = importlib.util.find_spec("vllm.forge_tuned")
-        if spec is None or not spec.submodule_search_locations:
-            raise ForgeError("--install-vllm: the installed vLLM has no forge_tuned package",
-                             hint="install a wheel built from the patch series (make wheel)")
-        dest = Path(list(spec.submodule_search_locations)[0]) / f"{slug}.json"
-        shutil.copyfile(out / "table.json", dest)
+    if vllm_tables is not None:
+        dest = vllm_tables / f"{slug}.json"
+        paths.write_atomic(dest, text)
         ui.info(f"installed the table beside the installed vLLM's loader: {dest}")
     print(out / "calibration.md")
     return 0
 
 
+def _families(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r} names no family (families: {', '.join(FAMILIES)}; leave the "
+                                         "option out for all)")
+    return names
+
+
+def _seed(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if not 0 <= v <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a seed (a whole number, 0 to {SEED_MAX})")
+    return v
+
+
 def register(sub) -> None:
     p = sub.add_parser("calibrate", help="check and time every kernel candidate on this device; write its table",
-                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", help="output folder (default build/calibration/<device>)")
-    p.add_argument("--families", type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
-                   default=list(FAMILIES), help=f"comma-separated subset of {','.join(FAMILIES)} (default all)")
+    p.add_argument("--families", type=_families, default=list(FAMILIES),
+                   help=f"comma-separated subset of {','.join(FAMILIES)} (default all)")
     p.add_argument("--redo", action="append", metavar="FAMILY", help="measure this family again (repeatable)")
+    p.add_argument("--force", action="store_true",
+                   help="calibrate into a folder that holds a complete or tracked calibration (also FORCE=1)")
     p.add_argument("--kernels", choices=("installed", "checkout"),
                    help="our Triton kernels from the installed vLLM or from kernels/ (default: installed when "
                         "the installed vLLM carries them)")
@@ -252,7 +361,8 @@ def register(sub) -> None:
     p.add_argument("--quick", action="store_true", help="fewer shapes and candidates: a first look, minutes")
     p.add_argument("--smoke", action="store_true",
                    help="tiny shapes under Triton's interpreter on a CPU: checks the tool, measures nothing real")
-    p.add_argument("--seed", type=int, default=1234, help="seed of the random inputs")
+    p.add_argument("--seed", type=_seed, default=1234,
+                   help=f"seed of the random inputs, 0 to {SEED_MAX} (default 1234)")
     p.add_argument("--python", help="the Python that runs the families (default: this one)")
     p.add_argument("--install", action="store_true", help="copy the table to configs/kernels/tuned/<device>.json")
     p.add_argument("--install-vllm", action="store_true",

@@ -4,8 +4,8 @@ why) and one chart per family (speed-up of the chosen path over upstream per dec
 
 from __future__ import annotations
 
+import io
 import math
-from pathlib import Path
 
 from .. import paths, ui
 
@@ -88,11 +88,12 @@ def render(doc: dict, records: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def chart(doc: dict, fam: str, path: Path) -> bool:
+def chart(doc: dict, fam: str) -> bytes | None:
+    """The family's chart as PNG bytes (None without matplotlib or without a decision with a speed-up)."""
     plt = ui.pyplot()
     decs = [(d, s) for d, s in doc["selection"].items() if _family(d) == fam and s.get("speedup")]
     if plt is None or not decs:
-        return False
+        return None
     fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(decs) + 2), 4))
     names = [d.split(".", 1)[1] for d, _ in decs]
     vals = [s["speedup"] for _, s in decs]
@@ -103,12 +104,18 @@ def chart(doc: dict, fam: str, path: Path) -> bool:
     ax.set_ylabel("upstream time / chosen time")
     ax.set_title(f"{fam}: chosen path against upstream ({doc['device'].get('device_name')}); grey = upstream kept")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    return True
+    return buf.getvalue()
 
 
-def write(out_dir: Path, doc: dict, records: list[dict]) -> None:
-    paths.write_atomic(out_dir / "calibration.md", render(doc, records))
+def files(doc: dict, records: list[dict]) -> dict[str, "str | bytes"]:
+    """{name: content} of the documents: calibration.md and one chart per family (written by the caller
+    together with the table and calibration.json)."""
+    out: dict[str, str | bytes] = {"calibration.md": render(doc, records)}
     for fam in doc["families"]:
-        chart(doc, fam, out_dir / f"{fam}.png")
+        png = chart(doc, fam)
+        if png is not None:
+            out[f"{fam}.png"] = png
+    return out

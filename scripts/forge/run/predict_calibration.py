@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import sys
 from pathlib import Path
 
 from .. import paths
 from ..errors import ForgeError
+from . import archive
 from . import calibration as sel
+from . import calibration_docs as cd
 
 ATTN_LAYERS = 16
 CHUNK = 4096
@@ -50,27 +53,9 @@ def _flops(point: str) -> float:
 
 
 def load(report: Path) -> tuple[dict, list[dict]]:
-    """(calibration.json, every family's records) of a calibration output folder."""
-    report = Path(report)
-    cal_path = report / "calibration.json" if report.is_dir() else report
-    try:
-        doc = json.loads(cal_path.read_text())
-    except FileNotFoundError:
-        raise ForgeError(f"--calibration {report}: no calibration.json there",
-                         hint="give the output folder of `forge calibrate` (build/calibration/<device>)") from None
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise ForgeError(f"{paths.rel(cal_path)}: not a calibration report ({e})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("selection"), dict):
-        raise ForgeError(f"{paths.rel(cal_path)}: key 'selection' missing: not a calibration report")
-    records = []
-    for fam in doc.get("families", {}):
-        p = cal_path.parent / f"{fam}.json"
-        if p.is_file():
-            try:
-                records += json.loads(p.read_text()).get("records", [])
-            except (OSError, ValueError) as e:
-                raise ForgeError(f"{paths.rel(p)}: damaged ({e})", hint="run `forge calibrate` again") from None
-    return doc, records
+    """(calibration.json, every measured family's records) of a calibration output folder, read and
+    checked by the calibration's one reader (calibration_docs.read_report)."""
+    return cd.read_report(Path(report))
 
 
 class Kernels:
@@ -136,6 +121,17 @@ class Kernels:
         return ATTN_LAYERS * self._interp(self.dec_ch if ours else self.dec_up, ctx) / 1000
 
 
+def _ratio(up: float, ours: float, decision: str) -> float:
+    """upstream time / ours, both positive: a fit that prices the tier's work at no time or less names
+    its decision (the measured times do not follow the work)."""
+    if not (up > 0 and ours > 0 and math.isfinite(up / ours)):
+        raise ForgeError(f"{decision}: the times fitted to the calibration's points price the tier's work at "
+                         f"{up:.3g} s upstream and {ours:.3g} s ours; both must be positive",
+                         hint="the measured times do not grow with the work: measure the family again "
+                              "(forge calibrate --out FOLDER --force --redo FAMILY)")
+    return up / ours
+
+
 def factors(doc: dict, records: list[dict], workload: dict) -> dict:
     """{tier: {component: {"factor", "label", "how"}}} for every component of the DCU time model."""
     from .timemodel import COMPONENTS
@@ -152,13 +148,13 @@ def factors(doc: dict, records: list[dict], workload: dict) -> dict:
         if "prefill_attn" in k.have:
             up = sum(k.prefill_s(s, False) for s, _ in reqs)
             ours = sum(k.prefill_s(s, True) for s, _ in reqs)
-            f["prefill_attn"] = {"factor": up / ours, "label": where,
+            f["prefill_attn"] = {"factor": _ratio(up, ours, "prefill.16bit"), "label": where,
                                  "how": "vLLM unified kernel (16-row tiles) / our chunked-prefill launch, 4096-token "
                                         "chunks of the tier's prompts"}
         if "decode_attn" in k.have:
             up = sum(k.decode_ms(s + n / 2, False) * n for s, n in reqs)
             ours = sum(k.decode_ms(s + n / 2, True) * n for s, n in reqs)
-            f["decode_attn"] = {"factor": up / ours, "label": where,
+            f["decode_attn"] = {"factor": _ratio(up, ours, "decode.1.16bit"), "label": where,
                                 "how": "vLLM unified 3D decode (16 segments) / split-KV decode, batch 1, the tier's "
                                        "contexts"}
         if "gemv" in k.have:
@@ -183,24 +179,64 @@ def predict(workload: dict, fac: dict) -> dict:
     return pred
 
 
+E2E_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "duration", "output_throughput")
+
+
+def e2e_result(folder: Path, root: Path, name: str, tier: str) -> dict:
+    """runs/<name>/<tier>.json of an e2e results folder (`folder`: the folder `root` itself, or a packed
+    record's extraction), read by the reader score and compare use (results.check_result) plus what the
+    check needs: every request's prompt, output, TTFT and token times, all completed with a token at
+    least, and a positive duration and throughput. Errors name the file as the user knows it."""
+    from . import results, runs
+    p = folder / "runs" / name / f"{tier}.json"
+    label = (paths.rel(root / "runs" / name / f"{tier}.json") if folder == root
+             else f"{paths.rel(root)}/{archive.ARCHIVE}: runs/{name}/{tier}.json")
+    try:
+        res = runs.read_json(p)
+    except ForgeError as e:
+        raise ForgeError(e.message.replace(paths.rel(p), label), hint=e.hint) from None
+    results.check_result(res, label)
+    for key in E2E_KEYS:
+        if res.get(key) is None:
+            raise ForgeError(f"{label}: key '{key}' missing; the check needs every request's times",
+                             hint="measure with `vllm bench serve --save-detailed` (forge e2e-gpu does)")
+    for key in ("duration", "output_throughput"):
+        if not results.finite_positive(res[key]):
+            raise ForgeError(f"{label}: key '{key}' is {repr(res[key])[:40]}, expected a finite number > 0",
+                             hint=results.DAMAGED)
+    for i, n in enumerate(res["output_lens"]):
+        err = (res.get("errors") or [None] * len(res["output_lens"]))[i]
+        if err or n < 1:
+            raise ForgeError(f"{label}: request {i} " + (f"failed ({str(err)[:60]})" if err else
+                                                         "has no output token (key 'output_lens[%d]' is 0)" % i)
+                             + "; the check compares runs whose requests all completed", hint=results.DAMAGED)
+    return res
+
+
 def check_e2e(doc: dict, records: list[dict], e2e: Path, tiers: list[str], profile: str = "contest",
               reference: str = "upstream") -> dict:
     """Per tier: the tok/s ratio profile/reference predicted from the reference's requests and the
-    calibrated kernel savings, against the measured one (both as vLLM's client reports it)."""
-    from . import runs
+    calibrated kernel savings, against the measured one (both as vLLM's client reports it). `e2e` is an
+    e2e results folder, unpacked or a packed record (its raw.tgz is read as it is)."""
     k = Kernels(doc, records)
     missing = {"prefill_attn", "decode_attn", "gemv"} - k.have
     if missing:
         raise ForgeError(f"the calibration lacks {', '.join(sorted(missing))}: the check needs all three",
                          hint="calibrate the prefill, decode and gemv families")
+    root = Path(e2e)
+    if not root.is_dir():
+        raise ForgeError(f"--check-e2e {e2e}: not a folder", hint="give an e2e results folder (reports/e2e/<run>)")
+    with archive.readable(root) as folder:
+        have = sorted(p.name for p in (folder / "runs").iterdir() if p.is_dir()) if (folder / "runs").is_dir() else []
+        for name in (reference, profile):
+            if name not in have:
+                raise ForgeError(f"--check-e2e {e2e}: no runs/{name}/ (the {name} profile's results)"
+                                 + (f"; its profiles: {', '.join(have)}" if have else "; it holds no runs/"),
+                                 hint="give an e2e results folder measured with the contest and upstream profiles "
+                                      "side by side")
+        found = {t: (e2e_result(folder, root, reference, t), e2e_result(folder, root, profile, t)) for t in tiers}
     out = {}
-    for t in tiers:
-        u = runs.read_json(Path(e2e) / "runs" / reference / f"{t}.json")
-        c = runs.read_json(Path(e2e) / "runs" / profile / f"{t}.json")
-        for name, r in ((reference, u), (profile, c)):
-            for key in ("input_lens", "output_lens", "ttfts", "itls", "duration", "output_throughput"):
-                if key not in r:
-                    raise ForgeError(f"{e2e}/runs/{name}/{t}.json: key '{key}' missing (needs --save-detailed)")
+    for t, (u, c) in found.items():
         req_u = req_p = 0.0
         for s, n, ttft, itl in zip(u["input_lens"], u["output_lens"], u["ttfts"], u["itls"]):
             tpot = sum(itl) / (n - 1) if n > 1 else 0.0
@@ -209,7 +245,11 @@ def check_e2e(doc: dict, records: list[dict], e2e: Path, tiers: list[str], profi
             req_u += ttft + sum(itl)
             req_p += ttft_p + (n - 1) * (tpot - save_ms / 1000)
         gaps = u["duration"] - req_u
-        predicted = u["duration"] / (gaps + req_p)
+        predicted = u["duration"] / (gaps + req_p) if gaps + req_p > 0 else math.inf
+        if not math.isfinite(predicted):
+            raise ForgeError(f"--check-e2e {e2e}: tier {t}: the calibrated savings exceed the {reference} run's own "
+                             "request times; the calibration and the run are not of one device",
+                             hint="check the calibration against an e2e run of the device it was measured on")
         measured = c["output_throughput"] / u["output_throughput"]
         out[t] = {"predicted_ratio": predicted, "measured_ratio": measured, "error": predicted / measured - 1,
                   "requests": len(u["output_lens"]), "client_gaps_s": gaps}
@@ -246,6 +286,8 @@ def render(doc: dict, fac: dict, pred: dict, res: dict, check: dict | None, sour
 
 
 def run(args, contest: dict, workload: dict) -> int:
+    """Read and check everything (the calibration, the e2e results of --check-e2e), then print and
+    write: a damaged input prints no prediction and writes nothing."""
     from .. import ui
     from . import contest as contest_mod
     from .timemodel import print_table, score_prediction
@@ -254,19 +296,22 @@ def run(args, contest: dict, workload: dict) -> int:
     pred = predict(workload, fac)
     res = score_prediction(contest, workload, pred, args.baseline_name)
     label = args.label or f"calibration-{Path(args.calibration).name}"
-    print_table(label, pred, res)
     check = None
     if args.check_e2e:
         check = check_e2e(doc, records, Path(args.check_e2e), contest_mod.tier_names(contest))
-        for t, v in check.items():
-            print(f"{t}: predicted tok/s ratio {v['predicted_ratio']:.3f}, measured {v['measured_ratio']:.3f} "
-                  f"({v['error']:+.1%})", file=sys.stdout)
+    assumed = sorted({c for f in fac.values() for c, v in f.items() if v["how"] == "not calibrated: unchanged"}
+                     & {"prefill_attn", "decode_attn", "gemv"})
+    if assumed:
+        ui.warn(f"the calibration measured no {', '.join(assumed)}: assumed unchanged (speed-up 1) in this prediction")
+    print_table(label, pred, res)
+    for t, v in (check or {}).items():
+        print(f"{t}: predicted tok/s ratio {v['predicted_ratio']:.3f}, measured {v['measured_ratio']:.3f} "
+              f"({v['error']:+.1%})", file=sys.stdout)
     out = Path(args.out) if args.out else paths.BUILD / "predict" / label
-    out.mkdir(parents=True, exist_ok=True)
     command = "forge " + " ".join(sys.argv[1:])
-    paths.write_atomic(out / "predict.md", render(doc, fac, pred, res, check, str(args.calibration), command))
-    paths.write_atomic(out / "predict.json", json.dumps({"factors": fac, "prediction": pred, "score": res,
-                                                          "check_e2e": check, "calibration": str(args.calibration)},
-                                                         indent=1, default=str) + "\n")
+    paths.write_files(out, {
+        "predict.md": render(doc, fac, pred, res, check, str(args.calibration), command),
+        "predict.json": json.dumps({"factors": fac, "prediction": pred, "score": res, "check_e2e": check,
+                                    "calibration": str(args.calibration)}, indent=1, default=str) + "\n"})
     ui.info(f"wrote {paths.rel(out / 'predict.md')}, {paths.rel(out / 'predict.json')}")
     return 0

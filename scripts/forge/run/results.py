@@ -47,6 +47,7 @@ def check_result(res, file: str) -> None:
         if not ok(res.get(key)) and not (key.startswith(("p99", "mean")) and res.get(key) is None):
             raise bad(key, res.get(key), want)
     for key, ok, want in (("output_lens", _count, "a whole number >= 0"),     # one entry per request
+                          ("input_lens", _count, "a whole number >= 0"),
                           ("ttfts", number, "a finite number >= 0 (seconds)"),
                           ("itls", lambda x: isinstance(x, list) and all(map(number, x)),
                            "a list of finite numbers >= 0"),

@@ -68,33 +68,68 @@ def _env_or(value: str | None, var: str) -> str | None:
     return value or (os.environ.get(var) or None)
 
 
+def _state_hint(state_file: Path) -> str:
+    return (f"a server forge started may still run: find it (ps -ef | grep 'vllm serve'; ss -ltnp | grep :{LOCKED_PORT})"
+            f" and stop it, then remove {paths.rel(state_file)}")
+
+
+_whole = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0  # noqa: E731
+_words = lambda v: isinstance(v, list) and bool(v) and all(isinstance(a, str) for a in v)  # noqa: E731
+RECORD_KEYS = (("pid", _whole, "a process id"), ("pgid", _whole, "a process group id"),
+               ("start_time", lambda v: isinstance(v, str) and v.isdigit(), "the process's start time (clock ticks)"),
+               ("cmdline", _words, "the process's command line"), ("server_args", _words, "the server's arguments"),
+               ("boot_id", lambda v: v is None or isinstance(v, str), "the machine's boot id or null"),
+               ("run_id", lambda v: isinstance(v, str), "a run id"))
+
+
 def read_state() -> dict | None:
     """The record of the server `forge serve` started (None: none recorded). A record that cannot be
     read is an error, never "none": the server it describes may still run."""
     if not STATE.is_file():
         return None
-    hint = (f"a server forge started may still run: find it (ps -ef | grep 'vllm serve'; ss -ltnp | grep :{LOCKED_PORT}) "
-            f"and stop it, then remove {paths.rel(STATE)}")
+    hint = _state_hint(STATE)
     try:
         st = runs.read_json(STATE)
     except ForgeError as e:
         raise ForgeError(f"{e.message}; it is the record of the server forge started", hint=hint) from None
     if not isinstance(st, dict):
         raise ForgeError(f"{paths.rel(STATE)}: a JSON {type(st).__name__}, not the record of a server", hint=hint)
-    for key, ok, want in (("pid", lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "a process id"),
-                          ("pgid", lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "a process group id"),
-                          ("start_time", lambda v: v is None or isinstance(v, str), "a process start time"),
-                          ("run_id", lambda v: isinstance(v, str), "a run id")):
+    for key, ok, want in RECORD_KEYS:
         if not ok(st.get(key)):
             raise ForgeError(f"{paths.rel(STATE)}: key '{key}' is {repr(st.get(key))[:40]}, expected {want}; "
                              "not the record of a server", hint=hint)
     return st
 
 
+def still_ours(st: dict) -> bool:
+    """Whether the server record `st` names is still running: True only when process `pid` is the one
+    recorded (this boot, its start time, a command line ending with the server's arguments) and leads
+    its process group `pgid`; False when that process is gone (exited, or its pid now names a later
+    process). A live process that answers to the record without being the one recorded is refused
+    (a ForgeError naming the state file): nothing is signalled on a record that does not hold."""
+    pid, state_file, boot = st["pid"], Path(st.get("state_file") or STATE), proc.boot_id()
+    if st.get("boot_id") and boot and st["boot_id"] != boot:
+        return False                                    # recorded before the machine restarted
+    if proc.process_start_time(pid) != st["start_time"] or not proc.alive(pid):
+        return False
+    now, tail = proc.command_line(pid, wait_s=1.0) or [], list(st.get("server_args") or [])
+    try:
+        group = os.getpgid(pid)
+    except ProcessLookupError:
+        return False
+    why = (f"its command line is {proc.fmt(now)[:120]!r}, not the server's ({proc.fmt(tail)[:80]!r})"
+           if not tail or now[-len(tail):] != tail else
+           f"it leads process group {group}, not the recorded group {st['pgid']}" if group != st["pgid"] else None)
+    if why:
+        raise ForgeError(f"{paths.rel(state_file)}: pid {pid} is not the server forge started ({why}); "
+                         "nothing was signalled", hint=_state_hint(state_file))
+    return True
+
+
 def running_server() -> dict | None:
     """The state of the server `forge serve` started, when it is still that process."""
     st = read_state()
-    if st and proc.process_start_time(st["pid"]) == st["start_time"] and proc.alive(st["pid"]):
+    if st and still_ours(st):
         return st
     return None
 
@@ -179,7 +214,7 @@ def stop_running_server() -> str:
     if st is None:
         ui.info("no server started by forge is recorded; nothing to stop")
         return "none recorded"
-    if proc.process_start_time(st["pid"]) != st["start_time"]:
+    if not still_ours(st):
         STATE.unlink()
         ui.info(f"the recorded server (pid {st['pid']}, run {st['run_id']}) has already exited; state cleared")
         return "already gone"
@@ -280,14 +315,19 @@ def start_server(prof: dict, model_path: Path, *, contest: dict, port: int, run_
             log.unlink(missing_ok=True)
             runs.prune_empty(rdir)
         raise
+    # what `forge stop` checks before it signals: this boot, the pid's start time, a command line ending
+    # with the server's own arguments (a launcher that execs keeps them), the process group it leads
     state = {"pid": p.pid, "pgid": os.getpgid(p.pid), "start_time": proc.process_start_time(p.pid),
-             "run_id": run_id, "run_dir": str(rdir), "log": str(log), "profile": prof["name"],
+             "cmdline": proc.command_line(p.pid, wait_s=5.0) or cmd, "server_args": cmd[len(cmd) - len(rendered["argv"]) + 1
+                                                                    - len(harness_args or []):],
+             "boot_id": proc.boot_id(), "run_id": run_id, "run_dir": str(rdir), "log": str(log), "profile": prof["name"],
              "model": str(model_path), "image": image, "container": container if image else None,
              "host": host, "port": port, "health": contest["server"]["health_path"],
              "served_model_name": contest["server"]["served_model_name"], "started": runs.now_iso(),
              "state_file": str(state_file)}
-    state_file.parent.mkdir(parents=True, exist_ok=True)
-    runs.write_json(state_file, state)
+    if state["start_time"] is not None:   # else it has exited already: nothing to record for `forge stop`
+        state_file.parent.mkdir(parents=True, exist_ok=True)
+        runs.write_json(state_file, state)
     state["popen"] = p
     if wait:
         try:
@@ -333,7 +373,7 @@ def stop_server(st: dict, quiet: bool = False, grace_s: float = 30.0) -> str:
         proc.run(["docker", "stop", "-t", str(int(grace_s)), st["container"]], check=False, capture=True,
                  timeout=grace_s + 30)
     how = "already gone"
-    if proc.process_start_time(st["pid"]) == st["start_time"]:
+    if st.get("start_time") is not None and still_ours(st):
         how = proc.stop_group(st["pgid"], grace_s=grace_s)
     if st.get("popen") is not None:
         st["popen"].poll()              # reap our own child
