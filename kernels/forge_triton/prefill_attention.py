@@ -98,9 +98,8 @@ def _softmax_step(s, m_i, l_i, acc, v, vsc, KV_INT8: tl.constexpr, op_ty: tl.con
 
 @triton.jit
 def _prefix_tile(q, m_i, l_i, acc, t, prefix, n_off, d, dm, bt_row, sbt_b,
-                 kc_ptr, vc_ptr, ks_ptr, vs_ptr, kvh, skc_b, skc_o, skc_h, skc_d,
-                 svc_b, svc_o, svc_h, svc_d, sks_b, sks_h, sks_o, svs_b, svs_h, svs_o,
-                 scale_log2, MASKED: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                 kc_ptr, vc_ptr, ks_ptr, vs_ptr, skc_b, skc_o, skc_d, svc_b, svc_o, svc_d,
+                 sks_b, sks_o, svs_b, svs_o, scale_log2, MASKED: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                  TILE_N: tl.constexpr, KV_INT8: tl.constexpr, op_ty: tl.constexpr,
                  IEEE: tl.constexpr):
     tok = t + n_off
@@ -112,8 +111,8 @@ def _prefix_tile(q, m_i, l_i, acc, t, prefix, n_off, d, dm, bt_row, sbt_b,
     else:
         blk = tl.load(bt_row + (tok // BLOCK_SIZE) * sbt_b, mask=tmask, other=0).to(tl.int64)
         off = tok % BLOCK_SIZE
-    kbase = blk * skc_b + off * skc_o + kvh * skc_h
-    vbase = blk * svc_b + off * svc_o + kvh * svc_h
+    kbase = blk * skc_b + off * skc_o            # kc_ptr/vc_ptr/ks_ptr/vs_ptr start at the KV head
+    vbase = blk * svc_b + off * svc_o
     if MASKED:
         k = tl.load(kc_ptr + kbase[None, :] + d[:, None] * skc_d,
                     mask=dm[:, None] & tmask[None, :], other=0)
@@ -124,8 +123,8 @@ def _prefix_tile(q, m_i, l_i, acc, t, prefix, n_off, d, dm, bt_row, sbt_b,
         v = tl.load(vc_ptr + vbase[:, None] + d[None, :] * svc_d, mask=dm[None, :], other=0)
     s = _dot(q, k.to(op_ty), IEEE)               # int8 -> 16-bit is exact (|x| <= 127)
     if KV_INT8:
-        ksc = tl.load(ks_ptr + blk * sks_b + kvh * sks_h + off * sks_o, mask=tmask, other=0.0)
-        vsc = tl.load(vs_ptr + blk * svs_b + kvh * svs_h + off * svs_o, mask=tmask, other=0.0)
+        ksc = tl.load(ks_ptr + blk * sks_b + off * sks_o, mask=tmask, other=0.0)
+        vsc = tl.load(vs_ptr + blk * svs_b + off * svs_o, mask=tmask, other=0.0)
         s = s * (ksc * scale_log2)[None, :]
     else:
         vsc = tl.zeros([TILE_N], tl.float32)
@@ -195,18 +194,22 @@ def _prefill_attention_kernel(
     # (a) the cached prefix, paged: full tiles unmasked (a loop the compiler can pipeline), then
     # the last partial tile
     prefix_full = (prefix // TILE_N) * TILE_N
+    # the KV head's offset added to the cache pointers once, not in every tile: the same addresses
+    # with fewer live scalars (Triton 3.4 spilled two SGPRs on gfx942 in the widened int8 variant)
+    kc_ptr += kvh * skc_h
+    vc_ptr += kvh * svc_h
+    ks_ptr += kvh * sks_h
+    vs_ptr += kvh * svs_h
     for t in range(0, prefix_full, TILE_N):
         m_i, l_i, acc = _prefix_tile(q, m_i, l_i, acc, t, prefix, n_off, d, dm, bt_row, sbt_b,
-                                     kc_ptr, vc_ptr, ks_ptr, vs_ptr, kvh, skc_b, skc_o, skc_h,
-                                     skc_d, svc_b, svc_o, svc_h, svc_d, sks_b, sks_h, sks_o,
-                                     svs_b, svs_h, svs_o, scale_log2, False, BLOCK_SIZE, TILE_N,
-                                     KV_INT8, op_ty, IEEE)
+                                     kc_ptr, vc_ptr, ks_ptr, vs_ptr, skc_b, skc_o, skc_d, svc_b,
+                                     svc_o, svc_d, sks_b, sks_o, svs_b, svs_o, scale_log2, False,
+                                     BLOCK_SIZE, TILE_N, KV_INT8, op_ty, IEEE)
     if prefix_full < prefix:
         m_i, l_i, acc = _prefix_tile(q, m_i, l_i, acc, prefix_full, prefix, n_off, d, dm, bt_row,
-                                     sbt_b, kc_ptr, vc_ptr, ks_ptr, vs_ptr, kvh, skc_b, skc_o,
-                                     skc_h, skc_d, svc_b, svc_o, svc_h, svc_d, sks_b, sks_h,
-                                     sks_o, svs_b, svs_h, svs_o, scale_log2, True, BLOCK_SIZE,
-                                     TILE_N, KV_INT8, op_ty, IEEE)
+                                     sbt_b, kc_ptr, vc_ptr, ks_ptr, vs_ptr, skc_b, skc_o, skc_d,
+                                     svc_b, svc_o, svc_d, sks_b, sks_o, svs_b, svs_o, scale_log2,
+                                     True, BLOCK_SIZE, TILE_N, KV_INT8, op_ty, IEEE)
 
     # (b) the chunk's own keys, contiguous and causal: tiles wholly below the diagonal unmasked,
     # the one or two that cross it masked, none past it
