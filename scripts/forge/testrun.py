@@ -121,12 +121,18 @@ def cmd_test(args) -> int:
     if not args.no_rehearsal:
         disk_preflight(with_image=not args.no_image and bool(shutil.which("buildah")),
                        with_toolchain=not args.no_toolchain)
-        rehearsal.rehearse(report_dir=TEST_REPORTS)
-        if args.no_toolchain:
-            ui.warn("container toolchain check skipped (--no-toolchain): the kernels were not checked "
-                    "under Triton 3.4.0 nor the tool under Python 3.10")
-        else:
-            toolchain.run_checks()
+        # the toolchain venv (minutes of download and unpacking) builds in the background meanwhile
+        pre = None if args.no_toolchain else toolchain.preflight()
+        child = toolchain.start_venv(pre) if pre is not None else None
+        try:
+            rehearsal.rehearse(report_dir=TEST_REPORTS)
+            if pre is not None:
+                toolchain.finish(pre, child)
+            else:
+                ui.warn("container toolchain check skipped (--no-toolchain): the kernels were not checked "
+                        "under Triton 3.4.0 nor the tool under Python 3.10")
+        finally:
+            toolchain.stop_venv(child)
         if args.no_image:
             ui.warn("image rehearsal skipped (--no-image)")
         elif shutil.which("buildah") or shutil.which("docker") and \

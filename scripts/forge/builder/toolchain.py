@@ -115,13 +115,22 @@ def find_lld() -> str | None:
     return max(versioned, key=_lld_version) if versioned else None
 
 
+def _marker(version: tuple[int, ...]) -> str:
+    return f"python {'.'.join(map(str, version))}\n{rel(REQUIREMENTS)} {sha256_file(REQUIREMENTS)}\n"
+
+
+def venv_current(version: tuple[int, ...], venv: Path = VENV) -> bool:
+    marker = venv / ".forge-installed"
+    return (venv / "bin" / "python").exists() and marker.is_file() and marker.read_text() == _marker(version)
+
+
 def ensure_venv(python: str, version: tuple[int, ...], venv: Path = VENV) -> Path:
     """build/toolchain/venv with requirements/container-toolchain.txt, made with `python`; reused
     while both are unchanged."""
     py = venv / "bin" / "python"
     marker = venv / ".forge-installed"
-    want = f"python {'.'.join(map(str, version))}\n{rel(REQUIREMENTS)} {sha256_file(REQUIREMENTS)}\n"
-    if py.exists() and marker.is_file() and marker.read_text() == want:
+    want = _marker(version)
+    if venv_current(version, venv):
         ui.info(f"{rel(venv)} is current (Python {'.'.join(map(str, version))}, {rel(REQUIREMENTS)})")
         return py
     log = venv.parent / "venv.log"
@@ -249,9 +258,9 @@ def hip_targets() -> list[str]:
     return [t for t in config.build()["aot_targets"] if t.startswith("hip:")]
 
 
-def run_checks(work: Path = WORK) -> dict:
-    """Build or reuse the venv and run the three checks; a ForgeError names the first that fails."""
-    t0 = time.monotonic()
+def preflight() -> dict:
+    """The Python and the ld.lld the check will use; a missing linker stops it here, before minutes go
+    into the venv (without one the compile cannot run at all)."""
     exe, version, how = find_python()
     vtext = ".".join(map(str, version))
     if how == "fallback":
@@ -261,11 +270,51 @@ def run_checks(work: Path = WORK) -> dict:
     lld = find_lld()
     targets = hip_targets()
     if lld is None:
-        # said before minutes go into the venv: without a linker the compile cannot run at all
         raise ForgeError(f"no ld.lld on this box: Triton 3.4's AMD backend links every kernel with one, so "
                          f"the ahead-of-time compile for {', '.join(targets)} cannot run (looked at {LLD_ENV}, "
                          "ld.lld on PATH, /usr/bin/ld.lld-*, /usr/lib/llvm-*/bin/ld.lld)", hint=LLD_FIX)
-    result = {"python": vtext, "python_from": how, "python_exe": exe, "ld_lld": lld, "stages": []}
+    return {"python_exe": exe, "version": version, "python_from": how, "ld_lld": lld, "targets": targets}
+
+
+def start_venv(pre: dict):
+    """Build build/toolchain/venv in a child process (its own process group) while the caller goes on:
+    `make test` runs the rehearsal meanwhile. None when the venv is already current."""
+    if venv_current(pre["version"], VENV):
+        return None
+    log = WORK / "venv-build.log"
+    log.unlink(missing_ok=True)
+    ui.info(f"building {rel(VENV)} in the background (log: {rel(log)})")
+    return proc.start([sys.executable, "-m", "forge", "toolchain-check", "--venv-only"], log=log,
+                      env={"PYTHONPATH": str(ROOT / "scripts"), PYTHON_ENV: pre["python_exe"],
+                           "FORGE_BUILD_DIR": str(BUILD)},
+                      what="the toolchain venv's build", die_with_parent=True)
+
+
+def stop_venv(child) -> None:
+    """Stop a background build that is still running (the caller failed before it was needed)."""
+    if child is not None and child.poll() is None:
+        proc.stop_group(child.pid, grace_s=10)
+
+
+def finish(pre: dict, child) -> dict:
+    """Wait for start_venv's build (if any), then run the checks."""
+    if child is not None:
+        with ui.step("container toolchain: waiting for its venv's build"):
+            rc = child.wait()
+        if rc != 0:
+            log = WORK / "venv-build.log"
+            raise ForgeError(f"the toolchain venv's build failed (exit {rc}):\n{proc.tail(log, 15)}",
+                             hint=f"see {rel(log)}")
+    return run_checks(WORK, pre)
+
+
+def run_checks(work: Path = WORK, pre: dict | None = None) -> dict:
+    """Build or reuse the venv and run the three checks; a ForgeError names the first that fails."""
+    t0 = time.monotonic()
+    pre = pre or preflight()
+    exe, version, how, lld, targets = (pre[k] for k in ("python_exe", "version", "python_from", "ld_lld",
+                                                        "targets"))
+    result = {"python_from": how, "python_exe": exe, "ld_lld": lld, "stages": []}
 
     def stage(name, fn):
         s0 = time.monotonic()
@@ -297,8 +346,7 @@ def run_checks(work: Path = WORK) -> dict:
         argv += ["--target", t]
     aot = stage("AOT compile + LDS/spill check (" + ", ".join(targets) + ")",
                 lambda: run_json_tool(argv, work / "aot.json", f"ahead-of-time compile under Triton {have['triton']}",
-                                      env={LLD_ENV: lld, "TRITON_CACHE_DIR": str(work / "triton-cache"),
-                                           "PYTHONPATH": ""}))
+                                      env={LLD_ENV: lld, "PYTHONPATH": ""}))
     result["aot"] = {"records": len(aot["records"]), "linker": lld}
     result["seconds"] = round(time.monotonic() - t0, 1)
     write_atomic(work / "toolchain.json", json.dumps(result, indent=1) + "\n")
@@ -306,6 +354,10 @@ def run_checks(work: Path = WORK) -> dict:
 
 
 def cmd_toolchain_check(args) -> int:
+    if args.venv_only:
+        pre = preflight()
+        ensure_venv(pre["python_exe"], pre["version"])
+        return 0
     r = run_checks()
     print(f"container toolchain: PASS in {r['seconds']} s (Python {r['python']}, torch {r['torch']}, "
           f"Triton {r['triton']}; {r['selftest']['checks']} self-test checks, {r['aot']['records']} AOT "
@@ -319,4 +371,5 @@ def register(sub) -> None:
                        help="the contest container's Python 3.10, torch 2.10 and Triton 3.4.0: the tool, "
                             "the kernels' self-test and their AMD ahead-of-time compile",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--venv-only", action="store_true", help="build or reuse the venv, run no check")
     p.set_defaults(func=cmd_toolchain_check)
