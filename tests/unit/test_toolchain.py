@@ -142,3 +142,20 @@ def test_the_projects_own_code_passes_the_tool_check_under_310(tmp_path):
     res = toolchain.check_tool(Path(_python310()), tmp_path / "out.json")
     assert res["files"] > 100 and res["modules"] > 50 and not res["problems"]
     assert os.path.isfile(tmp_path / "out.json")
+
+
+def test_a_current_venv_starts_no_background_build(monkeypatch, tmp_path):
+    monkeypatch.setattr(toolchain, "venv_current", lambda version, venv: True)
+    monkeypatch.setattr(toolchain.proc, "start", lambda *a, **k: pytest.fail("started a build"))
+    assert toolchain.start_venv({"version": (3, 10, 13), "python_exe": "python3.10"}) is None
+
+
+def test_a_failed_background_build_is_reported_with_its_log(monkeypatch, tmp_path):
+    monkeypatch.setattr(toolchain, "WORK", tmp_path)
+    (tmp_path / "venv-build.log").write_text("ERROR: No matching distribution found for torch==2.10.0\n")
+    monkeypatch.setattr(toolchain, "run_checks", lambda *a: pytest.fail("checked without a venv"))
+    child = type("Child", (), {"wait": lambda self: 1})()
+    with pytest.raises(ForgeError) as e:
+        toolchain.finish({}, child)
+    assert "exit 1" in e.value.message and "No matching distribution" in e.value.message
+    assert "venv-build.log" in e.value.hint
