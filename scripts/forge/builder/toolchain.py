@@ -18,7 +18,8 @@ runs with it:
      lld-15: /usr/bin/ld.lld-15). .ci/run installs it.
 
 The venv is reused while the requirements file and the Python it was made with are unchanged;
-the checks always run. Results: build/toolchain/{tool-py,selftest,aot}.json and .log.
+the checks always run. `make test` builds it in the background while the rehearsal runs, then runs
+the checks. Results: build/toolchain/{tool-py,selftest,aot,toolchain}.json and the logs beside them.
 """
 
 from __future__ import annotations
