@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Quick numeric self-test of the forge Triton kernels (quantize-on-write, split-KV decode).
+"""Quick numeric self-test of the forge Triton kernels (quantize-on-write, split-KV decode, chunked prefill).
 
     python kernels/selftest.py [--json PATH]
 
@@ -45,11 +45,35 @@ def ref_decode(q, kc, vc, bt, lens, scale, ks=None, vs=None):
     return out
 
 
+def ref_prefill(q, k_new, v_new, kc, vc, bt, seqs, scale, ks=None, vs=None):
+    """float64 causal attention of each chunk over its paged prefix (dequantized) and itself."""
+    T, hq, d = q.shape
+    bs, hkv = kc.shape[1], kc.shape[2]
+    out = torch.zeros(T, hq, d, dtype=torch.float64)
+    start = 0
+    for i, (p, n) in enumerate(seqs):
+        blocks = bt[i, :math.ceil(p / bs)].long().cpu()
+        kp = kc.cpu()[blocks].reshape(-1, hkv, d)[:p].double()
+        vp = vc.cpu()[blocks].reshape(-1, hkv, d)[:p].double()
+        if ks is not None:
+            kp = kp * ks.cpu()[blocks].permute(0, 2, 1).reshape(-1, hkv)[:p].double().unsqueeze(-1)
+            vp = vp * vs.cpu()[blocks].permute(0, 2, 1).reshape(-1, hkv)[:p].double().unsqueeze(-1)
+        k = torch.cat([kp, k_new[start:start + n].cpu().double()])
+        v = torch.cat([vp, v_new[start:start + n].cpu().double()])
+        qi = q[start:start + n].cpu().double().view(n, hkv, hq // hkv, d)
+        s = torch.einsum("nhgd,lhd->hgnl", qi, k) * scale
+        s = s.masked_fill(torch.arange(p + n)[None, :] > (torch.arange(n) + p)[:, None], float("-inf"))
+        out[start:start + n] = torch.einsum("hgnl,lhd->nhgd", torch.softmax(s, -1), v).reshape(n, hq, d)
+        start += n
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args(argv)
     from forge_triton import int8_kv_write as wr  # after TRITON_INTERPRET is settled
+    from forge_triton import prefill_attention as pre
     from forge_triton import split_kv_decode as dec
     dev = "cuda" if ON_GPU else "cpu"
     g = torch.Generator(device=dev).manual_seed(int(time.time()) & 0xFFFF)
@@ -123,6 +147,43 @@ def main(argv=None) -> int:
                 outs.append(out)
             if qdt == torch.float32:
                 record(f"decode {kind} S=1 vs S=4 (fp32)", rel(outs[1], outs[0]), 2e-6)
+    # --- chunked prefill: a cached prefix (full and partial tiles, blocks straddled) and a causal
+    # chunk, several sequences; bf16 cache, and int8 read inline and through the widened copy
+    pcases = [("bf16", 16, [(37, 21), (0, 5)], None), ("int8", 16, [(40, 12)], "inline"),
+              ("int8", 16, [(40, 12)], "widen")] if not ON_GPU else \
+             [("bf16", 784, [(9000, 1500), (0, 7)], None), ("int8", 1552, [(4000, 700)], "inline"),
+              ("int8", 1552, [(4000, 700)], "widen")]
+    phq, phkv = (6, 1) if not ON_GPU else (24, 4)
+    for kind, bs, seqs, mode in pcases:
+        lens = [p + n for p, n in seqs]
+        T = sum(n for _, n in seqs)
+        width = max(math.ceil(l / bs) for l in lens)          # block-table columns
+        nb = len(seqs) * width + 1
+        bt = torch.randperm(nb)[:len(seqs) * width].view(len(seqs), width).to(torch.int32).to(dev)
+        q, k_new, v_new = (torch.randn(T, h, D, generator=g, device=dev).to(torch.bfloat16)
+                           for h in (phq, phkv, phkv))
+        if kind == "int8":
+            kc = torch.randint(-127, 128, (nb, bs, phkv, D), generator=g, device=dev, dtype=torch.int8)
+            vc = torch.randint(-127, 128, (nb, bs, phkv, D), generator=g, device=dev, dtype=torch.int8)
+            ksc = torch.rand(nb, phkv, bs, generator=g, device=dev) * 0.02 + 0.002
+            vsc = torch.rand(nb, phkv, bs, generator=g, device=dev) * 0.02 + 0.002
+        else:
+            kc, vc = torch.randn(nb, 2, bs, phkv, D, generator=g, device=dev).to(torch.bfloat16).unbind(1)
+            ksc = vsc = None
+        cu = torch.tensor([0] + [sum(n for _, n in seqs[:i + 1]) for i in range(len(seqs))],
+                          dtype=torch.int32, device=dev)
+        sl = torch.tensor(lens, dtype=torch.int32, device=dev)
+        ref = ref_prefill(q, k_new, v_new, kc, vc, bt, seqs, D ** -0.5, ksc, vsc)
+        out = torch.full((T, phq, D), float("nan"), dtype=torch.float32, device=dev)
+        kw = {} if ON_GPU else dict(block_m=32, tile_n=16)
+        if mode:
+            kw.update(int8_prefix=mode, max_seqlen_k=max(lens))
+        pre.prefill_attention(q, k_new, v_new, kc, vc, bt, cu, sl, D ** -0.5, out, k_scale_cache=ksc,
+                              v_scale_cache=vsc, **kw)
+        if ON_GPU:
+            torch.cuda.synchronize()
+        name = f"prefill {kind}{'/' + mode if mode else ''} bs={bs}: rel err"
+        record(name, rel(out, ref), 2e-3, f"(prefix, chunk)={seqs}")
     elapsed = time.time() - t0
     print(f"forge kernel self-test ({'GPU ' + torch.cuda.get_device_name(0) if ON_GPU else 'CPU interpreter'}, {elapsed:.1f}s)")
     print(f"{'check':52s} {'value':>11s} {'tol':>9s}  result")

@@ -2,7 +2,9 @@
 
 `make lint`: ruff with the project's configuration (pyproject.toml) over every tracked Python file.
 `make check` (the inner loop, a few minutes): lint, then the unit tests and the fault-injection suite.
-`make test` (what CI runs): lint, the rehearsal (which includes patches-check and the wheel), the image
+`make test` (what CI runs): lint, the rehearsal (which includes patches-check and the wheel), the
+contest container's toolchain check (Python 3.10, torch 2.10, Triton 3.4.0 in build/toolchain/venv: the
+tool, the kernels' self-test and their AMD ahead-of-time compile; `forge toolchain-check --help`), the image
 rehearsal (Dockerfile.rocm on a stand-in base; skipped with a warning where no builder exists), the
 fault-injection suite (tests/faults/; its summary line counts the cases), then the rest of the pytest
 suite: unit tests, kernel tests (Triton interpreter on CPU, real sizes on a GPU), tree tests (against
@@ -18,13 +20,15 @@ import shutil
 import sys
 
 from . import options, proc, ui
-from .builder import image, rehearsal
+from .builder import image, rehearsal, toolchain
 from .errors import ForgeError
 from .paths import BUILD, ROOT
 
 # What a fresh `make test` writes, measured on a fresh clone: the rehearsal venv (torch with its CUDA
-# libraries, vLLM's dependencies) about 6.5 GB, the image rehearsal with buildah's vfs driver up to about 11.6 GB while it builds (3.8 GB kept).
-NEED_GB = {"rehearsal": 7.0, "image": 12.0}
+# libraries, vLLM's dependencies) about 6.5 GB, the toolchain venv (torch 2.10 with the CUDA libraries it
+# loads, Triton 3.4.0) 6.1 GB, the image rehearsal with buildah's vfs driver up to about 11.6 GB while it
+# builds (3.8 GB kept).
+NEED_GB = {"rehearsal": 7.0, "toolchain": 6.5, "image": 12.0}
 # `make test` keeps its rehearsal reports out of the tracked reports/ (what `make rehearsal` and
 # `make image-rehearsal` record), so a test run leaves the working tree as it found it.
 TEST_REPORTS = BUILD / "test-reports"
@@ -46,8 +50,10 @@ def free_gb(path) -> float:
     return shutil.disk_usage(_existing(path)).free / 2**30
 
 
-def disk_preflight(with_image: bool) -> None:
+def disk_preflight(with_image: bool, with_toolchain: bool = True) -> None:
     need = NEED_GB["rehearsal"] if not (BUILD / "rehearsal" / "venv").is_dir() else 1.0
+    if with_toolchain and not toolchain.VENV.is_dir():
+        need += NEED_GB["toolchain"]
     where = {str(BUILD): need}
     if with_image:
         root = "/var/lib/containers" if os.geteuid() == 0 else os.path.expanduser("~/.local/share/containers")
@@ -113,8 +119,20 @@ def cmd_test(args) -> int:
     if rc:
         return rc
     if not args.no_rehearsal:
-        disk_preflight(with_image=not args.no_image and bool(shutil.which("buildah")))
-        rehearsal.rehearse(report_dir=TEST_REPORTS)
+        disk_preflight(with_image=not args.no_image and bool(shutil.which("buildah")),
+                       with_toolchain=not args.no_toolchain)
+        # the toolchain venv (minutes of download and unpacking) builds in the background meanwhile
+        pre = None if args.no_toolchain else toolchain.preflight()
+        child = toolchain.start_venv(pre) if pre is not None else None
+        try:
+            rehearsal.rehearse(report_dir=TEST_REPORTS)
+            if pre is not None:
+                toolchain.finish(pre, child)
+            else:
+                ui.warn("container toolchain check skipped (--no-toolchain): the kernels were not checked "
+                        "under Triton 3.4.0 nor the tool under Python 3.10")
+        finally:
+            toolchain.stop_venv(child)
         if args.no_image:
             ui.warn("image rehearsal skipped (--no-image)")
         elif shutil.which("buildah") or shutil.which("docker") and \
@@ -163,6 +181,8 @@ def register(sub) -> None:
                        description=DESCRIPTIONS["test"] + "\n\n" + __doc__)
     p.add_argument("--no-rehearsal", action="store_true", help="skip the rehearsals (tree tests then need an earlier one)")
     p.add_argument("--no-image", action="store_true", help="skip the image rehearsal")
+    p.add_argument("--no-toolchain", action="store_true",
+                   help="skip the contest container's toolchain check (Python 3.10, torch 2.10, Triton 3.4.0)")
     _workers_option(p)
     p.add_argument("pytest_args", nargs="*", help="passed to pytest (default: tests)")
     p.set_defaults(func=cmd_test)

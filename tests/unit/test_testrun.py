@@ -1,26 +1,35 @@
-"""`make test` runs both rehearsals but keeps their reports out of the tracked reports/ folder."""
+"""`make test` runs both rehearsals and the container toolchain check, but keeps their reports out of the
+tracked reports/ folder."""
 
 import sys
 import types
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import ROOT  # noqa: E402
 
 from forge import testrun  # noqa: E402
-from forge.builder import image, rehearsal  # noqa: E402
+from forge.builder import image, rehearsal, toolchain  # noqa: E402
 from forge.paths import REPORTS  # noqa: E402
 
 
 def test_make_test_writes_the_rehearsal_reports_under_build(monkeypatch, tmp_path):
     calls = {}
-    monkeypatch.setattr(testrun, "disk_preflight", lambda with_image: None)
+    monkeypatch.setattr(testrun, "disk_preflight", lambda with_image, with_toolchain: None)
     monkeypatch.setattr(testrun.shutil, "which", lambda name: f"/usr/bin/{name}")
     monkeypatch.setattr(rehearsal, "rehearse", lambda **kw: calls.setdefault("rehearsal", kw))
     monkeypatch.setattr(image, "image_rehearsal", lambda **kw: calls.setdefault("image", kw))
+    monkeypatch.setattr(toolchain, "preflight", lambda: {"python_exe": "python3.10"})
+    monkeypatch.setattr(toolchain, "start_venv", lambda pre: calls.setdefault("venv", "child"))
+    monkeypatch.setattr(toolchain, "finish", lambda pre, child: calls.setdefault("toolchain", child))
+    monkeypatch.setattr(toolchain, "stop_venv", lambda child: calls.setdefault("stopped", child))
     monkeypatch.setattr(testrun, "lint", lambda: 0)
-    args = types.SimpleNamespace(no_rehearsal=False, no_image=False, pytest_args=["--version"], workers=1)
+    args = types.SimpleNamespace(no_rehearsal=False, no_image=False, no_toolchain=False, pytest_args=["--version"],
+                                 workers=1)
     assert testrun.cmd_test(args) == 0
+    assert calls["toolchain"] == "child", "make test runs the container toolchain check on the venv it started"
     for stage in ("rehearsal", "image"):
         out = calls[stage]["report_dir"]
         assert out == testrun.TEST_REPORTS and REPORTS not in (out, *out.parents), stage
@@ -82,3 +91,51 @@ def test_one_worker_runs_without_xdist(monkeypatch):
     seen = _recording(monkeypatch, [0, 0])
     assert testrun.cmd_check(types.SimpleNamespace(workers=1)) == 0
     assert "-n" not in seen[1]
+
+
+def test_no_toolchain_skips_the_container_toolchain_check_and_says_so(monkeypatch, capsys):
+    monkeypatch.setattr(testrun, "disk_preflight", lambda with_image, with_toolchain: None)
+    monkeypatch.setattr(rehearsal, "rehearse", lambda **kw: None)
+    for f in ("preflight", "start_venv", "finish"):
+        monkeypatch.setattr(toolchain, f, lambda *a: pytest.fail("ran the skipped check"))
+    monkeypatch.setattr(testrun, "lint", lambda: 0)
+    _recording(monkeypatch, [0])
+    args = types.SimpleNamespace(no_rehearsal=False, no_image=True, no_toolchain=True, pytest_args=["x"], workers=1)
+    assert testrun.cmd_test(args) == 0
+    assert "toolchain check skipped (--no-toolchain)" in capsys.readouterr().err
+
+
+def test_the_disk_preflight_counts_the_toolchain_venv_until_it_exists(monkeypatch, tmp_path):
+    warned = []
+    monkeypatch.setattr(testrun.ui, "warn", warned.append)
+    monkeypatch.setattr(testrun, "BUILD", tmp_path)
+    monkeypatch.setattr(toolchain, "VENV", tmp_path / "toolchain" / "venv")
+    (tmp_path / "rehearsal" / "venv").mkdir(parents=True)
+    free = testrun.NEED_GB["toolchain"] - 0.5 + 1.0       # enough for the rest, not for a new toolchain venv
+    monkeypatch.setattr(testrun, "free_gb", lambda path: free)
+    testrun.disk_preflight(with_image=False, with_toolchain=True)
+    assert len(warned) == 1 and "No space left" in warned[0]
+    warned.clear()
+    testrun.disk_preflight(with_image=False, with_toolchain=False)
+    toolchain.VENV.mkdir(parents=True)
+    testrun.disk_preflight(with_image=False, with_toolchain=True)
+    assert not warned
+
+
+def test_a_failed_rehearsal_stops_the_background_venv_build(monkeypatch):
+    from forge.errors import ForgeError
+    seen = []
+    monkeypatch.setattr(testrun, "disk_preflight", lambda with_image, with_toolchain: None)
+    monkeypatch.setattr(testrun, "lint", lambda: 0)
+    monkeypatch.setattr(toolchain, "preflight", lambda: {})
+    monkeypatch.setattr(toolchain, "start_venv", lambda pre: "child")
+    monkeypatch.setattr(toolchain, "finish", lambda pre, child: pytest.fail("checked after a failed rehearsal"))
+    monkeypatch.setattr(toolchain, "stop_venv", seen.append)
+
+    def fail(**kw):
+        raise ForgeError("rehearsal broke")
+    monkeypatch.setattr(rehearsal, "rehearse", fail)
+    args = types.SimpleNamespace(no_rehearsal=False, no_image=True, no_toolchain=False, pytest_args=["x"], workers=1)
+    with pytest.raises(ForgeError):
+        testrun.cmd_test(args)
+    assert seen == ["child"]
