@@ -82,8 +82,8 @@ kernels-check: venv ## compile-check kernels/csrc (hipcc gfx90a, nvcc sm_90) and
 bench-kernels: ## kernel benchmarks on a GPU machine (writes reports/kernels/)
 	@$(FORGE) bench-kernels
 
-calibrate: ## check and time every kernel candidate on this device; write its table (on the card, or a GPU machine; CALIBRATE_ARGS=...)
-	@$(FORGE) calibrate $(CALIBRATE_ARGS)
+calibrate: ## check and time every kernel candidate on this device; write its table (on the card, or a GPU machine; CALIBRATE_ARGS=...; FORCE=1 calibrates into a complete folder again)
+	@$(FORGE) calibrate $(CALIBRATE_ARGS) $(if $(filter 1,$(FORCE)),--force)
 
 serve: ## start the contest server command for a profile and wait for /health (PROFILE=, MODEL=dir, IMAGE=optional image)
 	@$(FORGE) serve --profile $(PROFILE)
@@ -100,8 +100,8 @@ score: ## the contest score of a run (or of what-if tok/s) against a baseline: R
 predict: ## predict the DCU tok/s per tier and the contest score: E2E=<e2e folder> | RUN=<run> REFERENCE=<run> | CALIBRATION=<calibrate folder> | SPEEDUP="prefill_attn=10 gemv=1.45" | TTFT_S=a,b,c TPOT_MS=a,b,c [BASELINE_NAME=] [OUT=<folder>] [LABEL=<name>]
 	@$(FORGE) predict $(if $(CALIBRATION),--calibration $(CALIBRATION)) $(if $(E2E),--e2e $(E2E)) $(if $(RUN),--run $(RUN)) $(if $(REFERENCE),--reference $(REFERENCE)) $(foreach s,$(SPEEDUP),--speedup $(s)) $(if $(TTFT_S),--ttft-s $(TTFT_S)) $(if $(TPOT_MS),--tpot-ms $(TPOT_MS)) $(if $(BASELINE_NAME),--baseline-name $(BASELINE_NAME)) $(if $(OUT),--out $(OUT)) $(if $(LABEL),--label $(LABEL))
 
-import-throughput: ## the organizers' run_throughput.sh results as a run folder (score, compare, predict read it) (FROM=<their testdata folder>)
-	@$(FORGE) import-throughput $(FROM) $(if $(RUN),--run-id $(RUN)) --profile $(PROFILE)
+import-throughput: ## the organizers' run_throughput.sh results as a run folder (score, compare, predict read it) (FROM=<their testdata folder>; FORCE=1 replaces a run folder that holds a run)
+	@$(FORGE) import-throughput $(FROM) $(if $(RUN),--run-id $(RUN)) --profile $(PROFILE) $(if $(filter 1,$(FORCE)),--force)
 
 compare: ## per-tier deltas between runs A and B, with a noise band (A=<run> B=<run>; REFERENCE=<run>: score both against it)
 	@$(FORGE) compare $(if $(A),--a $(A)) $(if $(B),--b $(B)) $(if $(REFERENCE),--reference $(REFERENCE))
@@ -112,7 +112,7 @@ sweep: ## serve, bench all tiers, score and stop for each profile in turn (PROFI
 accuracy: ## accuracy sets against the running server (official script or ours): run_accuracy.sh with DATA_DIR, else our LongBench-format evaluator; resumes; FORCE=1 replaces a recorded result
 	@$(FORGE) accuracy $(if $(RUN),--run-id $(RUN)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(filter 1,$(FORCE)),--force)
 
-report: ## regenerate reports/env-vars.md, optimization-plan.md, submission-readme.md
+report: ## regenerate reports/env-vars.md, optimization-plan.md, submission-readme.md and the submission's ENVIRONMENT.md and OPTIMIZATION.md (reports/submission/)
 	@$(FORGE) report --profile $(PROFILE)
 
 gpu-bundle: ## build the bundle for the end-to-end run on a GPU machine: build/gpu-bundle (patched vLLM, harness build; extra wheels, model dir, manifest)

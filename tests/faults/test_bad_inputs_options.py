@@ -210,7 +210,11 @@ def vendor_project(tmp: Path, setup_head: str) -> tuple[dict, Path]:
     setup.py and a CMakeLists.txt), with the sdist verified in the project's cache and no recorded
     optimization to document; returns (project, vendor folder)."""
     p = with_makefile(make_project(tmp / "proj", n_modules=10, n_patches=2))
-    (p["root"] / "configs" / "optimizations.yaml").write_text("optimizations: []\n")
+    # the documents quote one recorded run (configs/optimizations.yaml `submission`): the project's own
+    run = yaml.safe_load((ROOT / "configs" / "optimizations.yaml").read_text())["submission"]
+    shutil.copytree(ROOT / run["run"], p["root"] / run["run"])
+    (p["root"] / "configs" / "optimizations.yaml").write_text(yaml.safe_dump({"submission": run,
+                                                                             "optimizations": []}))
     author = tmp / "standin-author"                 # the project's stand-in for the vendor tree
     shutil.copytree(tmp / "upstream-src" / "ex" / "vllm-0.18.1", author)
     git = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
