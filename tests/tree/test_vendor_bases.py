@@ -74,8 +74,9 @@ def test_the_standin_submission_passes_its_preflight(standin_submission):
     _, r, rec = standin_submission
     checks = {x["check"]: x for x in rec["preflight"]}
     assert set(checks) == {"arch list", "offline", "extensions", "version", "rocm import", "patch check",
-                           "forbidden paths", "defaults on", "no build outputs"}
+                           "forbidden paths", "defaults on", "tuned tables", "no build outputs"}
     assert all(x["ok"] for x in rec["preflight"]), rec["preflight"]
+    assert "nvidia-h200-sm_90-132cu.json" in checks["tuned tables"]["detail"]     # read by the shipped loader
     assert "vllm._rocm_C" not in checks["extensions"]["detail"] and "0.18.1+das.dtk2604" in checks["version"]["detail"]
     assert "[ok] patch check" in r.stdout
 
