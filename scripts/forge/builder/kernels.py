@@ -24,7 +24,8 @@ CSRC = KERNELS / "csrc"
 
 
 def _resource_lines(text: str) -> list[str]:
-    keep = re.compile(r"(registers|spill|VGPRs|SGPRs|ScratchSize|LDS|Occupancy|stack frame)", re.I)
+    # whole words: "LDS" inside "bit-fields" of a header's warning is not a resource line
+    keep = re.compile(r"\b(registers|spill|VGPRs|SGPRs|ScratchSize|LDS|Occupancy|stack frame)\b", re.I)
     return [l.strip() for l in text.splitlines() if keep.search(l)][:40]
 
 
