@@ -1,21 +1,21 @@
 """The patched CMakeLists.txt never lets one of our kernels break vLLM's `_C`: a source of csrc/forge/ that
-does not compile with `_C`'s flags is left out with a warning and its ops are not registered; an intact
+does not compile the way `_C` compiles it is left out with a warning and its ops are not registered; an intact
 one is built in and registered.
 
 What runs, and what that proves at its size: the checked-sources block is cut verbatim from the patched
 tree's CMakeLists.txt (between its `dcu-forge: checked sources` markers) and included by a small CMake
-project that sets up what the block reads from vLLM's CMake for a HIP build: VLLM_GPU_LANG, the
-VLLM_GPU_FLAGS that the pinned cmake/utils.cmake's own get_torch_gpu_compiler_flags computes, vLLM's
-extra HIP flag, the target architecture (gfx90a: this hipcc does not know gfx936), Python_EXECUTABLE and
-a `torch` target whose headers are the CPU wheel's, hipified to the ROCm layout (builder.hipcompile).
-CMake's own HIP language (this hipcc's clang, set to C++17, the default of newer clangs such as DTK's)
-configures it: the block runs the pinned cmake/hipify.py and try_compile for real on the patched
-tree's csrc/, in which forge_gemv.cu is broken on purpose (a CUDA 12 launch attribute HIP does not
-have) and int8_kv_write.cu is intact. Then a stand-in `_C` target is built with the sources the block
-kept that the host compiler builds (the real patched torch_bindings.cpp) and `_C`'s definitions line
-copied from the patched CMakeLists.txt; its object shows which forge ops `_C` would register.
-Not covered here: compiling the kept .cu into the stand-in target (the block compiled it already, with
-the same flags), linking `_C`, DTK's compiler and gfx936 itself."""
+project set up as vLLM's CMakeLists.txt sets up a HIP build up to that point: the pinned cmake/utils.cmake,
+torch found through its own CMake config (the CPU wheel's; its headers completed to a ROCm torch's by the
+hipified ATen/hip and c10/hip folders and library stubs of builder.hipcompile, given as toolchain flags),
+CMake's HIP language (this hipcc's clang, C++17 as newer clangs such as DTK's default to), VLLM_GPU_FLAGS
+from utils.cmake's own get_torch_gpu_compiler_flags, vLLM's extra HIP flag and one target architecture
+(gfx90a: this hipcc does not know gfx936). The block then does for real what it does in vLLM's build: the
+pinned cmake/hipify.py over the patched tree's csrc/ and its probe project compiling each source, here with
+forge_gemv.cu broken on purpose (a CUDA 12 launch attribute HIP does not have) and int8_kv_write.cu intact.
+Then a stand-in `_C` target is built from what the block kept that the host compiler builds (the real
+patched torch_bindings.cpp) with `_C`'s definitions line copied from the patched CMakeLists.txt; its object
+shows which forge ops `_C` would register. Not covered here: compiling the kept .cu into the stand-in
+target (the probe compiled it already, the same way), linking `_C`, DTK's compiler and gfx936 itself."""
 
 import os
 import re
@@ -44,7 +44,7 @@ pytestmark = [
 ]
 
 
-def hip_toolchain(tmp: Path) -> tuple[list[str], dict]:
+def hip_toolchain(tmp: Path, extra_flags: list[str]) -> tuple[list[str], dict]:
     """CMake arguments and environment for CMake's HIP language with the installed hipcc's clang. A
     ROCm install has lib/cmake/hip-lang under its root; Debian keeps it under lib/<multiarch>/cmake, so
     a root of links is made for it."""
@@ -65,23 +65,24 @@ def hip_toolchain(tmp: Path) -> tuple[list[str], dict]:
         for pkg in cmake_dir.iterdir():
             (root / "lib" / "cmake" / pkg.name).symlink_to(pkg)
         env["CMAKE_PREFIX_PATH"] = str(cmake_dir)
-    return [f"-DCMAKE_HIP_COMPILER={clang}", f"-DCMAKE_HIP_COMPILER_ROCM_ROOT={root}",
-            f"-DCMAKE_HIP_FLAGS={' '.join(flags)}"], env
+    # C++17: the default of newer clangs such as DTK's; this clang 15 defaults to C++14
+    return [f"-DCMAKE_HIP_COMPILER={clang}", f"-DCMAKE_HIP_COMPILER_ROCM_ROOT={root}", "-DCMAKE_HIP_STANDARD=17",
+            f"-DCMAKE_HIP_FLAGS={' '.join([*flags, *extra_flags])}"], env
 
 
 PROJECT = """cmake_minimum_required(VERSION 3.21)
-project(forge_checked_sources LANGUAGES CXX HIP)
+project(forge_checked_sources LANGUAGES CXX)
 set(CMAKE_CXX_STANDARD 17)
-# what the block reads from vLLM's CMake for a HIP build
+# what the block reads from vLLM's CMake for a HIP build, set up as vLLM's CMakeLists.txt does
 set(VLLM_GPU_LANG HIP)
 set(Python_EXECUTABLE "{python}")
 include(cmake/utils.cmake)
+append_cmake_prefix_path("torch" "torch.utils.cmake_prefix_path")
+find_package(Torch REQUIRED)
+enable_language(HIP)
 get_torch_gpu_compiler_flags(VLLM_GPU_FLAGS HIP)
 set(CMAKE_HIP_FLAGS "${{CMAKE_HIP_FLAGS}} -Wno-unused-result")
-set(CMAKE_HIP_STANDARD 17)
 set(VLLM_GPU_ARCHES gfx90a)
-add_library(torch INTERFACE IMPORTED)
-set_target_properties(torch PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "{torch_includes}")
 set(VLLM_EXT_SRC "csrc/torch_bindings.cpp")
 include(forge_block.cmake)
 file(WRITE "${{CMAKE_BINARY_DIR}}/kept.txt" "${{VLLM_EXT_SRC}}\\n${{FORGE_EXT_DEFS}}\\n")
@@ -108,11 +109,12 @@ def test_a_broken_source_is_left_out_and_an_intact_one_built_in(tmp_path):
     gemv = project / "csrc" / "forge" / "forge_gemv.cu"
     text = gemv.read_text()
     gemv.write_text(text.replace("namespace fgemv {", BREAK + "namespace fgemv {", 1))
-    includes = [a[2:] for a in hipcompile.rocm_torch_include_args(tmp_path / "torch")]
     (project / "CMakeLists.txt").write_text(PROJECT.format(
-        python=sys.executable, torch_includes=";".join(includes), python_include=sysconfig.get_paths()["include"],
-        defs_line=DEFS_LINE))
-    args, env = hip_toolchain(tmp_path)
+        python=sys.executable, python_include=sysconfig.get_paths()["include"], defs_line=DEFS_LINE))
+    # torch's CUDA headers in the ROCm layout and the library stubs, beside the CPU wheel's headers that the
+    # torch target brings: given to the compiler as a toolchain's flags
+    overlay = hipcompile.rocm_header_overlay(tmp_path / "torch")
+    args, env = hip_toolchain(tmp_path, [f"-isystem {d}" for d in overlay])
     build = tmp_path / "build"
     conf = subprocess.run(["cmake", "-S", project, "-B", build, "-DCMAKE_BUILD_TYPE=RelWithDebInfo", *args],
                           env=env, capture_output=True, text=True, timeout=1200)

@@ -110,9 +110,10 @@ def cuda_torch_include_args(work: Path) -> list[str]:
     return [f"-I{p}" for p in [*torch_include_dirs(), write_stubs(work / "cuda-stubs", CUDA_STUBS)]]
 
 
-def rocm_torch_include_args(work: Path) -> list[str]:
-    """Include flags for the hipcc in-`_C` compile: torch's CUDA headers hipified as a ROCm torch ships
-    them (ATen/hip, c10/hip; hipified in a copy, searched first), then torch's own headers, then stubs."""
+def rocm_header_overlay(work: Path) -> list[Path]:
+    """Folders that turn the CPU wheel's torch headers into a ROCm torch's: torch's CUDA headers hipified
+    as a ROCm torch ships them (ATen/hip, c10/hip; hipified in a copy), and the library stubs. Their
+    names do not occur among the wheel's own headers, so they can sit anywhere on the include path."""
     inc = torch_include_dirs()
     hip = work / "torch-rocm-include"
     shutil.rmtree(hip, ignore_errors=True)
@@ -122,8 +123,13 @@ def rocm_torch_include_args(work: Path) -> list[str]:
              what="hipify of torch's CUDA headers (the ROCm layout)")
     for sub in ("ATen/cuda", "c10/cuda"):
         shutil.rmtree(hip / sub)
-    stubs = write_stubs(work / "hip-stubs", HIP_STUBS)
-    return [f"-I{p}" for p in [hip, *inc, stubs]]
+    return [hip, write_stubs(work / "hip-stubs", HIP_STUBS)]
+
+
+def rocm_torch_include_args(work: Path) -> list[str]:
+    """Include flags for the hipcc in-`_C` compile: torch's headers as a ROCm torch ships them."""
+    hip, stubs = rocm_header_overlay(work)
+    return [f"-I{p}" for p in [hip, *torch_include_dirs(), stubs]]
 
 
 def _hip_block(utils_cmake: str) -> str:
