@@ -34,32 +34,32 @@ IN_C_HIP = "gfx90a (in vLLM's _C: hipified, vLLM's HIP flags, torch headers in R
 
 
 def _in_c_compilers(out_dir: Path, sources: list[Path], strict: bool) -> tuple[list, list[str]]:
-    """The two in-`_C` modes (builder.hipcompile) and the problems of our glue against vLLM's idiom.
-    The HIP mode needs the pinned vLLM source (its cmake/hipify.py, flags and reference kernels)."""
+    """The two in-`_C` modes (builder.hipcompile) and the problems of our glue against vLLM's idiom. The
+    HIP mode and the glue check need the pinned vLLM source (its cmake/hipify.py, flags, reference
+    kernels); a mode that cannot run here is given with the reason instead of its command."""
     try:
-        cuda_inc = hipcompile.cuda_torch_include_args(out_dir)
-    except ImportError:
-        ui.warn("torch is not importable here: skipping the in-_C compiles of kernels/csrc")
-        return [], []
-    compilers = [("nvcc", IN_C_CUDA, lambda src, obj: ["nvcc", "-arch=sm_90", "-std=c++17", "-O3", "-c", "-DFORGE_IN_VLLM",
-                                                        "-DTORCH_EXTENSION_NAME=_C", *cuda_inc, "-o", obj, src], {})]
-    try:
-        vllm = fetch.ensure_source()
+        vllm, no_source = fetch.ensure_source(), None
     except ForgeError as e:
         if strict:
             raise
-        ui.warn(f"the pinned vLLM source is not available ({e}): skipping the HIP in-_C compile")
-        return compilers, []
-    glue = hipcompile.glue_problems(sources, vllm)
-    if shutil.which("hipcc"):
-        flags = hipcompile.vllm_hip_flags(vllm)
-        build_csrc, hipified = hipcompile.hipify_like_vllm(vllm, sources, out_dir / "hipify")
-        inc = [*hipcompile.rocm_torch_include_args(out_dir), f"-I{build_csrc}"]
-        compilers.append(("hipcc", IN_C_HIP, lambda src, obj: [
-            "hipcc", "--offload-arch=gfx90a", *flags, "-Rpass-analysis=kernel-resource-usage", *inc, "-c",
-            "-o", obj, hipified[src]], {"HIP_PLATFORM": "amd"}))
-    else:
-        compilers.append(("hipcc", IN_C_HIP, None, {}))
+        vllm, no_source = None, f"the pinned vLLM source is not available ({e.message})"
+    glue = hipcompile.glue_problems(sources, vllm) if vllm else []
+    try:
+        cuda_inc = hipcompile.cuda_torch_include_args(out_dir)
+    except ImportError:
+        return [("nvcc", IN_C_CUDA, "torch is not importable here", {}),
+                ("hipcc", IN_C_HIP, "torch is not importable here", {})], glue
+    compilers = [("nvcc", IN_C_CUDA, lambda src, obj: ["nvcc", "-arch=sm_90", "-std=c++17", "-O3", "-c", "-DFORGE_IN_VLLM",
+                                                        "-DTORCH_EXTENSION_NAME=_C", *cuda_inc, "-o", obj, src], {})]
+    if vllm is None or not shutil.which("hipcc"):
+        compilers.append(("hipcc", IN_C_HIP, no_source or "hipcc not installed", {}))
+        return compilers, glue
+    flags = hipcompile.vllm_hip_flags(vllm)
+    build_csrc, hipified = hipcompile.hipify_like_vllm(vllm, sources, out_dir / "hipify")
+    inc = [*hipcompile.rocm_torch_include_args(out_dir), f"-I{build_csrc}"]
+    compilers.append(("hipcc", IN_C_HIP, lambda src, obj: [
+        "hipcc", "--offload-arch=gfx90a", *flags, "-Rpass-analysis=kernel-resource-usage", *inc, "-c",
+        "-o", obj, hipified[src]], {"HIP_PLATFORM": "amd"}))
     return compilers, glue
 
 
@@ -79,12 +79,13 @@ def compile_csrc(out_dir: Path, strict: bool) -> tuple[list[dict], list[str]]:
     for src in sources:
         for tool, arch, argv, env in [*compilers, *in_c]:
             rec = {"source": src.relative_to(KERNELS.parent).as_posix(), "compiler": tool, "arch": arch}
-            if argv is None or not shutil.which(tool):
+            skipped = argv if isinstance(argv, str) else None if shutil.which(tool) else f"{tool} not installed"
+            if skipped:
                 if strict:
-                    raise ForgeError(f"{tool} is not installed", hint="apt-get install -y hipcc" if tool == "hipcc"
+                    raise ForgeError(f"{tool} {arch}: {skipped}", hint="apt-get install -y hipcc" if tool == "hipcc"
                                      else "install the CUDA toolkit")
-                ui.warn(f"{tool} not installed: skipping {rec['source']} for {arch}")
-                results.append({**rec, "ok": None, "skipped": f"{tool} not installed"})
+                ui.warn(f"skipping {rec['source']} for {tool} {arch}: {skipped}")
+                results.append({**rec, "ok": None, "skipped": skipped})
                 continue
             obj = out_dir / f"{src.stem}.{arch.split()[0]}.{len(results)}.o"
             res = proc.run(argv(src, obj), env=env, capture=True, check=False, what=f"{tool} {arch}")
