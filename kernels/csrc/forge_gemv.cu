@@ -473,7 +473,14 @@ extern "C" int forge_gemv_raw(const void* x, const void* w, void* out, int M, in
 // The torch glue is written as vLLM's own csrc/activation_kernels.cu and csrc/cache_kernels.cu write
 // theirs (the current stream from ATen/cuda/CUDAContext.h, the device guard from c10/cuda/CUDAGuard.h),
 // so the hipify step of vLLM's ROCm build meets only names it already maps for vLLM's own kernels.
+// Built as a torch extension of its own (tests, benchmark, the GPU harness), the stream comes from
+// c10/cuda/CUDAStream.h instead: the same names, without the cuBLAS/cuSPARSE/cuSOLVER headers
+// CUDAContext.h pulls in, which a CUDA install with nvcc alone lacks.
+#if defined(FORGE_IN_VLLM)
 #include <ATen/cuda/CUDAContext.h>
+#else
+#include <c10/cuda/CUDAStream.h>
+#endif
 #include <torch/all.h>
 #if !defined(FORGE_IN_VLLM) && defined(TORCH_EXTENSION_NAME)
 #include <torch/library.h>

@@ -171,10 +171,14 @@ extern "C" int forge_int8_kv_write_raw(const void* key, const void* value, void*
 // The torch glue is written as vLLM's own csrc/cache_kernels.cu and csrc/activation_kernels.cu write
 // theirs (the current stream from ATen/cuda/CUDAContext.h, the device guard from c10/cuda/CUDAGuard.h),
 // so the hipify step of vLLM's ROCm build meets only names it already maps for vLLM's own kernels.
-#include <ATen/cuda/CUDAContext.h>
+// Built as a torch extension of its own (tests, benchmarks), the stream comes from c10/cuda/CUDAStream.h
+// instead: the same names, without the cuBLAS/cuSPARSE/cuSOLVER headers CUDAContext.h pulls in, which
+// a CUDA install with nvcc alone lacks.
 #if defined(FORGE_IN_VLLM)
+#include <ATen/cuda/CUDAContext.h>
 #include <torch/all.h>
 #else
+#include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 #endif
 #include <c10/cuda/CUDAGuard.h>

@@ -23,13 +23,24 @@ def test_our_glue_uses_only_what_vllms_kernels_use():
 
 
 def test_a_name_outside_vllms_idiom_is_named_with_its_line(tmp_path):
+    """Only what vLLM's _C build compiles is held to the idiom: the branch of a torch extension of its own
+    (FORGE_IN_VLLM undefined) is not; a branch on anything else (the compiler) is; comments are not code."""
     src = tmp_path / "k.cu"
     src.write_text("#include <c10/cuda/CUDAStream.h>\n"
-                   "#include <c10/cuda/CUDAGuard.h>\n"
+                   "#if defined(FORGE_IN_VLLM)\n"
+                   "#include <ATen/cuda/CUDAContext.h>\n"
+                   "#else\n"
+                   "#include <c10/cuda/CUDAFunctions.h>\n"
+                   "#endif\n"
+                   "#ifdef __HIPCC__\n"
+                   "#include <c10/cuda/CUDAMathCompat.h>\n"
+                   "#endif\n"
                    "void f(T& x) {\n"
-                   "  const at::cuda::OptionalCUDAGuard device_guard(device_of(x));\n"
+                   "  const at::cuda::OptionalCUDAGuard device_guard(device_of(x));  // not c10::cuda::current_device\n"
                    "  launch(c10::cuda::getCurrentCUDAStream());\n"
                    "}\n")
+    refs = " or ".join(hipcompile.REFERENCE_SOURCES)
     assert hipcompile.glue_problems([src], TREE) == [
-        f"k.cu:1: c10/cuda/CUDAStream.h is not used by vLLM's {' or '.join(hipcompile.REFERENCE_SOURCES)}",
-        f"k.cu:5: c10::cuda::getCurrentCUDAStream is not used by vLLM's {' or '.join(hipcompile.REFERENCE_SOURCES)}"]
+        f"k.cu:1: c10/cuda/CUDAStream.h is not used by vLLM's {refs}",
+        f"k.cu:8: c10/cuda/CUDAMathCompat.h is not used by vLLM's {refs}",
+        f"k.cu:12: c10::cuda::getCurrentCUDAStream is not used by vLLM's {refs}"]

@@ -14,13 +14,15 @@ way with the same torch's hipify. The ROCm libraries those headers include and D
 call none of them. The same holds on CUDA for the in-`_C` nvcc compile: the CUDA install here has no
 cuBLAS/cuSPARSE/cuSOLVER headers, so those are stubs too.
 
-`glue_problems` is the other half: every torch name our glue uses that hipify rewrites (includes of
-ATen/cuda and c10/cuda headers, `at::cuda`/`c10::cuda` names, and `device_of`) must occur in vLLM's own reference sources compiled into `_C` for ROCm
+`glue_problems` is the other half: every torch name our glue uses in what `_C` compiles (the branches
+for FORGE_IN_VLLM) that hipify rewrites (includes of ATen/cuda and c10/cuda headers, `at::cuda`/`c10::cuda`
+names, and `device_of`) must occur in vLLM's own reference sources compiled into `_C` for ROCm
 (REFERENCE_SOURCES), so whichever hipify the container's torch carries, it meets only what it already
 maps for vLLM's own kernels."""
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import sys
@@ -183,14 +185,79 @@ def hipify_like_vllm(src: Path, sources: list[Path], work: Path) -> tuple[Path, 
     return build / "csrc", hipified
 
 
+# what vLLM's _C build defines for our sources; the preprocessor branches these decide are skipped when
+# the glue is checked (a torch extension of its own, the C launcher), any other branch is checked
+IN_C_MACROS = {"FORGE_IN_VLLM": True, "TORCH_EXTENSION_NAME": True, "FORGE_STANDALONE": False}
+
+
+def _condition(expr: str) -> bool | None:
+    """An #if expression over IN_C_MACROS (defined(X), !, &&, ||, parentheses); None if it names anything else."""
+    expr = re.sub(r"defined\s*\(\s*(\w+)\s*\)|defined\s+(\w+)", lambda m: f" D_{m.group(1) or m.group(2)} ", expr)
+    env = {}
+    for name in set(re.findall(r"[A-Za-z_]\w*", expr)):
+        macro = name[2:] if name.startswith("D_") else name
+        if macro not in IN_C_MACROS or "!=" in expr:
+            return None
+        env[name] = IN_C_MACROS[macro]
+    try:
+        tree = ast.parse(expr.replace("&&", " and ").replace("||", " or ").replace("!", " not ").strip(), mode="eval")
+    except SyntaxError:
+        return None
+
+    def value(node) -> bool:
+        if isinstance(node, ast.BoolOp):
+            parts = [value(v) for v in node.values]
+            return all(parts) if isinstance(node.op, ast.And) else any(parts)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            return not value(node.operand)
+        if isinstance(node, ast.Name):
+            return env[node.id]
+        if isinstance(node, ast.Constant):
+            return bool(node.value)
+        raise ValueError(ast.dump(node))
+
+    try:
+        return value(tree.body)
+    except ValueError:
+        return None
+
+
+def lines_in_c(text: str):
+    """(line number, code) of each line vLLM's _C build may compile: lines in a branch IN_C_MACROS rules
+    out are left out; comments are dropped."""
+    stack: list[list] = []            # per #if: [this branch: True/False/None, an earlier branch was taken]
+    for i, line in enumerate(text.splitlines(), 1):
+        d = re.match(r"\s*#\s*(ifdef|ifndef|if|elif|else|endif)\b(.*)", line)
+        if not d:
+            if all(frame[0] is not False for frame in stack):
+                yield i, line.split("//")[0]
+            continue
+        kind, rest = d.group(1), d.group(2).split("//")[0].strip()
+        if kind in ("ifdef", "ifndef", "if"):
+            cond = _condition(f"defined({rest})" if kind == "ifdef" else
+                              f"!defined({rest})" if kind == "ifndef" else rest)
+            stack.append([cond, cond is True])
+        elif kind == "elif" and stack:
+            frame = stack[-1]
+            cond = _condition(rest)
+            frame[0] = False if frame[1] else cond
+            frame[1] = frame[1] or cond is True
+        elif kind == "else" and stack:
+            frame = stack[-1]
+            frame[0] = False if frame[1] else (None if frame[0] is None else True)
+        elif kind == "endif" and stack:
+            stack.pop()
+
+
 def glue_problems(sources: list[Path], src: Path) -> list[str]:
-    """Each torch include and at::/c10:: CUDA name of our sources that vLLM's reference sources do not use."""
+    """Each torch include and at::/c10:: CUDA name of our sources, in what vLLM's _C build compiles, that
+    vLLM's reference sources do not use."""
     known: set[str] = set()
     for ref in REFERENCE_SOURCES:
         known |= {"".join(m.groups("")) for m in GLUE_NAME.finditer((src / ref).read_text())}
     problems = []
     for s in sources:
-        for i, line in enumerate(s.read_text().splitlines(), 1):
+        for i, line in lines_in_c(s.read_text()):
             for m in GLUE_NAME.finditer(line):
                 name = "".join(m.groups(""))
                 if name not in known:
