@@ -4,8 +4,10 @@ What vLLM 0.18.1's HIP build does to a source of `_C` (define_extension_target, 
 copies csrc/ into the build folder and runs cmake/hipify.py (torch's hipify_python, as a PyTorch
 extension) over it, then compiles the .hip file with VLLM_GPU_FLAGS (torch's COMMON_HIP_FLAGS and
 COMMON_HIPCC_FLAGS plus vLLM's own list, read here from the pinned cmake/utils.cmake), the HIP flags
-CMakeLists.txt adds, C++17, the build type's flags (setup.py: RelWithDebInfo; less -g here), -DTORCH_EXTENSION_NAME=_C
-and our FORGE_IN_VLLM, against the headers of the installed ROCm torch.
+CMakeLists.txt adds, the build type's flags (setup.py: RelWithDebInfo; less -g here),
+-DTORCH_EXTENSION_NAME=_C and our FORGE_IN_VLLM, against the headers of the installed ROCm torch. The
+language standard: vLLM sets C++17 for its C++ sources and none for HIP ones, which get the compiler's
+default (C++17 from clang 16 on); this check gives -std=c++17 (its clang 15 defaults to C++14).
 
 A ROCm torch ships its CUDA headers hipified: ATen/cuda/* as ATen/hip/*, c10/cuda/* as c10/hip/*
 (torch's tools/amd_build runs hipify over them). Here the CPU torch's own headers are hipified the same
@@ -145,7 +147,8 @@ def _hip_block(utils_cmake: str) -> str:
 def vllm_hip_flags(src: Path) -> list[str]:
     """The compile flags vLLM's CMake gives a `_C` source under HIP, read from the pinned tree: the
     VLLM_GPU_FLAGS of get_torch_gpu_compiler_flags (torch's lists, evaluated by this torch as CMake's
-    run_python does, then vLLM's APPEND list), the HIP flags CMakeLists.txt adds, C++17 and the build type."""
+    run_python does, then vLLM's APPEND list), the HIP flags CMakeLists.txt adds, C++17 (vLLM's C++
+    standard; see the module's docstring) and the build type."""
     block = _hip_block((src / "cmake" / "utils.cmake").read_text())
     expr = re.search(r'run_python\(GPU_FLAGS\s+"((?:[^"\\]|\\.)*)"', block)
     appended = re.search(r"list\(APPEND GPU_FLAGS(.*?)\)", block, re.S)
