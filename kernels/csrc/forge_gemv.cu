@@ -470,12 +470,22 @@ extern "C" int forge_gemv_raw(const void* x, const void* w, void* out, int M, in
                             static_cast<forge_stream_t>(stream));
 }
 #else
+// The torch glue is written as vLLM's own csrc/activation_kernels.cu and csrc/cache_kernels.cu write
+// theirs (the current stream from ATen/cuda/CUDAContext.h, the device guard from c10/cuda/CUDAGuard.h),
+// so the hipify step of vLLM's ROCm build meets only names it already maps for vLLM's own kernels.
+// Built as a torch extension of its own (tests, benchmark, the GPU harness), the stream comes from
+// c10/cuda/CUDAStream.h instead: the same names, without the cuBLAS/cuSPARSE/cuSOLVER headers
+// CUDAContext.h pulls in, which a CUDA install with nvcc alone lacks.
+#if defined(FORGE_IN_VLLM)
+#include <ATen/cuda/CUDAContext.h>
+#else
+#include <c10/cuda/CUDAStream.h>
+#endif
 #include <torch/all.h>
 #if !defined(FORGE_IN_VLLM) && defined(TORCH_EXTENSION_NAME)
 #include <torch/library.h>
 #endif
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 namespace fgemv {
 inline void run_op(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& w, int64_t block, int64_t rows,
@@ -500,7 +510,8 @@ inline void run_op(torch::Tensor& out, const torch::Tensor& x, const torch::Tens
   TORCH_CHECK(out.size(0) == M && out.size(1) == n_out, name, ": out must be (", M, ", ", n_out, "), got (",
               out.size(0), ", ", out.size(1), ")");
   TORCH_CHECK(w.size(0) < (int64_t(1) << 31) && K < (int64_t(1) << 31), name, ": shape too large");
-  const at::cuda::OptionalCUDAGuard guard(device_of(x));
+  const at::cuda::OptionalCUDAGuard device_guard(device_of(x));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   Params p;
   p.x = reinterpret_cast<const uint16_t*>(x.data_ptr());
   p.w = reinterpret_cast<const uint16_t*>(w.data_ptr());
@@ -510,8 +521,7 @@ inline void run_op(torch::Tensor& out, const torch::Tensor& x, const torch::Tens
   p.x_stride = M == 1 ? K : x.stride(0);
   p.out_stride = M == 1 ? n_out : out.stride(0);
   const bool vec = vec_ok(p.x, p.x_stride, p.w, p.K);
-  const int rc = launch(p, silu, vec, static_cast<int>(block), static_cast<int>(rows), FORGE_ON_AMD,
-                        c10::cuda::getCurrentCUDAStream());
+  const int rc = launch(p, silu, vec, static_cast<int>(block), static_cast<int>(rows), FORGE_ON_AMD, stream);
   TORCH_CHECK(rc != -2, name, ": block = ", block, ", rows = ", rows,
               " is not built for M = ", M, " (block 0/64/128/256/512/640/768, rows 0/1/2/4/8, fused rows 0/1/2/4;",
               " at M > 2 on AMD or block >= 640: rows <= 4, fused rows <= 2)");

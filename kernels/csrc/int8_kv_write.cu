@@ -168,13 +168,20 @@ extern "C" int forge_int8_kv_write_raw(const void* key, const void* value, void*
   return forge::launch(p, dtype, static_cast<forge_stream_t>(stream));
 }
 #else
+// The torch glue is written as vLLM's own csrc/cache_kernels.cu and csrc/activation_kernels.cu write
+// theirs (the current stream from ATen/cuda/CUDAContext.h, the device guard from c10/cuda/CUDAGuard.h),
+// so the hipify step of vLLM's ROCm build meets only names it already maps for vLLM's own kernels.
+// Built as a torch extension of its own (tests, benchmarks), the stream comes from c10/cuda/CUDAStream.h
+// instead: the same names, without the cuBLAS/cuSPARSE/cuSOLVER headers CUDAContext.h pulls in, which
+// a CUDA install with nvcc alone lacks.
 #if defined(FORGE_IN_VLLM)
+#include <ATen/cuda/CUDAContext.h>
 #include <torch/all.h>
 #else
+#include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 #endif
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 void forge_int8_kv_write(torch::Tensor& key, torch::Tensor& value, torch::Tensor& k_data, torch::Tensor& v_data,
                          torch::Tensor& k_scale, torch::Tensor& v_scale, torch::Tensor& slot_mapping) {
@@ -191,7 +198,8 @@ void forge_int8_kv_write(torch::Tensor& key, torch::Tensor& value, torch::Tensor
     case at::kBFloat16: dtype = forge::kBFloat16; break;
     default: TORCH_CHECK(false, "unsupported key dtype");
   }
-  const at::cuda::OptionalCUDAGuard guard(device_of(key));
+  const at::cuda::OptionalCUDAGuard device_guard(device_of(key));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   forge::WriteParams p;
   p.key = key.data_ptr(); p.value = value.data_ptr();
   p.k_data = k_data.data_ptr<int8_t>(); p.v_data = v_data.data_ptr<int8_t>();
@@ -205,7 +213,7 @@ void forge_int8_kv_write(torch::Tensor& key, torch::Tensor& value, torch::Tensor
   p.svd_b = v_data.stride(0); p.svd_o = v_data.stride(1); p.svd_h = v_data.stride(2); p.svd_d = v_data.stride(3);
   p.sks_b = k_scale.stride(0); p.sks_h = k_scale.stride(1); p.sks_o = k_scale.stride(2);
   p.svs_b = v_scale.stride(0); p.svs_h = v_scale.stride(1); p.svs_o = v_scale.stride(2);
-  const int rc = forge::launch(p, dtype, c10::cuda::getCurrentCUDAStream());
+  const int rc = forge::launch(p, dtype, stream);
   TORCH_CHECK(rc == 0, "forge_int8_kv_write launch failed: ", rc);
 }
 

@@ -1,10 +1,13 @@
 """The compiled int8 quantize-on-write (kernels/csrc/int8_kv_write.cu) is part of vLLM's own _C build
 and can be selected at run time (VLLM_FORGE_INT8_WRITE=compiled).
 
-On a CPU box there is no _C, so: the patched build files are checked (CMake source list, the op's
-registration, torch_bindings.cpp passes a C++ syntax check against torch's headers), and the
-switch is driven end to end with a stand-in op registered under the real op name."""
+On a CPU box there is no _C, so: the patched build files are checked (the source among CMake's checked
+sources with its definition, the op's registration under that definition, torch_bindings.cpp passes a
+C++ syntax check against torch's headers with every forge op registered), and the switch is driven end
+to end with a stand-in op registered under the real op name. What the checked sources do with a source
+that does not compile: tests/compile/test_cmake_checked_sources.py."""
 
+import re
 import shutil
 import subprocess
 import sysconfig
@@ -16,13 +19,25 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def checked_sources(tree: Path) -> dict[str, str]:
+    """source -> definition, from the forge_checked_sources(...) call of the patched CMakeLists.txt."""
+    call = re.search(r"\nforge_checked_sources\(FORGE_EXT_SRC FORGE_EXT_DEFS(.*?)\)", (tree / "CMakeLists.txt").read_text(),
+                     re.S)
+    assert call, "CMakeLists.txt does not check our sources before adding them to _C"
+    return dict(re.findall(r'"(csrc/forge/[^"]+)"\s+(FORGE_HAS_\w+)', call.group(1)))
+
+
 def test_cmake_and_bindings_carry_the_kernel(patched_tree):
     cmake = (patched_tree / "CMakeLists.txt").read_text()
-    assert '"csrc/forge/int8_kv_write.cu"' in cmake and "FORGE_IN_VLLM=1" in cmake
+    assert checked_sources(patched_tree)["csrc/forge/int8_kv_write.cu"] == "FORGE_HAS_INT8_KV_WRITE"
+    assert "list(APPEND VLLM_EXT_SRC ${FORGE_EXT_SRC})" in cmake
+    assert "target_compile_definitions(_C PRIVATE FORGE_IN_VLLM=1 ${FORGE_EXT_DEFS})" in cmake
     assert (patched_tree / "csrc" / "forge" / "int8_kv_write.cu").read_bytes() == \
         (ROOT / "kernels" / "csrc" / "int8_kv_write.cu").read_bytes()
     binds = (patched_tree / "csrc" / "torch_bindings.cpp").read_text()
-    assert 'cache_ops.impl("forge_int8_kv_write", torch::kCUDA, &forge_int8_kv_write)' in binds
+    guarded = re.search(r"#ifdef FORGE_HAS_INT8_KV_WRITE\n(.*?)#endif", binds, re.S)
+    assert guarded and 'cache_ops.impl("forge_int8_kv_write", torch::kCUDA, &forge_int8_kv_write)' in guarded.group(1)
+    assert binds.count("forge_int8_kv_write") == guarded.group(1).count("forge_int8_kv_write")
     assert "forge_int8_kv_write(" in (patched_tree / "csrc" / "cache.h").read_text()
 
 
@@ -34,7 +49,8 @@ def test_torch_bindings_compile(patched_tree, tmp_path):
     stub.write_text("#pragma once\n")
     inc = [f"-I{p}" for p in ce.include_paths()] + [f"-I{tmp_path}", f"-I{patched_tree / 'csrc'}",
                                                     f"-I{sysconfig.get_paths()['include']}"]
-    res = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-DTORCH_EXTENSION_NAME=_C", *inc,
+    every_op = [f"-D{d}=1" for d in checked_sources(patched_tree).values()]
+    res = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-DTORCH_EXTENSION_NAME=_C", *every_op, *inc,
                           str(patched_tree / "csrc" / "torch_bindings.cpp")],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]

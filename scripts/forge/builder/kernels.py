@@ -1,7 +1,10 @@
 """Kernel verbs. `kernels-check`: compile-only checks that need no GPU — kernels/csrc with nvcc
-(sm_90) and hipcc (gfx90a, HIP_PLATFORM=amd), and the Triton kernels ahead of time for the AMD
-stand-in targets and sm_90 with the LDS (≤ 64 KiB) and register-spill check; writes
-reports/kernels/compile-check.{json,md}. `bench-kernels`: the GPU benchmark (on a GPU machine)."""
+(sm_90) and hipcc (gfx90a, HIP_PLATFORM=amd) standalone, and as part of vLLM's `_C`: nvcc with torch's
+headers, and hipcc the way vLLM's CMake builds a `_C` source for ROCm (builder.hipcompile: hipify,
+vLLM's HIP flags, torch's headers in the ROCm layout); our torch glue checked against vLLM's own
+kernels' idiom; the Triton kernels ahead of time for the AMD stand-in targets and sm_90 with the LDS
+(≤ 64 KiB) and register-spill check. Writes reports/kernels/compile-check.{json,md}. `bench-kernels`:
+the GPU benchmark (on a GPU machine)."""
 
 from __future__ import annotations
 
@@ -15,30 +18,56 @@ from pathlib import Path
 from .. import config, proc, ui
 from ..errors import ForgeError
 from ..paths import BUILD, KERNELS, REPORTS, rel
-from . import fetch, provenance
+from . import fetch, hipcompile, provenance
 
 CSRC = KERNELS / "csrc"
 
 
 def _resource_lines(text: str) -> list[str]:
-    keep = re.compile(r"(registers|spill|VGPRs|SGPRs|ScratchSize|LDS|Occupancy|stack frame)", re.I)
+    # whole words: "LDS" inside "bit-fields" of a header's warning is not a resource line
+    keep = re.compile(r"\b(registers|spill|VGPRs|SGPRs|ScratchSize|LDS|Occupancy|stack frame)\b", re.I)
     return [l.strip() for l in text.splitlines() if keep.search(l)][:40]
 
 
-def torch_include_args(stub_dir: Path) -> list[str]:
-    """Include flags for compiling kernels/csrc the way vLLM's _C build does (FORGE_IN_VLLM), against
-    the project venv's torch headers. CPU torch wheels ship the CUDA headers but not the generated
-    c10/cuda/impl/cuda_cmake_macros.h, so an empty one is provided."""
-    import torch.utils.cpp_extension as ce
-    stub = stub_dir / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
-    stub.parent.mkdir(parents=True, exist_ok=True)
-    stub.write_text("#pragma once\n")
-    return [f"-I{p}" for p in ce.include_paths()] + [f"-I{stub_dir}"]
+IN_C_CUDA = "sm_90 (in vLLM's _C, torch headers)"
+IN_C_HIP = "gfx90a (in vLLM's _C: hipified, vLLM's HIP flags, torch headers in ROCm layout)"
 
 
-def compile_csrc(out_dir: Path, strict: bool) -> list[dict]:
+def _in_c_compilers(out_dir: Path, sources: list[Path], strict: bool) -> tuple[list, list[str]]:
+    """The two in-`_C` modes (builder.hipcompile) and the problems of our glue against vLLM's idiom. The
+    HIP mode and the glue check need the pinned vLLM source (its cmake/hipify.py, flags, reference
+    kernels); a mode that cannot run here is given with the reason instead of its command."""
+    try:
+        vllm, no_source = fetch.ensure_source(), None
+    except ForgeError as e:
+        if strict:
+            raise
+        vllm, no_source = None, f"the pinned vLLM source is not available ({e.message})"
+    glue = hipcompile.glue_problems(sources, vllm) if vllm else []
+    try:
+        cuda_inc = hipcompile.cuda_torch_include_args(out_dir)
+    except ImportError:
+        return [("nvcc", IN_C_CUDA, "torch is not importable here", {}),
+                ("hipcc", IN_C_HIP, "torch is not importable here", {})], glue
+    compilers = [("nvcc", IN_C_CUDA, lambda src, obj: ["nvcc", "-arch=sm_90", "-std=c++17", "-O3", "-c", "-DFORGE_IN_VLLM",
+                                                        "-DTORCH_EXTENSION_NAME=_C", *cuda_inc, "-o", obj, src], {})]
+    if vllm is None or not shutil.which("hipcc"):
+        compilers.append(("hipcc", IN_C_HIP, no_source or "hipcc not installed", {}))
+        return compilers, glue
+    flags = hipcompile.vllm_hip_flags(vllm)
+    build_csrc, hipified = hipcompile.hipify_like_vllm(vllm, sources, out_dir / "hipify")
+    inc = [*hipcompile.rocm_torch_include_args(out_dir), f"-I{build_csrc}"]
+    compilers.append(("hipcc", IN_C_HIP, lambda src, obj: [
+        "hipcc", "--offload-arch=gfx90a", *flags, "-Rpass-analysis=kernel-resource-usage", *inc, "-c",
+        "-o", obj, hipified[src]], {"HIP_PLATFORM": "amd"}))
+    return compilers, glue
+
+
+def compile_csrc(out_dir: Path, strict: bool) -> tuple[list[dict], list[str]]:
+    """Every source of kernels/csrc in every mode; returns the records and the glue's problems."""
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
+    sources = sorted(CSRC.glob("*.cu"))
     compilers = [
         ("nvcc", "sm_90", lambda src, obj: ["nvcc", "-arch=sm_90", "-O3", "-c", "-DFORGE_STANDALONE",
                                            "-Xptxas", "-v", "-o", obj, src], {}),
@@ -46,22 +75,17 @@ def compile_csrc(out_dir: Path, strict: bool) -> list[dict]:
                                              "-Rpass-analysis=kernel-resource-usage", "-o", obj, src],
          {"HIP_PLATFORM": "amd"}),
     ]
-    try:
-        inc = torch_include_args(out_dir / "stub-include")
-        compilers.append(("nvcc", "sm_90 (in vLLM's _C, torch headers)",
-                          lambda src, obj: ["nvcc", "-arch=sm_90", "-std=c++17", "-O3", "-c", "-DFORGE_IN_VLLM",
-                                            "-DTORCH_EXTENSION_NAME=_C", *inc, "-o", obj, src], {}))
-    except ImportError:
-        ui.warn("torch is not importable here: skipping the torch-extension compile of kernels/csrc")
-    for src in sorted(CSRC.glob("*.cu")):
-        for tool, arch, argv, env in compilers:
+    in_c, glue = _in_c_compilers(out_dir, sources, strict)
+    for src in sources:
+        for tool, arch, argv, env in [*compilers, *in_c]:
             rec = {"source": src.relative_to(KERNELS.parent).as_posix(), "compiler": tool, "arch": arch}
-            if not shutil.which(tool):
+            skipped = argv if isinstance(argv, str) else None if shutil.which(tool) else f"{tool} not installed"
+            if skipped:
                 if strict:
-                    raise ForgeError(f"{tool} is not installed", hint="apt-get install -y hipcc" if tool == "hipcc"
+                    raise ForgeError(f"{tool} {arch}: {skipped}", hint="apt-get install -y hipcc" if tool == "hipcc"
                                      else "install the CUDA toolkit")
-                ui.warn(f"{tool} not installed: skipping {rec['source']} for {arch}")
-                results.append({**rec, "ok": None, "skipped": f"{tool} not installed"})
+                ui.warn(f"skipping {rec['source']} for {tool} {arch}: {skipped}")
+                results.append({**rec, "ok": None, "skipped": skipped})
                 continue
             obj = out_dir / f"{src.stem}.{arch.split()[0]}.{len(results)}.o"
             res = proc.run(argv(src, obj), env=env, capture=True, check=False, what=f"{tool} {arch}")
@@ -73,7 +97,7 @@ def compile_csrc(out_dir: Path, strict: bool) -> list[dict]:
             results.append({**rec, "ok": ok, "resources": _resource_lines(text),
                             "error": None if res.returncode == 0 else text[-3000:], "spills": spills})
             ui.info(f"{tool} {arch} {rec['source']}: {'ok' if ok else 'FAILED'}")
-    return results
+    return results, glue
 
 
 def cmd_kernels_check(args) -> int:
@@ -82,7 +106,7 @@ def cmd_kernels_check(args) -> int:
     results = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                "command": "make kernels-check", "forge": provenance.forge_commit(),
                "toolchain": provenance.toolchain()}
-    results["csrc"] = compile_csrc(out, args.strict)
+    results["csrc"], results["glue_problems"] = compile_csrc(out, args.strict)
     targets = [x for t in [*b["aot_targets"], "cuda:90"] for x in ("--target", t)]
     aot_json = out / "aot.json"
     res = proc.run([sys.executable, KERNELS / "aot.py", *targets, "--json", aot_json], check=False,
@@ -100,13 +124,20 @@ def cmd_kernels_check(args) -> int:
         state = "skipped: " + r["skipped"] if r.get("skipped") else ("ok" if r["ok"] else "FAILED")
         lines.append(f"| {r['source']} | {r['compiler']} | {r['arch']} | {state} | "
                      f"{'<br>'.join(r.get('resources', [])[:4])} |")
-    lines += ["", f"Triton AOT ({', '.join(t for t in targets if t != '--target')}): "
-              f"{'ok' if results['triton_aot_ok'] else 'FAILED'} — details in compile-check.json"]
+    glue = results["glue_problems"]
+    lines += ["", f"Torch glue against vLLM's idiom ({' and '.join(hipcompile.REFERENCE_SOURCES)} of the pinned "
+              "source: every torch include and at::/c10:: CUDA name of ours is one they use): "
+              + ("ok" if not glue else "FAILED<br>" + "<br>".join(glue)),
+              "", f"Triton AOT ({', '.join(t for t in targets if t != '--target')}): "
+              f"{'ok' if results['triton_aot_ok'] else 'FAILED'} — details in compile-check.json",
+              "", "The HIP in-_C mode follows vLLM's CMake for a `_C` source under ROCm (hipify, VLLM_GPU_FLAGS, "
+              "torch's headers in the ROCm layout); not verified here:", "",
+              *(f"- {u}" for u in hipcompile.UNVERIFIED)]
     (report_dir / "compile-check.md").write_text("\n".join(lines) + "\n")
     failed = [r for r in results["csrc"] if r["ok"] is False]
-    if failed or not results["triton_aot_ok"]:
-        detail = "\n".join(f"{r['source']} [{r['compiler']} {r['arch']}]: " +
-                           (r["error"] or "; ".join(r["spills"]))[:1500] for r in failed)
+    if failed or glue or not results["triton_aot_ok"]:
+        detail = "\n".join([*(f"{r['source']} [{r['compiler']} {r['arch']}]: " +
+                              (r["error"] or "; ".join(r["spills"]))[:1500] for r in failed), *glue])
         if not results["triton_aot_ok"]:
             detail += "\n" + ((res.stdout or "") + (res.stderr or ""))[-2000:]
         raise ForgeError("kernel compile check failed:\n" + detail, hint=f"see {rel(report_dir / 'compile-check.md')}")
@@ -136,8 +167,10 @@ def cmd_bench_kernels(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("kernels-check", help="compile-check kernels/csrc (hipcc gfx90a, nvcc sm_90) and Triton AOT targets")
-    p.add_argument("--strict", action="store_true", help="fail when nvcc or hipcc is missing")
+    p = sub.add_parser("kernels-check", help="compile-check kernels/csrc (hipcc gfx90a, nvcc sm_90; standalone and "
+                       "as in vLLM's _C) and Triton AOT targets")
+    p.add_argument("--strict", action="store_true",
+                   help="fail when nvcc, hipcc or the pinned vLLM source (for the HIP in-_C compile) is missing")
     p.add_argument("--report-dir", metavar="DIR",
                    help="where compile-check.{md,json} go (default reports/kernels; the tests write elsewhere)")
     p.set_defaults(func=cmd_kernels_check)

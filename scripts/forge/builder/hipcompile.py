@@ -1,0 +1,281 @@
+"""kernels/csrc compiled as vLLM's CMake compiles a `_C` source for ROCm, on a box without a ROCm torch.
+
+What vLLM 0.18.1's HIP build does to a source of `_C` (define_extension_target, cmake/utils.cmake):
+copies csrc/ into the build folder and runs cmake/hipify.py (torch's hipify_python, as a PyTorch
+extension) over it, then compiles the .hip file with VLLM_GPU_FLAGS (torch's COMMON_HIP_FLAGS and
+COMMON_HIPCC_FLAGS plus vLLM's own list, read here from the pinned cmake/utils.cmake), the HIP flags
+CMakeLists.txt adds, the build type's flags (setup.py: RelWithDebInfo; less -g here),
+-DTORCH_EXTENSION_NAME=_C and our FORGE_IN_VLLM, against the headers of the installed ROCm torch. The
+language standard: vLLM sets C++17 for its C++ sources and none for HIP ones, which get the compiler's
+default (C++17 from clang 16 on); this check gives -std=c++17 (its clang 15 defaults to C++14).
+
+A ROCm torch ships its CUDA headers hipified: ATen/cuda/* as ATen/hip/*, c10/cuda/* as c10/hip/*
+(torch's tools/amd_build runs hipify over them). Here the CPU torch's own headers are hipified the same
+way with the same torch's hipify. The ROCm libraries those headers include and Debian does not package
+(rocThrust's complex, hipBLAS, hipBLASLt, hipSPARSE, hipSOLVER) are declaration stubs: our kernels
+call none of them. The same holds on CUDA for the in-`_C` nvcc compile: the CUDA install here has no
+cuBLAS/cuSPARSE/cuSOLVER headers, so those are stubs too.
+
+`glue_problems` is the other half: every torch name our glue uses in what `_C` compiles (the branches
+for FORGE_IN_VLLM) that hipify rewrites (includes of ATen/cuda and c10/cuda headers, `at::cuda`/`c10::cuda`
+names, and `device_of`) must occur in vLLM's own reference sources compiled into `_C` for ROCm
+(REFERENCE_SOURCES), so whichever hipify the container's torch carries, it meets only what it already
+maps for vLLM's own kernels."""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from .. import proc
+from ..errors import ForgeError
+
+# vLLM's own kernels whose torch glue ours follows (stream from ATen/cuda/CUDAContext.h, guard from
+# c10/cuda/CUDAGuard.h): the cache and activation kernels, both in every ROCm build of _C.
+REFERENCE_SOURCES = ("csrc/cache_kernels.cu", "csrc/activation_kernels.cu")
+# the torch glue hipify rewrites: includes of torch's CUDA headers, at::cuda / c10::cuda names; and device_of
+GLUE_NAME = re.compile(r"#\s*include\s*[<\"]((?:ATen|c10)/cuda/[^>\"]+)[>\"]|\b((?:at|c10)::cuda::\w+)|\b(device_of)\b")
+
+# CMake's flags for the build type setup.py picks (RelWithDebInfo) with clang, less -g (debug info
+# for torch's headers makes each compile several times slower and changes no code)
+BUILD_TYPE_FLAGS = ["-O2", "-DNDEBUG"]
+
+# Declaration stubs of library headers torch's headers include and this box lacks (see the docstring).
+_THRUST_UNARY = ("acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "exp", "log", "log10",
+                 "proj", "sin", "sinh", "sqrt", "tan", "tanh")
+HIP_STUBS = {
+    "thrust/complex.h": "\n".join([
+        "#pragma once", "namespace thrust {",
+        "template <typename T> struct complex {",
+        "  __host__ __device__ complex(T re = T(), T im = T()) : re_(re), im_(im) {}",
+        "  __host__ __device__ T real() const { return re_; }",
+        "  __host__ __device__ T imag() const { return im_; }",
+        "  T re_, im_;", "};",
+        *(f"template <typename T> __host__ __device__ complex<T> {f}(const complex<T>&);" for f in _THRUST_UNARY),
+        "template <typename T> __host__ __device__ T abs(const complex<T>&);",
+        "template <typename T> __host__ __device__ complex<T> polar(const T&, const T& = T());",
+        "template <typename T, typename U> __host__ __device__ complex<T> pow(const complex<T>&, const complex<U>&);",
+        "template <typename T, typename U> __host__ __device__ complex<T> pow(const complex<T>&, const U&);",
+        "template <typename T, typename U> __host__ __device__ complex<U> pow(const T&, const complex<U>&);",
+        "}", ""]),
+    "hipblas/hipblas.h": "#pragma once\ntypedef void* hipblasHandle_t;\n"
+                         "typedef enum { HIPBLAS_STATUS_SUCCESS = 0 } hipblasStatus_t;\n",
+    "hipblaslt/hipblaslt.h": "#pragma once\ntypedef void* hipblasLtHandle_t;\n",
+    "hipsparse/hipsparse.h": "#pragma once\ntypedef void* hipsparseHandle_t;\n"
+                             "typedef enum { HIPSPARSE_STATUS_SUCCESS = 0 } hipsparseStatus_t;\n"
+                             "const char* hipsparseGetErrorString(hipsparseStatus_t);\n",
+    "hipsolver/hipsolver.h": "#pragma once\ntypedef void* hipsolverHandle_t;\ntypedef hipsolverHandle_t hipsolverDnHandle_t;\n"
+                             "typedef enum { HIPSOLVER_STATUS_SUCCESS = 0, HIPSOLVER_STATUS_INVALID_VALUE = 3 } "
+                             "hipsolverStatus_t;\n",
+    # generated by a ROCm torch's build (from hip_cmake_macros.h.in)
+    "c10/hip/impl/hip_cmake_macros.h": "#pragma once\n",
+}
+CUDA_STUBS = {
+    "cublas_v2.h": "#pragma once\ntypedef struct cublasContext* cublasHandle_t;\n"
+                   "typedef enum { CUBLAS_STATUS_SUCCESS = 0 } cublasStatus_t;\n",
+    "cublasLt.h": "#pragma once\ntypedef struct cublasLtContext* cublasLtHandle_t;\n",
+    "cusparse.h": "#pragma once\ntypedef struct cusparseContext* cusparseHandle_t;\n"
+                  "typedef enum { CUSPARSE_STATUS_SUCCESS = 0 } cusparseStatus_t;\n"
+                  "const char* cusparseGetErrorString(cusparseStatus_t);\n",
+    "cusolver_common.h": "#pragma once\ntypedef enum { CUSOLVER_STATUS_SUCCESS = 0, CUSOLVER_STATUS_INVALID_VALUE = 3 } "
+                         "cusolverStatus_t;\n",
+    "cusolverDn.h": "#pragma once\n#include <cusolver_common.h>\ntypedef struct cusolverDnContext* cusolverDnHandle_t;\n",
+    # generated by a CUDA torch's build; the CPU wheel lacks it
+    "c10/cuda/impl/cuda_cmake_macros.h": "#pragma once\n",
+}
+
+HIPIFY_HEADERS = """
+import os, sys
+from torch.utils.hipify.hipify_python import hipify
+inc = os.path.abspath(sys.argv[1])
+hipify(project_directory=inc, output_directory=inc, includes=[os.path.join(inc, "c10/cuda/*"),
+       os.path.join(inc, "ATen/cuda/*")], ignores=[os.path.join(inc, "*/hip/*")], is_pytorch_extension=False,
+       hip_clang_launch=True, show_detailed=False, show_progress=False)
+"""
+
+
+def write_stubs(out: Path, stubs: dict[str, str]) -> Path:
+    for name, text in stubs.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    return out
+
+
+def torch_include_dirs() -> list[Path]:
+    import torch.utils.cpp_extension as ce  # heavy optional dependency: only kernels-check needs it
+    return [Path(p) for p in ce.include_paths()]
+
+
+def cuda_torch_include_args(work: Path) -> list[str]:
+    """Include flags for the nvcc in-`_C` compile: the CPU wheel's torch headers plus the stubs."""
+    return [f"-I{p}" for p in [*torch_include_dirs(), write_stubs(work / "cuda-stubs", CUDA_STUBS)]]
+
+
+def rocm_header_overlay(work: Path) -> list[Path]:
+    """Folders that turn the CPU wheel's torch headers into a ROCm torch's: torch's CUDA headers hipified
+    as a ROCm torch ships them (ATen/hip, c10/hip; hipified in a copy), and the library stubs. Their
+    names do not occur among the wheel's own headers, so they can sit anywhere on the include path."""
+    inc = torch_include_dirs()
+    hip = work / "torch-rocm-include"
+    shutil.rmtree(hip, ignore_errors=True)
+    for sub in ("ATen/cuda", "c10/cuda"):
+        shutil.copytree(inc[0] / sub, hip / sub)
+    proc.run([sys.executable, "-c", HIPIFY_HEADERS, hip], capture=True,
+             what="hipify of torch's CUDA headers (the ROCm layout)")
+    for sub in ("ATen/cuda", "c10/cuda"):
+        shutil.rmtree(hip / sub)
+    return [hip, write_stubs(work / "hip-stubs", HIP_STUBS)]
+
+
+def rocm_torch_include_args(work: Path) -> list[str]:
+    """Include flags for the hipcc in-`_C` compile: torch's headers as a ROCm torch ships them."""
+    hip, stubs = rocm_header_overlay(work)
+    return [f"-I{p}" for p in [hip, *torch_include_dirs(), stubs]]
+
+
+def _hip_block(utils_cmake: str) -> str:
+    m = re.search(r'elseif\(\$\{GPU_LANG\} STREQUAL "HIP"\)(.*?)\n\s*endif\(\)', utils_cmake, re.S)
+    if not m:
+        raise ForgeError("cmake/utils.cmake: no HIP branch in get_torch_gpu_compiler_flags",
+                         hint="the pinned vLLM source changed; update scripts/forge/builder/hipcompile.py")
+    return m.group(1)
+
+
+def vllm_hip_flags(src: Path) -> list[str]:
+    """The compile flags vLLM's CMake gives a `_C` source under HIP, read from the pinned tree: the
+    VLLM_GPU_FLAGS of get_torch_gpu_compiler_flags (torch's lists, evaluated by this torch as CMake's
+    run_python does, then vLLM's APPEND list), the HIP flags CMakeLists.txt adds, C++17 (vLLM's C++
+    standard; see the module's docstring) and the build type."""
+    block = _hip_block((src / "cmake" / "utils.cmake").read_text())
+    expr = re.search(r'run_python\(GPU_FLAGS\s+"((?:[^"\\]|\\.)*)"', block)
+    appended = re.search(r"list\(APPEND GPU_FLAGS(.*?)\)", block, re.S)
+    if not (expr and appended):
+        raise ForgeError("cmake/utils.cmake: the HIP flags are no longer set the way this check reads them",
+                         hint="update scripts/forge/builder/hipcompile.py to the pinned source")
+    torch_flags = proc.output([sys.executable, "-c", expr.group(1).replace('\\"', '"')],
+                              what="torch's HIP flags (as vLLM's CMake reads them)").split(";")
+    flags = [f for f in torch_flags if f] + re.findall(r'"([^"]+)"', appended.group(1))
+    lists = (src / "CMakeLists.txt").read_text()
+    for m in re.finditer(r'set\(CMAKE_\$\{VLLM_GPU_LANG\}_FLAGS "\$\{CMAKE_\$\{VLLM_GPU_LANG\}_FLAGS\} ([^"]+)"\)', lists):
+        flags += m.group(1).split()
+    std = re.search(r"set\(CMAKE_CXX_STANDARD (\d+)\)", lists)
+    return [*flags, f"-std=c++{std.group(1) if std else 17}", *BUILD_TYPE_FLAGS,
+            "-DTORCH_EXTENSION_NAME=_C", "-DFORGE_IN_VLLM=1"]
+
+
+def hipify_like_vllm(src: Path, sources: list[Path], work: Path) -> tuple[Path, dict[Path, Path]]:
+    """Run the pinned cmake/hipify.py over our sources placed as the overlay places them (csrc/forge/),
+    the way hipify_sources_target runs it (from the build folder, csrc/ copied beside). Returns the
+    build folder's csrc/ (an include directory of `_C`) and each source's .hip file."""
+    project = work / "src-csrc"
+    shutil.rmtree(project, ignore_errors=True)
+    (project / "forge").mkdir(parents=True)
+    for s in sources:
+        shutil.copyfile(s, project / "forge" / s.name)
+    build = work / "build"
+    shutil.rmtree(build, ignore_errors=True)
+    build.mkdir(parents=True)
+    rels = [f"csrc/forge/{s.name}" for s in sources]
+    out = proc.output([sys.executable, src / "cmake" / "hipify.py", "-p", project, "-o", build / "csrc", *rels],
+                      cwd=build, what="vLLM's cmake/hipify.py over kernels/csrc")
+    hipified = {s: build / "csrc" / "forge" / f"{s.stem}.hip" for s in sources}
+    missing = [h.name for h in hipified.values() if not h.is_file()]
+    if missing:
+        raise ForgeError(f"vLLM's cmake/hipify.py wrote no {', '.join(missing)}:\n{out[-2000:]}")
+    return build / "csrc", hipified
+
+
+# what vLLM's _C build defines for our sources; the preprocessor branches these decide are skipped when
+# the glue is checked (a torch extension of its own, the C launcher), any other branch is checked
+IN_C_MACROS = {"FORGE_IN_VLLM": True, "TORCH_EXTENSION_NAME": True, "FORGE_STANDALONE": False}
+
+
+def _condition(expr: str) -> bool | None:
+    """An #if expression over IN_C_MACROS (defined(X), !, &&, ||, parentheses); None if it names anything else."""
+    expr = re.sub(r"defined\s*\(\s*(\w+)\s*\)|defined\s+(\w+)", lambda m: f" D_{m.group(1) or m.group(2)} ", expr)
+    env = {}
+    for name in set(re.findall(r"[A-Za-z_]\w*", expr)):
+        macro = name[2:] if name.startswith("D_") else name
+        if macro not in IN_C_MACROS or "!=" in expr:
+            return None
+        env[name] = IN_C_MACROS[macro]
+    try:
+        tree = ast.parse(expr.replace("&&", " and ").replace("||", " or ").replace("!", " not ").strip(), mode="eval")
+    except SyntaxError:
+        return None
+
+    def value(node) -> bool:
+        if isinstance(node, ast.BoolOp):
+            parts = [value(v) for v in node.values]
+            return all(parts) if isinstance(node.op, ast.And) else any(parts)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            return not value(node.operand)
+        if isinstance(node, ast.Name):
+            return env[node.id]
+        if isinstance(node, ast.Constant):
+            return bool(node.value)
+        raise ValueError(ast.dump(node))
+
+    try:
+        return value(tree.body)
+    except ValueError:
+        return None
+
+
+def lines_in_c(text: str):
+    """(line number, code) of each line vLLM's _C build may compile: lines in a branch IN_C_MACROS rules
+    out are left out; comments are dropped."""
+    stack: list[list] = []            # per #if: [this branch: True/False/None, an earlier branch was taken]
+    for i, line in enumerate(text.splitlines(), 1):
+        d = re.match(r"\s*#\s*(ifdef|ifndef|if|elif|else|endif)\b(.*)", line)
+        if not d:
+            if all(frame[0] is not False for frame in stack):
+                yield i, line.split("//")[0]
+            continue
+        kind, rest = d.group(1), d.group(2).split("//")[0].strip()
+        if kind in ("ifdef", "ifndef", "if"):
+            cond = _condition(f"defined({rest})" if kind == "ifdef" else
+                              f"!defined({rest})" if kind == "ifndef" else rest)
+            stack.append([cond, cond is True])
+        elif kind == "elif" and stack:
+            frame = stack[-1]
+            cond = _condition(rest)
+            frame[0] = False if frame[1] else cond
+            frame[1] = frame[1] or cond is True
+        elif kind == "else" and stack:
+            frame = stack[-1]
+            frame[0] = False if frame[1] else (None if frame[0] is None else True)
+        elif kind == "endif" and stack:
+            stack.pop()
+
+
+def glue_problems(sources: list[Path], src: Path) -> list[str]:
+    """Each torch include and at::/c10:: CUDA name of our sources, in what vLLM's _C build compiles, that
+    vLLM's reference sources do not use."""
+    known: set[str] = set()
+    for ref in REFERENCE_SOURCES:
+        known |= {"".join(m.groups("")) for m in GLUE_NAME.finditer((src / ref).read_text())}
+    problems = []
+    for s in sources:
+        for i, line in lines_in_c(s.read_text()):
+            for m in GLUE_NAME.finditer(line):
+                name = "".join(m.groups(""))
+                if name not in known:
+                    problems.append(f"{s.name}:{i}: {name} is not used by vLLM's {' or '.join(REFERENCE_SOURCES)}")
+    return problems
+
+
+UNVERIFIED = [
+    "DTK's own hipcc and clang (this check uses Debian's hipcc, ROCm 5.2, clang 15)",
+    "gfx936 itself (this hipcc does not know it; gfx90a stands in: gfx9, wave64)",
+    "the DAS torch's real ROCm headers and its hipify: this box hipifies the CPU wheel's headers with "
+    "that wheel's torch (torch >= 2.11 no longer renames CUDA classes to Masquerading HIP ones; torch 2.10 "
+    "does); the glue check is what covers either: our glue uses only names vLLM's own cache and activation "
+    "kernels use, which the vendor's build compiles",
+    "the ROCm and CUDA math library headers torch includes (rocThrust, hipBLAS, hipBLASLt, hipSPARSE, "
+    "hipSOLVER; cuBLAS, cuSPARSE, cuSOLVER) are declaration stubs",
+    "the link of _C and loading it (only compiles are checked)",
+]
