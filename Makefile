@@ -76,7 +76,7 @@ warm-kernels: ## (in the image) compile our Triton kernels for ARCH into TRITON_
 self-check: ## (in the image) check that the installed vLLM is our wheel
 	@$(FORGE) self-check
 
-kernels-check: venv ## compile-check kernels/csrc (hipcc gfx90a, nvcc sm_90) and Triton AOT targets
+kernels-check: venv ## compile-check kernels/csrc (hipcc gfx90a, nvcc sm_90; standalone and as in vLLM's _C) and Triton AOT targets
 	@$(FORGE) kernels-check
 
 bench-kernels: ## kernel benchmarks on a GPU machine (writes reports/kernels/)

@@ -8,6 +8,7 @@ the GPU benchmark (on a GPU machine)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime as dt
 import json
 import re
@@ -15,7 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from .. import config, proc, ui
+from .. import config, options, proc, ui
 from ..errors import ForgeError
 from ..paths import BUILD, KERNELS, REPORTS, rel
 from . import fetch, hipcompile, provenance
@@ -76,6 +77,7 @@ def compile_csrc(out_dir: Path, strict: bool) -> tuple[list[dict], list[str]]:
          {"HIP_PLATFORM": "amd"}),
     ]
     in_c, glue = _in_c_compilers(out_dir, sources, strict)
+    jobs = []
     for src in sources:
         for tool, arch, argv, env in [*compilers, *in_c]:
             rec = {"source": src.relative_to(KERNELS.parent).as_posix(), "compiler": tool, "arch": arch}
@@ -87,16 +89,24 @@ def compile_csrc(out_dir: Path, strict: bool) -> tuple[list[dict], list[str]]:
                 ui.warn(f"skipping {rec['source']} for {tool} {arch}: {skipped}")
                 results.append({**rec, "ok": None, "skipped": skipped})
                 continue
-            obj = out_dir / f"{src.stem}.{arch.split()[0]}.{len(results)}.o"
-            res = proc.run(argv(src, obj), env=env, capture=True, check=False, what=f"{tool} {arch}")
-            text = (res.stdout or "") + (res.stderr or "")
-            spills = [l for l in _resource_lines(text) if re.search(r"spill", l, re.I) and
-                      not re.search(r"\b0 bytes spill stores, 0 bytes spill loads|Spill: 0|SpillCount: 0", l)]
-            spills = [l for l in spills if re.search(r"[1-9]\d* bytes spill|Spill\w*: [1-9]", l)]
-            ok = res.returncode == 0 and not spills
-            results.append({**rec, "ok": ok, "resources": _resource_lines(text),
-                            "error": None if res.returncode == 0 else text[-3000:], "spills": spills})
-            ui.info(f"{tool} {arch} {rec['source']}: {'ok' if ok else 'FAILED'}")
+            obj = out_dir / f"{src.stem}.{arch.split()[0]}.{len(results) + len(jobs)}.o"
+            jobs.append((rec, argv(src, obj), env, tool, arch))
+
+    def one(job) -> dict:
+        rec, cmd, env, tool, arch = job
+        res = proc.run(cmd, env=env, capture=True, check=False, what=f"{tool} {arch}")
+        text = (res.stdout or "") + (res.stderr or "")
+        spills = [l for l in _resource_lines(text) if re.search(r"spill", l, re.I) and
+                  not re.search(r"\b0 bytes spill stores, 0 bytes spill loads|Spill: 0|SpillCount: 0", l)]
+        spills = [l for l in spills if re.search(r"[1-9]\d* bytes spill|Spill\w*: [1-9]", l)]
+        ok = res.returncode == 0 and not spills
+        ui.info(f"{tool} {arch} {rec['source']}: {'ok' if ok else 'FAILED'}")
+        return {**rec, "ok": ok, "resources": _resource_lines(text),
+                "error": None if res.returncode == 0 else text[-3000:], "spills": spills}
+
+    # each compile is its own process: as many at once as this machine has cores, results in order
+    with concurrent.futures.ThreadPoolExecutor(max_workers=options.usable_cores()) as pool:
+        results += list(pool.map(one, jobs))
     return results, glue
 
 
