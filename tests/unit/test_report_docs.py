@@ -9,7 +9,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import ROOT, forge  # noqa: E402
 
-from forge.run import contest, profiles  # noqa: E402
+from forge.contest import profiles  # noqa: E402
+from forge.contest import rules as contest  # noqa: E402
 
 
 def test_reports(tmp_path):

@@ -18,8 +18,9 @@ import pytest
 import yaml
 from helpers import ROOT, h200_e2e
 
-from forge.run import contest as contest_mod
-from forge.run import contest_docs, profiles
+from forge.contest import profiles
+from forge.contest import rules as contest_mod
+from forge.run import contest_docs
 from forge.run.submission_text import References, sentences
 
 TIERS = ["4-8K", "8-16K", "16-32K"]

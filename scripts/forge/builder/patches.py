@@ -11,9 +11,9 @@ import shutil
 from pathlib import Path
 
 from .. import ui
+from ..contest.rules import load_contest
 from ..errors import ForgeError
 from ..paths import BUILD, PATCHES, TREE, rel
-from ..run.contest import load_contest
 from . import bases, offline, tree
 from .patchfile import REVIEW_SECTIONS, diff_paths, parse, read_series
 

@@ -67,7 +67,7 @@ def _commit_docs(repo: Path, docs: dict[str, str], base: str) -> str:
 
 
 def submission_md(base: str, state: dict, contest: dict) -> str:
-    from ..run.contest import organizers_argv
+    from ..contest.rules import organizers_argv
     argv = organizers_argv(contest, contest["server"]["start_script"]["model_placeholder"])
     head = ("**STAND-IN BASE: not for pushing.** This repository starts from CI's stand-in for the vendor tree "
             "(the vLLM 0.18.1 sdist plus our re-creation of the vendor's seven build changes), written where no "
@@ -93,7 +93,7 @@ def submission_md(base: str, state: dict, contest: dict) -> str:
 
 
 def _forbidden_touches(repo: Path, first: str, code: str) -> list[str]:
-    from ..run.contest import load_contest
+    from ..contest.rules import load_contest
     c = load_contest()
     names = tree.git_out(repo, "diff", "--name-only", first, code).splitlines()
     return [f"{n}: forbidden by the contest ({fp['glob']}): \"{c['rules'][fp['rule']]['text']}\""
@@ -102,7 +102,9 @@ def _forbidden_touches(repo: Path, first: str, code: str) -> list[str]:
 
 def preflight(repo: Path, base: str, code_commit: str, first: str) -> list[dict]:
     """What the platform runs, as far as this machine can; [{check, ok, detail}]."""
-    from ..run import contest, contest_docs, profiles
+    from ..contest import profiles
+    from ..contest import rules as contest
+    from ..run import contest_docs
     out = [{"check": name, "ok": ok, "detail": detail} for name, ok, detail in basecheck.check(repo)]
     checked = patches.check(which=[base])[base]
     ours = tree.git_out(repo, "rev-parse", f"{code_commit}^{{tree}}")
@@ -179,7 +181,8 @@ def write_submission(into: str | None = None, base: str | None = None, vendor_sr
     """Write the repository and run its pre-flight. Nothing is written to the target before the
     pre-flight has run on the new repository: one that stops (a Python that cannot run setup.py, an
     interrupt) leaves the target, and build/submission-preflight.json, as they were."""
-    from ..run import contest, contest_docs
+    from ..contest import rules as contest
+    from ..run import contest_docs
     if vendor_src and base == "standin":
         raise ForgeError(f"--vendor-src {vendor_src} goes with the vendor base; the stand-in base does not read it",
                          hint="leave out --base standin to build on that checkout, or leave out --vendor-src for "

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from ..run import contest as contest_mod
 from ..run import runs, synth
 from ..run.score_doc import fmt
 from .serverlog import log_facts

@@ -16,9 +16,9 @@ from collections import Counter
 from pathlib import Path
 
 from .. import options, paths, proc, ui
+from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..hashing import sha256_file
-from . import contest as contest_mod
 from . import runs, score, serve
 
 # --- metrics (LongBench's definitions) -----------------------------------------------------------
@@ -232,7 +232,7 @@ def run_official(contest: dict, script: Path, data_dir: Path, rdir: Path, host: 
                  model: str) -> dict:
     """Run the official script; its scores are returned only when it exits 0 and reports some. A
     failed run is kept as accuracy.failed.json and accuracy.failed.log, which `forge score` ignores."""
-    from .profiles import loopback_env
+    from ..contest.profiles import loopback_env
     rdir.mkdir(parents=True, exist_ok=True)
     live = rdir / "accuracy.run.log"
     live.unlink(missing_ok=True)

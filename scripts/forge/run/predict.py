@@ -24,9 +24,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import paths, ui
+from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from . import archive, results, runs, score, synth
-from . import contest as contest_mod
 from .timemodel import (
     ASSUMPTIONS,
     COMPONENTS,

@@ -289,7 +289,7 @@ def run(args, contest: dict, workload: dict) -> int:
     """Read and check everything (the calibration, the e2e results of --check-e2e), then print and
     write: a damaged input prints no prediction and writes nothing."""
     from .. import ui
-    from . import contest as contest_mod
+    from ..contest import rules as contest_mod
     from .timemodel import print_table, score_prediction
     doc, records = load(Path(args.calibration))
     fac = factors(doc, records, workload)

@@ -12,8 +12,9 @@ import shlex
 from pathlib import Path
 
 from .. import config, paths, ui
-from . import contest as contest_mod
-from . import contest_docs, profiles, runs
+from ..contest import profiles
+from ..contest import rules as contest_mod
+from . import contest_docs, runs
 
 # Licences of the components a submission is built from (as published by each project).
 LICENCES = {

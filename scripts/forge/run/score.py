@@ -18,8 +18,8 @@ import math
 from pathlib import Path
 
 from .. import options, paths, ui
+from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from . import contest as contest_mod
 from . import results, runs
 from .results import check_result, finite_positive, read_result, request_tpots_ms  # noqa: F401
 from .score_doc import HARNESS_LABEL, chart, print_run, print_what_if, render_md

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from .. import config, paths
 from ..builder import provenance, tree
+from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from . import contest as contest_mod
 from . import results
 
 HINT = "check configs/optimizations.yaml (the run and the profiles it served)"

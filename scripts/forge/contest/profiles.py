@@ -10,7 +10,7 @@ from pathlib import Path
 from ..config import Field, load_yaml, validate
 from ..errors import ForgeError
 from ..paths import CONFIGS, rel
-from . import contest as contest_mod
+from . import rules as contest_mod
 
 PROFILES = CONFIGS / "serve"
 
