@@ -7,8 +7,9 @@ import subprocess
 import pytest
 from pipeline_fixtures import REVIEW, make_patch, make_sdist, upstream_cfg
 
-from forge.builder import patches, patchfile, tree
+from forge.builder import patches, tree
 from forge.errors import ForgeError
+from forge.recipe import patchfile
 
 
 @pytest.fixture

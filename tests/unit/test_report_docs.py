@@ -104,7 +104,7 @@ def test_provenance_versions_are_real(tmp_path):
     import subprocess
     from importlib import metadata
 
-    from forge.builder import provenance
+    from forge.recipe import provenance
     tc = provenance.toolchain()
     for dist in ("setuptools", "setuptools_scm", "triton", "torch"):
         try:

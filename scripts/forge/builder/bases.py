@@ -223,7 +223,7 @@ def standin_source(source: str = "auto") -> Path:
 def standin_base(source: str = "auto") -> Base:
     sd = config.upstream()["sdist"]
     patch = standin_patch()
-    from .patchfile import parse
+    from ..recipe.patchfile import parse
     rec = parse(patch)
     msg = (f"vendor stand-in (CI): vLLM {config.upstream()['version']} sdist sha256 {sd['sha256'][:16]}… plus "
            f"{rel(patch)}; NOT the vendor tree\n\n{rec.subject}\n\n{rec.body}")

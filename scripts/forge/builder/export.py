@@ -13,7 +13,8 @@ from .. import config, ui
 from ..errors import ForgeError
 from ..hashing import sha256_file
 from ..paths import DIST, TREE, rel, target_folder
-from . import provenance, tree, wheel
+from ..recipe import provenance
+from . import tree, wheel
 
 
 def export(out_dir: Path = DIST / "export", into: "Path | str | None" = None) -> dict:

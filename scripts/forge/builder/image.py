@@ -15,7 +15,8 @@ from pathlib import Path
 from .. import config, proc, ui
 from ..errors import ForgeError
 from ..paths import BUILD, CACHE, CONFIGS, KERNELS, ROOT, rel, write_atomic
-from . import fetch, provenance, tree, wheel
+from ..recipe import provenance
+from . import fetch, tree, wheel
 
 DOCKERFILE = ROOT / "Dockerfile.rocm"
 STANDIN_TAG = "localhost/forge-standin-base:bookworm"

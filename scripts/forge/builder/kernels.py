@@ -15,7 +15,8 @@ from pathlib import Path
 from .. import config, proc, ui
 from ..errors import ForgeError
 from ..paths import BUILD, KERNELS, REPORTS, rel
-from . import fetch, provenance
+from ..recipe import provenance
+from . import fetch
 
 CSRC = KERNELS / "csrc"
 

@@ -14,8 +14,8 @@ from .. import ui
 from ..contest.rules import load_contest
 from ..errors import ForgeError
 from ..paths import BUILD, PATCHES, TREE, rel
+from ..recipe.patchfile import REVIEW_SECTIONS, diff_paths, parse, read_series
 from . import bases, offline, tree
-from .patchfile import REVIEW_SECTIONS, diff_paths, parse, read_series
 
 
 def lint_patch(patch, forbidden: list[dict], rules: dict) -> list[str]:

@@ -31,7 +31,8 @@ from pathlib import Path
 from .. import ui
 from ..errors import ForgeError
 from ..paths import BUILD, DIST, ROOT, rel, write_atomic
-from . import basecheck, bases, patches, provenance, tree
+from ..recipe import provenance
+from . import basecheck, bases, patches, tree
 
 MARKER = "forge-submission.json"        # inside .git: this repository was written by `make submission`
 PREFLIGHT = BUILD / "submission-preflight.json"

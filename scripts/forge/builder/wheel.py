@@ -25,7 +25,8 @@ from pathlib import Path
 from .. import config, proc, ui
 from ..errors import ForgeError
 from ..paths import BUILD, DIST, Lock, extract_tar, rel, write_atomic
-from . import provenance, tree
+from ..recipe import provenance
+from . import tree
 
 SOURCE_DATE_EPOCH = 1767225600          # 2026-01-01T00:00:00Z, the tree's commit date
 

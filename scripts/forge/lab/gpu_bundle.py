@@ -16,11 +16,12 @@ import sys
 from pathlib import Path
 
 from .. import config, proc, ui
-from ..builder import provenance, tree, wheel
-from ..builder.patchfile import read_series
+from ..builder import tree, wheel
 from ..errors import ForgeError
 from ..hashing import sha256_file
 from ..paths import BUILD, CACHE, ROOT, TREE, rel
+from ..recipe import provenance
+from ..recipe.patchfile import read_series
 
 HARNESS = ROOT / "harness" / "gpu"
 BUNDLE = BUILD / "gpu-bundle"

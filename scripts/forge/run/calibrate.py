@@ -211,7 +211,7 @@ def calibrate(args, force: bool = False) -> dict:
     dev = _device(docs, out_dir)
     validators = cd.identity(dev)
     selection = sel.select(records)
-    from ..builder import provenance
+    from ..recipe import provenance
     head = provenance.forge_commit()
     commit = f"{(head.get('commit') or '?')[:12]}{' (dirty)' if head.get('dirty') else ''}"
     # a shipped table names no path of the machine that made it, and what a dirty tree held (kernels/
@@ -243,8 +243,8 @@ def calibrate(args, force: bool = False) -> dict:
 
 def series_hash() -> str | None:
     try:
-        from ..builder import patchfile
         from ..hashing import combine, sha256_file
+        from ..recipe import patchfile
         return combine(*(f"{n}:{sha256_file(paths.PATCHES / n)}" for n in patchfile.read_series(paths.PATCHES)))
     except (ForgeError, OSError):
         return None

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from .. import config, paths
 from ..builder import tree
-from ..builder.patchfile import read_series
 from ..errors import ForgeError
+from ..recipe.patchfile import read_series
 
 # Qwen3.5-27B's bf16 linear layers by weight shape (N x K), as the GEMV tables name them
 SHAPE_NAMES = {"14336x5120": "qkv+gate", "16384x5120": "in_proj_qkvz", "34816x5120": "gate_up",

@@ -65,12 +65,12 @@ def env_vars_md(profile: dict, contest: dict) -> str:
 
 
 def _series() -> list[Path]:
-    from ..builder.patchfile import read_series
+    from ..recipe.patchfile import read_series
     return [paths.PATCHES / n for n in read_series(paths.PATCHES)]
 
 
 def optimization_plan_md(out_dir: Path = paths.REPORTS) -> str:
-    from ..builder.patchfile import REVIEW_SECTIONS, parse
+    from ..recipe.patchfile import REVIEW_SECTIONS, parse
     L = [_header(), "", "# Optimization plan", "",
          "Each change to vLLM 0.18.1 is one patch in `patches/` (applied in the order of `patches/series`); "
          "its commit message is its review record, reproduced here.", ""]
@@ -98,7 +98,8 @@ def repo_record() -> dict:
     upstream, kernel overlay, patches/series): the same on every machine and at every run, so the
     tracked documents change only when these inputs do."""
     from .. import config
-    from ..builder import provenance, tree, wheel
+    from ..builder import tree, wheel
+    from ..recipe import provenance
     up = config.upstream()
     state = {"upstream": up["sdist"]["sha256"], "overlay": tree.overlay_hash(tree.overlay_entries()),
              "patches": [[n, d, None] for n, d in tree.series_inputs(paths.PATCHES)]}
@@ -136,7 +137,7 @@ BASE_COMPONENTS = ("torch", "triton")
 
 
 def submission_readme_md(profile: dict, contest: dict, prov: dict, prov_src: str) -> str:
-    from ..builder.provenance import NOT_INSTALLED
+    from ..recipe.provenance import NOT_INSTALLED
     rendered = profiles.render(profile, "/path/to/Qwen3.5-27B", contest)
     L = [_header(), "", "# Submission: vLLM 0.18.1 patched for Qwen3.5-27B on Hygon DCU", "",
          f"Profile `{profile['name']}`: {profile['description']}", "",

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import paths
-from ..builder import provenance
 from ..errors import ForgeError
+from ..recipe import provenance
 
 RUNS = paths.REPORTS / "runs"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

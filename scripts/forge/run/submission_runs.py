@@ -17,9 +17,10 @@ import zlib
 from pathlib import Path
 
 from .. import config, paths
-from ..builder import provenance, tree
+from ..builder import tree
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
+from ..recipe import provenance
 from . import results
 
 HINT = "check configs/optimizations.yaml (the run and the profiles it served)"

@@ -105,7 +105,7 @@ def _commit_from_manifest(path: str) -> dict:
         files, sha = man["files"], man["commit"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ForgeError(f"{SOURCE_MANIFEST_ENV}={path}: not a source manifest ({e})",
-                         hint="write one with `forge.builder.provenance.source_manifest()` in the checkout") from None
+                         hint="write one with `forge.recipe.provenance.source_manifest()` in the checkout") from None
     differ = sorted(n for n, blob in files.items() if _blob_id(ROOT / n) != blob)
     if not differ:
         return {"commit": sha, "dirty": False, "from": "source manifest"}
