@@ -2,5 +2,5 @@
 
 Owns starting and stopping a server (serve), the three benchmark tiers and their request shapes
 (bench, synth), run folders (runs), scoring (score), comparing and sweeping profiles (compare),
-accuracy, the generated documents (report) and the DCU prediction (predict). Imports the core,
+accuracy and the DCU prediction (predict). Imports the core,
 `contest` (the rules and serve profiles) and `build` (provenance for reports); never `lab`."""

@@ -21,7 +21,7 @@ from ..builder import tree
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..recipe import provenance
-from . import results
+from ..run import results
 
 HINT = "check configs/optimizations.yaml (the run and the profiles it served)"
 # What a GPU machine that is not the card cannot avoid changing in the organizers' command: listed in

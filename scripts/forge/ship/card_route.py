@@ -50,7 +50,7 @@ def rocm_gemv_route(patches_dir: Path = paths.PATCHES) -> dict[str, dict[str, li
     if "plain" not in route:
         raise ForgeError("patches/series: no patch defines the built-in ROCm GEMV table (FORGE_GEMV_ROCM)",
                          hint="the documents describe the ROCm route from it: update rocm_gemv_route() "
-                              "in scripts/forge/run/card_route.py to the series' new name")
+                              "in scripts/forge/ship/card_route.py to the series' new name")
     route.setdefault("fused", {})
     return route
 
