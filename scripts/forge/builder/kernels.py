@@ -30,7 +30,7 @@ def torch_include_args(stub_dir: Path) -> list[str]:
     """Include flags for compiling kernels/csrc the way vLLM's _C build does (FORGE_IN_VLLM), against
     the project venv's torch headers. CPU torch wheels ship the CUDA headers but not the generated
     c10/cuda/impl/cuda_cmake_macros.h, so an empty one is provided."""
-    import torch.utils.cpp_extension as ce
+    import torch.utils.cpp_extension as ce  # heavy and optional: only the compile check needs torch's headers
     stub = stub_dir / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
     stub.parent.mkdir(parents=True, exist_ok=True)
     stub.write_text("#pragma once\n")
@@ -117,7 +117,7 @@ def cmd_kernels_check(args) -> int:
 
 def cmd_bench_kernels(args) -> int:
     try:
-        import torch
+        import torch  # heavy and optional: only the benchmark, on a GPU machine
         has_gpu = torch.cuda.is_available()
     except ImportError:
         has_gpu = False

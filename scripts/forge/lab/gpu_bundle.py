@@ -10,6 +10,7 @@ lists every file with its sha256; `forge e2e-gpu` verifies it before installing.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sys
@@ -87,7 +88,6 @@ def harness_hash() -> str:
     files = [HARNESS / "harness.yaml", HARNESS / "patches" / "series", *harness_patches(),
              *(p for p, _ in overlay_files())]
     text = "".join(f"{p.relative_to(HARNESS).as_posix()}\0{sha256_file(p)}\n" for p in files)
-    import hashlib
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -12,8 +12,13 @@ import shlex
 from pathlib import Path
 
 from .. import config, paths, ui
+from ..builder import tree, wheel
 from ..contest import profiles
 from ..contest import rules as contest_mod
+from ..errors import ForgeError
+from ..recipe import provenance
+from ..recipe.patchfile import REVIEW_SECTIONS, parse, read_series
+from ..recipe.provenance import NOT_INSTALLED
 from ..run import runs
 from . import contest_docs
 
@@ -66,12 +71,10 @@ def env_vars_md(profile: dict, contest: dict) -> str:
 
 
 def _series() -> list[Path]:
-    from ..recipe.patchfile import read_series
     return [paths.PATCHES / n for n in read_series(paths.PATCHES)]
 
 
 def optimization_plan_md(out_dir: Path = paths.REPORTS) -> str:
-    from ..recipe.patchfile import REVIEW_SECTIONS, parse
     L = [_header(), "", "# Optimization plan", "",
          "Each change to vLLM 0.18.1 is one patch in `patches/` (applied in the order of `patches/series`); "
          "its commit message is its review record, reproduced here.", ""]
@@ -98,9 +101,6 @@ def repo_record() -> dict:
     """What the submission's wheel is built from, computed from this repository alone (pinned
     upstream, kernel overlay, patches/series): the same on every machine and at every run, so the
     tracked documents change only when these inputs do."""
-    from .. import config
-    from ..builder import tree, wheel
-    from ..recipe import provenance
     up = config.upstream()
     state = {"upstream": up["sdist"]["sha256"], "overlay": tree.overlay_hash(tree.overlay_entries()),
              "patches": [[n, d, None] for n, d in tree.series_inputs(paths.PATCHES)]}
@@ -120,7 +120,6 @@ def find_provenance(arg: str | None) -> tuple[dict, str]:
     if arg:
         p = Path(arg)
         rec = runs.read_json(p)
-        from ..errors import ForgeError
         if not isinstance(rec, dict):
             raise ForgeError(f"{arg}: not a provenance record (a JSON object)",
                              hint="pass a dist/<wheel>.provenance.json written by `make wheel`")
@@ -138,7 +137,6 @@ BASE_COMPONENTS = ("torch", "triton")
 
 
 def submission_readme_md(profile: dict, contest: dict, prov: dict, prov_src: str) -> str:
-    from ..recipe.provenance import NOT_INSTALLED
     rendered = profiles.render(profile, "/path/to/Qwen3.5-27B", contest)
     L = [_header(), "", "# Submission: vLLM 0.18.1 patched for Qwen3.5-27B on Hygon DCU", "",
          f"Profile `{profile['name']}`: {profile['description']}", "",

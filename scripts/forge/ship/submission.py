@@ -30,9 +30,12 @@ from pathlib import Path
 
 from .. import ui
 from ..builder import basecheck, bases, patches, tree
+from ..contest import profiles
+from ..contest.rules import load_contest, organizers_argv
 from ..errors import ForgeError
 from ..paths import BUILD, DIST, ROOT, rel, write_atomic
 from ..recipe import provenance
+from . import contest_docs
 
 MARKER = "forge-submission.json"        # inside .git: this repository was written by `make submission`
 PREFLIGHT = BUILD / "submission-preflight.json"
@@ -68,7 +71,6 @@ def _commit_docs(repo: Path, docs: dict[str, str], base: str) -> str:
 
 
 def submission_md(base: str, state: dict, contest: dict) -> str:
-    from ..contest.rules import organizers_argv
     argv = organizers_argv(contest, contest["server"]["start_script"]["model_placeholder"])
     head = ("**STAND-IN BASE: not for pushing.** This repository starts from CI's stand-in for the vendor tree "
             "(the vLLM 0.18.1 sdist plus our re-creation of the vendor's seven build changes), written where no "
@@ -94,7 +96,6 @@ def submission_md(base: str, state: dict, contest: dict) -> str:
 
 
 def _forbidden_touches(repo: Path, first: str, code: str) -> list[str]:
-    from ..contest.rules import load_contest
     c = load_contest()
     names = tree.git_out(repo, "diff", "--name-only", first, code).splitlines()
     return [f"{n}: forbidden by the contest ({fp['glob']}): \"{c['rules'][fp['rule']]['text']}\""
@@ -103,9 +104,6 @@ def _forbidden_touches(repo: Path, first: str, code: str) -> list[str]:
 
 def preflight(repo: Path, base: str, code_commit: str, first: str) -> list[dict]:
     """What the platform runs, as far as this machine can; [{check, ok, detail}]."""
-    from ..contest import profiles
-    from ..contest import rules as contest
-    from . import contest_docs
     out = [{"check": name, "ok": ok, "detail": detail} for name, ok, detail in basecheck.check(repo)]
     checked = patches.check(which=[base])[base]
     ours = tree.git_out(repo, "rev-parse", f"{code_commit}^{{tree}}")
@@ -115,7 +113,7 @@ def preflight(repo: Path, base: str, code_commit: str, first: str) -> list[dict]
     bad = _forbidden_touches(repo, first, code_commit)
     out.append({"check": "forbidden paths", "ok": not bad, "detail": "; ".join(bad) or
                 "the changes touch no path the contest forbids (and every patch carries its review record)"})
-    c = contest.load_contest()
+    c = load_contest()
     probs = contest_docs.defaults_problems(profiles.load_profile("contest", c), contest_docs.series_env_vars())
     out.append({"check": "defaults on", "ok": not probs, "detail": "; ".join(probs) or
                 "the contest profile sets every variable to its default in code: it runs as measured with none set"})
@@ -182,8 +180,6 @@ def write_submission(into: str | None = None, base: str | None = None, vendor_sr
     """Write the repository and run its pre-flight. Nothing is written to the target before the
     pre-flight has run on the new repository: one that stops (a Python that cannot run setup.py, an
     interrupt) leaves the target, and build/submission-preflight.json, as they were."""
-    from ..contest import rules as contest
-    from . import contest_docs
     if vendor_src and base == "standin":
         raise ForgeError(f"--vendor-src {vendor_src} goes with the vendor base; the stand-in base does not read it",
                          hint="leave out --base standin to build on that checkout, or leave out --vendor-src for "
@@ -194,7 +190,7 @@ def write_submission(into: str | None = None, base: str | None = None, vendor_sr
     state = tree.build_tree(base=base, vendor_src=vendor_src)
     src = bases.tree_dir(base)
     basecheck.require_build_python(src)      # the pre-flight runs setup.py with this Python
-    c = contest.load_contest()
+    c = load_contest()
     docs = {**contest_docs.documents(c, "forge submission", forge_commit=provenance.forge_commit()["commit"]),
             "SUBMISSION.md": submission_md(base, state, c)}
     work = target.parent / f".{target.name}.partial"
