@@ -58,7 +58,7 @@ def pyplot():
         # heavy and optional (the contest extra): the charts only
         import matplotlib
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # once the file-only backend is chosen
     except ImportError:
         warn("matplotlib is not installed; chart skipped (pip install matplotlib)")
         return None
