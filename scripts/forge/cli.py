@@ -14,6 +14,9 @@ from . import __version__, options
 from .errors import ForgeError
 
 STAGES = ("builder", "run", "lab")
+# the packages whose modules may define verbs; a module of `ship` (above both stages) says in
+# HELP_STAGE which stage's verbs its own are listed with
+VERB_PACKAGES = ("", "builder", "run", "ship", "lab")
 HEADINGS = {"builder": "build (source -> tree -> patches -> wheel -> image)",
             "run": "run (serve -> bench -> score -> report)",
             "lab": "lab (GPU stand-in harness; not the product)",
@@ -68,10 +71,18 @@ class _Verbs:
         return self.sub.add_parser(name, keep_empty=self.stage == "lab", **kw)
 
 
+def listed_stage(module) -> str:
+    """The stage whose verbs `forge --help` lists a verb module's with: its HELP_STAGE, else its
+    package's ("" for the core's)."""
+    default = module.__name__.split(".")[1] if module.__name__.count(".") > 1 else ""
+    return getattr(module, "HELP_STAGE", default)
+
+
 def verb_modules() -> list:
-    """Every module of the core and of the stage packages that defines `register(subparsers)`."""
+    """Every module of the core and of the packages above it that defines `register(subparsers)`, in
+    the order they are registered: by the stage they are listed with, then by name."""
     found = []
-    for prefix in ("", *STAGES):
+    for prefix in VERB_PACKAGES:
         pkg = importlib.import_module(f"{__package__}.{prefix}".rstrip("."))
         for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
             if info.ispkg or info.name in ("cli", "__main__"):
@@ -79,7 +90,8 @@ def verb_modules() -> list:
             m = importlib.import_module(f"{pkg.__name__}.{info.name}")
             if hasattr(m, "register"):
                 found.append(m)
-    return found
+    order = ("", *STAGES)
+    return sorted(found, key=lambda m: (order.index(listed_stage(m)), m.__name__.rsplit(".", 1)[1]))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,8 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="verb", metavar="VERB", help="one of the verbs below")
     listing: dict[str, list[tuple[str, str]]] = {}
     for m in verb_modules():
-        stage = m.__name__.split(".")[1] if m.__name__.count(".") > 1 else ""
-        m.register(_Verbs(sub, stage, listing))
+        m.register(_Verbs(sub, listed_stage(m), listing))
     width = max(len(n) for verbs in listing.values() for n, _ in verbs) + 2
     lines = []
     for stage in (*STAGES, ""):

@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 
 from . import options, proc
+from .builder import tree as tree_mod
 from .errors import ForgeError
 from .paths import BUILD, DIST, ROOT, TREE, rel
+from .run import serve
 
 
 def cmd_venv(args) -> int:
@@ -50,8 +52,6 @@ def cmd_help_make(args) -> int:
 def _work_clean_would_lose() -> None:
     """Refuse (ForgeError) when build/ holds what `make clean` would lose for good: a running server's
     record (it would keep running with nothing to stop it by) or work in build/vllm not in patches/."""
-    from .builder import tree as tree_mod
-    from .run import serve
     st = serve.running_server()
     if st:
         raise ForgeError(f"a server started by forge is running (pid {st['pid']}, run {st['run_id']}); clean "

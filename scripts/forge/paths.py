@@ -2,12 +2,18 @@
 
 import contextlib
 import errno
+import fcntl
 import os
+import secrets
 import shutil
+import signal
+import sys
 import tarfile
 import tempfile
+import threading
 from pathlib import Path, PurePosixPath
 
+from . import proc
 from .errors import ForgeError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,8 +89,6 @@ class Lock:
         self.path, self.what, self.fh = Path(path), what, None
 
     def __enter__(self):
-        import fcntl
-        import sys
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fh = open(self.path, "a")
         try:
@@ -121,7 +125,6 @@ def tracked_files(folder: Path) -> list[str]:
     real = Path(folder).resolve()
     if real != ROOT and ROOT not in real.parents:
         return []
-    from . import proc
     try:
         out = proc.output(["git", "-C", str(ROOT), "ls-files", "-z", "--", str(real)], what="git ls-files")
     except ForgeError:
@@ -180,8 +183,6 @@ def signals_held():
     step ends, so Ctrl-C leaves the old result or the new one, never a mix. (Python runs signal handlers
     in the main thread whichever thread the signal reaches, native library threads included, so the
     handlers are swapped rather than the signal mask; outside the main thread the step runs as it is.)"""
-    import signal
-    import threading
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -203,7 +204,6 @@ def signals_held():
 
 def _stage_dir(parent: Path, name: str) -> Path:
     """A new hidden folder in `parent` for staging `name` (made with this process's umask)."""
-    import secrets
     tmp = parent / f".{name}.part-{os.getpid()}-{secrets.token_hex(4)}"
     os.mkdir(tmp)
     return tmp

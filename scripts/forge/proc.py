@@ -1,8 +1,11 @@
 """Every subprocess the tool starts goes through here: one place to log, check and explain failures."""
 
+import ctypes
 import os
 import shlex
+import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -90,8 +93,6 @@ def _terminate_with(parent: int):
     """A preexec function: the child gets SIGTERM when `parent` dies (Linux; elsewhere nothing)."""
     def hook() -> None:
         try:
-            import ctypes
-            import signal
             ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))   # PR_SET_PDEATHSIG
             if os.getppid() != parent:       # the parent died before the call
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -150,7 +151,6 @@ def replace_process(cmd: Sequence[str | os.PathLike], *, env: Mapping[str, str] 
 
 def kill_group(pgid: int) -> None:
     """SIGKILL a process group at once (a worker that does not answer)."""
-    import signal
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
@@ -171,7 +171,6 @@ def command_line(pid: int, wait_s: float = 0.0) -> list[str] | None:
     """The arguments process `pid` runs with (/proc/<pid>/cmdline), or None when it is gone. A process
     that has just been started may show none for a moment (its exec is still setting them up): with
     `wait_s`, wait up to that long for them."""
-    import time
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -206,8 +205,6 @@ def alive(pid: int) -> bool:
 
 def stop_group(pgid: int, *, grace_s: float = 30.0) -> str:
     """SIGTERM a process group, then SIGKILL what is left after `grace_s`. Returns how it ended."""
-    import signal
-    import time
     try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:

@@ -55,9 +55,10 @@ def pyplot():
     """matplotlib's pyplot on the file-only backend, or None (with a warning) where matplotlib is not
     installed: charts are optional, the tables and JSON beside them are the record."""
     try:
+        # heavy and optional (the contest extra): the charts only
         import matplotlib
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # once the file-only backend is chosen
     except ImportError:
         warn("matplotlib is not installed; chart skipped (pip install matplotlib)")
         return None

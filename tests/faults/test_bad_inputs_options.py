@@ -308,7 +308,7 @@ def test_make_n_image_prints_the_build_without_fetching_or_building(tmp_path):
     # the hash it prints is the one the tree that the real build makes records
     assert run_in(p, "tree").returncode == 0
     state = json.loads((p["root"] / "build" / "vllm" / ".git" / "forge-state.json").read_text())
-    from forge.builder import provenance
+    from forge.recipe import provenance
     assert printed.group(1) == provenance.series_hash(state)
 
 

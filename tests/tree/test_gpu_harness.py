@@ -48,7 +48,7 @@ def test_harness_patches_never_touch_forbidden_paths():
     import fnmatch
     import re
 
-    from forge.run import contest
+    from forge.contest import rules as contest
     c = contest.load_contest()
     for p in gpu_bundle.harness_patches():
         files = re.findall(r"^diff --git a/(\S+) b/", p.read_text(), flags=re.M)
@@ -276,8 +276,9 @@ def test_vllm_reads_the_harness_command_as_the_organizers_but_for_the_listed_cha
     differences."""
     import types
 
+    from forge.contest import profiles
+    from forge.contest import rules as contest
     from forge.lab import servers, tiers
-    from forge.run import contest, profiles
     c = contest.load_contest()
     h = gpu_bundle.harness_config()
     names = h["profiles"]

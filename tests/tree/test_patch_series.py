@@ -11,8 +11,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from forge.builder import patches, patchfile, tree  # noqa: E402
+from forge.builder import patches, tree  # noqa: E402
 from forge.errors import ForgeError  # noqa: E402
+from forge.recipe import patchfile  # noqa: E402
 
 
 def _series():

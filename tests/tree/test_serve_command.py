@@ -11,7 +11,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from forge.run import contest, profiles  # noqa: E402
+from forge.contest import profiles  # noqa: E402
+from forge.contest import rules as contest  # noqa: E402
 
 PARSE = r"""
 import json, sys

@@ -15,8 +15,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from forge.builder import bases, offline, patchfile, setupprobe, submission, tree  # noqa: E402
+from forge.builder import bases, offline, setupprobe, tree  # noqa: E402
 from forge.errors import ForgeError  # noqa: E402
+from forge.recipe import patchfile  # noqa: E402
+from forge.ship import submission  # noqa: E402
 
 VENDOR_SRC = os.environ.get("VENDOR_SRC")
 BASES = ["standin"] + (["vendor"] if VENDOR_SRC else [])

@@ -16,7 +16,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import FIXTURE_RUNS, ROOT, SUPPORT, fake_server, forge, forge_env, tiny_model  # noqa: E402
 
-from forge.run import bench, contest, synth  # noqa: E402
+from forge.contest import rules as contest  # noqa: E402
+from forge.run import bench, synth  # noqa: E402
 
 REPLAY = f"{sys.executable} {SUPPORT / 'replayclient.py'}"
 

@@ -84,7 +84,8 @@ def _rows(out: str) -> dict:
 
 
 def test_harness_runs_are_never_scored_against_the_dcu_baseline(tmp_path):
-    from forge.run import contest, score
+    from forge.contest import rules as contest
+    from forge.run import score
     rdir = _harness_runs(tmp_path, reference_in_summary=False)
     r = forge(tmp_path, "compare", "--a", str(rdir / "upstream"), "--b", str(rdir / "fast"))
     assert r.returncode == 0, r.stderr

@@ -11,8 +11,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import ROOT  # noqa: E402
 
+from forge.contest import profiles  # noqa: E402
+from forge.contest import rules as contest  # noqa: E402
 from forge.errors import ForgeError  # noqa: E402
-from forge.run import contest, profiles  # noqa: E402
 
 # The options the contest's rules forbid a team to set (from the design documents), independent of
 # configs/contest.yaml: removing one of them from the config must fail this test.

@@ -1,11 +1,13 @@
-"""The tool's written conventions (docs/architecture.md), checked on the source itself: the stage
-packages only import in the allowed direction, every subprocess starts in forge.proc, and no module
-grows past the size where it should become two."""
+"""The tool's written conventions (docs/architecture.md), checked on the source itself: the layers
+import in one direction only (a lower one never imports a higher one), imports sit at the top of a
+module, every subprocess starts in forge.proc, and no module grows past the size where it should
+become two."""
 
 import ast
+import io
+import sys
+import tokenize
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "scripts" / "forge"
@@ -20,9 +22,15 @@ def module_name(path: Path) -> str:
 
 def imported(path: Path) -> set[str]:
     """Absolute names of the forge modules and packages `path` imports (relative imports resolved)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    here = module_name(path).split(".")
-    pkg = here if path.name == "__init__.py" else here[:-1]
+    return imports_in(path.read_text(), module_name(path), path.name == "__init__.py", str(path))
+
+
+def imports_in(source: str, name: str, is_package: bool = False, filename: str = "<source>") -> set[str]:
+    """The forge names that `source`, the module `name`, imports anywhere: at the top, inside a
+    function, or for type checking only."""
+    tree = ast.parse(source, filename=filename)
+    here = name.split(".")
+    pkg = here if is_package else here[:-1]
     out = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -46,23 +54,119 @@ def test_the_import_parser_sees_relative_imports():
     assert "forge.run.serve" in e2e and "forge.lab.gpu_bundle" in e2e and "forge.errors" in e2e
 
 
-@pytest.mark.parametrize("stage", ["builder", "run"])
-def test_build_and_run_never_import_the_lab(stage):
-    offenders = {}
-    for path in MODULES:
-        name = module_name(path)
-        if name.startswith(f"forge.{stage}"):
-            bad = sorted(m for m in imported(path) if m == "forge.lab" or m.startswith("forge.lab."))
-            if bad:
-                offenders[str(path.relative_to(ROOT))] = bad
-    assert not offenders, f"forge.{stage} must not import forge.lab: {offenders}"
+# The layers of scripts/forge, lowest first. A module imports modules of its own layer and of the
+# layers below it, never of one above (docs/architecture.md draws the order). The core is the modules
+# at the top of forge/; the verbs that drive the stages from there (the CLI, the project's environment
+# and test loop) sit above everything.
+LAYERS = (
+    "core",                     # forge.config, proc, paths, errors, ui, options, hashing, tunedtable
+    ("contest", "recipe"),      # what both stages read: the contest's rules and profiles; the series, provenance
+    "builder",                  # the build stage
+    "run",                      # the run stage (it serves and reports what was built)
+    "ship",                     # the submission, the export and their documents: made from both stages
+    "lab",                      # the GPU stand-in harness
+    "commands",                 # forge.cli, forge.__main__ and the core's verbs that drive the stages
+)
+COMMANDS = {"cli", "__main__", "devenv", "testrun"}
+PACKAGES = {p.parent.name for p in PKG.glob("*/__init__.py")}
 
 
-def test_the_core_imports_no_lab():
-    core = [p for p in MODULES if p.parent == PKG]
-    assert core, "no core modules found"
-    for path in core:
-        assert not any(m.startswith("forge.lab") for m in imported(path)), path
+def layer(name: str) -> int:
+    """The layer of a forge module, package or imported name (forge.contest.rules.load_contest: contest's)."""
+    parts = name.split(".")
+    top = parts[1] if len(parts) > 1 else ""
+    if top in COMMANDS:
+        return LAYERS.index("commands")
+    if top in PACKAGES:
+        return next(i for i, l in enumerate(LAYERS) if top == l or top in l)
+    return LAYERS.index("core")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """module -> the names it imports from a layer above its own."""
+    up = {m: sorted(n for n in names if layer(n) > layer(m)) for m, names in graph.items()}
+    return {m: names for m, names in up.items() if names}
+
+
+def test_every_package_has_its_layer():
+    assert PACKAGES, "no packages found"
+    for pkg in PACKAGES:
+        assert sum(pkg == l or pkg in l for l in LAYERS) == 1, f"forge.{pkg}: name its layer in LAYERS (and the doc)"
+
+
+def test_the_layer_check_sees_an_import_upward():
+    """The check below rests on this: an import from a higher layer is seen, inside a function too,
+    and imports downward or within a layer are not."""
+    graph = {"forge.builder.patches": imports_in("def f():\n    from ..run.contest import load_contest\n",
+                                                 "forge.builder.patches"),
+             "forge.run.report": imports_in("from ..builder import tree\nfrom . import runs\n", "forge.run.report"),
+             "forge.recipe.patchfile": imports_in("from .. import paths\nfrom ..contest import rules\n",
+                                                  "forge.recipe.patchfile"),
+             "forge.paths": imports_in("def f():\n    from . import cli\n", "forge.paths"),
+             "forge.cli": imports_in("from .lab import e2e\n", "forge.cli")}
+    assert upward_imports(graph) == {"forge.builder.patches": ["forge.run.contest", "forge.run.contest.load_contest"],
+                                     "forge.paths": ["forge.cli"]}
+
+
+def test_a_lower_layer_never_imports_a_higher_one():
+    """core -> contest, recipe -> builder -> run -> ship -> lab -> the commands: an import goes down or
+    stays in its layer, counting imports inside functions and for type checking only."""
+    graph = {module_name(p): imported(p) for p in MODULES}
+    up = upward_imports(graph)
+    assert not up, f"imports from a higher layer (move the shared piece down a layer): {up}"
+
+
+def inner_imports(tree: ast.Module) -> list[ast.stmt]:
+    """The import statements inside a function or method (nested ones once)."""
+    seen: dict[int, ast.stmt] = {}
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    seen[id(node)] = node
+    return sorted(seen.values(), key=lambda n: n.lineno)
+
+
+def misplaced_imports(source: str) -> list[str]:
+    """The imports inside functions that belong at the module's top: a forge or standard-library
+    module, or a third-party one without a comment saying why it waits (on its line, or on a comment
+    line directly above its group of imports)."""
+    tree = ast.parse(source)
+    comments = {t.start[0] for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                if t.type == tokenize.COMMENT}
+    inner = inner_imports(tree)
+    import_lines = {i for n in inner for i in range(n.lineno, n.end_lineno + 1)}
+    lines = source.splitlines()
+    found = []
+    for node in inner:
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        top = names[0].split(".")[0]
+        if getattr(node, "level", 0) or top == "forge" or top in sys.stdlib_module_names:
+            found.append(f"line {node.lineno}: {names[0] or '.'} (move it to the top of the module)")
+            continue
+        above = node.lineno - 1
+        while above >= 1 and above not in comments and above in import_lines:
+            above -= 1
+        if node.lineno not in comments and not (above >= 1 and above in comments
+                                                and lines[above - 1].lstrip().startswith("#")):
+            found.append(f"line {node.lineno}: {names[0]} (say why it is imported here, in a comment)")
+    return found
+
+
+def test_the_import_place_check_sees_a_misplaced_import():
+    assert misplaced_imports("def f():\n    import json\n") == ["line 2: json (move it to the top of the module)"]
+    assert misplaced_imports("def f():\n    from . import proc\n")[0].startswith("line 2: . (move")
+    assert misplaced_imports("def f():\n    import torch\n") == \
+        ["line 2: torch (say why it is imported here, in a comment)"]
+    assert misplaced_imports("import json\ndef f():\n    import torch  # heavy: only this verb\n"
+                             "def g():\n    # heavy: only this verb\n    import torch\n    import torch.cuda\n") == []
+
+
+def test_imports_sit_at_the_top_of_the_module():
+    """Inside a function only a heavy or optional third-party package (torch, vLLM, matplotlib, ...),
+    with the reason beside it; the tool's own modules and the standard library at the top."""
+    offenders = {str(p.relative_to(ROOT)): bad for p in MODULES if (bad := misplaced_imports(p.read_text()))}
+    assert not offenders, f"imports inside functions: {offenders}"
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -158,7 +262,7 @@ def test_no_module_is_two_modules():
 
 
 def test_every_package_says_what_it_owns():
-    for init in [PKG / "__init__.py", *(PKG / s / "__init__.py" for s in ("builder", "run", "lab"))]:
+    for init in [PKG / "__init__.py", *(PKG / s / "__init__.py" for s in sorted(PACKAGES))]:
         doc = ast.get_docstring(ast.parse(init.read_text()))
         assert doc and len(doc.split()) >= 8, f"{init.relative_to(ROOT)} needs a docstring saying what it owns"
 

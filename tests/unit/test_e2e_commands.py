@@ -18,9 +18,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import h200_e2e  # noqa: E402
 
+from forge.contest import profiles  # noqa: E402
+from forge.contest import rules as contest  # noqa: E402
 from forge.errors import ForgeError  # noqa: E402
 from forge.lab import gpu_bundle, servers, tiers  # noqa: E402
-from forge.run import bench, contest, profiles  # noqa: E402
+from forge.run import bench  # noqa: E402
 
 MODEL = Path("/models/Qwen3.5-27B")
 

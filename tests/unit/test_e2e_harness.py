@@ -16,9 +16,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import FIXTURE_RUNS, ROOT, SUPPORT, e2e_fake, forge_env, free_port_pair, h200_e2e, health  # noqa: E402
 
+from forge.contest import rules as contest  # noqa: E402
 from forge.errors import ForgeError  # noqa: E402
 from forge.lab import gpu_bundle, packing, plumbing, serverlog, tiers  # noqa: E402
-from forge.run import contest  # noqa: E402
 
 FAKE = f"{sys.executable} {SUPPORT / 'fakeserver.py'}"
 REPLAY = f"{sys.executable} {SUPPORT / 'replayclient.py'}"

@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"
 from helpers import e2e_fake, forge, health  # noqa: E402
 
 from forge import proc  # noqa: E402
+from forge.contest import rules as contest  # noqa: E402
 from forge.lab import tiers  # noqa: E402
-from forge.run import contest  # noqa: E402
 
 
 def options(argv: list[str]) -> dict:

@@ -7,8 +7,9 @@ import subprocess
 import pytest
 from pipeline_fixtures import REVIEW, make_patch, make_sdist, upstream_cfg
 
-from forge.builder import patches, patchfile, tree
+from forge.builder import patches, tree
 from forge.errors import ForgeError
+from forge.recipe import patchfile
 
 
 @pytest.fixture
@@ -294,7 +295,7 @@ def test_interrupted_patch_step_is_resumed(env):
 def test_export_refuses_a_bad_into_before_building_anything(tmp_path, monkeypatch):
     """`forge export --into <not a directory>` says so at once; the tree (minutes on a fresh machine)
     is not built first."""
-    from forge.builder import export
+    from forge.ship import export
 
     def no_build(*a, **k):
         raise AssertionError("the tree was built before the argument was checked")

@@ -15,7 +15,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import FIXTURE_RUNS, ROOT, forge  # noqa: E402
 
-from forge.run import contest, predict, synth, timemodel  # noqa: E402
+from forge.contest import rules as contest  # noqa: E402
+from forge.run import predict, synth, timemodel  # noqa: E402
 
 TIERS = ["4-8K", "8-16K", "16-32K"]
 

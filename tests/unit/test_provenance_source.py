@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from forge.builder import provenance
+from forge.recipe import provenance
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@t", "PATH": os.environ["PATH"], "HOME": "/nonexistent"}

@@ -9,7 +9,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import ROOT, forge  # noqa: E402
 
-from forge.run import contest, profiles  # noqa: E402
+from forge.contest import profiles  # noqa: E402
+from forge.contest import rules as contest  # noqa: E402
 
 
 def test_reports(tmp_path):
@@ -103,7 +104,7 @@ def test_provenance_versions_are_real(tmp_path):
     import subprocess
     from importlib import metadata
 
-    from forge.builder import provenance
+    from forge.recipe import provenance
     tc = provenance.toolchain()
     for dist in ("setuptools", "setuptools_scm", "triton", "torch"):
         try:

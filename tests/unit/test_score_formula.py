@@ -13,7 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import FIXTURE_RUNS, forge  # noqa: E402
 
-from forge.run import contest, score  # noqa: E402
+from forge.contest import rules as contest  # noqa: E402
+from forge.run import score  # noqa: E402
 
 TIERS = ["4-8K", "8-16K", "16-32K"]
 

@@ -14,7 +14,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import SUPPORT, forge, free_port, health, tiny_model  # noqa: E402
 
-from forge.run import contest, profiles, serve  # noqa: E402
+from forge.contest import profiles  # noqa: E402
+from forge.contest import rules as contest  # noqa: E402
+from forge.run import serve  # noqa: E402
 
 FAKE = f"{sys.executable} {SUPPORT / 'fakeserver.py'}"
 

@@ -18,9 +18,10 @@ import pytest
 import yaml
 from helpers import ROOT, h200_e2e
 
-from forge.run import contest as contest_mod
-from forge.run import contest_docs, profiles
-from forge.run.submission_text import References, sentences
+from forge.contest import profiles
+from forge.contest import rules as contest_mod
+from forge.ship import contest_docs
+from forge.ship.submission_text import References, sentences
 
 TIERS = ["4-8K", "8-16K", "16-32K"]
 CJK = re.compile(r"[\u4e00-\u9fff]")
@@ -200,7 +201,7 @@ def test_the_route_on_the_card_is_the_series_rocm_table():
 
 
 def test_a_table_installed_for_the_card_is_what_the_documents_describe(tmp_path, monkeypatch):
-    from forge.run import card_route
+    from forge.ship import card_route
     table = {"schema": "forge-tuned/1", "validators": {"device_name": "BW", "arch": "gfx936", "compute_units": 80},
              "gemv": {"plain": {"5120x17408": {"1": [0, 0], "2": [0, 0]}, "14336x5120": {"1": [0, 0]}},
                       "fused": {}}}

@@ -208,7 +208,7 @@ def test_every_committed_table_is_valid_and_describes_its_routes():
 
 
 def test_the_submission_preflight_reads_its_tables_with_the_loader_it_ships(tmp_path):
-    from forge.builder import submission
+    from forge.ship import submission
     folder = tmp_path / "vllm" / "forge_tuned"
     folder.mkdir(parents=True)
     (folder / "__init__.py").write_text((ROOT / "kernels" / "forge_tuned" / "__init__.py").read_text())

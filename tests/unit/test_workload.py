@@ -13,8 +13,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import FIXTURE_RUNS, ROOT, SUPPORT, fake_server, forge_env, tiny_model  # noqa: E402
 
+from forge.contest import rules as contest  # noqa: E402
 from forge.errors import ForgeError  # noqa: E402
-from forge.run import contest, synth  # noqa: E402
+from forge.run import synth  # noqa: E402
 
 REPLAY = f"{sys.executable} {SUPPORT / 'replayclient.py'}"
 TIERS = ["4-8K", "8-16K", "16-32K"]

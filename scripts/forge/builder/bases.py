@@ -24,6 +24,7 @@ from .. import config, proc, ui
 from ..errors import ForgeError
 from ..hashing import combine, file_entry, manifest_hash, sha256_file, tree_manifest
 from ..paths import BUILD, CACHE, ROOT, TREE, Lock, rel
+from ..recipe.patchfile import parse
 from . import fetch
 from .fetch import SKIP_ANYWHERE, in_scope, scope_manifest, vendor_cfg
 
@@ -223,7 +224,6 @@ def standin_source(source: str = "auto") -> Path:
 def standin_base(source: str = "auto") -> Base:
     sd = config.upstream()["sdist"]
     patch = standin_patch()
-    from .patchfile import parse
     rec = parse(patch)
     msg = (f"vendor stand-in (CI): vLLM {config.upstream()['version']} sdist sha256 {sd['sha256'][:16]}… plus "
            f"{rel(patch)}; NOT the vendor tree\n\n{rec.subject}\n\n{rec.body}")

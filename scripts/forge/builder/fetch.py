@@ -47,7 +47,7 @@ def pip_index_urls() -> list[str]:
     primary = os.environ.get("PIP_INDEX_URL") or cfg.get("global.index-url") or cfg.get(":env:.index-url")
     if not primary:
         try:
-            from pip._internal.models.index import PyPI  # pip's own default index
+            from pip._internal.models.index import PyPI  # pip's own default index (its internals: optional)
             primary = PyPI.simple_url
         except Exception:  # pragma: no cover - pip without that module
             primary = None

@@ -5,17 +5,20 @@ debootstrap (Python + CPU torch inside, playing the vendor base's role) and runs
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
 import shutil
 import sys
+import time
 from pathlib import Path
 
 from .. import config, proc, ui
 from ..errors import ForgeError
-from ..paths import BUILD, CACHE, CONFIGS, KERNELS, ROOT, rel, write_atomic
-from . import fetch, provenance, tree, wheel
+from ..paths import BUILD, CACHE, CONFIGS, KERNELS, REPORTS, ROOT, rel, write_atomic
+from ..recipe import provenance
+from . import fetch, tree, wheel
 
 DOCKERFILE = ROOT / "Dockerfile.rocm"
 STANDIN_TAG = "localhost/forge-standin-base:bookworm"
@@ -136,6 +139,7 @@ def cmd_warm(args) -> int:
     if not cache:
         raise ForgeError("TRITON_CACHE_DIR is not set", hint="the image sets it; on a host, export it first")
     try:
+        # optional: only the image (or a host with Triton) has it
         import triton  # noqa: F401
     except ImportError:
         ui.warn("triton is not installed here: nothing to warm (the stand-in base has no triton)")
@@ -290,8 +294,6 @@ def image_rehearsal(builder_pref: str = "auto", torch_wheel: str | None = None,
                     report_dir: Path | None = None) -> dict:
     """Build Dockerfile.rocm on the stand-in base and run the container's self-check; writes
     image-rehearsal.{md,json} into report_dir (default reports/)."""
-    import datetime as dt
-    import time
     t0 = time.monotonic()
     rec: dict = {"started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                  "command": "make image-rehearsal", "forge": provenance.forge_commit(), "ok": False}
@@ -308,7 +310,6 @@ def image_rehearsal(builder_pref: str = "auto", torch_wheel: str | None = None,
 
 
 def _write_image_report(rec: dict, report_dir: Path | None = None) -> None:
-    from ..paths import REPORTS
     out = report_dir or REPORTS
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "image-rehearsal.json", json.dumps(rec, indent=1) + "\n")
@@ -325,7 +326,6 @@ def _write_image_report(rec: dict, report_dir: Path | None = None) -> None:
 
 
 def _image_rehearsal(builder_pref: str, torch_wheel: str | None, rec: dict) -> dict:
-    import time
     b = config.build()
     builder = pick_builder(builder_pref)
     rec["builder"] = builder

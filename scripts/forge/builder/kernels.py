@@ -19,7 +19,8 @@ from pathlib import Path
 from .. import config, options, proc, ui
 from ..errors import ForgeError
 from ..paths import BUILD, KERNELS, REPORTS, rel
-from . import fetch, hipcompile, provenance
+from ..recipe import provenance
+from . import fetch, hipcompile
 
 CSRC = KERNELS / "csrc"
 
@@ -157,7 +158,7 @@ def cmd_kernels_check(args) -> int:
 
 def cmd_bench_kernels(args) -> int:
     try:
-        import torch
+        import torch  # heavy and optional: only the benchmark, on a GPU machine
         has_gpu = torch.cuda.is_available()
     except ImportError:
         has_gpu = False

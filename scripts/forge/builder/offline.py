@@ -32,7 +32,9 @@ from pathlib import Path
 from .. import ui
 from ..errors import ForgeError
 from ..paths import rel
+from . import bases, tree
 from .cmakelang import Cmd, Cond, expand, parse_cmake
+from .tree import add_base_argument
 
 KNOWN = {"VLLM_GPU_LANG": "HIP", "VLLM_TARGET_DEVICE": "rocm"}
 DOWNLOAD_KEYS = ("GIT_REPOSITORY", "URL", "SVN_REPOSITORY", "HG_REPOSITORY", "CVS_REPOSITORY")
@@ -247,7 +249,6 @@ def require_offline(root: Path, label: str | None = None) -> Walk:
 
 
 def cmd_offline_check(args) -> int:
-    from . import bases, tree
     if args.tree and args.base is not None:
         raise ForgeError(f"--tree {args.tree} and --base {args.base}: --tree checks that folder, --base builds and "
                          "checks the base's patched tree; the one check reads one tree",
@@ -266,6 +267,5 @@ def register(sub) -> None:
                        description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("--tree", help="a vLLM source tree to check, instead of a base's (default: the BASE's patched tree, "
                                   "built first; not with --base)")
-    from .tree import add_base_argument
     add_base_argument(p)
     p.set_defaults(func=cmd_offline_check, base=None)       # None: not given (BASE=, else sdist)

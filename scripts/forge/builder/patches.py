@@ -11,11 +11,12 @@ import shutil
 from pathlib import Path
 
 from .. import ui
+from ..contest.rules import load_contest
 from ..errors import ForgeError
+from ..hashing import sha256_file
 from ..paths import BUILD, PATCHES, TREE, rel
-from ..run.contest import load_contest
+from ..recipe.patchfile import REVIEW_SECTIONS, diff_paths, parse, read_series
 from . import bases, offline, tree
-from .patchfile import REVIEW_SECTIONS, diff_paths, parse, read_series
 
 
 def lint_patch(patch, forbidden: list[dict], rules: dict) -> list[str]:
@@ -181,7 +182,6 @@ def refresh(tree_dir: Path = TREE, patches_dir: Path = PATCHES) -> list[str]:
             dest.write_text(text)
             ui.info(f"wrote {rel(dest)}")
         names.append(name)
-        from ..hashing import sha256_file
         state["patches"].append([name, sha256_file(dest), sha])
     for n in old:
         if n not in names:

@@ -22,7 +22,8 @@ from .. import config, proc, ui
 from ..errors import ForgeError
 from ..hashing import sha256_file
 from ..paths import BUILD, KERNELS, REPORTS, TREE, rel, write_atomic
-from . import fetch, patches, provenance, tree, wheel
+from ..recipe import provenance
+from . import fetch, patches, tree, wheel
 
 VENV = BUILD / "rehearsal" / "venv"
 

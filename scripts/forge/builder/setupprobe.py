@@ -15,6 +15,7 @@ the `__hcu_version__` setup.py wrote into vllm/version.py.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -152,7 +153,6 @@ def probe_hip(tree: Path, python: str | None = None, keep: Path | None = None) -
 def written_hcu_version(text: str) -> str | None:
     """The `__hcu_version__` a build wrote into vllm/version.py (a plain or placeholder-free f-string),
     or a sentence saying why the file cannot give it."""
-    import ast
     try:
         mod = ast.parse(text)
     except SyntaxError as e:

@@ -24,6 +24,7 @@ the checks. Results: build/toolchain/{tool-py,selftest,aot,toolchain}.json and t
 
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
@@ -367,7 +368,6 @@ def cmd_toolchain_check(args) -> int:
 
 
 def register(sub) -> None:
-    import argparse
     p = sub.add_parser("toolchain-check",
                        help="the contest container's Python 3.10, torch 2.10 and Triton 3.4.0: the tool, "
                             "the kernels' self-test and their AMD ahead-of-time compile",

@@ -29,8 +29,8 @@ from .. import config, options, proc, tunedtable, ui
 from ..errors import ForgeError
 from ..hashing import combine, manifest_hash, sha256_file
 from ..paths import KERNELS, PATCHES, ROOT, Lock, rel, write_atomic
+from ..recipe.patchfile import hunk_for, parse, read_series
 from . import bases, fetch
-from .patchfile import hunk_for, parse, read_series
 
 UPSTREAM_REF = "refs/forge/upstream"
 OVERLAY_REF = "refs/forge/overlay"

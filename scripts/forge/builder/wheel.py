@@ -25,14 +25,15 @@ from pathlib import Path
 from .. import config, proc, ui
 from ..errors import ForgeError
 from ..paths import BUILD, DIST, Lock, extract_tar, rel, write_atomic
-from . import provenance, tree
+from ..recipe import provenance
+from . import bases, tree
 
 SOURCE_DATE_EPOCH = 1767225600          # 2026-01-01T00:00:00Z, the tree's commit date
 
 
 def detect_device() -> str:
     try:
-        import torch
+        import torch  # heavy and optional: only to tell a ROCm torch from another
     except ImportError:
         return "empty"
     return "rocm" if getattr(torch.version, "hip", None) else "empty"
@@ -77,7 +78,6 @@ def dcu_version() -> str:
 def build_wheel(device: str = "auto", *, force: bool = False, tree_dir: Path | None = None,
                 base: str = "sdist") -> Path:
     device = detect_device() if device == "auto" else device
-    from . import bases
     tree_dir = tree_dir or bases.tree_dir(base)
     state = tree.build_tree(tree_dir, base=base)
     if base != "sdist" and device == "rocm":

@@ -22,6 +22,7 @@ MARKER = "@@forge-bench-worker@@ "
 
 
 def main() -> int:
+    # vLLM: heavy (about 20 s) and only in the venv this worker runs in
     from vllm.benchmarks.serve import add_cli_args
     from vllm.benchmarks.serve import main as bench_main
     from vllm.utils.argparse_utils import FlexibleArgumentParser

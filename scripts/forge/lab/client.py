@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import queue
 import threading
 import urllib.error
 import urllib.request
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 from .. import paths, proc
 from ..errors import ForgeError
 from ..run import bench
+from .benchworker import MARKER
 
 if TYPE_CHECKING:
     from .session import Run
@@ -64,9 +66,6 @@ class ClientWorker:
     (vLLM's own parser and main), so the client's imports are paid once, not per tier."""
 
     def __init__(self, python: str, log: Path, timeout: float = 300, env: dict[str, str] | None = None):
-        import queue
-
-        from .benchworker import MARKER
         self.marker = MARKER
         self.log = log
         self.lines: "queue.Queue[str | None]" = queue.Queue()
@@ -92,7 +91,6 @@ class ClientWorker:
         self.lines.put(None)
 
     def _reply(self, timeout: float) -> dict | None:
-        import queue
         try:
             line = self.lines.get(timeout=timeout)
         except queue.Empty:

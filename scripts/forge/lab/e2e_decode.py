@@ -23,9 +23,9 @@ import re
 from pathlib import Path
 
 from .. import config, paths, ui
+from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..run import archive, runs
-from ..run import contest as contest_mod
 
 # the kernel benchmark the prediction comes from: a copy of the H200 run recorded in
 # reports/kernels/bench.json (tools read their inputs from configs/ or arguments, never from reports/)

@@ -10,17 +10,19 @@ lists every file with its sha256; `forge e2e-gpu` verifies it before installing.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sys
 from pathlib import Path
 
 from .. import config, proc, ui
-from ..builder import provenance, tree, wheel
-from ..builder.patchfile import read_series
+from ..builder import tree, wheel
 from ..errors import ForgeError
 from ..hashing import sha256_file
 from ..paths import BUILD, CACHE, ROOT, TREE, rel
+from ..recipe import provenance
+from ..recipe.patchfile import read_series
 
 HARNESS = ROOT / "harness" / "gpu"
 BUNDLE = BUILD / "gpu-bundle"
@@ -86,7 +88,6 @@ def harness_hash() -> str:
     files = [HARNESS / "harness.yaml", HARNESS / "patches" / "series", *harness_patches(),
              *(p for p, _ in overlay_files())]
     text = "".join(f"{p.relative_to(HARNESS).as_posix()}\0{sha256_file(p)}\n" for p in files)
-    import hashlib
     return hashlib.sha256(text.encode()).hexdigest()
 
 

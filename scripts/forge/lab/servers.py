@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import proc, ui
+from ..contest import profiles
 from ..errors import ForgeError
-from ..run import profiles, runs, serve, synth
+from ..run import runs, serve, synth
 from . import prefill_profile
 from .client import complete
 from .serverlog import log_facts

@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 from .. import paths, ui
+from ..contest import profiles
+from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from ..run import contest as contest_mod
-from ..run import profiles, runs
+from ..run import runs
 from . import gpu_bundle
 from .packing import pack
 from .summary import render_summary

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from ..run import contest as contest_mod
-from ..run import runs, synth
+from ..run import predict, runs, synth, timemodel
 from ..run.score_doc import fmt
 from .serverlog import log_facts
 
@@ -43,7 +43,6 @@ def _server_facts(run: Run, s: dict, name: str) -> tuple:
 def tier_ratio_lines(run: Run, names: list[str], ref: str) -> list[str]:
     """Per tier and profile: mean TTFT and TPOT, the TTFT share of the tier's wall time, the ratios to
     the reference, and what `forge predict` makes of those ratios on the DCU."""
-    from ..run import predict, timemodel
     tiers = contest_mod.tier_names(run.contest)
     rows, ratios = [], {}
     for t in tiers:

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..hashing import sha256_file
 from ..run import bench, runs, score, synth
-from ..run import contest as contest_mod
 from ..run.serve import LOCKED_PORT
 from .client import client_runner
 from .servers import guarded

@@ -1,7 +1,8 @@
 """Run stage: serving the built artifact and measuring it the way the contest does.
 
-Owns serve profiles and the contest's rules (profiles, contest), starting and stopping a server
-(serve), the three benchmark tiers and their request shapes (bench, synth), run folders (runs),
-scoring (score), comparing and sweeping profiles (compare), accuracy, the generated documents
-(report) and the DCU prediction (predict). Imports the core and `build` (provenance for reports);
-never `lab`."""
+Owns starting and stopping a server (serve), the three benchmark tiers and their request shapes
+(bench, synth), the organizers' results imported as a run (imported), run folders and their archives
+(runs, results, archive), scoring (score, score_doc), comparing and sweeping profiles (compare),
+accuracy, the DCU prediction (timemodel, predict, predict_calibration) and the calibration on the
+card (calibrate, calibration, calibration_docs, calibrate_report). Rests on the core, `contest`,
+`recipe` and `builder` (it serves and records what was built); never imports `ship` or `lab`."""

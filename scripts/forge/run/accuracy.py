@@ -16,9 +16,10 @@ from collections import Counter
 from pathlib import Path
 
 from .. import options, paths, proc, ui
+from ..contest import rules as contest_mod
+from ..contest.profiles import loopback_env
 from ..errors import ForgeError
 from ..hashing import sha256_file
-from . import contest as contest_mod
 from . import runs, score, serve
 
 # --- metrics (LongBench's definitions) -----------------------------------------------------------
@@ -47,7 +48,7 @@ def rouge_l(prediction: str, truth: str) -> float:
     global _ROUGE
     if _ROUGE is None:
         try:
-            from rouge_score import rouge_scorer
+            from rouge_score import rouge_scorer  # optional (the contest extra): the ROUGE-L metric only
         except ImportError:
             raise ForgeError("ROUGE-L needs the rouge-score package, which is not installed",
                              hint="pip install rouge-score (listed in requirements/dev.txt)")
@@ -232,7 +233,6 @@ def run_official(contest: dict, script: Path, data_dir: Path, rdir: Path, host: 
                  model: str) -> dict:
     """Run the official script; its scores are returned only when it exits 0 and reports some. A
     failed run is kept as accuracy.failed.json and accuracy.failed.log, which `forge score` ignores."""
-    from .profiles import loopback_env
     rdir.mkdir(parents=True, exist_ok=True)
     live = rdir / "accuracy.run.log"
     live.unlink(missing_ok=True)

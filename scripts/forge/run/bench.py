@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 from .. import options, paths, proc, ui
+from ..contest import rules as contest_mod
+from ..contest.profiles import loopback_env
 from ..errors import ForgeError
 from ..hashing import sha256_file
-from . import contest as contest_mod
 from . import runs, serve, synth
 from .runs import count_lines, result_path, set_aside_failed, tier_done
 
@@ -162,7 +163,6 @@ def run_tier(contest: dict, tier: dict, ds: dict, *, launcher: list[str], model:
         runs.write_json(rdir / "manifest.json", manifest)
         rc = runner(argv, log)
         return _tier_outcome(contest, name, ds, rc, partial, final, log, rdir, health_url)
-    from .profiles import loopback_env
     p = proc.start(cmd, log=log, env={**(env or {}), **loopback_env()}, what="vllm bench serve",
                    hint="install vLLM (our wheel) or pass --client",
                    die_with_parent=True)   # a client whose forge was killed writes a result no one moves into place

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import json
 import os
 import re
@@ -37,6 +38,9 @@ from pathlib import Path
 from .. import options as opts
 from .. import paths, proc, tunedtable, ui
 from ..errors import ForgeError
+from ..hashing import combine, sha256_file
+from ..recipe import patchfile, provenance
+from . import calibrate_report
 from . import calibration as sel
 from . import calibration_docs as cd
 
@@ -61,7 +65,6 @@ def device_slug(ident: dict) -> str:
 
 def kernels_hash() -> str:
     """sha256 of the kernel sources a table's launches were measured with (recorded in provenance)."""
-    from ..hashing import combine, sha256_file
     files = sorted([*paths.KERNELS.glob("forge_triton/*.py"), *paths.KERNELS.glob("csrc/*.cu")])
     return combine(*(f"{f.relative_to(paths.ROOT)}:{sha256_file(f)}" for f in files))
 
@@ -211,7 +214,6 @@ def calibrate(args, force: bool = False) -> dict:
     dev = _device(docs, out_dir)
     validators = cd.identity(dev)
     selection = sel.select(records)
-    from ..builder import provenance
     head = provenance.forge_commit()
     commit = f"{(head.get('commit') or '?')[:12]}{' (dirty)' if head.get('dirty') else ''}"
     # a shipped table names no path of the machine that made it, and what a dirty tree held (kernels/
@@ -233,7 +235,6 @@ def calibrate(args, force: bool = False) -> dict:
     doc = {"provenance": prov, "device": dev, "families": {f: {k: d.get(k) for k in ("seconds", "notes", "failed")}
                                                              for f, d in docs.items()},
            "selection": selection, "table": table, "wall_s": round(time.monotonic() - t0, 1)}
-    from . import calibrate_report
     # the results as one set: an interrupt leaves the previous set or this one, never a mix
     paths.write_files(out_dir, {"table.json": json.dumps(table, indent=1, sort_keys=True) + "\n",
                                 "calibration.json": json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n",
@@ -243,8 +244,6 @@ def calibrate(args, force: bool = False) -> dict:
 
 def series_hash() -> str | None:
     try:
-        from ..builder import patchfile
-        from ..hashing import combine, sha256_file
         return combine(*(f"{n}:{sha256_file(paths.PATCHES / n)}" for n in patchfile.read_series(paths.PATCHES)))
     except (ForgeError, OSError):
         return None
@@ -267,7 +266,6 @@ def probe_device(args) -> dict:
 def default_kernels() -> tuple[str, str]:
     """(kernels, ops): the installed vLLM's when it carries our kernels, else this checkout's."""
     try:
-        import importlib.util
         if importlib.util.find_spec("vllm") and importlib.util.find_spec("vllm.forge_tuned"):
             return "installed", "vllm"
     except (ImportError, ValueError):
@@ -277,7 +275,6 @@ def default_kernels() -> tuple[str, str]:
 
 def _vllm_tables() -> Path:
     """The folder of the installed vLLM's tuned tables (--install-vllm)."""
-    import importlib.util
     spec = importlib.util.find_spec("vllm.forge_tuned")
     if spec is None or not spec.submodule_search_locations:
         raise ForgeError("--install-vllm: the installed vLLM has no forge_tuned package",

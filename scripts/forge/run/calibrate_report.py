@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import math
+import sys
 
 from .. import paths, ui
 
@@ -79,10 +80,9 @@ def render(doc: dict, records: list[dict]) -> str:
         lines.append("")
     t = doc["table"]
     lines += ["## The table", "", f"`table.json` (validators: {t['validators']}):", ""]
-    import sys
     if str(paths.KERNELS) not in sys.path:
         sys.path.insert(0, str(paths.KERNELS))
-    import forge_tuned
+    import forge_tuned  # the patched vLLM's table reader: importable once kernels/ is on sys.path (above)
     describe = forge_tuned.describe
     lines += [f"- {line}" for line in describe(t)] or ["- (empty: every decision kept the built-in defaults)"]
     return "\n".join(lines) + "\n"

@@ -10,11 +10,11 @@ import statistics
 from pathlib import Path
 
 from .. import options, ui
+from ..contest import profiles as profiles_mod
+from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..hashing import sha256_bytes
 from . import bench, runs, score, serve
-from . import contest as contest_mod
-from . import profiles as profiles_mod
 
 
 def _folders(paths: list[str], side: str) -> list[Path]:

@@ -14,9 +14,10 @@ import shutil
 from pathlib import Path
 
 from .. import options, paths, ui
+from ..contest import profiles
+from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from . import contest as contest_mod
-from . import profiles, results, runs
+from . import results, runs
 
 
 def find_results(folder: Path, tier: str) -> Path | None:

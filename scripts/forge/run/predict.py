@@ -24,9 +24,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import paths, ui
+from ..config import load_yaml
+from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from . import archive, results, runs, score, synth
-from . import contest as contest_mod
+from . import archive, predict_calibration, results, runs, score, synth
 from .timemodel import (
     ASSUMPTIONS,
     COMPONENTS,
@@ -157,7 +158,6 @@ def write_outputs(out: Path, label: str, how: str, pred: dict, res: dict, inputs
 def parse_speedups(items: list[str], file: str | None) -> dict:
     sp: dict = {}
     if file is not None:
-        from ..config import load_yaml
         data = load_yaml(Path(file))
         if not isinstance(data, dict) or not data:
             raise ForgeError(f"{file}: " + ("holds no speed-ups" if data in ({}, None) else
@@ -221,7 +221,6 @@ def cmd_predict(args) -> int:
     out_arg = paths.target_folder(args.out, "--out") if args.out is not None else None
     score.baseline_from_config(contest, args.baseline_name)        # an unknown set is refused before any work
     if args.calibration is not None:
-        from . import predict_calibration
         return predict_calibration.run(args, contest, workload)
     jobs = []     # (label, how, pred, inputs)
     if args.run:

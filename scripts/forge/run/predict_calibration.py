@@ -28,11 +28,13 @@ import math
 import sys
 from pathlib import Path
 
-from .. import paths
+from .. import paths, ui
+from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from . import archive
+from . import archive, results, runs
 from . import calibration as sel
 from . import calibration_docs as cd
+from .timemodel import COMPONENTS, predict_from_components, print_table, score_prediction
 
 ATTN_LAYERS = 16
 CHUNK = 4096
@@ -134,7 +136,6 @@ def _ratio(up: float, ours: float, decision: str) -> float:
 
 def factors(doc: dict, records: list[dict], workload: dict) -> dict:
     """{tier: {component: {"factor", "label", "how"}}} for every component of the DCU time model."""
-    from .timemodel import COMPONENTS
     k = Kernels(doc, records)
     dev = doc.get("device", {})
     on_card = str(dev.get("arch", "")).startswith("gfx936")
@@ -171,7 +172,6 @@ def factors(doc: dict, records: list[dict], workload: dict) -> dict:
 
 def predict(workload: dict, fac: dict) -> dict:
     """The DCU time model with each tier's own speed-ups."""
-    from .timemodel import predict_from_components
     pred = {}
     for tier, f in fac.items():
         sp = {c: v["factor"] for c, v in f.items() if v["factor"] != 1.0}
@@ -187,7 +187,6 @@ def e2e_result(folder: Path, root: Path, name: str, tier: str) -> dict:
     record's extraction), read by the reader score and compare use (results.check_result) plus what the
     check needs: every request's prompt, output, TTFT and token times, all completed with a token at
     least, and a positive duration and throughput. Errors name the file as the user knows it."""
-    from . import results, runs
     p = folder / "runs" / name / f"{tier}.json"
     label = (paths.rel(root / "runs" / name / f"{tier}.json") if folder == root
              else f"{paths.rel(root)}/{archive.ARCHIVE}: runs/{name}/{tier}.json")
@@ -288,9 +287,6 @@ def render(doc: dict, fac: dict, pred: dict, res: dict, check: dict | None, sour
 def run(args, contest: dict, workload: dict) -> int:
     """Read and check everything (the calibration, the e2e results of --check-e2e), then print and
     write: a damaged input prints no prediction and writes nothing."""
-    from .. import ui
-    from . import contest as contest_mod
-    from .timemodel import print_table, score_prediction
     doc, records = load(Path(args.calibration))
     fac = factors(doc, records, workload)
     pred = predict(workload, fac)

@@ -8,13 +8,15 @@ import json
 import os
 import platform
 import re
+import sys
 import time
 from pathlib import Path
+from shutil import which
 from typing import Any
 
-from .. import paths
-from ..builder import provenance
+from .. import paths, proc
 from ..errors import ForgeError
+from ..recipe import provenance
 
 RUNS = paths.REPORTS / "runs"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -228,7 +230,6 @@ def git_commit() -> dict:
 def vllm_provenance(python: str | None = None) -> dict:
     """vLLM's version and our wheel's provenance record (vllm/_forge_provenance.py: PROVENANCE),
     read from `python` (default: this interpreter) without importing vLLM's heavy modules."""
-    from .. import proc
     code = ("import json, importlib.metadata as m\n"
             "out = {}\n"
             "try: out['version'] = m.version('vllm')\n"
@@ -241,7 +242,6 @@ def vllm_provenance(python: str | None = None) -> dict:
             "    out['provenance'] = runpy.run_path(f)['PROVENANCE'] if f and os.path.exists(f) else None\n"
             "except Exception as e: out['provenance_error'] = str(e)\n"
             "print(json.dumps(out, default=str))\n")
-    import sys
     try:
         text = proc.output([python or sys.executable, "-c", code], what="vllm provenance", timeout=60)
         return json.loads(text.splitlines()[-1])
@@ -250,11 +250,9 @@ def vllm_provenance(python: str | None = None) -> dict:
 
 
 def device_info() -> dict:
-    from .. import proc
     info: dict[str, Any] = {"host": platform.node(), "machine": platform.machine(), "os": platform.platform()}
     for tool, args in (("rocm-smi", ["--showproductname"]), ("hy-smi", ["--showproductname"]),
                        ("nvidia-smi", ["--query-gpu=name,driver_version", "--format=csv,noheader"])):
-        from shutil import which
         if which(tool):
             try:
                 info[tool] = proc.output([tool, *args], what=tool, timeout=20)[-2000:]

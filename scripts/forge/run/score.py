@@ -18,9 +18,10 @@ import math
 from pathlib import Path
 
 from .. import options, paths, ui
+from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from . import contest as contest_mod
 from . import results, runs
+from .archive import ARCHIVE
 from .results import check_result, finite_positive, read_result, request_tpots_ms  # noqa: F401
 from .score_doc import HARNESS_LABEL, chart, print_run, print_what_if, render_md
 
@@ -89,7 +90,6 @@ def load_run(run: Path, contest: dict, partial: bool = False) -> dict:
 def _no_result_hint(run: Path) -> str:
     """What to give instead of a folder without tier results: a profile's run folder of an e2e results
     folder (runs/<profile>), how to read a packed record, or the bench command that finishes a run."""
-    from .archive import ARCHIVE
     profiles = sorted(p.name for p in (run / "runs").iterdir() if p.is_dir()) if (run / "runs").is_dir() else []
     if profiles or (run / ARCHIVE).is_file():
         return (f"{run} is an e2e results folder: give one profile's run folder, {run}/runs/<profile>"

@@ -15,9 +15,10 @@ import urllib.request
 from pathlib import Path
 
 from .. import options, paths, proc, ui
+from ..contest import profiles
+from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from . import contest as contest_mod
-from . import profiles, runs
+from . import runs
 
 STATE = paths.BUILD / "serve" / "server.json"
 LOCKED_PORT = 8001

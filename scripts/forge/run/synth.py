@@ -14,7 +14,9 @@ import math
 import random
 from pathlib import Path
 
+from ..config import Field, load
 from ..errors import ForgeError
+from ..paths import CONFIGS, rel
 
 
 class Tok:
@@ -33,7 +35,7 @@ class Tok:
         fast_error = None
         if tj.is_file():
             try:
-                from tokenizers import Tokenizer
+                from tokenizers import Tokenizer  # optional (the contest extra): the model's tokenizer
             except ImportError as e:
                 fast_error = f"importing `tokenizers` failed: {e}"
             else:
@@ -49,7 +51,7 @@ class Tok:
                                  f"(and so are {', '.join(self.OTHER_FILES)})",
                                  hint="pass --model with the served model's directory, which holds tokenizer.json")
             try:
-                from transformers import AutoTokenizer
+                from transformers import AutoTokenizer  # heavy and optional: a model without tokenizer.json
             except ImportError as e:
                 why = f"{fast_error}; " if fast_error else (f"{tj.name} is missing, so " if not tj.is_file() else "")
                 raise ForgeError(f"{model_dir}: cannot load the tokenizer: {why}importing `transformers` failed: {e}",
@@ -113,6 +115,7 @@ class ChatWrap:
         if self.template is None:
             return
         try:
+            # optional: the chat template's renderer, only where a model's template is applied
             import jinja2
             import jinja2.ext
             from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -203,8 +206,6 @@ def build_tier(model_dir: Path, tier: dict, n: int, out: Path, seed: int = 0) ->
 def load_workload(contest: dict, path: Path | str | None = None) -> dict:
     """configs/workload.yaml, validated: one entry per contest tier, each request [input_len,
     output_len] with input_len inside the tier's prompt range and 1 <= output_len <= output_cap."""
-    from ..config import Field, load
-    from ..paths import CONFIGS, rel
     path = Path(path) if path else CONFIGS / "workload.yaml"
     num = Field(float)
     schema = {

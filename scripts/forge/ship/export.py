@@ -10,10 +10,11 @@ import shutil
 from pathlib import Path
 
 from .. import config, ui
+from ..builder import tree, wheel
 from ..errors import ForgeError
 from ..hashing import sha256_file
 from ..paths import DIST, TREE, rel, target_folder
-from . import provenance, tree, wheel
+from ..recipe import provenance
 
 
 def export(out_dir: Path = DIST / "export", into: "Path | str | None" = None) -> dict:
@@ -57,6 +58,9 @@ def cmd_export(args) -> int:
     m = export(Path(args.out), args.into)
     print(json.dumps(m, indent=1))
     return 0
+
+
+HELP_STAGE = "builder"        # `forge --help` lists the verb with the build stage's: the built tree and wheel, packed
 
 
 def register(sub) -> None:

@@ -17,10 +17,11 @@ import zlib
 from pathlib import Path
 
 from .. import config, paths
-from ..builder import provenance, tree
+from ..builder import tree
+from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from . import contest as contest_mod
-from . import results
+from ..recipe import provenance
+from ..run import results
 
 HINT = "check configs/optimizations.yaml (the run and the profiles it served)"
 # What a GPU machine that is not the card cannot avoid changing in the organizers' command: listed in

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from .. import paths
+from .. import config, paths
 
 # a word that ends with a period without ending the sentence
 ABBREVIATIONS = frozenset({"e.g", "i.e", "vs", "cf", "etc", "approx", "resp", "incl", "no", "fig"})
@@ -84,7 +84,6 @@ class References:
 
     @classmethod
     def of_this_series(cls, overlay: list[dict], touched: list[str]) -> References:
-        from .. import config
         scope = (config.upstream().get("vendor") or {}).get("scope") or {"files": [], "folders": ["vllm", "csrc"]}
         own = [p.name for p in paths.ROOT.iterdir() if not p.name.startswith(".")] + ["design", "build", "dist"]
         return cls(overlay, touched, scope["folders"] + scope["files"], own)

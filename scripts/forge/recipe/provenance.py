@@ -9,6 +9,7 @@ import platform
 import re
 import shutil
 import sys
+from importlib import metadata
 from pathlib import Path
 
 from .. import config, proc
@@ -29,7 +30,6 @@ TOOL_VERSION = {
 def _version_of(dist: str) -> str:
     """The installed version of a Python distribution (from its metadata: nothing is imported),
     or "not installed"."""
-    from importlib import metadata
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -59,7 +59,7 @@ def toolchain() -> dict:
     tv["torch_hip"] = tv["torch_cuda"] = NOT_INSTALLED
     if tv["torch"] != NOT_INSTALLED:
         try:
-            import torch
+            import torch  # heavy and optional: its HIP and CUDA versions where it is installed
             tv.update(torch_hip=torch.version.hip or "none (not a ROCm build)",
                       torch_cuda=torch.version.cuda or "none (not a CUDA build)")
         except Exception as e:          # installed but broken: say so rather than guess
@@ -105,7 +105,7 @@ def _commit_from_manifest(path: str) -> dict:
         files, sha = man["files"], man["commit"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ForgeError(f"{SOURCE_MANIFEST_ENV}={path}: not a source manifest ({e})",
-                         hint="write one with `forge.builder.provenance.source_manifest()` in the checkout") from None
+                         hint="write one with `forge.recipe.provenance.source_manifest()` in the checkout") from None
     differ = sorted(n for n, blob in files.items() if _blob_id(ROOT / n) != blob)
     if not differ:
         return {"commit": sha, "dirty": False, "from": "source manifest"}

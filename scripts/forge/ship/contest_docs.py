@@ -23,10 +23,11 @@ from pathlib import Path
 
 from .. import config, paths
 from ..builder import tree
-from ..builder.patchfile import parse, read_series
+from ..contest import profiles
+from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from . import contest as contest_mod
-from . import profiles, submission_runs
+from ..recipe.patchfile import parse, read_series
+from . import submission_runs
 from .card_route import en_count as _en
 from .card_route import gemv_on_card
 from .card_route import zh_count as _zh

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from .. import config, paths
 from ..builder import tree
-from ..builder.patchfile import read_series
 from ..errors import ForgeError
+from ..recipe.patchfile import read_series
 
 # Qwen3.5-27B's bf16 linear layers by weight shape (N x K), as the GEMV tables name them
 SHAPE_NAMES = {"14336x5120": "qkv+gate", "16384x5120": "in_proj_qkvz", "34816x5120": "gate_up",
@@ -54,7 +54,7 @@ def rocm_gemv_route(patches_dir: Path = paths.PATCHES) -> dict[str, dict[str, li
     if "plain" not in route:
         raise ForgeError("patches/series: no patch defines the built-in ROCm GEMV table (FORGE_GEMV_ROCM)",
                          hint="the documents describe the ROCm route from it: update rocm_gemv_route() "
-                              "in scripts/forge/run/card_route.py to the series' new name")
+                              "in scripts/forge/ship/card_route.py to the series' new name")
     route.setdefault("fused", {})
     return route
 

@@ -7,10 +7,14 @@ one); `forbidden_options` are "forbidden to change" by a rule of their own."""
 from __future__ import annotations
 
 import math
+import re
+import shlex
+from pathlib import Path
 from typing import Any
 
 from ..config import Field, load
 from ..errors import ForgeError
+from ..paths import CONFIGS, rel
 
 RULE = {"text": Field(str)}
 OPTION = {"option": Field(str), "rule": Field(str), "aliases": Field(list, item=str, required=False, default=[])}
@@ -162,16 +166,12 @@ def _check_ranges(data: dict, file: str) -> None:
 def load_contest(path: str = "contest.yaml") -> dict:
     """The validated contest config."""
     data = load(path, SCHEMA)
-    from pathlib import Path
-
-    from ..paths import CONFIGS, rel
     p = Path(path)
     _cross_check(data, rel(p if p.is_absolute() or p.exists() else CONFIGS / p))
     return data
 
 
 def _split(command: str, file: str, key: str) -> list[str]:
-    import shlex
     try:
         return shlex.split(command)
     except ValueError as e:
@@ -379,6 +379,5 @@ def check_command(contest: dict, args: list[str], where: str = "server command")
 
 
 def check_env_name(name: str, where: str) -> None:
-    import re
     if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
         raise ForgeError(f"{where}: {name!r} is not a valid environment variable name")

@@ -5,12 +5,13 @@ command: the organizers' start script plus that."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from ..config import Field, load_yaml, validate
 from ..errors import ForgeError
 from ..paths import CONFIGS, rel
-from . import contest as contest_mod
+from . import rules as contest_mod
 
 PROFILES = CONFIGS / "serve"
 
@@ -119,7 +120,6 @@ def render(profile: dict, model: str, contest: dict) -> dict:
 def loopback_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """NO_PROXY/no_proxy extended with the loopback names, so proxy variables never capture
     requests to 127.0.0.1."""
-    import os
     out = {}
     for var in ("NO_PROXY", "no_proxy"):
         cur = (env or {}).get(var, os.environ.get(var, ""))
