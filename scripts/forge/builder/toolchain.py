@@ -142,7 +142,7 @@ def ensure_venv(python: str, version: tuple[int, ...], venv: Path = VENV) -> Pat
             f"{rel(REQUIREMENTS)} (a few minutes; log: {rel(log)})")
     proc.run([python, "-m", "venv", venv], log=log, what="venv creation",
              hint=f"see {rel(log)}; Debian: apt-get install python3-venv")
-    proc.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "-r", REQUIREMENTS], log=log,
+    proc.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--no-cache-dir", "-r", REQUIREMENTS], log=log,
              what=f"pip install -r {rel(REQUIREMENTS)}",
              hint=f"see {rel(log)}; pip's configured index must serve every pin in {rel(REQUIREMENTS)}")
     write_atomic(marker, want)
