@@ -264,6 +264,14 @@ def build_bundle(out: Path = BUNDLE) -> dict:
         raise ForgeError(f"the bundle is {mib:.1f} MiB, over harness/gpu/harness.yaml max_bundle_mib "
                          f"({h['max_bundle_mib']})", hint="drop wheels the serve path does not import")
     ui.info(f"bundle: {rel(out)} ({mib:.1f} MiB, {len(files)} files); vllm {info['version']}")
+    # beside the bundle (not in it): what lets a copy of this checkout without a current git folder name
+    # its commit (FORGE_SOURCE_MANIFEST=build/source-manifest.json on the GPU machine)
+    try:
+        src = provenance.source_manifest()
+    except ForgeError:
+        ui.warn("no git here: build/source-manifest.json not written (the GPU machine's records name no commit)")
+    else:
+        (BUILD / "source-manifest.json").write_text(json.dumps(src) + "\n")
     return manifest
 
 
