@@ -10,6 +10,7 @@ that does not compile: tests/compile/test_cmake_checked_sources.py."""
 import re
 import shutil
 import subprocess
+import sys
 import sysconfig
 import textwrap
 from pathlib import Path
@@ -17,6 +18,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from forge.builder import hipcompile  # noqa: E402
 
 
 def checked_sources(tree: Path) -> dict[str, str]:
@@ -43,12 +47,9 @@ def test_cmake_and_bindings_carry_the_kernel(patched_tree):
 
 @pytest.mark.skipif(not shutil.which("g++"), reason="g++ is not installed")
 def test_torch_bindings_compile(patched_tree, tmp_path):
-    import torch.utils.cpp_extension as ce
-    stub = tmp_path / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
-    stub.parent.mkdir(parents=True)
-    stub.write_text("#pragma once\n")
-    inc = [f"-I{p}" for p in ce.include_paths()] + [f"-I{tmp_path}", f"-I{patched_tree / 'csrc'}",
-                                                    f"-I{sysconfig.get_paths()['include']}"]
+    # torch's headers as kernels-check gives them to the in-_C compile (the CPU wheel lacks a generated header)
+    inc = [*hipcompile.cuda_torch_include_args(tmp_path), f"-I{patched_tree / 'csrc'}",
+           f"-I{sysconfig.get_paths()['include']}"]
     every_op = [f"-D{d}=1" for d in checked_sources(patched_tree).values()]
     res = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-DTORCH_EXTENSION_NAME=_C", *every_op, *inc,
                           str(patched_tree / "csrc" / "torch_bindings.cpp")],

@@ -379,3 +379,7 @@ def test_gpu_bundle_builds_with_the_harness_in_its_wheel(patched_tree, tmp_path)
     assert len(wheels) == len(h["wheels"]) + 1
     assert man["total_bytes"] < h["max_bundle_mib"] * 2**20
     assert json.loads((out / "model" / "config.json").read_text())["text_config"]["vocab_size"] == 248320
+    # beside the bundle: the checkout's commit and its tracked files, for the GPU machine's records
+    src = json.loads((tmp_path / "source-manifest.json").read_text())
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert src["commit"] == head.stdout.strip() and "patches/series" in src["files"]

@@ -20,7 +20,7 @@ from .. import config, proc, ui
 from ..builder import tree, wheel
 from ..errors import ForgeError
 from ..hashing import sha256_file
-from ..paths import BUILD, CACHE, ROOT, TREE, rel
+from ..paths import BUILD, CACHE, ROOT, TREE, rel, write_atomic
 from ..recipe import provenance
 from ..recipe.patchfile import read_series
 
@@ -264,14 +264,15 @@ def build_bundle(out: Path = BUNDLE) -> dict:
         raise ForgeError(f"the bundle is {mib:.1f} MiB, over harness/gpu/harness.yaml max_bundle_mib "
                          f"({h['max_bundle_mib']})", hint="drop wheels the serve path does not import")
     ui.info(f"bundle: {rel(out)} ({mib:.1f} MiB, {len(files)} files); vllm {info['version']}")
-    # beside the bundle (not in it): what lets a copy of this checkout without a current git folder name
-    # its commit (FORGE_SOURCE_MANIFEST=build/source-manifest.json on the GPU machine)
+    # beside the bundle (not in it; build/source-manifest.json for the default --out): what lets a copy of
+    # this checkout without a current git folder name its commit (FORGE_SOURCE_MANIFEST on the GPU machine)
+    beside = out.parent / "source-manifest.json"
     try:
         src = provenance.source_manifest()
     except ForgeError:
-        ui.warn("no git here: build/source-manifest.json not written (the GPU machine's records name no commit)")
+        ui.warn(f"no git here: {rel(beside)} not written (the GPU machine's records name no commit)")
     else:
-        (BUILD / "source-manifest.json").write_text(json.dumps(src) + "\n")
+        write_atomic(beside, json.dumps(src) + "\n")
     return manifest
 
 
