@@ -65,6 +65,42 @@ def test_kernels_go_to_the_step_that_launched_them_and_are_grouped(tmp_path):
     assert tot == pytest.approx({"full attention": 90, "GDN": 20, "GEMM": 60, "rest": 12})
 
 
+def test_decode_steps_are_kept_apart_from_the_prefill_and_summed_per_step(tmp_path):
+    """A request that also generates tokens (--profile-decode): its one-token steps are decode steps, kept out
+    of the prefill's steps, span and totals (before, their kernels went to "outside"), and summed per step."""
+    prefill = [("_prefill_attention_kernel", 110, 400, 40.0, "cuda_driver"),
+               ("nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_TNT", 120, 450, 30.0, "cuda_runtime")]
+    # two decode steps at CPU 2000..2010 and 3000..3010, each a graph launch of a GEMV, a GDN and an attention
+    # kernel; the second step's GDN kernel is slower
+    decode = []
+    for base, gdn in ((2000, 0.004), (3000, 0.008)):
+        decode += [("gemv_kernel<640, 4>", base + 1, base + 20, 0.010, "cuda_runtime"),
+                   ("fused_recurrent_gated_delta_rule_fwd_kernel", base + 2, base + 20.010, gdn, "cuda_runtime"),
+                   ("_split_kv_decode_kernel", base + 3, base + 20.020, 0.002, "cuda_runtime")]
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "execute_context_0(0)_generation_1(1)", "ts": b * 1000,
+           "dur": 10_000} for b in (2000, 3000)]
+    d = pp.digest(_trace(tmp_path / "t.json.gz", [(100, 200, 6000)], prefill + decode, extra=ev))
+    assert [s["prefill_tokens"] for s in d["steps"]] == [6000]
+    assert d["prefill_span_ms"] == pytest.approx(480 - 400)
+    assert d["outside"]["kernels"] == {}
+    assert pp.totals(d) == pytest.approx({"full attention": 40, "GDN": 0, "GEMM": 30, "rest": 0})
+    assert [s["decode_tokens"] for s in d["decode_steps"]] == [1, 1]
+    ds = pp.decode_summary(d["decode_steps"])
+    assert ds["steps"] == 2
+    assert ds["categories_ms"] == pytest.approx({"full attention": 0.002, "GDN": 0.006, "GEMM": 0.010, "rest": 0})
+    assert ds["gpu_span_ms_median"] == pytest.approx(0.022)             # first kernel 20.000 to last 20.022
+    assert ds["top_kernels"][0]["name"] == "gemv_kernel<640, 4>" and ds["top_kernels"][0]["launches"] == 1
+    assert ds["top_kernels"][1]["us"] == pytest.approx(6.0)
+    # the document gets a decode section; a prefill-only trace has none
+    res = pp.analyse({"contest": {**d, "profile": "contest", "prompt_tokens": 6000, "source": "x"}})
+    md = pp.render_md(res, "t")
+    assert "## Decode steps" in md and "| contest | 2 | 0.022 |" in md
+    only = pp.digest(_trace(tmp_path / "p.json.gz", [(100, 200, 6000)], prefill))
+    assert "decode_steps" not in only
+    assert "## Decode steps" not in pp.render_md(pp.analyse({"c": {**only, "profile": "c", "prompt_tokens": 1,
+                                                                 "source": "x"}}), "t")
+
+
 @pytest.mark.parametrize("name, cat", [
     ("kernel_unified_attention_2d", "full attention"), ("_prefill_attention_kernel", "full attention"),
     ("_widen_prefix_kernel", "full attention"), ("reshape_and_cache_kernel_flash", "full attention"),

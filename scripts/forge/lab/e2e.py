@@ -39,7 +39,7 @@ import threading
 import time
 from pathlib import Path
 
-from .. import paths, proc, ui
+from .. import options, paths, proc, ui
 from ..errors import ForgeError
 from ..run import bench, serve, synth
 from . import e2e_decode, gpu_bundle, prefill_profile
@@ -67,6 +67,7 @@ from .tiers import (
 )
 
 FIRST_PORT = serve.LOCKED_PORT
+MAX_PROFILE_DECODE = 512             # decode steps in one profiled request (a trace grows ~1 MiB per 10 steps)
 
 
 def _client(run: Run, model: Path) -> None:
@@ -86,6 +87,10 @@ def cmd_e2e(args) -> int:
         n = stop_left_servers(Path(args.out))
         ui.info(f"{n} server(s) stopped" if n else f"no server of {args.out} is up; nothing to stop")
         return 0
+    if args.profile_decode and not args.profile_prefill:
+        raise ForgeError(f"--profile-decode {args.profile_decode} profiles the decode steps of the request that "
+                         "--profile-prefill sends, and none is sent without it",
+                         hint="add --profile-prefill TOKENS (the prompt's length)")
     run = Run(args)
     names, ref = run.names, run.ref
     (run.out / "logs").mkdir(exist_ok=True)
@@ -165,7 +170,8 @@ def cmd_e2e(args) -> int:
         done = bench_tiers(run, measured, model, datasets)
         if args.profile_prefill:
             for name in live:
-                prof = guarded(run, name, prefill_profile.capture, run, name, model, args.profile_prefill)
+                prof = guarded(run, name, prefill_profile.capture, run, name, model, args.profile_prefill,
+                               args.profile_decode)
                 if prof is not None:
                     run.step(f"prefill profile {name}", **prof["headline"])
         run_dirs = finish_runs(run, measured, done)
@@ -292,6 +298,10 @@ def register(sub) -> None:
                    help="after the tiers, profile one TOKENS-token prefill on each server with the torch "
                         "profiler (servers get --profiler-config; the trace's kernels are summed by name per "
                         "forward step into prefill-profile/<profile>.json; render with `forge prefill-profile`)")
+    p.add_argument("--profile-decode", type=options.count_upto(MAX_PROFILE_DECODE, "the decode steps one trace holds"),
+                   default=0, metavar="STEPS",
+                   help="with --profile-prefill: the profiled request then generates STEPS tokens more (at most "
+                        f"{MAX_PROFILE_DECODE}), and their decode steps are summed the same way, per step")
     p.add_argument("--keep-servers", action="store_true",
                    help="leave the servers up at the end (also when interrupted): the next invocation of the same "
                         "--out with the same settings reuses them instead of starting new ones (without this "

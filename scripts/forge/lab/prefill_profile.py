@@ -1,6 +1,8 @@
 """Where one long prefill's time goes, by component: a torch-profiler trace of one request on a
 harness server, summed by kernel and forward step, then grouped as full attention, GDN, GEMM and the
-rest, with the GEMM time as the floor under the TTFT (what is left if every other kernel cost nothing).
+rest, with the GEMM time as the floor under the TTFT (what is left if every other kernel cost nothing);
+with `--profile-decode STEPS` the profiled request also generates STEPS tokens, and the decode steps
+are summed the same way, per step.
 
 On the GPU machine (`forge e2e-gpu --profile-prefill TOKENS`): each server is started with vLLM's
 `--profiler-config` (torch profiler, idle until /start_profile); after the tiers one fresh prompt of
@@ -65,7 +67,7 @@ def server_args(out: Path, name: str) -> list[str]:
     return ["--profiler-config", json.dumps(cfg)]
 
 
-def capture(run: Run, name: str, model: Path, tokens: int) -> dict:
+def capture(run: Run, name: str, model: Path, tokens: int, decode_steps: int = 0) -> dict:
     st = run.servers[name]
     base = f"http://{st['host']}:{st['port']}"
     tdir = trace_dir(run.out, name)
@@ -79,7 +81,7 @@ def capture(run: Run, name: str, model: Path, tokens: int) -> dict:
     post_empty(f"{base}/start_profile", timeout=120)
     t = time.monotonic()
     try:
-        complete(st, profiled, 1, timeout=600)
+        complete(st, profiled, 1 + decode_steps, timeout=600)
         ttft_prof = time.monotonic() - t
     finally:
         post_empty(f"{base}/stop_profile", timeout=900)
@@ -95,13 +97,19 @@ def capture(run: Run, name: str, model: Path, tokens: int) -> dict:
     trace = max(new, key=lambda p: p.stat().st_size)
     dig = digest(trace)
     dig.update(profile=name, prompt_tokens=tokens, ttft_s_unprofiled=round(ttft_plain, 3),
-               ttft_s_profiled=round(ttft_prof, 3), trace=trace.name, trace_mib=round(trace.stat().st_size / 2**20, 1),
-               recorded=runs.now_iso())
+               trace=trace.name, trace_mib=round(trace.stat().st_size / 2**20, 1), recorded=runs.now_iso())
+    if decode_steps:                          # the profiled request's latency is then not its TTFT
+        dig.update(decode_steps_asked=decode_steps, latency_s_profiled=round(ttft_prof, 3))
+    else:
+        dig.update(ttft_s_profiled=round(ttft_prof, 3))
     (run.out / SUBDIR).mkdir(exist_ok=True)
     runs.write_json(run.out / SUBDIR / f"{name}.json", dig)
     cats = totals(dig)
     dig["headline"] = {"ttft_s": round(ttft_plain, 2), "steps": len(dig["steps"]),
                        **{k.replace(" ", "_") + "_ms": round(v, 1) for k, v in cats.items()}}
+    if dig.get("decode_steps"):
+        ds = decode_summary(dig["decode_steps"])
+        dig["headline"].update(decode_steps=ds["steps"], decode_step_gpu_span_ms=ds["gpu_span_ms_median"])
     return dig
 
 
@@ -133,7 +141,8 @@ def digest(trace: Path) -> dict:
             c = (e.get("args") or {}).get("correlation")
             if c is not None:
                 launches[c] = float(e["ts"])
-        elif cat == "user_annotation" and (m := STEP.fullmatch(e.get("name", ""))) and int(m.group(2)) > 0:
+        elif (cat == "user_annotation" and (m := STEP.fullmatch(e.get("name", "")))
+              and (int(m.group(2)) > 0 or int(m.group(4)) > 0)):
             fwd.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))))
             toks.append((int(m.group(2)), int(m.group(4))))
         elif cat in ("kernel", "gpu_memcpy", "gpu_memset"):
@@ -156,17 +165,22 @@ def digest(trace: Path) -> dict:
         span = slot["_span"]
         span[0] = a if span[0] is None else min(span[0], a)
         span[1] = b if span[1] is None else max(span[1], b)
-    firsts = [st["_span"][0] for st in steps if st["_span"][0] is not None]
-    lasts = [st["_span"][1] for st in steps if st["_span"][1] is not None]
+    prefill = [st for st in steps if st["prefill_tokens"] > 0]
+    decode = [st for st in steps if st["prefill_tokens"] == 0]      # one token per request, after the prefill
+    firsts = [st["_span"][0] for st in prefill if st["_span"][0] is not None]
+    lasts = [st["_span"][1] for st in prefill if st["_span"][1] is not None]
     span_ms = round((max(lasts) - min(firsts)) / 1000, 3) if firsts else 0.0
     for slot in (*steps, outside):
         s = slot.pop("_span")
         slot["gpu_span_ms"] = round((s[1] - s[0]) / 1000, 3) if s[0] is not None else 0.0
         slot["kernels"] = {n: [c, round(us, 1)] for n, (c, us) in sorted(slot["kernels"].items())}
-    if not steps:
+    if not prefill:
         raise ForgeError(f"{trace}: no model step with prompt tokens (no execute_context_N(T) annotation, T > 0)",
                          hint="the profiler did not see the prefill; was the request served while it ran?")
-    return {"prefill_span_ms": span_ms, "steps": steps, "outside": outside}
+    out = {"prefill_span_ms": span_ms, "steps": prefill, "outside": outside}
+    if decode:
+        out["decode_steps"] = decode
+    return out
 
 
 def by_category(kernels: dict) -> dict[str, float]:
@@ -210,6 +224,27 @@ def load_profiles(folders: list[Path], labels: list[Path] | None = None) -> dict
     return found
 
 
+def decode_summary(steps: list[dict]) -> dict:
+    """Per decode step (one token): the median GPU span and CPU time, kernel time by group and the largest
+    kernels, each as a mean over the steps (launches and µs per step)."""
+    n = len(steps)
+    spans = sorted(s["gpu_span_ms"] for s in steps)
+    cpus = sorted(s["cpu_ms"] for s in steps)
+    cats = {c: 0.0 for c in ORDER}
+    kern: dict[str, list[float]] = {}
+    for s in steps:
+        for c, ms in by_category(s["kernels"]).items():
+            cats[c] += ms / n
+        for k, (cnt, us) in s["kernels"].items():
+            acc = kern.setdefault(k, [0.0, 0.0])
+            acc[0] += cnt / n
+            acc[1] += us / n
+    return {"steps": n, "gpu_span_ms_median": round(spans[n // 2], 3), "cpu_ms_median": round(cpus[n // 2], 3),
+            "gpu_busy_ms": round(sum(cats.values()), 3), "categories_ms": {c: round(v, 3) for c, v in cats.items()},
+            "top_kernels": [{"name": k, "category": category(k), "launches": round(c, 2), "us": round(us, 1)}
+                            for k, (c, us) in sorted(kern.items(), key=lambda kv: -kv[1][1])[:25]]}
+
+
 def analyse(profs: dict[str, dict]) -> dict:
     out = {}
     for name, d in profs.items():
@@ -233,6 +268,8 @@ def analyse(profs: dict[str, dict]) -> dict:
             "top_kernels": [{"name": k, "category": category(k), "ms": round(v, 2)}
                             for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:15]],
             "source": d["source"]}
+        if d.get("decode_steps"):
+            out[name]["decode"] = decode_summary(d["decode_steps"])
     return out
 
 
@@ -276,6 +313,21 @@ def render_md(res: dict, title: str, prov: list[dict] | None = None) -> str:
                      + " | ".join(f"{s[c]:.1f}" for c in ORDER) + " |")
         L += ["", "Largest kernels:", "", "| kernel | group | ms |", "|---|---|---|"]
         L += [f"| `{k['name'][:90]}` | {k['category']} | {k['ms']:.1f} |" for k in r["top_kernels"]]
+    dec = {n: r["decode"] for n, r in res.items() if r.get("decode")}
+    if dec:
+        L += ["", "## Decode steps (one token each, after the profiled prefill)", "",
+              "GPU span: from a step's first kernel to its last (median over the steps); kernel times are means "
+              "per step.", "",
+              "| profile | steps | GPU span ms | CPU ms | GPU busy ms | " + " | ".join(f"{c} ms" for c in ORDER) + " |",
+              "|---|---|---|---|---|" + "---|" * len(ORDER)]
+        for n, r in dec.items():
+            L.append(f"| {n} | {r['steps']} | {r['gpu_span_ms_median']:.3f} | {r['cpu_ms_median']:.3f} | "
+                     f"{r['gpu_busy_ms']:.3f} | " + " | ".join(f"{r['categories_ms'][c]:.3f}" for c in ORDER) + " |")
+        for n, r in dec.items():
+            L += ["", f"### {n}: largest kernels per decode step", "", "| kernel | group | launches | µs |",
+                  "|---|---|---|---|"]
+            L += [f"| `{k['name'][:90]}` | {k['category']} | {k['launches']:g} | {k['us']:.1f} |"
+                  for k in r["top_kernels"]]
     if prov:
         L += ["", "## Provenance", ""]
         for p in prov:
