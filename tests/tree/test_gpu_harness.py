@@ -139,6 +139,56 @@ def test_standin_ops_match_vllms_native_implementations(run_in_vllm):
             assert v < 1e-12, (k, v)
 
 
+SILU_ONE_PASS = r'''
+import importlib.util, json, torch
+spec = importlib.util.spec_from_file_location("standin_C", {standin!r})
+m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+from vllm.model_executor.layers.activation import SiluAndMul
+torch.manual_seed(int.from_bytes(__import__("os").urandom(4), "little"))
+out = {{}}
+# ragged widths (not a multiple of the kernel's 1024-column block), rows with a stride of their own (a
+# slice of a wider buffer, as a GEMM output view can be), bf16 / fp16 / fp32
+for dt in (torch.bfloat16, torch.float16, torch.float32):
+    for rows, d, pad in ((3, 1100, 0), (5, 17408 // 8, 24), (1, 7, 0)):
+        buf = (torch.randn(rows, 2 * d + pad) * 4).to(dt)
+        x = buf[:, :2 * d]
+        o = torch.full((rows, d), float("nan"), dtype=dt)
+        ran = m._one_pass(o, x)
+        ref = SiluAndMul.forward_native(x)
+        # float64 reference of the same function: the kernel's error is the dtype's rounding
+        x64 = x.double(); ref64 = torch.nn.functional.silu(x64[:, :d]) * x64[:, d:]
+        key = f"{{str(dt)[6:]}}_{{rows}}x{{d}}"
+        out[key] = {{"ran": ran, "nan": int(o.isnan().sum()),
+                    "rel64": ((o.double() - ref64).norm() / ref64.norm()).item(),
+                    "max_rel_native": ((o.double() - ref.double()).abs() / (ref.double().abs() + 1e-30)).max().item()}}
+# what the kernel does not take falls back: a CPU call outside the interpreter is the caller's concern;
+# here a mismatched output dtype and a non-unit column stride are refused
+x = torch.randn(4, 64).bfloat16()
+out["refused_dtype"] = m._one_pass(torch.empty(4, 32), x)
+out["refused_stride"] = m._one_pass(torch.empty(4, 64).bfloat16()[:, ::2], x)
+print(json.dumps(out))
+'''
+
+
+def test_standin_silu_and_mul_is_one_pass_with_the_native_arithmetic(run_in_vllm):
+    """The stand-in's one-kernel silu_and_mul (what a GPU machine runs), here in Triton's interpreter:
+    every element written, against float64 within two roundings to the dtype, and in fp32 within a few
+    units in the last place of vLLM's native forward (exp may differ in the last bits). The interpreter truncates a downcast
+    to bf16/fp16 where a GPU rounds to nearest, so their match with the native forward is checked on the
+    GPU machine, not here."""
+    r = run_in_vllm(SILU_ONE_PASS.format(standin=str(STANDIN)), env={"TRITON_INTERPRET": "1"})
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    for k, v in out.items():
+        if k.startswith("refused"):
+            assert v is False, k
+            continue
+        assert v["ran"] is True and v["nan"] == 0, (k, v)
+        if k.startswith("float32"):
+            assert v["rel64"] < 1e-6 and v["max_rel_native"] < 1e-6, (k, v)
+        else:
+            assert v["rel64"] < (2 ** -6 if k.startswith("bfloat16") else 2 ** -9), (k, v)
+
+
 # --- the default compilation config: the ops its passes name ----------------------------------------
 
 def binding_schemas(tree: Path) -> dict[str, str]:
