@@ -4,10 +4,11 @@
 `make check` (the inner loop, a few minutes): lint, then the unit tests and the fault-injection suite.
 `make test` (what CI runs): lint, the rehearsal (which includes patches-check and the wheel), the
 contest container's toolchain check (Python 3.10, torch 2.10, Triton 3.4.0 in build/toolchain/venv: the
-tool, the kernels' self-test and their AMD ahead-of-time compile; `forge toolchain-check --help`), the image
-rehearsal (Dockerfile.rocm on a stand-in base; skipped with a warning where no builder exists), the
-fault-injection suite (tests/faults/; its summary line counts the cases), then the rest of the pytest
-suite: unit tests, kernel tests (Triton interpreter on CPU, real sizes on a GPU), tree tests (against
+tool, the kernels' self-test and their AMD ahead-of-time compile; `forge toolchain-check --help`), then,
+while the image rehearsal (Dockerfile.rocm on a stand-in base; skipped with a warning where no builder
+exists) runs in the background (its output in build/test-reports/image-rehearsal.out; its failure fails
+the run, an interrupt stops it), the fault-injection suite (tests/faults/; its summary line counts the
+cases) and the rest of the pytest suite: unit tests, kernel tests (Triton interpreter on CPU, real sizes on a GPU), tree tests (against
 the patched vLLM the rehearsal installed); GPU-only e2e tests skip without a GPU. The rehearsals'
 reports go to build/test-reports/: a test run leaves the tracked reports/ as it found it. pytest runs on
 --workers processes (pytest-xdist) and prints its 15 slowest tests, so growth shows."""
@@ -20,9 +21,9 @@ import shutil
 import sys
 
 from . import options, proc, ui
-from .builder import image, rehearsal, toolchain
+from .builder import rehearsal, toolchain
 from .errors import ForgeError
-from .paths import BUILD, ROOT
+from .paths import BUILD, ROOT, rel
 
 # What a fresh `make test` writes, measured on a fresh clone: the rehearsal venv (torch with its CUDA
 # libraries, vLLM's dependencies) about 6.5 GB, the toolchain venv (torch 2.10 with the CUDA libraries it
@@ -133,11 +134,13 @@ def cmd_test(args) -> int:
                         "under Triton 3.4.0 nor the tool under Python 3.10")
         finally:
             toolchain.stop_venv(child)
+    image_child = None
+    if not args.no_rehearsal:
         if args.no_image:
             ui.warn("image rehearsal skipped (--no-image)")
         elif shutil.which("buildah") or shutil.which("docker") and \
                 proc.run(["docker", "info"], capture=True, check=False).returncode == 0:
-            image.image_rehearsal(report_dir=TEST_REPORTS)
+            image_child = start_image_rehearsal()
         else:
             ui.warn("image rehearsal skipped: no buildah and no running Docker engine "
                     "(.ci/run installs buildah and debootstrap)")
@@ -147,7 +150,44 @@ def cmd_test(args) -> int:
     else:
         # the fault-injection suite first, on its own: its summary line counts the cases it tried
         runs = [[str(FAULTS.relative_to(ROOT))], ["tests", f"--ignore={FAULTS.relative_to(ROOT)}"]]
-    return pytest_runs(runs, args.workers)
+    try:
+        rc = pytest_runs(runs, args.workers)
+    except BaseException:
+        if image_child is not None:
+            ui.warn(f"stopping the image rehearsal ({proc.stop_group(image_child.pid, grace_s=20)}); "
+                    "the next `make test` resumes it")
+        raise
+    return max(rc, finish_image_rehearsal(image_child))
+
+
+# The image rehearsal (a builder copying image layers and a container installing the wheel: disk and
+# network more than CPU, about one core) runs beside the pytest runs instead of before them.
+IMAGE_LOG = TEST_REPORTS / "image-rehearsal.out"
+
+
+def start_image_rehearsal():
+    """`forge image-rehearsal` in the background, its report in TEST_REPORTS and its output in IMAGE_LOG."""
+    IMAGE_LOG.unlink(missing_ok=True)
+    ui.info(f"image rehearsal: running beside the tests (output: {rel(IMAGE_LOG)})")
+    return proc.start([sys.executable, "-m", "forge", "image-rehearsal", "--report-dir", TEST_REPORTS], log=IMAGE_LOG,
+                      env={"PYTHONPATH": str(ROOT / "scripts")}, cwd=ROOT, what="the image rehearsal",
+                      die_with_parent=True)
+
+
+def finish_image_rehearsal(child) -> int:
+    """Wait for start_image_rehearsal's run; 0 when it passed (or none ran), else its exit code, with the
+    end of its output."""
+    if child is None:
+        return 0
+    if child.poll() is None:
+        with ui.step("image rehearsal: waiting for it to finish"):
+            child.wait()
+    if child.returncode == 0:
+        ui.info(f"image rehearsal: passed ({rel(TEST_REPORTS / 'image-rehearsal.md')})")
+        return 0
+    ui.warn(f"image rehearsal FAILED (exit {child.returncode}); the end of {rel(IMAGE_LOG)}:\n"
+            + proc.tail(IMAGE_LOG, 25))
+    return child.returncode
 
 
 def _workers_option(p) -> None:
@@ -163,8 +203,9 @@ DESCRIPTIONS = {
             "kernels, tests); exit 0 when it finds nothing. The first step of `make check` and `make test`.",
     "check": "The inner loop, no rehearsal needed: lint, then the unit tests (tests/unit) and the fault-injection "
              "suite (tests/faults) on --workers processes; a few minutes on two cores.",
-    "test": "What CI runs: lint (a finding stops it), the rehearsal and the image rehearsal (reports in "
-            "build/test-reports/), the fault-injection suite, then the unit, kernel, compile and tree tests; "
+    "test": "What CI runs: lint (a finding stops it), the rehearsal (reports in build/test-reports/), then the "
+            "fault-injection suite and the unit, kernel, compile and tree tests while the image rehearsal runs "
+            "beside them; "
             "pytest arguments after the options replace the test selection.",
 }
 

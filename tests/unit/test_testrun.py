@@ -20,7 +20,10 @@ def test_make_test_writes_the_rehearsal_reports_under_build(monkeypatch, tmp_pat
     monkeypatch.setattr(testrun, "disk_preflight", lambda with_image, with_toolchain: None)
     monkeypatch.setattr(testrun.shutil, "which", lambda name: f"/usr/bin/{name}")
     monkeypatch.setattr(rehearsal, "rehearse", lambda **kw: calls.setdefault("rehearsal", kw))
-    monkeypatch.setattr(image, "image_rehearsal", lambda **kw: calls.setdefault("image", kw))
+    started = []
+    default_log = testrun.IMAGE_LOG
+    monkeypatch.setattr(testrun, "IMAGE_LOG", tmp_path / "image-rehearsal.out")   # not the checkout's live log
+    monkeypatch.setattr(testrun.proc, "start", lambda cmd, **kw: started.append((cmd, kw)) or FakeChild(0))
     monkeypatch.setattr(toolchain, "preflight", lambda: {"python_exe": "python3.10"})
     monkeypatch.setattr(toolchain, "start_venv", lambda pre: calls.setdefault("venv", "child"))
     monkeypatch.setattr(toolchain, "finish", lambda pre, child: calls.setdefault("toolchain", child))
@@ -30,9 +33,68 @@ def test_make_test_writes_the_rehearsal_reports_under_build(monkeypatch, tmp_pat
                                  workers=1)
     assert testrun.cmd_test(args) == 0
     assert calls["toolchain"] == "child", "make test runs the container toolchain check on the venv it started"
-    for stage in ("rehearsal", "image"):
-        out = calls[stage]["report_dir"]
-        assert out == testrun.TEST_REPORTS and REPORTS not in (out, *out.parents), stage
+    out = calls["rehearsal"]["report_dir"]
+    assert out == testrun.TEST_REPORTS and REPORTS not in (out, *out.parents)
+    # the image rehearsal runs as its own verb beside the tests, its report beside the rehearsal's
+    [(cmd, kw)] = started
+    assert [str(c) for c in cmd[1:4]] == ["-m", "forge", "image-rehearsal"]
+    assert Path(cmd[cmd.index("--report-dir") + 1]) == testrun.TEST_REPORTS
+    assert kw["log"] == testrun.IMAGE_LOG
+    assert testrun.TEST_REPORTS in default_log.parents, "its output stays out of the tracked reports/ too"
+
+
+class FakeChild:
+    """A background process as testrun sees it: poll, wait, returncode, pid."""
+
+    def __init__(self, rc, running=False):
+        self.returncode, self.pid, self._running = (None if running else rc), 4242, running
+        self._rc = rc
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self):
+        self.returncode = self._rc
+        return self._rc
+
+
+def _image_beside_the_tests(monkeypatch, tmp_path, child, pytest_rc=0, raise_in_pytest=None):
+    events = []
+    monkeypatch.setattr(testrun, "IMAGE_LOG", tmp_path / "image-rehearsal.out")
+    monkeypatch.setattr(testrun, "disk_preflight", lambda with_image, with_toolchain: None)
+    monkeypatch.setattr(testrun.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(rehearsal, "rehearse", lambda **kw: events.append("rehearsal"))
+    monkeypatch.setattr(toolchain, "preflight", lambda: None)
+    monkeypatch.setattr(testrun, "lint", lambda: 0)
+    monkeypatch.setattr(testrun.proc, "start", lambda cmd, **kw: events.append("image started") or child)
+    monkeypatch.setattr(testrun.proc, "stop_group", lambda pid, grace_s: events.append(f"stopped {pid}") or "terminated")
+
+    def fake_pytest(runs, workers):
+        events.append("pytest")
+        if raise_in_pytest:
+            raise raise_in_pytest
+        return pytest_rc
+    monkeypatch.setattr(testrun, "pytest_runs", fake_pytest)
+    args = types.SimpleNamespace(no_rehearsal=False, no_image=False, no_toolchain=True, pytest_args=[], workers=2)
+    return events, args
+
+
+def test_the_image_rehearsal_runs_beside_the_tests_and_its_failure_fails_make_test(monkeypatch, tmp_path, capsys):
+    events, args = _image_beside_the_tests(monkeypatch, tmp_path, FakeChild(3, running=True))
+    monkeypatch.setattr(testrun.proc, "tail", lambda path, n: "buildah: no space left on device")
+    assert testrun.cmd_test(args) == 3, "a failed image rehearsal fails make test even when every test passed"
+    assert events == ["rehearsal", "image started", "pytest"]
+    assert "image rehearsal FAILED (exit 3)" in capsys.readouterr().err
+    events, args = _image_beside_the_tests(monkeypatch, tmp_path, FakeChild(0, running=True), pytest_rc=1)
+    assert testrun.cmd_test(args) == 1
+
+
+def test_an_interrupted_test_run_stops_the_image_rehearsal(monkeypatch, tmp_path):
+    events, args = _image_beside_the_tests(monkeypatch, tmp_path, FakeChild(0, running=True),
+                                           raise_in_pytest=KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        testrun.cmd_test(args)
+    assert events == ["rehearsal", "image started", "pytest", "stopped 4242"]
 
 
 def test_the_image_report_goes_where_it_is_told(tmp_path):

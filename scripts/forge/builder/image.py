@@ -286,7 +286,11 @@ def _builder_cmd(builder: str) -> list[str]:
 
 
 def cmd_image_rehearsal(args) -> int:
-    image_rehearsal(args.builder, args.torch_wheel)
+    report_dir = Path(args.report_dir) if args.report_dir else None
+    if report_dir is not None and report_dir.exists() and not report_dir.is_dir():
+        raise ForgeError(f"--report-dir {args.report_dir}: a file is there, not a folder",
+                         hint="name a folder (it is created if missing)")
+    image_rehearsal(args.builder, args.torch_wheel, report_dir)
     return 0
 
 
@@ -391,6 +395,8 @@ def register(sub) -> None:
     p = sub.add_parser("image-rehearsal", help="build Dockerfile.rocm on a debootstrap stand-in base and run its self-check")
     p.add_argument("--builder", choices=("auto", "docker", "buildah"), default="auto")
     p.add_argument("--torch-wheel", help="CPU torch wheel for the stand-in base (default: the one in /opt/wheels)")
+    p.add_argument("--report-dir", metavar="DIR",
+                   help="where image-rehearsal.{md,json} go (default reports/; `make test` gives build/test-reports)")
     p.set_defaults(func=cmd_image_rehearsal)
     p = sub.add_parser("warm-kernels", help="(in the image) compile our Triton kernels for ARCH into TRITON_CACHE_DIR")
     p.add_argument("--arch", default="gfx936")
