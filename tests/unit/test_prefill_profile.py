@@ -110,6 +110,10 @@ def test_decode_steps_are_kept_apart_from_the_prefill_and_summed_per_step(tmp_pa
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "GEMM"), ("wvSplitK_hf_sml_", "GEMM"),
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, MeanOps>>", "rest"),
     ("layer_norm_fwd_kernel", "rest"), ("[gpu_memcpy] Memcpy DtoD (Device -> Device)", "rest"),
+    ("triton_poi_fused__to_copy__unsafe_view_add_clone_forge_unquantized_gemm_mean_mul_pow_rsqrt_silu_view", "rest"),
+    ("triton_red_fused__to_copy_add_copy__forge_unquantized_gemm_mean_mul_pow_rsqrt_4", "rest"),
+    ("fused_recurrent_gated_delta_rule_packed_decode_kernel", "GDN"), ("_split_kv_decode_kernel", "full attention"),
+    ("void fgemv::gemv_kernel<128, 1, 1, true, true>(fgemv::Params)", "GEMM"),
 ])
 def test_categories(name, cat):
     assert pp.category(name) == cat

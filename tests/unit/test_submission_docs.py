@@ -187,6 +187,17 @@ def test_the_documents_read_whole_and_hold_together(tmp_path, organizers, packed
     zh, en = summary_zh(opt_md)[0], opt_md
     assert ("not the submission's figures" in en and "不是本提交" in zh) is (not organizers)
     assert ("--compilation-config" in en) is (not organizers)
+    # the fixture's build is the GPU machine's (a .gpuharness. version): the stand-ins for vllm._C are said
+    assert "was replaced for both servers by stand-ins" in en
+
+
+def test_a_run_of_a_real_build_is_not_said_to_run_stand_ins(tmp_path):
+    run = fixture_run(tmp_path, True, False)
+    (run / "summary.json").write_text(json.dumps({"versions": {"device": "BW", "torch": "2.10.0",
+                                                               "vllm": "0.18.1+forge.0123456789"}}))
+    env_md, opt_md = write_docs(tmp_path, run)
+    assert problems(env_md, opt_md) == []
+    assert "stand-ins" not in opt_md
 
 
 def test_the_route_on_the_card_is_the_series_rocm_table():

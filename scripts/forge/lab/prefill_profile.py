@@ -47,8 +47,15 @@ CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
 ORDER = ["full attention", "GDN", "GEMM", "rest"]
 
 
+# inductor's generated kernels are elementwise and reductions, whatever ops their names list (one fused
+# around a custom GEMM op is named after it: triton_poi_fused_..._forge_unquantized_gemm_...)
+INDUCTOR = ("triton_poi_", "triton_red_", "triton_per_")
+
+
 def category(kernel: str) -> str:
     low = kernel.lower()
+    if low.startswith(INDUCTOR):
+        return "rest"
     for cat, frags in CATEGORIES:
         if any(f in low for f in frags):
             return cat

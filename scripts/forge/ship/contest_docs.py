@@ -305,7 +305,11 @@ def optimization_md(contest: dict, opt: dict, profile: dict, refs: References, v
           f"The run's build came from {'the same' if ev['series'] == here else 'another'} state of the patch series and "
           f"kernel files {'as' if ev['series'] == here else 'than'} this submission (series `{ev['series'] or 'unrecorded'}`"
           + ("" if ev["series"] == here else f"; this submission: `{here}`") + ")."
-          + (f" The run's records are kept in dcu-forge (commit `{forge_commit[:12]}`)." if forge_commit else ""),
+          + (f" The run's records are kept in dcu-forge (commit `{forge_commit[:12]}`)." if forge_commit else "")
+          + (" On the GPU machine vLLM's compiled extension (`vllm._C`, which the card's build compiles) was replaced "
+             "for both servers by stand-ins that compute its operators as vLLM's native code does (in plain torch, "
+             "`silu_and_mul` as one Triton pass as the compiled kernel is), so absolute figures are below a real "
+             "build's; compare the two servers only with each other." if ev.get("harness") else ""),
           "", "The submission's server command differed from the organizers' start script as follows.", ""]
     L += [f"- {d['en']}" for d in bad + fine] or ["- Nothing: it was that script, as it is."]
     L += ["", f"What differed between the two servers: {_servers_differ(ev)}.", "",

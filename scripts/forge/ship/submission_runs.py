@@ -196,6 +196,7 @@ def compare(rec: dict, with_: str, without: str, tiers: list[str], key: str = "c
                                 if k not in ("device", "vllm") and v)
     m = re.search(r"\+forge\.([0-9a-f]{6,})", str(versions.get("vllm") or ""))
     out["series"] = m.group(1) if m else None
+    out["harness"] = ".gpuharness." in str(versions.get("vllm") or "")   # the GPU machine's bundle build
     out["server"] = sa
     return out
 
