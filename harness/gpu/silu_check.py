@@ -11,28 +11,23 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import statistics
+import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-STANDIN = Path(__file__).resolve().parent / "overlay" / "vllm" / "_C.py"
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "kernels"))
+from calibrate.common import time_events  # noqa: E402  (the calibration's event timing)
+
+STANDIN = HERE / "overlay" / "vllm" / "_C.py"
 HALF = 17408
 
 
 def timed(fn, reps: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
+    """Median milliseconds per call, one CUDA event pair per call."""
+    return time_events(torch, fn, reps=reps)["median"] / 1e3
 
 
 def main() -> int:
