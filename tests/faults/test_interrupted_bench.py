@@ -156,6 +156,61 @@ def test_benchmark_resumes_from_what_a_kill_leaves(bench, state):
     assert _check_run(tmp / "runs" / run_id) == bench["baseline"]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc names a process's start time and arguments")
+@pytest.mark.parametrize("ours", [True, False], ids=["bench-the-client", "bench-another-process"])
+def test_a_client_left_running_is_stopped_only_when_it_is_that_client(bench, ours):
+    """A rerun stops the client an interrupted run left running, named in the manifest: only when the
+    process is that client (its start time, its command line ending with the client's arguments, the
+    group it leads); a process that has the recorded pid and start time but another command line is
+    left alone, with a warning."""
+    import subprocess
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from forge import proc
+    tmp, run_id = bench["tmp"], f"stale-{'ours' if ours else 'other'}"
+    args = _args(bench["port"], bench["model"], run_id)
+    assert forge(tmp, *args).returncode == 0
+    rdir = tmp / "runs" / run_id
+    tail = ["--result-dir", str(rdir), "--result-filename", f"{TIERS[-1]}.client.json"]
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *(tail if ours else ["--other"])],
+                         start_new_session=True)
+    try:
+        assert proc.command_line(p.pid, wait_s=5.0)[-1] == (tail[-1] if ours else "--other")
+        man = json.loads((rdir / "manifest.json").read_text())
+        man["client_running"] = {"pid": p.pid, "pgid": p.pid, "start_time": proc.process_start_time(p.pid),
+                                 "boot_id": proc.boot_id(), "argv_tail": tail, "tier": TIERS[-1]}
+        (rdir / "manifest.json").write_text(json.dumps(man))
+        r = forge(tmp, *args)
+        assert r.returncode == 0, r.stderr
+        if ours:
+            assert "stopping a client left running" in r.stderr
+            assert p.wait(timeout=20) is not None
+        else:
+            assert "that process is not it" in r.stderr and "nothing was signalled" in r.stderr
+            assert p.poll() is None, "a process that is not the client was signalled"
+        assert _check_run(rdir) == bench["baseline"]
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+@pytest.mark.parametrize("record", ["x", [1], {"pid": "1", "pgid": 1, "start_time": "5"}, {"pid": 0, "pgid": 0}],
+                         ids=["bench-client-str", "bench-client-list", "bench-client-pid-str", "bench-client-pid-0"])
+def test_a_malformed_client_record_is_dropped_with_a_warning(bench, record):
+    tmp, run_id = bench["tmp"], f"malformed-{abs(hash(str(record)))}"
+    args = _args(bench["port"], bench["model"], run_id)
+    assert forge(tmp, *args).returncode == 0
+    rdir = tmp / "runs" / run_id
+    man = json.loads((rdir / "manifest.json").read_text())
+    man["client_running"] = record
+    (rdir / "manifest.json").write_text(json.dumps(man))
+    r = forge(tmp, *args)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "client_running record is malformed" in r.stderr and "nothing was signalled" in r.stderr
+    assert _check_run(rdir) == bench["baseline"]
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_benchmark_client_does_not_outlive_a_killed_forge(tmp_path):
     """forge killed right after starting the client, before it can record it in the manifest (so

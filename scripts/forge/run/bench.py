@@ -66,12 +66,39 @@ def client_args(contest: dict, *, dataset: Path, num_prompts: int, model: str, h
     return out
 
 
+CLIENT_TAIL = 4          # the client's last arguments (--result-dir DIR --result-filename FILE): this run's alone
+
+
 def _stop_stale_client(manifest: dict) -> None:
-    c = manifest.get("client_running")
-    if c and proc.process_start_time(c["pid"]) == c["start_time"]:
-        ui.warn(f"stopping a client left running by an interrupted run (pid {c['pid']})")
-        proc.stop_group(c["pgid"], grace_s=10)
-    manifest.pop("client_running", None)
+    """Stop the client an interrupted run left running, and only it: the process the manifest names
+    must be of this boot, have its recorded start time, end its command line with the client's
+    recorded arguments and lead its recorded process group. A record that does not hold is dropped
+    with a warning and nothing is signalled (its pid names another process now)."""
+    c = manifest.pop("client_running", None)
+    if not c:
+        return
+    if not (isinstance(c, dict) and all(type(c.get(k)) is int and c[k] > 0 for k in ("pid", "pgid"))
+            and isinstance(c.get("start_time"), (str, type(None)))):
+        ui.warn(f"the manifest's client_running record is malformed ({str(c)[:80]}); nothing was signalled")
+        return
+    if not proc.alive(c["pid"]):
+        return
+    boot = proc.boot_id()
+    if (c.get("boot_id") and boot and c["boot_id"] != boot) or proc.process_start_time(c["pid"]) != c["start_time"]:
+        return                                   # gone: its pid names a later process
+    now, tail = proc.command_line(c["pid"]) or [], list(c.get("argv_tail") or [])
+    try:
+        group = os.getpgid(c["pid"])
+    except ProcessLookupError:
+        return
+    why = (f"its command line ends {proc.fmt(now[-CLIENT_TAIL:])[:120]!r}, not the client's" if not tail or
+           now[-len(tail):] != tail else f"it leads group {group}, not {c['pgid']}" if group != c["pgid"] else None)
+    if why:
+        ui.warn(f"the manifest names a client left running (pid {c['pid']}), but that process is not it ({why}); "
+                "nothing was signalled")
+        return
+    ui.warn(f"stopping a client left running by an interrupted run (pid {c['pid']})")
+    proc.stop_group(c["pgid"], grace_s=10)
 
 
 def _datasets(contest: dict, tiers: list[dict], data_dir: str | None, model: str | None, rdir: Path,
@@ -167,7 +194,8 @@ def run_tier(contest: dict, tier: dict, ds: dict, *, launcher: list[str], model:
                    hint="install vLLM (our wheel) or pass --client",
                    die_with_parent=True)   # a client whose forge was killed writes a result no one moves into place
     manifest["client_running"] = {"pid": p.pid, "pgid": os.getpgid(p.pid),
-                                  "start_time": proc.process_start_time(p.pid), "tier": name}
+                                  "start_time": proc.process_start_time(p.pid), "boot_id": proc.boot_id(),
+                                  "argv_tail": [str(a) for a in cmd[-CLIENT_TAIL:]], "tier": name}
     runs.write_json(rdir / "manifest.json", manifest)
     t0 = last = time.monotonic()
     try:
