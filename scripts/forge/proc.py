@@ -203,6 +203,27 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+GONE = "gone"
+
+
+def recorded_process(pid: int, pgid: int, start_time: str | None, boot: str | None, tail: list[str]) -> str | None:
+    """Whether process `pid` is still the one a record names: None when it is (this boot, its start time,
+    a command line ending with `tail`, leader of group `pgid`); GONE when that process no longer runs (its
+    pid is free or names a later process); else why the live process that answers to the record is not
+    it (nothing should be signalled then)."""
+    now_boot = boot_id()
+    if (boot and now_boot and boot != now_boot) or process_start_time(pid) != start_time or not alive(pid):
+        return GONE
+    now = command_line(pid, wait_s=1.0) or []
+    try:
+        group = os.getpgid(pid)
+    except ProcessLookupError:
+        return GONE
+    if not tail or now[-len(tail):] != list(tail):
+        return f"its command line is {fmt(now)[:120]!r}, not one ending {fmt(tail)[:80]!r}"
+    return f"it leads process group {group}, not the recorded group {pgid}" if group != pgid else None
+
+
 def stop_group(pgid: int, *, grace_s: float = 30.0) -> str:
     """SIGTERM a process group, then SIGKILL what is left after `grace_s`. Returns how it ended."""
     try:

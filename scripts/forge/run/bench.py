@@ -81,18 +81,9 @@ def _stop_stale_client(manifest: dict) -> None:
             and isinstance(c.get("start_time"), (str, type(None)))):
         ui.warn(f"the manifest's client_running record is malformed ({str(c)[:80]}); nothing was signalled")
         return
-    if not proc.alive(c["pid"]):
+    why = proc.recorded_process(c["pid"], c["pgid"], c["start_time"], c.get("boot_id"), list(c.get("argv_tail") or []))
+    if why == proc.GONE:
         return
-    boot = proc.boot_id()
-    if (c.get("boot_id") and boot and c["boot_id"] != boot) or proc.process_start_time(c["pid"]) != c["start_time"]:
-        return                                   # gone: its pid names a later process
-    now, tail = proc.command_line(c["pid"]) or [], list(c.get("argv_tail") or [])
-    try:
-        group = os.getpgid(c["pid"])
-    except ProcessLookupError:
-        return
-    why = (f"its command line ends {proc.fmt(now[-CLIENT_TAIL:])[:120]!r}, not the client's" if not tail or
-           now[-len(tail):] != tail else f"it leads group {group}, not {c['pgid']}" if group != c["pgid"] else None)
     if why:
         ui.warn(f"the manifest names a client left running (pid {c['pid']}), but that process is not it ({why}); "
                 "nothing was signalled")

@@ -108,19 +108,10 @@ def still_ours(st: dict) -> bool:
     its process group `pgid`; False when that process is gone (exited, or its pid now names a later
     process). A live process that answers to the record without being the one recorded is refused
     (a ForgeError naming the state file): nothing is signalled on a record that does not hold."""
-    pid, state_file, boot = st["pid"], Path(st.get("state_file") or STATE), proc.boot_id()
-    if st.get("boot_id") and boot and st["boot_id"] != boot:
-        return False                                    # recorded before the machine restarted
-    if proc.process_start_time(pid) != st["start_time"] or not proc.alive(pid):
-        return False
-    now, tail = proc.command_line(pid, wait_s=1.0) or [], list(st.get("server_args") or [])
-    try:
-        group = os.getpgid(pid)
-    except ProcessLookupError:
-        return False
-    why = (f"its command line is {proc.fmt(now)[:120]!r}, not the server's ({proc.fmt(tail)[:80]!r})"
-           if not tail or now[-len(tail):] != tail else
-           f"it leads process group {group}, not the recorded group {st['pgid']}" if group != st["pgid"] else None)
+    pid, state_file = st["pid"], Path(st.get("state_file") or STATE)
+    why = proc.recorded_process(pid, st["pgid"], st["start_time"], st.get("boot_id"), list(st.get("server_args") or []))
+    if why == proc.GONE:
+        return False                 # exited, its pid now names a later process, or the machine restarted
     if why:
         raise ForgeError(f"{paths.rel(state_file)}: pid {pid} is not the server forge started ({why}); "
                          "nothing was signalled", hint=_state_hint(state_file))
