@@ -10,6 +10,8 @@ are below those of a real build.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -66,7 +68,6 @@ if triton is not None:
 def _one_pass(out: torch.Tensor, x: torch.Tensor) -> bool:
     """silu_and_mul as one kernel where it can run: a GPU tensor (or Triton's interpreter), 16/32-bit
     floats, rows of contiguous elements; False where it cannot (the plain form runs then)."""
-    import os
     if triton is None or not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         return False
     d = x.shape[-1] // 2
