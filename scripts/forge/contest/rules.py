@@ -14,6 +14,7 @@ from typing import Any
 
 from ..config import Field, load
 from ..errors import ForgeError
+from ..options import parse_number
 from ..paths import CONFIGS, rel
 
 RULE = {"text": Field(str)}
@@ -25,10 +26,11 @@ ALLOWED = {"option": Field(str), "note": Field(str), "aliases": Field(list, item
            "flag": Field(bool, required=False, default=False)}
 TIER = {"name": Field(str), "file": Field(str), "prompt_tokens": Field(list, item=int),
         "weight": Field(float), "num_prompts": Field(int, required=False, default=None)}
-BASELINE = {"source": Field(str), "tok_s": Field(dict, value=float),
+BASELINE = {"source": Field(str), "tok_s": Field(dict, value=object),
             "ttft_p99_ms": Field(dict, value=object), "tpot_p99_ms": Field(float, required=False, default=None),
             "accuracy": Field(dict, value=float, required=False, default={}),
-            "sla_from": Field(str, required=False, default=None)}
+            "sla_from": Field(str, required=False, default=None),
+            "round": Field(str, required=False, default="preliminary")}
 TASK = {"file": Field(str), "metric": Field(str, choices=("qa_f1", "rouge_l", "list_match")),
         "max_tokens": Field(int), "template": Field(str)}
 
@@ -55,6 +57,8 @@ SCHEMA = {
     }),
     "baselines": Field({"default": Field(str), "sets": Field(dict, value=BASELINE)}),
     "accuracy": Field({"script": Field(str), "tasks": Field(dict, value=TASK)}),
+    "rounds": Field(dict, required=False, default={},
+                    doc="the rounds beside the preliminary (forge.contest.rounds validates them)"),
 }
 
 
@@ -105,15 +109,25 @@ def _cross_check(data: dict, file: str) -> None:
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
                 raise ForgeError(f"{file}: key 'baselines.sets.{name}.ttft_p99_ms.{k}': expected a positive number or null")
         for k, v in s["tok_s"].items():
-            if not (v > 0 and v != float("inf")):
-                raise ForgeError(f"{file}: key 'baselines.sets.{name}.tok_s.{k}': expected a finite positive number, got {v}")
+            if v is None and s["round"] != "preliminary":
+                continue         # a later round's figures unpublished: scored only against a baseline run
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0 and v != float("inf")):
+                raise ForgeError(f"{file}: key 'baselines.sets.{name}.tok_s.{k}': expected a finite positive number, got {v}"
+                                 + (" (null only in a set of a later round: round: final)" if v is None else ""))
         if s["tpot_p99_ms"] is not None and not (0 < s["tpot_p99_ms"] < float("inf")):
             raise ForgeError(f"{file}: key 'baselines.sets.{name}.tpot_p99_ms': expected a finite positive number or null")
+        rounds = [r for r, v in (data.get("rounds") or {}).items() if isinstance(v, dict)]
+        if s["round"] not in ("preliminary", *rounds) or (name == b["default"] and s["round"] != "preliminary"):
+            raise ForgeError(f"{file}: key 'baselines.sets.{name}.round': {s['round']!r} is not a round"
+                             + (" (the default set is the preliminary's)" if name == b["default"] else ""),
+                             hint=f"rounds: {', '.join(['preliminary', *rounds])}")
         src = s["sla_from"]
         if src is not None:
             if src == name or src not in b["sets"]:
                 raise ForgeError(f"{file}: key 'baselines.sets.{name}.sla_from': {src!r} is not another set",
                                  hint=f"sets: {', '.join(sorted(b['sets']))}")
+            if b["sets"][src]["round"] != s["round"]:
+                raise ForgeError(f"{file}: key 'baselines.sets.{name}.sla_from': {src!r} is a set of another round")
             if b["sets"][src].get("sla_from"):
                 raise ForgeError(f"{file}: key 'baselines.sets.{name}.sla_from': {src!r} takes its own SLA "
                                  "limits from another set; name that set directly")
@@ -229,10 +243,9 @@ def per_tier_values(text: str, option: str, names: list[str], what: str, hint: s
         raise ForgeError(f"{option} {text!r}: needs {len(names)} values, one per tier ({', '.join(names)})", hint=hint)
     out = {}
     for n, x in zip(names, parts):
-        try:
-            v = float(x)
-        except ValueError:
-            raise ForgeError(f"{option}: the {n} value {x!r} is not a number", hint=hint) from None
+        v = parse_number(x)
+        if v is None:
+            raise ForgeError(f"{option}: the {n} value {x!r} is not a number (plain digits, e.g. 15.97)", hint=hint)
         if not (math.isfinite(v) and v > 0):
             raise ForgeError(f"{option}: the {n} value {x!r} is not a finite positive {what}", hint=hint)
         out[n] = v

@@ -1,0 +1,393 @@
+"""The contest's rounds as data (configs/contest.yaml: the preliminary is the top level, the final is
+`rounds.final`), one API for every verb that takes `--round`.
+
+Contract (kept backward compatible):
+- `ROUNDS` = ("preliminary", "final"); `DEFAULT_ROUND` = "preliminary".
+- `load_round(contest, name) -> Round`: a frozen description of one round: `name`, `source`, `cards`,
+  `command` (the start script's template: `$MODEL_DIR` for the model, `$<ENV>` for each unlocked
+  value), `organizers_rule`, `unlocked` (`Unlocked` per option: key, option, env, type, bounds or
+  choices, the rule a bad value cites), `topologies` ((tp, dp) pairs), `allowed_options` (engine
+  options the round adds to the preliminary's reviewed ones), `clients` (tier -> `TierClient`:
+  concurrency, request_rate (float, inf for the final), output_len, num_prompts (None: every prompt),
+  warmups, concurrency_env), `baseline` (`Settings`), `tier_order`. The preliminary unlocks nothing.
+- `Settings`: one tier's configuration (tensor_parallel_size, data_parallel_size, max_num_seqs,
+  max_num_batched_tokens, gpu_memory_utilization, concurrency).
+- `check_settings(rnd, values, where=..., visible=None) -> Settings`: refuses a bad value (out of
+  bounds, a topology the round does not allow, a value the round does not unlock, more cards than
+  `visible` holds, two ranks on one device) with a one-line ForgeError citing the rule.
+- `tier_settings(rnd, tier, profile_values=None, environ=None) -> (Settings, sources)`: one tier's
+  values, each from (first found) the variable `<ENV>_<TIER>` (e.g. MAX_NUM_SEQS_8_16K), `<ENV>`,
+  the profile, the round's baseline; checked.
+- `start_argv(rnd, settings, model)`, `tier_env(rnd, tier, settings)` (the per-tier environment a team
+  sets), `contest_view(contest, rnd, settings)` (the contest dict `rules.check_command` checks a
+  command of this round against; the preliminary's is `contest` itself), `visible_cards(environ)`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import shlex
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from ..config import Field, validate
+from ..errors import ForgeError
+from . import cards
+from . import rules as contest_mod
+from .cards import Visible, visible_cards  # noqa: F401  (part of this module's API)
+
+ROUNDS = ("preliminary", "final")
+DEFAULT_ROUND = "preliminary"
+FILE = "configs/contest.yaml"
+
+UNLOCKED = {"key": Field(str), "option": Field(str), "env": Field(str), "type": Field(str, choices=("int", "float")),
+            "choices": Field(list, required=False, default=None), "min": Field(float, required=False, default=None),
+            "max": Field(float, required=False, default=None), "rule": Field(str),
+            "names_ours": Field(bool, required=False, default=False)}
+ALLOWED = contest_mod.ALLOWED
+ROUND_SCHEMA = {
+    "source": Field(str), "cards": Field(int),
+    "start_script": Field({"source": Field(str), "model_placeholder": Field(str), "command": Field(str)}),
+    "organizers_rule": Field(str),
+    "unlocked": Field(list, item=UNLOCKED),
+    "topologies": Field(list, item=list),
+    "allowed_options": Field(list, item=ALLOWED, required=False, default=[]),
+    "client": Field({"source": Field(str), "request_rate": Field(object), "output_len": Field(int),
+                     "warmups": Field(int),
+                     "concurrency": Field({"min": Field(int), "max": Field(int), "rule": Field(str)}),
+                     "tiers": Field(dict, value={"concurrency": Field(int), "concurrency_env": Field(str),
+                                                 "num_prompts": Field(int)})}),
+    "baseline": Field(dict),
+    "tier_order": Field(list, item=str),
+}
+SETTING_KEYS = ("tensor_parallel_size", "data_parallel_size", "max_num_seqs", "max_num_batched_tokens",
+                "gpu_memory_utilization", "concurrency")
+
+
+@dataclass(frozen=True)
+class Unlocked:
+    key: str                     # a Settings field
+    option: str                  # the engine option it fills
+    env: str                     # the start script's variable
+    type: str                    # "int" | "float"
+    choices: tuple | None
+    min: float | None
+    max: float | None
+    rule: str
+    names_ours: bool             # the variable's name is ours (the finals' own is unpublished)
+
+    def bounds(self) -> str:
+        if self.choices is not None:
+            return "one of " + ", ".join(str(c) for c in self.choices)
+        return f"{_num(self.min)}..{_num(self.max)}"
+
+
+@dataclass(frozen=True)
+class TierClient:
+    tier: str
+    concurrency: int
+    request_rate: float          # requests per second; inf: every request at once
+    output_len: int
+    num_prompts: int | None      # None: every prompt of the tier file
+    warmups: int
+    concurrency_env: str | None  # the client's variable for this tier's concurrency (None: locked)
+
+
+@dataclass(frozen=True)
+class Settings:
+    tensor_parallel_size: int
+    data_parallel_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    gpu_memory_utilization: float
+    concurrency: int
+
+    @property
+    def cards(self) -> int:
+        return self.tensor_parallel_size * self.data_parallel_size
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class Round:
+    name: str
+    source: str
+    cards: int
+    command: str
+    model_placeholder: str
+    organizers_rule: str
+    unlocked: tuple[Unlocked, ...]
+    topologies: tuple[tuple[int, int], ...]
+    allowed_options: tuple[dict, ...]
+    clients: Mapping[str, TierClient]
+    baseline: Settings
+    tier_order: tuple[str, ...]
+    concurrency_bounds: tuple[int, int, str] | None   # (min, max, rule); None: concurrency is locked
+
+    def client(self, tier: str) -> TierClient:
+        if tier not in self.clients:
+            raise ForgeError(f"tier {tier!r} is not a tier of the {self.name} round",
+                             hint=f"tiers: {', '.join(self.tier_order)}")
+        return self.clients[tier]
+
+    def unlocked_option(self, option: str) -> Unlocked | None:
+        base = contest_mod.option_base(option)
+        return next((u for u in self.unlocked if u.option == base), None)
+
+
+def _num(v: Any) -> str:
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+
+def _cite(rule: str, rules: Mapping) -> str:
+    return f"\"{rules[rule]['text']}\" (rule '{rule}')"
+
+
+def load_round(contest: dict, name: str) -> Round:
+    """The round `name` of a loaded contest (rules.load_contest()); a name not in ROUNDS, or a round
+    configs/contest.yaml does not describe, is a one-line ForgeError."""
+    if name not in ROUNDS:
+        raise ForgeError(f"--round {name!r}: not a round of the contest", hint=f"rounds: {', '.join(ROUNDS)}")
+    if name == "preliminary":
+        return _preliminary(contest)
+    data = (contest.get("rounds") or {}).get(name)
+    if data is None:
+        raise ForgeError(f"{FILE}: key 'rounds.{name}' is missing", hint="restore the round's section")
+    return _parse(contest, name, validate(data, ROUND_SCHEMA, FILE, f"rounds.{name}"))
+
+
+def _preliminary(contest: dict) -> Round:
+    opts = dict(contest_mod.organizer_options(contest))
+    client = {o[0]: (o[1] if len(o) > 1 else True) for o in contest["client"]["options"]}
+    base = Settings(int(opts.get("--tensor-parallel-size", 1)), int(opts.get("--data-parallel-size", 1)),
+                    int(opts["--max-num-seqs"]), int(opts["--max-num-batched-tokens"]),
+                    float(opts["--gpu-memory-utilization"]), int(client["--max-concurrency"]))
+    clients = {t["name"]: TierClient(t["name"], base.concurrency, float(client["--request-rate"]),
+                                     int(client["--custom-output-len"]), t["num_prompts"],
+                                     int(client["--num-warmups"]), None) for t in contest["tiers"]}
+    ss = contest["server"]["start_script"]
+    rnd = Round("preliminary", ss["source"], base.cards, ss["command"], ss["model_placeholder"],
+                contest["server"]["organizers_rule"], (), ((base.tensor_parallel_size, base.data_parallel_size),),
+                (), clients, base, tuple(contest_mod.tier_names(contest)), None)
+    object.__setattr__(rnd, "_rules", contest["rules"])     # what its refusals cite
+    return rnd
+
+
+def _parse(contest: dict, name: str, d: dict) -> Round:
+    key = f"rounds.{name}"
+    rules = contest["rules"]
+    tiers = contest_mod.tier_names(contest)
+    for where, rule in [(f"{key}.organizers_rule", d["organizers_rule"]),
+                        (f"{key}.client.concurrency.rule", d["client"]["concurrency"]["rule"]),
+                        *[(f"{key}.unlocked[{i}].rule", u["rule"]) for i, u in enumerate(d["unlocked"])],
+                        *[(f"{key}.allowed_options[{i}].rule", o["rule"]) for i, o in enumerate(d["allowed_options"])]]:
+        if rule is not None and rule not in rules:
+            raise ForgeError(f"{FILE}: key '{where}': unknown rule {rule!r}", hint=f"rules: {', '.join(sorted(rules))}")
+    argv = shlex.split(d["start_script"]["command"])
+    unlocked = []
+    for i, u in enumerate(d["unlocked"]):
+        if u["key"] not in SETTING_KEYS[:-1]:
+            raise ForgeError(f"{FILE}: key '{key}.unlocked[{i}].key': {u['key']!r} is not a server setting",
+                             hint=f"settings: {', '.join(SETTING_KEYS[:-1])}")
+        contest_mod.check_env_name(u["env"], f"{FILE}: key '{key}.unlocked[{i}].env'")
+        if u["option"] not in argv or argv[argv.index(u["option"]) + 1] != f"${u['env']}":
+            raise ForgeError(f"{FILE}: key '{key}.unlocked[{i}]': the start script does not give "
+                             f"{u['option']} ${u['env']}", hint="the start script takes each unlocked value from its variable")
+        if (u["choices"] is None) == (u["min"] is None or u["max"] is None):
+            raise ForgeError(f"{FILE}: key '{key}.unlocked[{i}]': give either choices or min and max")
+        unlocked.append(Unlocked(u["key"], u["option"], u["env"], u["type"],
+                                 tuple(u["choices"]) if u["choices"] is not None else None,
+                                 u["min"], u["max"], u["rule"], u["names_ours"]))
+    topo = []
+    for i, t in enumerate(d["topologies"]):
+        if len(t) != 2 or not all(isinstance(x, int) and x > 0 for x in t) or t[0] * t[1] != d["cards"]:
+            raise ForgeError(f"{FILE}: key '{key}.topologies[{i}]': expected [tp, dp] with tp x dp = {d['cards']} cards")
+        topo.append((t[0], t[1]))
+    c = d["client"]
+    if sorted(c["tiers"]) != sorted(tiers) or sorted(d["tier_order"]) != sorted(tiers):
+        raise ForgeError(f"{FILE}: key '{key}.client.tiers' / '{key}.tier_order': need exactly the tiers "
+                         f"{', '.join(tiers)}")
+    try:
+        rate = float(c["request_rate"])
+    except (TypeError, ValueError):
+        rate = math.nan
+    if not rate > 0:
+        raise ForgeError(f"{FILE}: key '{key}.client.request_rate': expected a positive number or inf")
+    clients = {t: TierClient(t, v["concurrency"], rate, c["output_len"], v["num_prompts"], c["warmups"],
+                             v["concurrency_env"]) for t, v in c["tiers"].items()}
+    cb = c["concurrency"]
+    missing = [k for k in SETTING_KEYS if k not in d["baseline"]]
+    if missing or set(d["baseline"]) - set(SETTING_KEYS):
+        raise ForgeError(f"{FILE}: key '{key}.baseline': needs exactly {', '.join(SETTING_KEYS)}")
+    rnd = Round(name, d["source"], d["cards"], d["start_script"]["command"], d["start_script"]["model_placeholder"],
+                d["organizers_rule"], tuple(unlocked), tuple(topo), tuple(d["allowed_options"]), clients,
+                Settings(**{k: d["baseline"][k] for k in SETTING_KEYS}), tuple(d["tier_order"]),
+                (cb["min"], cb["max"], cb["rule"]))
+    object.__setattr__(rnd, "_rules", rules)
+    check_settings(rnd, rnd.baseline.as_dict(), where=f"{FILE}: key '{key}.baseline'")
+    return rnd
+
+
+# --- values -------------------------------------------------------------------------------------
+
+def _rules(rnd: Round) -> Mapping:
+    r = getattr(rnd, "_rules", None)
+    if r is None:
+        r = contest_mod.load_contest()["rules"]
+        object.__setattr__(rnd, "_rules", r)
+    return r
+
+
+def _coerce(raw: Any, typ: str, what: str, where: str, hint: str) -> float | int:
+    if isinstance(raw, bool):
+        raise ForgeError(f"{where}: {what} {raw!r} is not a number", hint=hint)
+    try:
+        v = float(raw) if not isinstance(raw, (int, float)) else raw
+    except (TypeError, ValueError):
+        raise ForgeError(f"{where}: {what} {raw!r} is not a number", hint=hint) from None
+    if not math.isfinite(v):
+        raise ForgeError(f"{where}: {what} {raw!r} is not a finite number", hint=hint)
+    if typ == "int":
+        if float(v) != int(v):
+            raise ForgeError(f"{where}: {what} {raw!r} is not a whole number", hint=hint)
+        return int(v)
+    return float(v)
+
+
+def check_settings(rnd: Round, values: Mapping[str, Any], where: str = "settings",
+                   visible: Visible | None = None) -> Settings:
+    """`values` (a Settings field -> value; missing ones from the round's baseline) as checked Settings.
+    A value the round does not unlock must equal the baseline; an unlocked one must be within its
+    bounds; the topology must be one of the round's; with `visible`, its cards must be there, one per
+    rank. Every refusal is a one-line ForgeError citing the rule."""
+    rules = _rules(rnd)
+    unknown = [k for k in values if k not in SETTING_KEYS]
+    if unknown:
+        raise ForgeError(f"{where}: unknown setting {unknown[0]!r}", hint=f"settings: {', '.join(SETTING_KEYS)}")
+    out: dict[str, Any] = {}
+    for k in SETTING_KEYS:
+        base = getattr(rnd.baseline, k)
+        u = next((x for x in rnd.unlocked if x.key == k), None)
+        if k not in values:
+            out[k] = base
+            continue
+        typ = u.type if u else ("float" if isinstance(base, float) else "int")
+        what = u.option if u else ("concurrency" if k == "concurrency" else "--" + k.replace("_", "-"))
+        v = _coerce(values[k], typ, what, where, f"the {rnd.name} round's bounds: " + (u.bounds() if u else "locked"))
+        if k == "concurrency" and rnd.concurrency_bounds is not None:
+            lo, hi, rule = rnd.concurrency_bounds
+            if not lo <= v <= hi:
+                raise ForgeError(f"{where}: concurrency {v} is out of bounds ({lo}..{hi}): {_cite(rule, rules)}",
+                                 hint=f"set the client's concurrency to a whole number from {lo} to {hi}")
+        elif u is None:
+            if v != base:
+                rule = rnd.organizers_rule
+                raise ForgeError(f"{where}: {what} is locked at {_num(base)} in the {rnd.name} round (got {_num(v)}): "
+                                 f"{_cite(rule, rules)}", hint="remove it, or use the round that unlocks it")
+        elif u.choices is not None and v not in u.choices:
+            raise ForgeError(f"{where}: {u.option} {_num(v)} is not allowed ({u.bounds()}): {_cite(u.rule, rules)}",
+                             hint=f"set {u.env} to {u.bounds()}")
+        elif u.choices is None and not u.min <= v <= u.max:
+            raise ForgeError(f"{where}: {u.option} {_num(v)} is out of bounds ({u.bounds()}): {_cite(u.rule, rules)}",
+                             hint=f"set {u.env} within {u.bounds()}")
+        out[k] = v
+    s = Settings(**out)
+    topo = (s.tensor_parallel_size, s.data_parallel_size)
+    if topo not in rnd.topologies:
+        allowed = " or ".join(f"TP={t}/DP={d}" for t, d in rnd.topologies)
+        rule = next((u.rule for u in rnd.unlocked if u.key == "tensor_parallel_size"), rnd.organizers_rule)
+        raise ForgeError(f"{where}: TP={topo[0]}/DP={topo[1]} is not a topology of the {rnd.name} round ({allowed}): "
+                         f"{_cite(rule, rules)}", hint=f"set TP x DP to {allowed}")
+    if s.max_num_batched_tokens < s.max_num_seqs:
+        u = rnd.unlocked_option("--max-num-batched-tokens")
+        raise ForgeError(f"{where}: --max-num-batched-tokens {s.max_num_batched_tokens} is below --max-num-seqs "
+                         f"{s.max_num_seqs} (vLLM refuses it): {_cite(u.rule if u else rnd.organizers_rule, rules)}",
+                         hint="raise --max-num-batched-tokens to at least --max-num-seqs")
+    if visible is not None:
+        check_cards(rnd, s, visible, where)
+    return s
+
+
+def _tier_suffix(tier: str) -> str:
+    return tier.replace("-", "_").replace(".", "_").upper()
+
+
+def tier_settings(rnd: Round, tier: str, profile_values: Mapping[str, Any] | None = None,
+                  environ: Mapping[str, str] | None = None, where: str | None = None) -> tuple[Settings, dict]:
+    """One tier's checked Settings and where each value came from ({key: "env MAX_NUM_SEQS_8_16K" |
+    "env MAX_NUM_SEQS" | "profile" | "baseline"}). `profile_values`: a Settings field -> a value, or a
+    mapping tier -> value. The preliminary reads no variable (it unlocks nothing)."""
+    rnd.client(tier)
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for k, v in (profile_values or {}).items():
+        if isinstance(v, Mapping):
+            bad = [t for t in v if t not in rnd.tier_order]
+            if bad:
+                raise ForgeError(f"{where or 'profile'}: {k}: {bad[0]!r} is not a tier of the {rnd.name} round",
+                                 hint=f"tiers: {', '.join(rnd.tier_order)}")
+            if tier not in v:
+                continue
+            v = v[tier]
+        values[k], sources[k] = v, "profile"
+    if rnd.unlocked:
+        for u in rnd.unlocked:
+            for var in (f"{u.env}_{_tier_suffix(tier)}", u.env):
+                if environ.get(var, "") != "":
+                    values[u.key], sources[u.key] = environ[var].strip(), f"env {var}"
+                    break
+        var = rnd.client(tier).concurrency_env
+        if var and environ.get(var, "") != "":
+            values["concurrency"], sources["concurrency"] = environ[var].strip(), f"env {var}"
+    s = check_settings(rnd, values, where=where or f"the {rnd.name} round, tier {tier}")
+    return s, {k: sources.get(k, "baseline") for k in SETTING_KEYS}
+
+
+def tier_env(rnd: Round, tier: str, settings: Settings) -> dict[str, str]:
+    """The environment a team sets for `tier`: each unlocked variable and the tier's concurrency
+    variable (empty for the preliminary)."""
+    env = {u.env: _num(getattr(settings, u.key)) for u in rnd.unlocked}
+    var = rnd.client(tier).concurrency_env
+    if var:
+        env[var] = str(settings.concurrency)
+    return env
+
+
+def start_argv(rnd: Round, settings: Settings, model: str) -> list[str]:
+    """The round's start script with `model` and the settings' values filled in."""
+    subst = {f"${u.env}": _num(getattr(settings, u.key)) for u in rnd.unlocked}
+    subst[rnd.model_placeholder] = str(model)
+    return [subst.get(a, a) for a in shlex.split(rnd.command)]
+
+
+def contest_view(contest: dict, rnd: Round, settings: Settings) -> dict:
+    """The contest as `rules.check_command` / `check_option` should see it for a server of this round
+    with these settings: the start script with the values filled in, the round's organizers rule and
+    reviewed options, the unlocked options no longer forbidden on their own (the start script sets
+    them). The preliminary's view is `contest` itself."""
+    if rnd.name == "preliminary":
+        return contest
+    view = copy.deepcopy(contest)
+    argv = start_argv(rnd, settings, rnd.model_placeholder)
+    view["server"]["start_script"] = {"source": rnd.source, "model_placeholder": rnd.model_placeholder,
+                                      "command": shlex.join(argv)}
+    view["server"]["organizers_rule"] = rnd.organizers_rule
+    opened = {u.option for u in rnd.unlocked}
+    view["forbidden_options"] = [o for o in view["forbidden_options"] if o["option"] not in opened]
+    view["allowed_options"] = [*view["allowed_options"], *copy.deepcopy(list(rnd.allowed_options))]
+    return view
+
+
+# --- the cards ----------------------------------------------------------------------------------
+
+def check_cards(rnd: Round, settings: Settings, visible: Visible, where: str = "server") -> None:
+    """Refuse a start of `settings` that needs more cards than `visible` holds, would put two ranks on
+    one device, or where the count cannot be told (forge.contest.cards)."""
+    rule = next((u.rule for u in rnd.unlocked if u.key == "tensor_parallel_size"), rnd.organizers_rule)
+    cards.check_cards(settings.cards, f"TP={settings.tensor_parallel_size}/DP={settings.data_parallel_size}",
+                      visible, _cite(rule, _rules(rnd)), where)
