@@ -42,7 +42,7 @@ from pathlib import Path
 from .. import options, paths, proc, ui
 from ..errors import ForgeError
 from ..run import bench, serve, synth
-from . import e2e_decode, gpu_bundle, prefill_profile
+from . import e2e_decode, final_round, gpu_bundle, prefill_profile
 from .client import client_runner
 from .fault import fault_check
 from .install import install_bundle, site_env, versions
@@ -308,6 +308,7 @@ def register(sub) -> None:
                         "option an invocation stops them at its end)")
     p.add_argument("--stop-servers", action="store_true",
                    help="only stop the servers an earlier invocation of --out left up (--keep-servers), then exit")
+    final_round.register_options(p)
     p.add_argument("--no-plumbing", action="store_true")
     p.add_argument("--no-fault", action="store_true")
     p.set_defaults(func=cmd_e2e)

@@ -15,7 +15,7 @@ from ..contest import profiles
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..run import runs
-from . import gpu_bundle
+from . import final_round, gpu_bundle
 from .packing import pack
 from .summary import render_summary
 
@@ -29,7 +29,8 @@ class Run:
         self.t0 = time.monotonic()
         self.deadline = self.t0 + args.deadline_s
         self.contest = contest_mod.load_contest()
-        self.h = gpu_bundle.harness_config(Path(args.harness) if args.harness else None)
+        self.h = final_round.apply_to_harness(
+            gpu_bundle.harness_config(Path(args.harness) if args.harness else None), args)
         # what the arguments name is checked before anything is created, installed or started
         self.names = args.profiles.split(",") if args.profiles else list(self.h["profiles"])
         self.ref = args.reference or ("upstream" if "upstream" in self.names else self.names[-1])

@@ -19,6 +19,7 @@ from ..errors import ForgeError
 from ..hashing import sha256_file
 from ..run import bench, runs, score, synth
 from ..run.serve import LOCKED_PORT
+from . import final_round
 from .client import client_runner
 from .servers import guarded
 
@@ -132,10 +133,14 @@ def build_datasets(run: Run, model: Path, n: int) -> dict[str, Path]:
     ddir = run.out / "datasets"
     out: dict[str, Path] = {}
     fixed = run.args.fixed_output
-    workload = None if fixed else synth.load_workload(run.contest)
+    workload = None if fixed or run.args.round == "final" else synth.load_workload(run.contest)
     for t in run.contest["tiers"]:
         full = ddir / f"{t['name']}.jsonl"
-        if fixed:
+        if run.args.round == "final":
+            pairs = final_round.workload_pairs(run.contest, t["name"], n)
+            info = synth.build_workload_tier(model, t["name"], pairs, full)
+            reqs = [list(x) for x in pairs]
+        elif fixed:
             info = synth.build_tier(model, t, n, full)
             reqs = [[t["prompt_tokens"][1], fixed]] * n
         else:
@@ -145,7 +150,9 @@ def build_datasets(run: Run, model: Path, n: int) -> dict[str, Path]:
         out[t["name"]] = full
         run.summary.setdefault("datasets", {})[t["name"]] = {
             "prompt_tokens": info["prompt_tokens"], "seed": info["seed"], "num_prompts": n,
-            "shape": f"{fixed} output tokens per request" if fixed else "contest workload (configs/workload.yaml)",
+            "shape": (f"official prompt lengths (configs/workload.yaml), {final_round.FINAL_OUTPUT_LEN} output tokens "
+                      "each (the final round)" if run.args.round == "final" else
+                      f"{fixed} output tokens per request" if fixed else "contest workload (configs/workload.yaml)"),
             "requests": reqs}
     return out
 
@@ -277,6 +284,7 @@ def bench_tiers(run: Run, names: list[str], model: Path, datasets: dict[str, Pat
             man = {**(runs.read_json(mpath) if mpath.is_file() else {}), "run_id": name, "profile": name,
                    "harness": True, **run.identity}
             ds = {"kind": "synthetic", "path": str(datasets[tname]), "num_prompts": n}
+            pre0 = final_round.preemptions(st["host"], st["port"])
             t = time.monotonic()
             status = guarded(run, name, functools.partial(
                 bench.run_tier, contest_h, tiers[tname], ds, launcher=launcher, model=str(model), host=st["host"],
@@ -288,8 +296,11 @@ def bench_tiers(run: Run, names: list[str], model: Path, datasets: dict[str, Pat
             scale = max(scale or 0.0, took / first)
             res = runs.read_json(runs.result_path(rdir, tname))
             done[name][tname] = runs.result_path(rdir, tname)
+            pre1 = final_round.preemptions(st["host"], st["port"])
+            preempted = pre1 - pre0 if pre0 is not None and pre1 is not None else None
+            run.summary.setdefault("preemptions", {}).setdefault(name, {})[tname] = preempted
             run.step(f"tier {tname} {name}: {res.get('output_throughput', 0):.2f} tok/s",
-                     status=status, seconds=round(took, 1), completed=res.get("completed"),
+                     status=status, seconds=round(took, 1), completed=res.get("completed"), preemptions=preempted,
                      failed=res.get("failed"), ttft_ms=res.get("p99_ttft_ms"), tpot_ms=res.get("p99_tpot_ms"))
     return done
 

@@ -1,0 +1,118 @@
+"""The final round's shape on a GPU machine (`forge e2e-gpu --round final`): the finals' client
+(every request at the tier's concurrency, `--request-rate inf`, 1024 output tokens each) over the
+official prompt lengths, and the server's KV cache sized as a card of the contest holds it.
+
+The final is scored under load: at concurrency 10 the number of requests a server holds at once, and
+whether it preempts, depends on its KV cache in tokens, not on the card. `--kv-cache-memory-bytes`
+gives every server the KV cache a DCU card would have (the capacity planner, `forge plan`, prints the
+bytes for a topology and KV dtype); each server then runs in the DCU's regime on a larger GPU. Two
+such servers fit one H200 side by side, and the tiers are still run one profile at a time, so they
+never compete for the GPU while measured.
+
+Preemptions are read from each server's Prometheus counter (`vllm:num_preemptions_total`) before
+and after a tier."""
+
+from __future__ import annotations
+
+import re
+import urllib.error
+import urllib.request
+
+from ..errors import ForgeError
+from ..run import synth
+
+ROUNDS = ("preliminary", "final")
+FINAL_OUTPUT_LEN = 1024            # the finals' --custom-output-len (a forced length: --ignore-eos)
+FINAL_CONCURRENCY = 10             # the finals' baseline client concurrency, every tier
+PREEMPT_METRIC = re.compile(r"^vllm:num_preemptions(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+]+)\s*$", re.M)
+
+
+def client_changes(concurrency: int, output_len: int = FINAL_OUTPUT_LEN) -> list[dict]:
+    """The finals' client in place of the preliminary's options, each change with its reason."""
+    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or not 1 <= concurrency <= 256:
+        raise ForgeError(f"--concurrency {concurrency!r}: the finals' client runs 1 to 256 requests at once",
+                         hint="the finals' baseline runs 10 per tier")
+    return [
+        {"args": ["--max-concurrency", str(concurrency)],
+         "why": f"the final round's client: {concurrency} requests at once per tier (the preliminary's is 1)"},
+        {"args": ["--request-rate", "inf"],
+         "why": "the final round's arrival model: every request is sent at once, the concurrency bounds them"},
+        {"args": ["--custom-output-len", str(output_len)],
+         "why": f"the final round's client asks {output_len} tokens of every request"},
+        {"args": ["--ignore-eos"],
+         "why": "random weights end a reply anywhere; every request then runs to the finals' output length"},
+    ]
+
+
+def workload_pairs(contest: dict, tier: str, n: int, output_len: int = FINAL_OUTPUT_LEN) -> list[tuple[int, int]]:
+    """n official prompt lengths of the tier (configs/workload.yaml, evenly spaced as the preliminary's
+    harness picks them), each with the finals' output length."""
+    workload = synth.load_workload(contest)
+    return [(p, output_len) for p, _ in synth.stratified(workload["tiers"][tier]["requests"], n)]
+
+
+def sizing_changes(kv_cache_memory_bytes: int | None, gpu_memory_utilization: float | None,
+                   why: str | None) -> list[dict]:
+    """This invocation's server sizing in place of harness.yaml's side-by-side values."""
+    out = []
+    if kv_cache_memory_bytes is not None:
+        if kv_cache_memory_bytes < 1 << 28:
+            raise ForgeError(f"--kv-cache-memory-bytes {kv_cache_memory_bytes}: under 256 MiB holds no request "
+                             "of any tier", hint="`forge plan` prints the bytes of a DCU card's KV cache")
+        out.append({"args": ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes)],
+                    "why": why or "the KV cache given to this run (--kv-cache-memory-bytes)"})
+    if gpu_memory_utilization is not None:
+        if not 0.05 <= gpu_memory_utilization <= 0.99:
+            raise ForgeError(f"--gpu-memory-utilization {gpu_memory_utilization}: outside 0.05-0.99")
+        out.append({"args": ["--gpu-memory-utilization", f"{gpu_memory_utilization:g}"],
+                    "why": "this run's share of the GPU for each server (--gpu-memory-utilization)"})
+    return out
+
+
+def preemptions(host: str, port: int, timeout: float = 5.0) -> float | None:
+    """The server's preemption count so far (vLLM's Prometheus counter); None when it cannot be read."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"http://{host}:{port}/metrics", timeout=timeout) as r:
+            text = r.read(8 << 20).decode(errors="replace")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    found = PREEMPT_METRIC.findall(text)
+    return sum(float(x) for x in found) if found else None
+
+
+def apply_to_harness(h: dict, args) -> dict:
+    """harness.yaml's settings as this invocation runs them: with --round final the finals' client in
+    place of `client_args`, and the sizing options in place of `side_by_side`'s values."""
+    if getattr(args, "round", "preliminary") == "final":
+        if args.fixed_output:
+            raise ForgeError("--fixed-output and --round final: the final round fixes the output length itself "
+                             f"({FINAL_OUTPUT_LEN} tokens per request)", hint="leave out --fixed-output")
+        h["client_args"] = client_changes(args.concurrency or FINAL_CONCURRENCY)
+    elif args.concurrency:
+        raise ForgeError(f"--concurrency {args.concurrency}: the preliminary's client runs one request at a time",
+                         hint="add --round final")
+    side = dict(h["side_by_side"])
+    for ch in sizing_changes(args.kv_cache_memory_bytes, args.gpu_memory_utilization, args.kv_why):
+        key = ch["args"][0][2:].replace("-", "_")
+        side[key] = int(ch["args"][1]) if key == "kv_cache_memory_bytes" else float(ch["args"][1])
+        side["why"] = f"{side['why']}; {ch['why']}" if key == "kv_cache_memory_bytes" else side["why"]
+    h["side_by_side"] = side
+    return h
+
+
+def register_options(p) -> None:
+    """e2e-gpu's options for the final round's shape."""
+    p.add_argument("--round", choices=ROUNDS, default="preliminary",
+                   help="final: the finals' client (--concurrency requests at once, --request-rate inf, "
+                        f"{FINAL_OUTPUT_LEN} output tokens each, end-of-text ignored) over the official prompt "
+                        "lengths; the preliminary (default): one request at a time, each its official output length")
+    p.add_argument("--concurrency", type=int, metavar="N",
+                   help=f"with --round final: requests at once in every tier (default {FINAL_CONCURRENCY}, the "
+                        "finals' baseline)")
+    p.add_argument("--kv-cache-memory-bytes", type=int, metavar="BYTES",
+                   help="every server's KV cache in bytes, in place of harness.yaml's side-by-side 5 GiB (`forge plan` "
+                        "prints what a DCU card holds at a topology and KV dtype)")
+    p.add_argument("--kv-why", metavar="TEXT", help="why the KV cache has that size, for the run's record")
+    p.add_argument("--gpu-memory-utilization", type=float, metavar="F",
+                   help="every server's share of the GPU, in place of harness.yaml's side-by-side 0.44")
