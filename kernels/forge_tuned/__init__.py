@@ -9,7 +9,9 @@ committed tables (``configs/kernels/tuned/*.json``) beside it.
 A table (JSON, ``schema`` = SCHEMA):
     validators  what the measurements depend on; a table is used only on a device and software stack
                 where every key of MATCH is equal (device name, arch, compute units, toolkit, torch,
-                triton). A mismatch is refused with a one-line reason, never used silently.
+                triton), and only at its own tensor-parallel degree: ``tp`` (the shapes of one rank
+                were measured) with ``heads`` = [q heads, KV heads] of one rank's attention. A
+                mismatch is refused with a one-line reason, never used silently.
     provenance  where it came from (project commit, and the hash of its diff when the tree was dirty;
                 patch series, kernel-source hash, driver, date, command, report folder): recorded, not
                 matched, because the submission's vLLM is built from the vendor tree with a version string
@@ -21,8 +23,15 @@ A table (JSON, ``schema`` = SCHEMA):
                 the kernel's built-in choice); a pair not listed keeps the platform's GEMM.
     prefill     {"16bit"|"int8": [BLOCK_M, TILE_N, num_warps, num_stages]}: the chunked-prefill
                 kernel's launch; absent: the kernel's built-in LAUNCH table.
-    decode      {"segments": {"<batch>": S}, "launch": {"16bit"|"int8": [TILE_N, warps, stages]}}:
-                split-KV decode; absent: the built-in heuristic.
+    decode      {"segments": {"<KV heads>": {"<batch>": {"<context>": S}}},
+                 "launch": {"16bit"|"int8": [TILE_N, warps, stages]}}: split-KV decode's segments per
+                (sequence, KV head) for a batch of that many sequences on a rank with that many KV
+                heads, measured over contexts up to <context> tokens (the server plans with its
+                max-model-len: the smallest measured context at or above it, else the largest);
+                absent: the built-in heuristic (``choose_num_segments``).
+
+Older tables (``forge-tuned/1``: no ``tp`` or ``heads``, decode segments keyed by batch alone) are
+read as what they were measured for: TP1, 24 q / 4 KV heads, contexts up to 32768.
 
 Every value is checked against the kernels' own legal launches (`validate`): a table that names a
 launch the kernel cannot run, a wrong type, a duplicate key or an unknown key is refused whole.
@@ -42,8 +51,11 @@ import json
 import logging
 import os
 
-SCHEMA = "forge-tuned/1"
+SCHEMA = "forge-tuned/2"
+OLD_SCHEMA = "forge-tuned/1"          # read as TP1, 24 q / 4 KV heads (what `forge calibrate` measured then)
+OLD_GEOMETRY = {"tp": 1, "heads": [24, 4], "context": 32768}
 MATCH = ("device_name", "arch", "compute_units", "toolkit", "torch", "triton")
+MAX_TP = 64
 ENV = "VLLM_FORGE_TUNED"
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -91,13 +103,29 @@ def device_identity(device_index: int = 0) -> dict:
     return ident
 
 
-def mismatch(table: dict, ident: dict) -> str | None:
-    """Why `table` does not fit the device `ident` (one line), or None when it does."""
+def geometry(table: dict) -> dict:
+    """{"tp", "heads": [q, KV] per rank} the table was measured for (an old table: TP1, 24/4)."""
+    val = table.get("validators") or {}
+    if table.get("schema") == OLD_SCHEMA:
+        return {"tp": OLD_GEOMETRY["tp"], "heads": list(OLD_GEOMETRY["heads"])}
+    return {"tp": val.get("tp"), "heads": val.get("heads")}
+
+
+def mismatch(table: dict, ident: dict, tp: int | None = None) -> str | None:
+    """Why `table` does not fit the device `ident` (one line), or None when it does. `tp`: the running
+    tensor-parallel degree (None: not checked)."""
     val = table.get("validators")
     if not isinstance(val, dict):
         return "it has no validators"
     diffs = [f"{k} {val.get(k)!r} != {ident.get(k)!r}" for k in MATCH if val.get(k) != ident.get(k)]
-    return "made for another device or stack: " + ", ".join(diffs) if diffs else None
+    if diffs:
+        return "made for another device or stack: " + ", ".join(diffs)
+    geo = geometry(table)
+    if tp is not None and geo["tp"] != tp:
+        q, kv = geo["heads"]
+        return (f"measured at tensor-parallel degree {geo['tp']} ({q} q / {kv} KV heads per rank), this server "
+                f"runs {tp}: per-rank shapes differ")
+    return None
 
 
 # The kernels' own legal launch sets (mirrored here so this file stays self-contained; tests/kernels
@@ -119,6 +147,7 @@ PREFILL_LAUNCH = ((16, 32, 64, 128, 256), (16, 32, 64, 128), (1, 2, 4, 8, 16), (
 DECODE_LAUNCH = ((16, 32, 64, 128), (1, 2, 4, 8, 16), (1, 2, 3, 4))
 MAX_TABLE_SEGMENTS = 256
 MAX_DECODE_BATCH = 1024
+MAX_CONTEXT = 1 << 24
 KEYS = ("schema", "validators", "provenance", "gemv", "prefill", "decode")
 KV_KINDS = ("16bit", "int8")
 
@@ -178,11 +207,21 @@ def validate(table) -> dict:
     unknown = sorted(k for k in table if k not in KEYS)
     if unknown:
         raise TableError(f"unknown key(s) {', '.join(map(repr, unknown))}; a table holds {', '.join(KEYS)}")
-    if table.get("schema") != SCHEMA:
-        raise TableError(f"key 'schema': {table.get('schema')!r:.60}, expected {SCHEMA!r}")
+    if table.get("schema") not in (SCHEMA, OLD_SCHEMA):
+        raise TableError(f"key 'schema': {table.get('schema')!r:.60}, expected {SCHEMA!r} (or {OLD_SCHEMA!r}, "
+                         "read as TP1)")
+    old = table["schema"] == OLD_SCHEMA
     val = table.get("validators")
-    if not isinstance(val, dict) or any(k not in val for k in MATCH):
-        raise TableError(f"key 'validators': must hold {', '.join(MATCH)}")
+    need = MATCH if old else MATCH + ("tp", "heads")
+    if not isinstance(val, dict) or any(k not in val for k in need):
+        raise TableError(f"key 'validators': must hold {', '.join(need)}")
+    if not old:
+        if not (_is_int(val["tp"]) and 1 <= val["tp"] <= MAX_TP):
+            raise TableError(f"key 'validators.tp': the tensor-parallel degree 1-{MAX_TP}, got {val['tp']!r:.60}")
+        h = val["heads"]
+        if not (isinstance(h, list) and len(h) == 2 and all(_is_int(x) and x >= 1 for x in h) and h[0] % h[1] == 0):
+            raise TableError(f"key 'validators.heads': [q heads, KV heads] of one rank (q a multiple of KV), "
+                             f"got {h!r:.60}")
     for k in MATCH:
         v = val[k]
         if k == "compute_units":
@@ -219,17 +258,41 @@ def validate(table) -> dict:
     unknown = sorted(k for k in dec if k not in ("segments", "launch"))
     if unknown:
         raise TableError(f"key 'decode': unknown key(s) {', '.join(map(repr, unknown))}; expected 'segments', 'launch'")
-    for b, s in _mapping("decode.segments", dec.get("segments", {})).items():
-        if not (b.isdigit() and b.isascii() and 1 <= int(b) <= MAX_DECODE_BATCH):
-            raise TableError(f"key 'decode.segments.{b}': a batch size 1-{MAX_DECODE_BATCH}")
-        if not (_is_int(s) and 1 <= s <= MAX_TABLE_SEGMENTS and s & (s - 1) == 0):
-            raise TableError(f"key 'decode.segments.{b}': segments must be a power of two from 1 to "
-                             f"{MAX_TABLE_SEGMENTS}, got {s!r:.60}")
+    segs = _mapping("decode.segments", dec.get("segments", {}))
+    if old:
+        _batch_segments("decode.segments", segs, None)
+    else:
+        for kv, batches in segs.items():
+            if not _count(kv, MAX_TABLE_SEGMENTS):
+                raise TableError(f"key 'decode.segments.{kv}': the KV heads of one rank, a count >= 1")
+            if int(kv) != val["heads"][1]:
+                raise TableError(f"key 'decode.segments.{kv}': measured at {kv} KV heads but the validators' heads "
+                                 f"are {val['heads']} (one table per rank geometry)")
+            for b, ctxs in _mapping(f"decode.segments.{kv}", batches).items():
+                _batch_segments(f"decode.segments.{kv}", {b: 1}, None)
+                _batch_segments(f"decode.segments.{kv}.{b}", _mapping(f"decode.segments.{kv}.{b}", ctxs),
+                                "context")
     for kv, launch in _mapping("decode.launch", dec.get("launch", {})).items():
         if kv not in KV_KINDS:
             raise TableError(f"key 'decode.launch.{kv}': expected '16bit' or 'int8'")
         _launch(f"decode.launch.{kv}", launch, DECODE_LAUNCH)
     return table
+
+
+def _count(key: str, top: int) -> bool:
+    return key.isdigit() and key.isascii() and 1 <= int(key) <= top
+
+
+def _batch_segments(where: str, mapping: dict, what: str | None) -> None:
+    """{"<batch>" (or "<context>" tokens): segments}, each a power of two the merge kernel holds."""
+    for k, s in mapping.items():
+        if what is None and not _count(k, MAX_DECODE_BATCH):
+            raise TableError(f"key '{where}.{k}': a batch size 1-{MAX_DECODE_BATCH}")
+        if what == "context" and not _count(k, MAX_CONTEXT):
+            raise TableError(f"key '{where}.{k}': a context length in tokens 1-{MAX_CONTEXT}")
+        if not (_is_int(s) and 1 <= s <= MAX_TABLE_SEGMENTS and s & (s - 1) == 0):
+            raise TableError(f"key '{where}.{k}': segments must be a power of two from 1 to "
+                             f"{MAX_TABLE_SEGMENTS}, got {s!r:.60}")
 
 
 def _no_duplicates(pairs):
@@ -295,10 +358,12 @@ def committed_tables(folder: str = HERE) -> list[str]:
     return sorted(glob.glob(os.path.join(folder, "*.json")))
 
 
-def choose(ident: dict, env: str | None, folder: str = HERE) -> tuple[dict | None, str, list[str]]:
+def choose(ident: dict, env: str | None, folder: str = HERE, tp: int | None = None
+           ) -> tuple[dict | None, str, list[str]]:
     """(table or None, one line saying which and why, malformed tables refused on the way: "file: why").
     Pure: no logging, no device query. A malformed table is skipped, whichever device it was made for:
-    it never decides the selection for another."""
+    it never decides the selection for another. `tp`: the running tensor-parallel degree; a table
+    measured at another degree is refused with the reason (None: not checked)."""
     if env is not None and env.strip().lower() in ("0", "off", "none"):
         return None, f"{ENV}={env}: built-in defaults", []
     if env:
@@ -306,7 +371,7 @@ def choose(ident: dict, env: str | None, folder: str = HERE) -> tuple[dict | Non
             table = read(env)
         except TableError as e:
             return None, f"{ENV}={env} refused: {e}; built-in defaults", [f"{env}: {e}"]
-        why = mismatch(table, ident)
+        why = mismatch(table, ident, tp)
         if why:
             return None, f"{ENV}={env} refused: {why}; built-in defaults", []
         return table, f"table {env} (validators match {ident.get('device_name')} {ident.get('arch')})", []
@@ -319,7 +384,7 @@ def choose(ident: dict, env: str | None, folder: str = HERE) -> tuple[dict | Non
             seen.append(f"{name}: {e}")
             bad.append(f"{path}: {e}")
             continue
-        why = mismatch(table, ident)
+        why = mismatch(table, ident, tp)
         if why is None:
             return table, f"table {name} (validators match {ident.get('device_name')} {ident.get('arch')})", bad
         seen.append(f"{name}: {why}")
@@ -328,18 +393,42 @@ def choose(ident: dict, env: str | None, folder: str = HERE) -> tuple[dict | Non
                   f"{ident.get('compute_units')} CUs ({where}); built-in defaults"), bad
 
 
-@functools.cache
+def running_tp() -> int | None:
+    """The tensor-parallel degree of this process inside vLLM (its parallel state, set up before the
+    model's layers and attention backends are built, which is where the table is first asked for), or
+    None outside vLLM or before that."""
+    try:
+        # inside vLLM only: this file also runs in the tool, where vLLM may be absent
+        from vllm.distributed import parallel_state
+    except Exception:  # noqa: BLE001 - no vLLM here, or one that cannot import: not known
+        return None
+    try:
+        if parallel_state.model_parallel_is_initialized():
+            return int(parallel_state.get_tensor_model_parallel_world_size())
+    except Exception:  # noqa: BLE001 - a vLLM without these helpers: not known
+        pass
+    return None
+
+
 def active() -> dict | None:
-    """The table this process uses, chosen and logged once. Called where vLLM builds its layers and
-    attention backends, never inside a traced forward. Whatever the folder or VLLM_FORGE_TUNED hold,
-    this returns (a table that cannot be used means the built-in defaults), so no table stops a server."""
+    """The table this process uses at its tensor-parallel degree, chosen and logged once per degree
+    (an unknown degree counts as 1, and is chosen again once vLLM's parallel state knows it). Called
+    where vLLM builds its layers and attention backends, never inside a traced forward. Whatever the
+    folder or VLLM_FORGE_TUNED hold, this returns (a table that cannot be used means the built-in
+    defaults), so no table stops a server."""
+    tp = running_tp()
+    return _active_at(tp or 1, tp is not None)
+
+
+@functools.cache
+def _active_at(tp: int, tp_known: bool) -> dict | None:
     try:
         ident = device_identity()
     except Exception as e:  # noqa: BLE001 - no device query: defaults
         logger.warning("dcu-forge tuned table: no device identity (%s); built-in defaults", e)
         return None
     try:
-        table, line, bad = choose(ident, os.environ.get(ENV))
+        table, line, bad = choose(ident, os.environ.get(ENV), tp=tp)
     except Exception as e:  # noqa: BLE001 - a loader bug must not stop the server either
         logger.warning("dcu-forge tuned table: could not choose a table (%s: %s); built-in defaults",
                        type(e).__name__, e)
@@ -347,11 +436,14 @@ def active() -> dict | None:
     for b in bad:
         logger.warning("dcu-forge tuned table: refused %s", b)
     (logger.info if table is not None or os.environ.get(ENV) is None else logger.warning)(
-        "dcu-forge tuned table: %s", line)
+        "dcu-forge tuned table (tensor-parallel degree %s): %s", tp if tp_known else "1, not known yet", line)
     if table is not None:
         for text in describe(table):
             logger.info("dcu-forge tuned table: %s", text)
     return table
+
+
+active.cache_clear = _active_at.cache_clear
 
 
 def describe(table: dict) -> list[str]:
@@ -365,8 +457,10 @@ def describe(table: dict) -> list[str]:
     for kv, launch in sorted((table.get("prefill") or {}).items()):
         lines.append(f"prefill {kv}: BLOCK_M {launch[0]}, TILE_N {launch[1]}, warps {launch[2]}, stages {launch[3]}")
     dec = table.get("decode") or {}
-    for b, s in sorted((dec.get("segments") or {}).items()):
-        lines.append(f"decode batch {b}: {s} segments")
+    for kv, batches in sorted(decode_segment_table(table).items()):
+        for b, ctxs in sorted(batches.items()):
+            picks = ", ".join(f"{s} up to {c} tokens" for c, s in sorted(ctxs.items()))
+            lines.append(f"decode {kv} KV head(s), batch {b}: {picks} segments")
     for kv, launch in sorted((dec.get("launch") or {}).items()):
         lines.append(f"decode {kv}: TILE_N {launch[0]}, warps {launch[1]}, stages {launch[2]}")
     return lines
@@ -391,10 +485,28 @@ def prefill_launch(kv_int8: bool) -> tuple[int, int, int, int] | None:
     return tuple(launch) if launch else None
 
 
-def decode_segments(num_seqs: int) -> int | None:
-    table = active()
-    segs = (((table or {}).get("decode") or {}).get("segments") or {}).get(str(num_seqs))
-    return int(segs) if segs else None
+def decode_segment_table(table: dict | None) -> dict[int, dict[int, dict[int, int]]]:
+    """{KV heads: {batch: {context: segments}}} of a table, an old one's read as 4 KV heads, 32K."""
+    segs = ((table or {}).get("decode") or {}).get("segments") or {}
+    if (table or {}).get("schema") == OLD_SCHEMA:
+        kv = OLD_GEOMETRY["heads"][1]
+        return {kv: {int(b): {OLD_GEOMETRY["context"]: int(s)} for b, s in segs.items()}} if segs else {}
+    return {int(kv): {int(b): {int(c): int(s) for c, s in ctxs.items()} for b, ctxs in batches.items()}
+            for kv, batches in segs.items()}
+
+
+def decode_segments(num_seqs: int, num_kv_heads: int | None = None, max_context: int | None = None) -> int | None:
+    """The measured segment count for a batch of `num_seqs` on a rank with `num_kv_heads` KV heads
+    (None: the table's) serving contexts up to `max_context` (None: the longest measured); None where
+    the table did not measure it (the built-in heuristic runs)."""
+    by_kv = decode_segment_table(active())
+    if num_kv_heads is None and len(by_kv) == 1:
+        num_kv_heads = next(iter(by_kv))
+    ctxs = by_kv.get(num_kv_heads, {}).get(int(num_seqs))
+    if not ctxs:
+        return None
+    at_or_above = [c for c in ctxs if max_context is None or c >= max_context]
+    return ctxs[min(at_or_above) if at_or_above and max_context is not None else max(ctxs)]
 
 
 def decode_launch(kv_int8: bool) -> tuple[int, int, int] | None:

@@ -56,7 +56,8 @@ SNIPPET = textwrap.dedent(
     ident = T.device_identity()
     # a table for this process's own device: the GEMV at 1-2 tokens of the piece's projection, the fused
     # gate_up + SiLU at one token
-    table = {"schema": T.SCHEMA, "validators": {k: ident[k] for k in T.MATCH}, "provenance": {},
+    table = {"schema": T.SCHEMA, "validators": {**{k: ident[k] for k in T.MATCH}, "tp": 1, "heads": [24, 4]},
+             "provenance": {},
              "gemv": {"plain": {"96x256": {"1": [640, 2], "2": [0, 0]}}, "fused": {"128x96": {"1": [64, 1]}}}}
     path = os.path.join(os.environ["TMP"], "table.json")
     with open(path, "w") as f:

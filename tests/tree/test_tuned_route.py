@@ -53,10 +53,11 @@ SNIPPET = textwrap.dedent(
     T.logger.addHandler(Keep())
     T.logger.setLevel(logging.INFO)
     ident = T.device_identity()
-    table = {"schema": T.SCHEMA, "validators": {k: ident[k] for k in T.MATCH}, "provenance": {},
+    table = {"schema": T.SCHEMA, "validators": {**{k: ident[k] for k in T.MATCH}, "tp": 1, "heads": [24, 4]},
+             "provenance": {},
              "gemv": {"plain": {"96x5120": {"1": [640, 2], "3": [0, 0]}},
                       "fused": {"128x256": {"1": [64, 1]}}},
-             "prefill": {"16bit": [64, 16, 4, 1]}, "decode": {"segments": {"1": 32}, "launch": {"16bit": [16, 4, 1]}}}
+             "prefill": {"16bit": [64, 16, 4, 1]}, "decode": {"segments": {"4": {"1": {"32768": 32}}}, "launch": {"16bit": [16, 4, 1]}}}
     if os.environ["CASE"] == "stale":
         table["validators"]["device_name"] = "another card"
     path = os.path.join(os.environ["TMP"], "table.json")

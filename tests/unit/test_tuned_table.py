@@ -17,10 +17,12 @@ DCU = {"device_name": "BW", "arch": "gfx936", "compute_units": 80, "toolkit": "h
        "triton": "3.4", "driver": None}
 
 
-def table(ident, **extra):
-    return {"schema": T.SCHEMA, "validators": {k: ident[k] for k in T.MATCH}, "provenance": {"commit": "x"},
+def table(ident, tp=1, heads=(24, 4), **extra):
+    return {"schema": T.SCHEMA, "validators": {**{k: ident[k] for k in T.MATCH}, "tp": tp, "heads": list(heads)},
+            "provenance": {"commit": "x"},
             "gemv": {"plain": {"96x5120": {"1": [640, 2], "4": [0, 0]}}}, "prefill": {"16bit": [64, 32, 4, 1]},
-            "decode": {"segments": {"1": 32}, "launch": {"16bit": [16, 4, 1]}}, **extra}
+            "decode": {"segments": {str(heads[1]): {"1": {"32768": 32}}}, "launch": {"16bit": [16, 4, 1]}},
+            **extra}
 
 
 def write(folder: Path, name: str, data) -> Path:
@@ -99,10 +101,10 @@ MALFORMED = [
     (_with(prefill={"16bit": [64, 32, 3, 1]}), "num_warps 3"),
     (_with(decode={"launch": {"16bit": [0, 0, 0]}}), "TILE_N 0"),
     (_with(decode={"launch": {"16bit": [16, 4, False]}}), "must be a list of 3 integers"),
-    (_with(decode={"segments": {"1": 24}}), "power of two"),
-    (_with(decode={"segments": {"1": 2 ** 40}}), "power of two from 1 to 256"),
-    (_with(decode={"segments": {"1": True}}), "power of two"),
-    (_with(decode={"segments": {"0": 32}}), "batch size"),
+    (_with(decode={"segments": {"4": {"1": {"32768": 24}}}}), "power of two"),
+    (_with(decode={"segments": {"4": {"1": {"32768": 2 ** 40}}}}), "power of two from 1 to 256"),
+    (_with(decode={"segments": {"4": {"1": {"32768": True}}}}), "power of two"),
+    (_with(decode={"segments": {"4": {"0": {"32768": 32}}}}), "batch size"),
     (_with(decode={"segmnets": {"1": 32}}), "unknown key"),
     (_with(gemv={"plain": {"96x5120": {"1": [True, False]}}}), "must be integers"),
     (_with(gemv={"plain": {"96x5120": {"1": [100, 2]}}}), "launch menu"),
@@ -147,7 +149,7 @@ def test_the_server_keeps_its_defaults_whatever_the_loader_meets(monkeypatch, tm
     monkeypatch.setattr(T, "HERE", str(tmp_path))
     monkeypatch.setattr(T, "device_identity", lambda device_index=0: dict(H200))
     monkeypatch.delenv(T.ENV, raising=False)
-    monkeypatch.setattr(T.choose, "__defaults__", (str(tmp_path),))
+    monkeypatch.setattr(T.choose, "__defaults__", (str(tmp_path), None))
     T.active.cache_clear()
     caplog.set_level("INFO", logger=T.logger.name)
     try:
@@ -221,3 +223,103 @@ def test_the_submission_preflight_reads_its_tables_with_the_loader_it_ships(tmp_
     write(folder, "other.json", dict(good, gemv=[1]))
     got = submission._tuned_tables_check(tmp_path)
     assert not got["ok"] and "vllm/forge_tuned/other.json: key 'gemv'" in got["detail"]
+
+
+# --- tensor-parallel degree and per-rank geometry ----------------------------------------------------
+
+def test_a_table_is_taken_only_at_its_own_tensor_parallel_degree(tmp_path):
+    write(tmp_path, "h200-tp1.json", table(H200))
+    got, line, _ = T.choose(H200, None, folder=str(tmp_path), tp=2)
+    assert got is None and "h200-tp1.json" in line and "degree 1 (24 q / 4 KV heads per rank)" in line
+    assert "runs 2" in line and "built-in defaults" in line
+    assert T.choose(H200, None, folder=str(tmp_path), tp=1)[0] is not None
+    # the reverse: a TP2 table (12 / 2 heads per rank) is refused at TP1, taken at TP2
+    p = write(tmp_path / "..", "h200-tp2.json", table(H200, tp=2, heads=(12, 2)))
+    got, line, _ = T.choose(H200, str(p), folder=str(tmp_path), tp=1)
+    assert got is None and "degree 2 (12 q / 2 KV heads per rank)" in line and "runs 1" in line
+    got, _, _ = T.choose(H200, str(p), folder=str(tmp_path), tp=2)
+    assert got["validators"]["tp"] == 2
+    # one folder holding both: each degree takes its own
+    write(tmp_path, "h200-tp2.json", table(H200, tp=2, heads=(12, 2)))
+    assert T.choose(H200, None, folder=str(tmp_path), tp=2)[0]["validators"]["tp"] == 2
+    assert T.choose(H200, None, folder=str(tmp_path), tp=1)[0]["validators"]["tp"] == 1
+
+
+@pytest.mark.parametrize("table_tp,heads,running", [(1, (24, 4), 2), (2, (12, 2), 1)])
+def test_the_server_refuses_another_degree_in_its_log_and_runs_defaults(monkeypatch, tmp_path, caplog,
+                                                                      table_tp, heads, running):
+    write(tmp_path, "h200.json", table(H200, tp=table_tp, heads=heads))
+    monkeypatch.setattr(T, "device_identity", lambda device_index=0: dict(H200))
+    monkeypatch.setattr(T, "running_tp", lambda: running)
+    monkeypatch.delenv(T.ENV, raising=False)
+    monkeypatch.setattr(T.choose, "__defaults__", (str(tmp_path), None))
+    T.active.cache_clear()
+    caplog.set_level("INFO", logger=T.logger.name)
+    try:
+        assert T.active() is None
+        assert T.decode_segments(1, heads[1], 32768) is None and T.gemv_route() is None   # the defaults run
+        msg = " ".join(r.getMessage() for r in caplog.records)
+        assert f"measured at tensor-parallel degree {table_tp}" in msg and f"runs {running}" in msg
+        assert f"tensor-parallel degree {running}" in msg and "built-in defaults" in msg
+        # at its own degree the same table is taken
+        monkeypatch.setattr(T, "running_tp", lambda: table_tp)
+        assert T.active()["validators"]["tp"] == table_tp
+        assert T.decode_segments(1, heads[1], 32768) == 32
+    finally:
+        T.active.cache_clear()
+
+
+def test_outside_vllm_the_degree_is_not_known_and_counts_as_one():
+    assert T.running_tp() is None      # no vLLM parallel state in the tool's process
+
+
+def test_an_old_table_is_read_as_tp1_at_24_4_heads(tmp_path):
+    old = table(H200)
+    old["schema"] = T.OLD_SCHEMA
+    del old["validators"]["tp"], old["validators"]["heads"]
+    old["decode"]["segments"] = {"1": 64, "8": 16}
+    T.validate(old)
+    assert T.geometry(old) == {"tp": 1, "heads": [24, 4]}
+    assert T.decode_segment_table(old) == {4: {1: {32768: 64}, 8: {32768: 16}}}
+    p = write(tmp_path, "old.json", old)
+    assert T.choose(H200, str(p), tp=1)[0] is not None
+    got, line, _ = T.choose(H200, str(p), tp=2)
+    assert got is None and "degree 1" in line
+    # the new schema must say its geometry
+    new = table(H200)
+    del new["validators"]["tp"]
+    with pytest.raises(T.TableError, match="validators.*tp, heads"):
+        T.validate(new)
+
+
+def test_decode_segments_keyed_by_kv_heads_batch_and_context(monkeypatch):
+    t = table(H200, tp=2, heads=(12, 2))
+    t["decode"]["segments"] = {"2": {"1": {"8192": 32, "32768": 64}, "10": {"32768": 16}}}
+    T.validate(t)
+    monkeypatch.setattr(T, "active", lambda: t)
+    assert T.decode_segments(1, 2, 32768) == 64 and T.decode_segments(1, 2, 6000) == 32
+    assert T.decode_segments(1, 2, 65536) == 64          # beyond the measured: the longest measured
+    assert T.decode_segments(1) == 64 and T.decode_segments(10, 2, 32768) == 16
+    assert T.decode_segments(4, 2, 32768) is None        # not measured: the built-in heuristic
+    assert T.decode_segments(1, 4, 32768) is None        # another rank geometry
+    assert any("2 KV head(s), batch 10: 16 up to 32768 tokens" in x for x in T.describe(t))
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"validators.tp": 0}, "validators.tp"),
+    ({"validators.tp": True}, "validators.tp"),
+    ({"validators.heads": [12, 5]}, "validators.heads"),
+    ({"validators.heads": [12]}, "validators.heads"),
+    ({"decode.segments": {"4": {"1": {"32768": 32}}}}, "measured at 4 KV heads"),
+    ({"decode.segments": {"2": {"0": {"32768": 32}}}}, "batch size"),
+    ({"decode.segments": {"2": {"1": {"x": 32}}}}, "context length"),
+    ({"decode.segments": {"2": {"1": {"32768": 48}}}}, "power of two"),
+    ({"decode.segments": {"2": {"1": 32}}}, "expected an object"),
+])
+def test_the_geometry_and_decode_keys_are_validated(bad, match):
+    t = table(H200, tp=2, heads=(12, 2))
+    (key, value), = bad.items()
+    top, sub = key.split(".")
+    t[top][sub] = value
+    with pytest.raises(T.TableError, match=match):
+        T.validate(t)
