@@ -15,12 +15,14 @@ Contract (kept backward compatible):
 - `check_settings(rnd, values, where=..., visible=None) -> Settings`: refuses a bad value (out of
   bounds, a topology the round does not allow, a value the round does not unlock, more cards than
   `visible` holds, two ranks on one device) with a one-line ForgeError citing the rule.
+- `check_value(rnd, option, value, where)`: one unlocked option's value within its bounds.
 - `tier_settings(rnd, tier, profile_values=None, environ=None) -> (Settings, sources)`: one tier's
   values, each from (first found) the variable `<ENV>_<TIER>` (e.g. MAX_NUM_SEQS_8_16K), `<ENV>`,
   the profile, the round's baseline; checked.
 - `start_argv(rnd, settings, model)`, `tier_env(rnd, tier, settings)` (the per-tier environment a team
   sets), `contest_view(contest, rnd, settings)` (the contest dict `rules.check_command` checks a
-  command of this round against; the preliminary's is `contest` itself), `visible_cards(environ)`.
+  command of this round against; the preliminary's is `contest` itself), `visible_cards(environ)` and
+  `check_cards(rnd, settings, visible)` (forge.contest.cards). The types live in round_types.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import copy
 import math
 import os
 import shlex
-from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from ..config import Field, validate
@@ -37,6 +38,7 @@ from ..errors import ForgeError
 from . import cards
 from . import rules as contest_mod
 from .cards import Visible, visible_cards  # noqa: F401  (part of this module's API)
+from .round_types import Round, Settings, TierClient, Unlocked, _num  # noqa: F401  (part of this module's API)
 
 ROUNDS = ("preliminary", "final")
 DEFAULT_ROUND = "preliminary"
@@ -64,83 +66,6 @@ ROUND_SCHEMA = {
 }
 SETTING_KEYS = ("tensor_parallel_size", "data_parallel_size", "max_num_seqs", "max_num_batched_tokens",
                 "gpu_memory_utilization", "concurrency")
-
-
-@dataclass(frozen=True)
-class Unlocked:
-    key: str                     # a Settings field
-    option: str                  # the engine option it fills
-    env: str                     # the start script's variable
-    type: str                    # "int" | "float"
-    choices: tuple | None
-    min: float | None
-    max: float | None
-    rule: str
-    names_ours: bool             # the variable's name is ours (the finals' own is unpublished)
-
-    def bounds(self) -> str:
-        if self.choices is not None:
-            return "one of " + ", ".join(str(c) for c in self.choices)
-        return f"{_num(self.min)}..{_num(self.max)}"
-
-
-@dataclass(frozen=True)
-class TierClient:
-    tier: str
-    concurrency: int
-    request_rate: float          # requests per second; inf: every request at once
-    output_len: int
-    num_prompts: int | None      # None: every prompt of the tier file
-    warmups: int
-    concurrency_env: str | None  # the client's variable for this tier's concurrency (None: locked)
-
-
-@dataclass(frozen=True)
-class Settings:
-    tensor_parallel_size: int
-    data_parallel_size: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    gpu_memory_utilization: float
-    concurrency: int
-
-    @property
-    def cards(self) -> int:
-        return self.tensor_parallel_size * self.data_parallel_size
-
-    def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-@dataclass(frozen=True)
-class Round:
-    name: str
-    source: str
-    cards: int
-    command: str
-    model_placeholder: str
-    organizers_rule: str
-    unlocked: tuple[Unlocked, ...]
-    topologies: tuple[tuple[int, int], ...]
-    allowed_options: tuple[dict, ...]
-    clients: Mapping[str, TierClient]
-    baseline: Settings
-    tier_order: tuple[str, ...]
-    concurrency_bounds: tuple[int, int, str] | None   # (min, max, rule); None: concurrency is locked
-
-    def client(self, tier: str) -> TierClient:
-        if tier not in self.clients:
-            raise ForgeError(f"tier {tier!r} is not a tier of the {self.name} round",
-                             hint=f"tiers: {', '.join(self.tier_order)}")
-        return self.clients[tier]
-
-    def unlocked_option(self, option: str) -> Unlocked | None:
-        base = contest_mod.option_base(option)
-        return next((u for u in self.unlocked if u.option == base), None)
-
-
-def _num(v: Any) -> str:
-    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
 
 
 def _cite(rule: str, rules: Mapping) -> str:
@@ -173,7 +98,7 @@ def _preliminary(contest: dict) -> Round:
     rnd = Round("preliminary", ss["source"], base.cards, ss["command"], ss["model_placeholder"],
                 contest["server"]["organizers_rule"], (), ((base.tensor_parallel_size, base.data_parallel_size),),
                 (), clients, base, tuple(contest_mod.tier_names(contest)), None)
-    object.__setattr__(rnd, "_rules", contest["rules"])     # what its refusals cite
+    object.__setattr__(rnd, "_rules", contest["rules"])
     return rnd
 
 
@@ -235,11 +160,7 @@ def _parse(contest: dict, name: str, d: dict) -> Round:
 # --- values -------------------------------------------------------------------------------------
 
 def _rules(rnd: Round) -> Mapping:
-    r = getattr(rnd, "_rules", None)
-    if r is None:
-        r = contest_mod.load_contest()["rules"]
-        object.__setattr__(rnd, "_rules", r)
-    return r
+    return rnd._rules                 # set by load_round: the rules its refusals cite
 
 
 def _coerce(raw: Any, typ: str, what: str, where: str, hint: str) -> float | int:
@@ -288,12 +209,8 @@ def check_settings(rnd: Round, values: Mapping[str, Any], where: str = "settings
                 rule = rnd.organizers_rule
                 raise ForgeError(f"{where}: {what} is locked at {_num(base)} in the {rnd.name} round (got {_num(v)}): "
                                  f"{_cite(rule, rules)}", hint="remove it, or use the round that unlocks it")
-        elif u.choices is not None and v not in u.choices:
-            raise ForgeError(f"{where}: {u.option} {_num(v)} is not allowed ({u.bounds()}): {_cite(u.rule, rules)}",
-                             hint=f"set {u.env} to {u.bounds()}")
-        elif u.choices is None and not u.min <= v <= u.max:
-            raise ForgeError(f"{where}: {u.option} {_num(v)} is out of bounds ({u.bounds()}): {_cite(u.rule, rules)}",
-                             hint=f"set {u.env} within {u.bounds()}")
+        else:
+            _in_bounds(u, v, where, rules)
         out[k] = v
     s = Settings(**out)
     topo = (s.tensor_parallel_size, s.data_parallel_size)
@@ -310,6 +227,26 @@ def check_settings(rnd: Round, values: Mapping[str, Any], where: str = "settings
     if visible is not None:
         check_cards(rnd, s, visible, where)
     return s
+
+
+def _in_bounds(u: Unlocked, v: float | int, where: str, rules: Mapping) -> None:
+    if u.choices is not None and v not in u.choices:
+        raise ForgeError(f"{where}: {u.option} {_num(v)} is not allowed ({u.bounds()}): {_cite(u.rule, rules)}",
+                         hint=f"set {u.env} to {u.bounds()}")
+    if u.choices is None and not u.min <= v <= u.max:
+        raise ForgeError(f"{where}: {u.option} {_num(v)} is out of bounds ({u.bounds()}): {_cite(u.rule, rules)}",
+                         hint=f"set {u.env} within {u.bounds()}")
+
+
+def check_value(rnd: Round, option: str, value: Any, where: str) -> float | int:
+    """One unlocked option's value (a number, or its text) within the round's bounds, as the number the
+    command gets; the topology and the cross-checks wait for the whole tier (`check_settings`)."""
+    u = rnd.unlocked_option(option)
+    if u is None:
+        raise ForgeError(f"{where}: {option} is not unlocked in the {rnd.name} round")
+    v = _coerce(value, u.type, u.option, where, f"the {rnd.name} round's bounds: {u.bounds()}")
+    _in_bounds(u, v, where, _rules(rnd))
+    return v
 
 
 def _tier_suffix(tier: str) -> str:
