@@ -292,7 +292,7 @@ def test_interrupt_in_the_dataset_step_keeps_the_built_datasets(tmp_path, model,
         built.append(tier)
         return real(model_dir, tier, pairs, out, **kw)
 
-    monkeypatch.setattr(bench.synth, "build_workload_tier", build)
+    monkeypatch.setattr(synth, "build_workload_tier", build)
     run = tmp_path / "runs" / "r1"
     kw = dict(profile="test", run_id="r1", model=str(model), num_prompts=2, client=REPLAY)
     with fake_server(model) as (port, _):

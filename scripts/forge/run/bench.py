@@ -14,9 +14,8 @@ from .. import options, paths, proc, ui
 from ..contest import rules as contest_mod
 from ..contest.profiles import loopback_env
 from ..errors import ForgeError
-from ..hashing import sha256_file
-from . import runs, serve, synth
-from .runs import count_lines, result_path, set_aside_failed, tier_done
+from . import bench_data, final_client, runs, serve
+from .runs import result_path, set_aside_failed, tier_done
 
 CLIENT_ENV = "FORGE_BENCH_CLIENT"
 failed_result = runs.failed_result   # the result of a tier the server could not serve
@@ -48,12 +47,15 @@ def python_of(launcher: list[str]) -> str | None:
 
 def client_args(contest: dict, *, dataset: Path, num_prompts: int, model: str, host: str, port: int,
                 result_dir: Path, result_name: str, per_request_output: bool = False,
-                ignore_eos: bool = False) -> list[str]:
-    """`bench serve` with the contest's client options. per_request_output: each dataset line's
+                ignore_eos: bool = False, overrides: dict[str, str] | None = None) -> list[str]:
+    """`bench serve` with the contest's client options, `overrides` ({option: value}: a round's
+    client, final_client.tier_plan) replacing theirs. per_request_output: each dataset line's
     `output_tokens` is its cap (--custom-output-len -1, the contest workload); ignore_eos: every
     request runs to that length (a harness run: random weights)."""
     out = ["bench", "serve"]
     for opt in contest["client"]["options"]:
+        if overrides and opt[0] in overrides:
+            opt = [opt[0], overrides[opt[0]]]
         if per_request_output and opt[0] == "--custom-output-len":
             opt = ["--custom-output-len", "-1"]
         out += opt
@@ -92,69 +94,6 @@ def _stop_stale_client(manifest: dict) -> None:
     proc.stop_group(c["pgid"], grace_s=10)
 
 
-def _datasets(contest: dict, tiers: list[dict], data_dir: str | None, model: str | None, rdir: Path,
-              num_prompts: int | None, manifest: dict, save) -> dict:
-    """Each tier's dataset record (the manifest's "datasets"). A tier with a complete result keeps
-    the dataset it was measured on: a resume that would change one is refused before anything is
-    written. A synthetic file is built beside its place and moved there once checked, and recorded
-    at once (`save()` writes the manifest), so an interrupted run keeps what it built."""
-    recorded = manifest.get("datasets") or {}
-    out, todo, workload = {}, [], None
-    for t in tiers:                      # first what can be checked without building anything
-        name = t["name"]
-        prev = recorded.get(name)
-        done = bool(prev) and tier_done(rdir, name)
-        if data_dir:
-            path = Path(data_dir) / t["file"]
-            if not path.is_file():
-                raise ForgeError(f"DATA_DIR {data_dir}: the tier file {t['file']} is missing",
-                                 hint="DATA_DIR must hold the official tier files; leave it unset for synthetic data")
-            n = num_prompts or t["num_prompts"] or count_lines(path)
-            out[name] = {"kind": "official", "path": str(path.resolve()), "num_prompts": n,
-                         "sha256": sha256_file(path)}
-            if done and prev.get("sha256") not in (None, out[name]["sha256"]):
-                raise _dataset_differs(rdir, name)
-        else:
-            workload = workload or synth.load_workload(contest)
-            pairs = [list(x) for x in synth.stratified(workload["tiers"][name]["requests"], num_prompts)]
-            if done and prev.get("requests") != pairs:
-                raise _dataset_differs(rdir, name)
-            todo.append((not done, name, pairs))
-    for _, name, pairs in sorted(todo, key=lambda x: x[0]):   # measured tiers first: a refusal comes first
-        prev = recorded.get(name)
-        path = rdir / "datasets" / f"{name}.jsonl"
-        sha = sha256_file(path) if path.is_file() else None
-        if prev and sha and prev.get("requests") == pairs and prev.get("sha256") in (None, sha):
-            out[name] = {**prev, "sha256": sha}
-            continue
-        if not model:
-            raise ForgeError("no model directory to build the synthetic tier prompts from",
-                             hint="pass --model DIR (the served model), or DATA_DIR with the tier files")
-        new = path.with_name(f"{name}.new.jsonl")
-        try:
-            with ui.step(f"synthetic dataset {name}: {len(pairs)} requests of the contest workload (configs/workload.yaml)"):
-                info = synth.build_workload_tier(Path(model), name, [tuple(x) for x in pairs], new)
-            sha = sha256_file(new)
-            if prev and prev.get("sha256") not in (None, sha) and tier_done(rdir, name):
-                raise _dataset_differs(rdir, name)
-            os.replace(new, path)
-        finally:
-            for p in (new, new.with_suffix(".tmp")):
-                p.unlink(missing_ok=True)
-        out[name] = {"kind": "synthetic", "shape": "contest workload (configs/workload.yaml)",
-                     "path": str(path), "num_prompts": len(pairs), "requests": pairs,
-                     "input_lens": info["input_lens"], "prompt_tokens": info["prompt_tokens"],
-                     "chat_template": info["chat_template"], "tokenizer": str(model), "sha256": sha}
-        manifest["datasets"] = {**recorded, **out}
-        save()
-    return {**recorded, **{t["name"]: out[t["name"]] for t in tiers}}
-
-
-def _dataset_differs(rdir: Path, name: str) -> ForgeError:
-    return ForgeError(f"tier {name}: the dataset differs from the one run {rdir.name} was measured on",
-                      hint="resume with the same DATA_DIR, --num-prompts and --model, or start a new run (omit --run-id)")
-
-
 def run_tier(contest: dict, tier: dict, ds: dict, *, launcher: list[str], model: str, host: str, port: int,
              rdir: Path, manifest: dict, health_url: str, poll_s: float = 15.0, runner=None,
              ignore_eos: bool = False, env: dict[str, str] | None = None) -> str:
@@ -174,7 +113,8 @@ def run_tier(contest: dict, tier: dict, ds: dict, *, launcher: list[str], model:
         return "server-down"
     argv = client_args(contest, dataset=Path(ds["path"]), num_prompts=ds["num_prompts"], model=model,
                        host=host, port=port, result_dir=rdir, result_name=partial.name,
-                       per_request_output=bool(ds.get("requests")), ignore_eos=ignore_eos)
+                       per_request_output=bool(ds.get("requests")), ignore_eos=ignore_eos,
+                       overrides=tier.get("client"))
     cmd = launcher + argv
     manifest.setdefault("client_commands", {})[name] = proc.fmt(cmd)
     if runner is not None:
@@ -238,12 +178,16 @@ def no_server_error(health: str, port: int, st: dict | None, given_port: bool) -
 def run_tiers(*, profile: str | None = None, run_id: str | None = None, model: str | None = None,
               data_dir: str | None = None, tiers: list[str] | None = None, num_prompts: int | None = None,
               client: str | None = None, port: int | None = None, progress_every: float = 30.0,
-              keep_failed: bool = False, harness: bool = False, contest: dict | None = None) -> Path:
+              keep_failed: bool = False, harness: bool = False, contest: dict | None = None,
+              round_name: str | None = None, concurrency: dict[str, int] | None = None) -> Path:
     """Run the contest's tiers (or the named ones) against the running server and return the run
     folder. With no `port`, the server `forge serve` started (else the locked port). A run id that
     exists is resumed: finished tiers are kept, tiers with failed requests run again unless
-    `keep_failed`. Raises ForgeError (exit code 1) when a tier has failed requests."""
+    `keep_failed`. `round_name` picks the round's client (final_client; default the preliminary's),
+    `concurrency` ({tier: n}) a final-round tier's concurrency. Raises ForgeError (exit code 1) when a
+    tier has failed requests."""
     contest = contest or contest_mod.load_contest()
+    rnd = final_client.check_round(contest, round_name)
     # what the command line says is checked before anything is asked of a server
     chosen = contest["tiers"]
     if tiers is not None:
@@ -252,6 +196,8 @@ def run_tiers(*, profile: str | None = None, run_id: str | None = None, model: s
             raise ForgeError(f"unknown tier(s) {', '.join(unknown)}" if unknown else "--tiers names no tier",
                              hint=f"tiers: {', '.join(contest_mod.tier_names(contest))}")
         chosen = [t for t in chosen if t["name"] in tiers]
+    chosen, plan = final_client.tier_plan(contest, rnd, chosen, num_prompts=num_prompts,
+                                          concurrency=concurrency)
     if run_id is not None:
         runs.check_run_id(run_id)
     if profile is not None:
@@ -278,7 +224,8 @@ def run_tiers(*, profile: str | None = None, run_id: str | None = None, model: s
     try:
         _bench_in(contest, st, host, port, health, profile, model, run_id, rdir, chosen,
                   data_dir=data_dir or os.environ.get("DATA_DIR") or None, num_prompts=num_prompts,
-                  client=client, progress_every=progress_every, keep_failed=keep_failed, harness=harness)
+                  client=client, progress_every=progress_every, keep_failed=keep_failed, harness=harness,
+                  plan=plan)
     except BaseException:
         # an early error leaves no empty run folder behind; what the run made (the client log an
         # error points at, built datasets, the manifest) stays for the rerun
@@ -292,7 +239,8 @@ def cmd_bench(args) -> int:
     tiers = [x.strip() for x in args.tiers.split(",") if x.strip()] if args.tiers is not None else None
     rdir = run_tiers(profile=args.profile, run_id=args.run_id, model=args.model, data_dir=args.data_dir,
                      tiers=tiers, num_prompts=args.num_prompts, client=args.client, port=args.port,
-                     progress_every=args.progress_every, keep_failed=args.keep_failed, harness=args.harness)
+                     progress_every=args.progress_every, keep_failed=args.keep_failed, harness=args.harness,
+                     round_name=args.round)
     print(rdir)
     return 0
 
@@ -300,9 +248,10 @@ def cmd_bench(args) -> int:
 def _bench_in(contest: dict, st: dict | None, host: str, port: int, health: str, profile: str | None,
               model: str, run_id: str, rdir: Path, tiers: list[dict], *, data_dir: str | None,
               num_prompts: int | None, client: str | None, progress_every: float, keep_failed: bool,
-              harness: bool) -> None:
+              harness: bool, plan: dict) -> None:
     mpath = rdir / "manifest.json"
     manifest = runs.read_json(mpath) if mpath.is_file() else {}
+    final_client.check_resume(manifest, plan, run_id, [t["name"] for t in tiers if tier_done(rdir, t["name"])], rdir)
     # one run, one profile: a resume measures with the profile its tiers and server record have
     again = f"start a new run (omit --run-id, or give a new one), or resume {run_id} with a server of the " \
             f"profile it was measured with: forge serve --profile {{prior}} --run-id {run_id}"
@@ -327,9 +276,10 @@ def _bench_in(contest: dict, st: dict | None, host: str, port: int, health: str,
     manifest["harness"] = harness
     if "vllm" not in manifest:
         manifest["vllm"] = runs.vllm_provenance(python_of(launcher))
-    manifest["datasets"] = _datasets(contest, tiers, data_dir, model, rdir, num_prompts, manifest,
-                                     save=lambda: runs.write_json(mpath, manifest))
+    manifest["datasets"] = bench_data.datasets(contest, tiers, data_dir, model, rdir, num_prompts, manifest,
+                                              save=lambda: runs.write_json(mpath, manifest))
     manifest.setdefault("tiers", {})
+    final_client.record(manifest, plan, [t["name"] for t in tiers if not tier_done(rdir, t["name"], keep_failed)])
     runs.write_json(mpath, manifest)
 
     def on_term(signum, frame):
@@ -409,6 +359,13 @@ def register(sub) -> None:
     p.add_argument("--port", type=options.port, default=None,
                    help="server port when not started by forge serve (default: the running server's, else 8001)")
     p.add_argument("--progress-every", type=float, default=30.0, help="seconds between progress lines")
+    p.add_argument("--round", default=None,
+                   help="the round whose client runs (default: the preliminary's, one request at a time at rate "
+                        "1); final: per tier --max-concurrency (CONCURRENCY_4_8K, CONCURRENCY_8_16K, "
+                        "CONCURRENCY_16_32K, else the round's 10), --request-rate inf, 1024 outputs, 80 / 70 / 60 "
+                        "requests (--num-prompts overrides them and is recorded as a difference), 2 warm-ups; "
+                        "the manifest records the round and each tier's settings, and a run of another round "
+                        "is not resumed")
     p.add_argument("--keep-failed", action="store_true",
                    help="on resume, keep tiers whose result has failed requests (default: set them aside in "
                         "failed/ and run them again)")

@@ -1,0 +1,106 @@
+"""The benchmark client of a round, per tier: the preliminary's (configs/contest.yaml client: one
+request at a time at rate 1) or the final's (configs/contest.yaml rounds.final.client: the tier's
+concurrency, `--request-rate inf`, 1024 outputs, 80 / 70 / 60 requests, 2 warm-ups). The tier's
+concurrency comes from the sweep, else the published variable (CONCURRENCY_4_8K, CONCURRENCY_8_16K,
+CONCURRENCY_16_32K), else the round's value. A run records its round and each tier's client settings
+in its manifest; a resume of a run of another round, or one that would change a finished tier's
+settings, is refused before anything is written."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping
+
+from ..contest import rounds
+from ..errors import ForgeError
+
+PRELIMINARY = rounds.DEFAULT_ROUND
+
+
+def check_round(contest: dict, name: str | None) -> rounds.Round:
+    """The round `name` (None: the default, the preliminary) of configs/contest.yaml."""
+    return rounds.load_round(contest, name or rounds.DEFAULT_ROUND)
+
+
+def run_round(manifest: dict | None) -> str:
+    """The round a run was measured in: its manifest's `round` (a run recorded before rounds existed
+    is of the preliminary)."""
+    return (manifest or {}).get("round") or PRELIMINARY
+
+
+def _rate(v: float) -> str:
+    return "inf" if v == float("inf") else (str(int(v)) if float(v).is_integer() else str(v))
+
+
+def tier_plan(contest: dict, rnd: rounds.Round, tiers: list[dict], *, num_prompts: int | None = None,
+              concurrency: Mapping[str, int] | None = None,
+              environ: Mapping[str, str] | None = None) -> tuple[list[dict], dict]:
+    """The tiers to run with their client settings, and the manifest's record of them.
+
+    Returns (tiers, record): in a round other than the preliminary each tier dict gains `client` (the
+    client options the round sets: {option: value}) and the round's `num_prompts`; record is
+    {"round", "tiers": {name: settings}, "differences": [what differs from the round's client]}.
+    `concurrency` (the sweep's) wins over the environment's CONCURRENCY_<tier>, which wins over the
+    round's value; each is checked against the round's bounds."""
+    environ = os.environ if environ is None else environ
+    out, rec, diffs = [], {}, []
+    for t in tiers:
+        name = t["name"]
+        tc = rnd.client(name)
+        if rnd.name == PRELIMINARY:
+            out.append(t)
+            rec[name] = {"max_concurrency": tc.concurrency, "request_rate": _rate(tc.request_rate),
+                         "custom_output_len": tc.output_len, "num_warmups": tc.warmups,
+                         "num_prompts": num_prompts or tc.num_prompts or "every prompt of the tier"}
+            continue
+        if concurrency and name in concurrency:
+            c, src = concurrency[name], "the sweep's configuration"
+        elif tc.concurrency_env and environ.get(tc.concurrency_env, "").strip():
+            c, src = environ[tc.concurrency_env].strip(), tc.concurrency_env
+        else:
+            c, src = tc.concurrency, f"configs/contest.yaml rounds.{rnd.name}.client"
+        c = rounds.check_settings(rnd, {"concurrency": c}, where=f"tier {name}: {src}").concurrency
+        n = num_prompts or tc.num_prompts
+        if num_prompts and num_prompts != tc.num_prompts:
+            diffs.append(f"tier {name}: --num-prompts {num_prompts} (the {rnd.name} round sends {tc.num_prompts})")
+        opts = {"--max-concurrency": str(c), "--request-rate": _rate(tc.request_rate),
+                "--custom-output-len": str(tc.output_len), "--num-warmups": str(tc.warmups)}
+        out.append({**t, "num_prompts": n, "client": opts})
+        rec[name] = {"max_concurrency": c, "concurrency_from": src, "request_rate": _rate(tc.request_rate),
+                     "custom_output_len": tc.output_len, "num_warmups": tc.warmups, "num_prompts": n}
+    return out, {"round": rnd.name, "tiers": rec, "differences": diffs}
+
+
+def check_resume(manifest: dict, plan: dict, run_id: str, done: list[str], rdir: Path) -> None:
+    """Refuse to add to run `run_id` a measurement of another round, or one that changes the client
+    settings a finished tier (`done`) was measured with."""
+    if not manifest:
+        return
+    was = run_round(manifest)
+    if was != plan["round"]:
+        raise ForgeError(f"run {run_id} was measured in the {was} round; this is the {plan['round']} round's client",
+                         hint=f"resume it with --round {was} (make ... ROUND={was}), or start a new run (omit --run-id)")
+    recorded = (manifest.get("client_settings") or {}).get("tiers") or {}
+    for name in done:
+        old, new = recorded.get(name), plan["tiers"].get(name)
+        if old is not None and new is not None and _comparable(old) != _comparable(new):
+            diff = ", ".join(f"{k} {old.get(k)} -> {new.get(k)}" for k in _comparable(new)
+                             if old.get(k) != new.get(k))
+            raise ForgeError(f"run {run_id}: tier {name} was measured with other client settings ({diff}; "
+                             f"{rdir.name}/manifest.json client_settings)",
+                             hint="resume with the same concurrency (CONCURRENCY_<tier>), or start a new run (omit --run-id)")
+
+
+def _comparable(s: dict) -> dict:
+    """What a resume may not change (the prompts are the dataset's check: bench_data.dataset_differs)."""
+    return {k: v for k, v in s.items() if k not in ("concurrency_from", "num_prompts")}
+
+
+def record(manifest: dict, plan: dict, ran: list[str]) -> None:
+    """Write the round and the settings of the tiers that run now into the manifest (kept tiers keep
+    theirs)."""
+    manifest["round"] = plan["round"]
+    cs = manifest.setdefault("client_settings", {"tiers": {}, "differences": []})
+    cs.setdefault("tiers", {}).update({n: plan["tiers"][n] for n in ran if n in plan["tiers"]})
+    cs["differences"] = sorted(set(cs.get("differences") or []) | set(plan["differences"]))
