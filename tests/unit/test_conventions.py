@@ -62,6 +62,7 @@ LAYERS = (
     "core",                     # forge.config, proc, paths, errors, ui, options, hashing, tunedtable
     ("contest", "recipe"),      # what both stages read: the contest's rules and profiles; the series, provenance
     "builder",                  # the build stage
+    "model",                    # models of the card and the workload (capacity, the finals' time model)
     "run",                      # the run stage (it serves and reports what was built)
     "ship",                     # the submission, the export and their documents: made from both stages
     "lab",                      # the GPU stand-in harness
@@ -109,7 +110,7 @@ def test_the_layer_check_sees_an_import_upward():
 
 
 def test_a_lower_layer_never_imports_a_higher_one():
-    """core -> contest, recipe -> builder -> run -> ship -> lab -> the commands: an import goes down or
+    """core -> contest, recipe -> builder -> model -> run -> ship -> lab -> the commands: an import goes down or
     stays in its layer, counting imports inside functions and for type checking only."""
     graph = {module_name(p): imported(p) for p in MODULES}
     up = upward_imports(graph)

@@ -8,32 +8,11 @@ from __future__ import annotations
 import math
 
 from ..errors import ForgeError
+from ..model.dcu_time import COMPONENTS, DECODE, PREFILL
 from . import score
 
-# The DCU time model: vLLM 0.18.1 upstream on gfx936, from public request-window profiles.
-# Prefill of a prompt of S tokens, in seconds; decode per output token at
-# context C, in ms. Each entry: (what, function of S or C, source).
-ATTN_FLOPS_PER_S2 = 196_608          # causal full-attention FLOPs per S^2, 16 layers
-ATTN_BASE_FLOPS = 4.0e12             # the paged unified 2D kernel on gfx936: ~3.6-4.1 TFLOP/s
-DECODE_ATTN_REF_CTX = 14_000         # decode attention 2.9 ms per token at 14K context
-
-PREFILL = {
-    "prefill_attn": ("full-attention prefill, 196,608 x S^2 FLOPs at ~4 TFLOP/s",
-                     lambda s: ATTN_FLOPS_PER_S2 * s * s / ATTN_BASE_FLOPS),
-    "prefill_gemm": ("GEMMs, 0.153 ms per prompt token", lambda s: 0.153e-3 * s),
-    "prefill_gdn": ("GDN chunk kernels, 0.61 s at 21.7K tokens", lambda s: 0.61 * s / 21_700),
-    "prefill_elementwise": ("elementwise, norms, copies, 0.42 s at 21.7K tokens", lambda s: 0.42 * s / 21_700),
-    "prefill_other": ("fixed per-request cost, 0.1 s", lambda s: 0.1),
-}
-DECODE = {
-    "gemv": ("GEMV/GEMM of all linear layers, 63.1 ms", lambda c: 63.1),
-    "decode_attn": ("decode attention, 2.9 ms at 14K context, linear in context",
-                    lambda c: 2.9 * c / DECODE_ATTN_REF_CTX),
-    "decode_gdn": ("GDN recurrent + conv update, 0.9 ms", lambda c: 0.9),
-    "decode_elementwise": ("elementwise (inductor-fused), 2.5 ms", lambda c: 2.5),
-    "host": ("host / graph launch gap, 1.6 ms", lambda c: 1.6),
-}
-COMPONENTS = {**PREFILL, **DECODE}
+# The DCU time model's components (model/dcu_time.py, shared with the finals' step costs): prefill of
+# a prompt of S tokens in seconds, decode per output token at context C in ms.
 
 ASSUMPTIONS = {
     "throughput": "tier tok/s = total output tokens / sum over requests of (TTFT + (n-1) x TPOT), with the "
@@ -109,7 +88,13 @@ def predict_from_components(workload: dict, speedups: dict) -> dict:
     new = component_times(workload, speedups)
     ttft = {t: _baseline(workload, t)["mean_ttft_ms"] * new[t]["ttft_s"] / base[t]["ttft_s"] for t in new}
     tpot = {t: _baseline(workload, t)["mean_tpot_ms"] * new[t]["tpot_ms"] / base[t]["tpot_ms"] for t in new}
-    pred = predict_from_times(workload, ttft, tpot, how="components")
+    try:
+        pred = predict_from_times(workload, ttft, tpot, how="components")
+    except ForgeError as e:            # a factor so far from 1 that a tier's time is no number: name the factors
+        given = ", ".join(f"{k}={v:g}" for k, v in check_speedups(speedups).items())
+        raise ForgeError(f"the speed-ups {given}: {e.message}",
+                         hint="a speed-up is how many times faster a component runs (1 = unchanged, 2 = twice "
+                              "as fast); give factors that leave every tier a finite time") from None
     for t in pred:
         b = _baseline(workload, t)
         pred[t]["model"] = {"baseline": base[t], "with_speedups": new[t],

@@ -1,0 +1,186 @@
+"""The capacity planner: the KV cache vLLM 0.18.1 will report for a topology, KV dtype, card and
+--gpu-memory-utilization, how many of a tier's requests (prompt + output) stay resident at once, and
+whether the tier's concurrency will preempt.
+
+Memory, as vLLM's worker and engine core compute it (v1/worker/gpu_worker.py determine_available_memory,
+v1/core/kv_cache_utils.py get_kv_cache_config_from_groups and _report_kv_cache_config):
+  available = card memory x utilization - weights per rank - the rest of the profile run's peak
+  num_blocks = available // page // group_size                 (group_size 16: 16 tensors)
+  reported   = num_blocks // groups x block                    (4 groups: "GPU KV cache size: N tokens")
+  usable     = num_blocks - 1                                  (BlockPool keeps one null block)
+  a request of T tokens holds cdiv(T, block) blocks of the attention group and one block in each of
+  the 3 GDN groups (mamba_cache_mode none: the GDN block is max-model-len tokens long).
+The reported count divides the pool by the 4 groups as if each used blocks like attention; the GDN
+groups take one block per request, so the attention group may hold up to ~4x the reported tokens:
+residency is counted in blocks, never from the reported tokens.
+
+The rest of the peak (activations, the sampler's dummy batch, the runtime's own memory) is
+`fixed + activation_bytes_per_token x max-num-batched-tokens`: the per-token part from the model's
+shape (the MLP's gate_up output and its activation, four hidden-size buffers), the fixed part fitted to
+the public DCU figure (28,224 tokens at TP1 / 0.95: 144-147 blocks, the middle taken) and checked
+against the independent public TP2 figure (268,128 tokens) in the tests. `--kv-cache-memory-bytes`
+replaces `available` (vLLM skips the profile then): `kv_memory_for` gives the value that makes another
+card report a DCU card's blocks exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from ..errors import ForgeError
+from .shape import Shape, cdiv, kv_dtype_bytes
+
+GiB = 1 << 30
+MAX_MODEL_LEN = 32_768                    # locked in both rounds; the GDN block's length (mamba_block_size)
+ACT_BASE_TOKENS = 4096                    # the organizers' --max-num-batched-tokens, where the fit was made
+
+
+@dataclass(frozen=True)
+class Card:
+    name: str
+    memory_bytes: int                     # what the runtime reports as the device's total memory
+    note: str
+
+
+CARDS = {
+    "dcu": Card("dcu", 64 * GiB, "Hygon BW-series DCU (gfx936), 64 GiB (contest-facts: ~64 GB; 0.95 of it "
+                                 "leaves 28,224 tokens beside the weights, which only 64 GiB allows)"),
+    "h200": Card("h200", int(139.8 * GiB), "NVIDIA H200, ~139.8 GiB as the runtime reports it (an estimate: "
+                                           "check torch.cuda.mem_get_info()[1] on the machine)"),
+}
+
+# The public figures (contest-facts "The final round"): (tp, utilization, reported tokens).
+PUBLIC_DCU = {"tp1": (1, 0.95, 28_224), "tp2": (2, 0.95, 268_128)}
+
+
+def card(name: str) -> Card:
+    if name not in CARDS:
+        raise ForgeError(f"card {name!r} is not one the planner knows", hint=f"--card {' | '.join(CARDS)}")
+    return CARDS[name]
+
+
+def activation_bytes_per_token(shape: Shape, tp: int) -> int:
+    return 2 * (3 * shape.intermediate // tp + 4 * shape.hidden)
+
+
+def _rest(shape: Shape, tp: int, fixed: int, mnbt: int) -> int:
+    return fixed + activation_bytes_per_token(shape, tp) * mnbt
+
+
+def fitted_fixed_overhead(shape: Shape) -> int:
+    """The fixed part of the non-KV peak that puts TP1 bf16 at 0.95 of a DCU card in the middle of the
+    block counts that report 28,224 tokens."""
+    tp, util, tokens = PUBLIC_DCU["tp1"]
+    size, groups = shape.groups()[0], sum(shape.groups()[1:])
+    block, page = shape.block_size(tp, "bf16"), shape.page_bytes(tp, "bf16")
+    lo = tokens // block * groups                       # the smallest num_blocks reporting `tokens`
+    middle = lo + (groups - 1) / 2                      # lo .. lo + groups - 1 all report it
+    kv = (middle + 0.5) * size * page
+    requested = math.floor(CARDS["dcu"].memory_bytes * util)
+    return int(requested - shape.weight_bytes_per_rank(tp) - _rest(shape, tp, 0, ACT_BASE_TOKENS) - kv)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    tp: int
+    kv_dtype: str
+    card: str
+    utilization: float
+    max_num_batched_tokens: int
+    weights_bytes: int
+    rest_bytes: int                 # the non-KV peak beside the weights
+    kv_bytes: int                   # available for the KV cache
+    block_size: int
+    page_bytes: int
+    group_size: int
+    attn_groups: int
+    gdn_groups: int
+    num_blocks: int
+    reported_tokens: int            # vLLM's "GPU KV cache size: N tokens"
+    usable_blocks: int
+    max_model_len: int = MAX_MODEL_LEN
+
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks one request of `tokens` tokens holds (all groups)."""
+        return cdiv(tokens, self.block_size) * self.attn_groups + self.gdn_groups * cdiv(tokens, self.max_model_len)
+
+    def resident(self, lengths: list[int]) -> int:
+        """How many of these requests (taken in the given order) fit at once."""
+        used = n = 0
+        for t in lengths:
+            used += self.blocks_for(t)
+            if used > self.usable_blocks:
+                break
+            n += 1
+        return n
+
+    def kv_memory_for(self) -> int:
+        """--kv-cache-memory-bytes that gives exactly this card's num_blocks on any card."""
+        return self.num_blocks * self.group_size * self.page_bytes
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def capacity(shape: Shape, tp: int = 1, kv_dtype: str = "bf16", card_name: str = "dcu", utilization: float = 0.95,
+             max_num_batched_tokens: int = ACT_BASE_TOKENS, fixed_overhead: int | None = None,
+             kv_cache_memory_bytes: int | None = None) -> Capacity:
+    """One rank's KV cache (every rank of a TP group holds the same blocks; a DP replica is a TP1
+    server of its own)."""
+    kv_dtype_bytes(kv_dtype)
+    if not 0 < utilization <= 1:
+        raise ForgeError(f"--gpu-memory-utilization {utilization}: must be in (0, 1]", hint="e.g. 0.95")
+    if max_num_batched_tokens < 1:
+        raise ForgeError(f"--max-num-batched-tokens {max_num_batched_tokens}: must be at least 1")
+    c = card(card_name)
+    weights = shape.weight_bytes_per_rank(tp)
+    fixed = fitted_fixed_overhead(shape) if fixed_overhead is None else fixed_overhead
+    rest = _rest(shape, tp, fixed, max_num_batched_tokens)
+    if kv_cache_memory_bytes is not None:
+        kv = kv_cache_memory_bytes
+    else:
+        kv = math.floor(c.memory_bytes * utilization) - weights - rest
+    size, attn_groups, gdn_groups = shape.groups()
+    block, page = shape.block_size(tp, kv_dtype), shape.page_bytes(tp, kv_dtype)
+    num_blocks = max(0, kv // page // size)
+    groups = attn_groups + gdn_groups
+    return Capacity(tp=tp, kv_dtype=kv_dtype, card=c.name, utilization=utilization,
+                    max_num_batched_tokens=max_num_batched_tokens, weights_bytes=weights, rest_bytes=rest,
+                    kv_bytes=kv, block_size=block, page_bytes=page, group_size=size, attn_groups=attn_groups,
+                    gdn_groups=gdn_groups, num_blocks=num_blocks,
+                    reported_tokens=num_blocks // groups * min(block, MAX_MODEL_LEN),
+                    usable_blocks=max(0, num_blocks - 1))
+
+
+def tier_fit(cap: Capacity, prompts: list[int], output_len: int, concurrency: int) -> dict:
+    """How a tier's requests (prompt + output_len tokens each) fit one server of `cap` at
+    `concurrency` requests in flight: resident counts for its largest and its median request, and
+    `preempt`: "no" when the `concurrency` largest fit together, "yes" when even the smallest do not,
+    else "possible"."""
+    if concurrency < 1:
+        raise ForgeError(f"concurrency {concurrency}: must be at least 1")
+    lens = sorted(p + output_len for p in prompts)
+    if not lens:
+        raise ForgeError("a tier needs at least one request")
+    k = min(concurrency, len(lens))
+    worst = sum(cap.blocks_for(t) for t in lens[-k:])
+    best = sum(cap.blocks_for(t) for t in lens[:k])
+    largest, median = lens[-1], lens[len(lens) // 2]
+    per = {"largest": cap.usable_blocks // cap.blocks_for(largest), "median": cap.usable_blocks // cap.blocks_for(median)}
+    preempt = "no" if worst <= cap.usable_blocks else ("yes" if best > cap.usable_blocks else "possible")
+    fits_one = cap.blocks_for(largest) <= cap.usable_blocks
+    return {"concurrency": concurrency, "largest_tokens": largest, "median_tokens": median,
+            "blocks_largest": cap.blocks_for(largest), "resident_largest": per["largest"],
+            "resident_median": per["median"], "blocks_needed_worst": worst, "blocks_needed_best": best,
+            "usable_blocks": cap.usable_blocks, "preempt": preempt if fits_one else "never fits"}
+
+
+def topology_fit(shape: Shape, tp: int, dp: int, prompts: list[int], output_len: int, concurrency: int,
+                 **kw) -> dict:
+    """A topology's capacity and fit: DP replicas are independent servers of tp ranks each, every one
+    with ceil(concurrency / dp) requests in flight (vLLM's data-parallel balancer keeps them even)."""
+    cap = capacity(shape, tp=tp, **kw)
+    per = math.ceil(concurrency / dp)
+    return {"tp": tp, "dp": dp, "capacity": cap.as_dict(), "per_replica_concurrency": per,
+            "fit": tier_fit(cap, prompts, output_len, per)}

@@ -1,0 +1,182 @@
+"""The finals' time model: one tier served under the finals' client for one configuration, and a
+configuration space ranked per tier.
+
+A configuration (`Config`): topology (tp, dp), KV dtype, max-num-seqs, max-num-batched-tokens,
+gpu-memory-utilization and the client's concurrency. `simulate_tier` serves a tier's requests
+[(prompt, output tokens)] with vLLM v1's scheduler stepped iteration by iteration (sched.py) on the
+capacity the planner gives (capacity.py), each step priced by costs.StepCost for a `Build` (the speed-ups
+of the DCU time model's components). DP2 is two independent replicas, each a TP1 server with its own
+KV cache, the requests dealt to them in turn and the concurrency split evenly (vLLM's data-parallel
+balancer keeps the in-flight counts even). The result: output tok/s (total output tokens over the
+time from the first request sent to the last one done, as `vllm bench serve` reports it), mean and P99
+TTFT and TPOT (per request (end - first token) / (outputs - 1)), preemptions, failed requests.
+
+The stable interface the search (`sweep --round final`) calls:
+
+    rank_configurations(tier, space, requests, build, baseline, *, shape=None, card="dcu", link="pcie")
+        -> list[(Config, prediction)]
+
+`space` is a list of Config or a mapping of lists (keys: topology [(tp, dp)], kv_dtype, max_num_seqs,
+max_num_batched_tokens, gpu_memory_utilization, concurrency) whose product is taken; `baseline` holds
+the SLA's limits' bases for the tier ({"ttft_p99_ms", "tpot_p99_ms"}: the finals' baseline's, see
+`baseline_metrics`). Ranked: configurations inside the SLA (TTFT P99 and TPOT P99 at most `sla_ratio`
+x the baseline's, nothing failed) first, then by output tok/s, highest first; each prediction carries
+`sla_ok` and `why` (the limit it breaks). The contest formula grows with tok/s, so within the SLA this
+order is the score's order; the score itself is the caller's (run/score.py's formula).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import asdict, dataclass
+from typing import Iterable, Mapping
+
+from ..errors import ForgeError
+from .capacity import capacity
+from .costs import LINKS, UPSTREAM, Build, StepCost
+from .sched import Engine, serve
+from .shape import Shape, load_shape
+
+SLA_RATIO = 1.5
+OUTPUT_LEN = 1024
+
+
+@dataclass(frozen=True)
+class Config:
+    tp: int
+    dp: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    gpu_memory_utilization: float
+    concurrency: int
+    kv_dtype: str = "bf16"
+
+    def label(self) -> str:
+        return (f"TP{self.tp}/DP{self.dp} {self.kv_dtype} seqs {self.max_num_seqs} batched "
+                f"{self.max_num_batched_tokens} util {self.gpu_memory_utilization:g} c{self.concurrency}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# The finals' baseline configuration (contest-facts "The final round"; configs/contest.yaml rounds.final).
+FINALS_BASELINE = Config(tp=2, dp=1, max_num_seqs=128, max_num_batched_tokens=4096, gpu_memory_utilization=0.95,
+                         concurrency=10)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """numpy's default (linear) percentile, as vLLM's client computes its P99."""
+    if not values:
+        return None
+    v = sorted(values)
+    k = (len(v) - 1) * q / 100
+    lo = math.floor(k)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def tier_requests(pairs: list[tuple[int, int]], n: int, outputs: str = "forced",
+                  output_len: int = OUTPUT_LEN) -> list[tuple[int, int]]:
+    """n requests of a tier from its (prompt, output) pairs in order, repeated when n is larger;
+    outputs "forced": every request generates output_len tokens; "eos": its own length, capped."""
+    if not pairs or n < 1:
+        raise ForgeError("a tier needs at least one request")
+    if outputs not in ("forced", "eos"):
+        raise ForgeError(f"outputs {outputs!r}: forced or eos")
+    picked = [pairs[i % len(pairs)] for i in range(n)]
+    return [(p, output_len if outputs == "forced" else max(1, min(o, output_len))) for p, o in picked]
+
+
+def simulate_tier(cfg: Config, requests: list[tuple[int, int]], build: Build = UPSTREAM, *,
+                  shape: Shape | None = None, card: str = "dcu", link: str = "pcie",
+                  fixed_overhead: int | None = None) -> dict:
+    """One tier under the finals' client for one configuration (see the module's docstring)."""
+    shape = shape or load_shape()
+    shape.check_tp(cfg.tp)
+    if cfg.dp < 1 or cfg.concurrency < 1:
+        raise ForgeError(f"{cfg.label()}: data parallel size and concurrency must be at least 1")
+    if link not in LINKS:
+        raise ForgeError(f"link {link!r} is not one the model knows", hint=f"one of {', '.join(LINKS)}")
+    cap = capacity(shape, tp=cfg.tp, kv_dtype=cfg.kv_dtype, card_name=card, utilization=cfg.gpu_memory_utilization,
+                   max_num_batched_tokens=cfg.max_num_batched_tokens, fixed_overhead=fixed_overhead)
+    cost = StepCost(build, shape, tp=cfg.tp, kv_dtype=cfg.kv_dtype, link=LINKS[link])
+    done, engines = [], []
+    for r in range(cfg.dp):
+        conc = cfg.concurrency // cfg.dp + (1 if r < cfg.concurrency % cfg.dp else 0)
+        share = requests[r::cfg.dp]
+        if not share:
+            continue
+        if conc < 1:
+            raise ForgeError(f"{cfg.label()}: concurrency {cfg.concurrency} leaves a DP replica without requests")
+        eng = Engine(cap, cfg.max_num_seqs, cfg.max_num_batched_tokens, cost)
+        engines.append(eng)
+        done += serve(eng, share, conc, cost.arrival_delay())
+    ok = [r for r in done if not r.failed]
+    out = sum(r.out for r in ok)
+    end = max((r.done for r in done), default=0.0)
+    ttft = [(r.first - r.sent) * 1000 for r in ok]
+    tpot = [(r.done - r.first) / (r.out - 1) * 1000 for r in ok if r.out > 1]
+    return {"config": cfg.as_dict(), "label": cfg.label(), "build": build.name, "card": card, "link": link,
+            "requests": len(requests), "completed": len(ok), "failed": len(done) - len(ok),
+            "output_tokens": out, "duration_s": end, "tok_s": out / end if end > 0 else 0.0,
+            "ttft_mean_ms": sum(ttft) / len(ttft) if ttft else None, "ttft_p99_ms": percentile(ttft, 99),
+            "tpot_mean_ms": sum(tpot) / len(tpot) if tpot else None, "tpot_p99_ms": percentile(tpot, 99),
+            "preemptions": sum(e.preemptions for e in engines), "steps": sum(e.steps for e in engines),
+            "kv_reported_tokens": cap.reported_tokens, "kv_blocks": cap.num_blocks, "block_size": cap.block_size}
+
+
+def baseline_metrics(requests: list[tuple[int, int]], **kw) -> dict:
+    """The finals' baseline (upstream vLLM at FINALS_BASELINE) on a tier's requests: what the SLA's
+    limits and the lift are measured against where no measured baseline exists."""
+    return simulate_tier(FINALS_BASELINE, requests, UPSTREAM, **kw)
+
+
+def expand_space(space: Iterable[Config] | Mapping[str, list]) -> list[Config]:
+    if not isinstance(space, Mapping):
+        out = list(space)
+        if not all(isinstance(c, Config) for c in out):
+            raise ForgeError("a configuration space is a list of Config or a mapping of lists")
+        return out
+    keys = ("topology", "kv_dtype", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "concurrency")
+    unknown = sorted(set(space) - set(keys))
+    if unknown:
+        raise ForgeError(f"configuration space: unknown key(s) {', '.join(unknown)}", hint=f"keys: {', '.join(keys)}")
+    base = FINALS_BASELINE
+    vals = [list(space.get("topology", [(base.tp, base.dp)])), list(space.get("kv_dtype", ["bf16"])),
+            list(space.get("max_num_seqs", [base.max_num_seqs])),
+            list(space.get("max_num_batched_tokens", [base.max_num_batched_tokens])),
+            list(space.get("gpu_memory_utilization", [base.gpu_memory_utilization])),
+            list(space.get("concurrency", [base.concurrency]))]
+    return [Config(tp=int(t[0]), dp=int(t[1]), kv_dtype=k, max_num_seqs=s, max_num_batched_tokens=b,
+                   gpu_memory_utilization=u, concurrency=c)
+            for t, k, s, b, u, c in itertools.product(*vals)]
+
+
+def sla_check(pred: dict, baseline: Mapping, ratio: float = SLA_RATIO) -> list[str]:
+    why = []
+    if pred["failed"]:
+        why.append(f"{pred['failed']} request(s) never fit the KV cache")
+    for key, name in (("ttft_p99_ms", "TTFT P99"), ("tpot_p99_ms", "TPOT P99")):
+        lim, v = baseline.get(key), pred.get(key)
+        if lim and v is not None and v > ratio * lim:
+            why.append(f"{name} {v:.0f} ms > {ratio:g} x baseline {lim:.0f} ms")
+    return why
+
+
+def rank_configurations(tier: str, space: Iterable[Config] | Mapping[str, list], requests: list[tuple[int, int]],
+                        build: Build, baseline: Mapping | None = None, *, shape: Shape | None = None,
+                        card: str = "dcu", link: str = "pcie", sla_ratio: float = SLA_RATIO) -> list[tuple[Config, dict]]:
+    """Every configuration of `space` on the tier's requests, ranked (see the module's docstring).
+    Without `baseline`, the finals' baseline is modelled on the same requests."""
+    shape = shape or load_shape()
+    base = baseline if baseline is not None else baseline_metrics(requests, shape=shape, card=card, link=link)
+    ranked = []
+    for cfg in expand_space(space):
+        p = simulate_tier(cfg, requests, build, shape=shape, card=card, link=link)
+        why = sla_check(p, base, sla_ratio)
+        p.update(tier=tier, sla_ok=not why, why=why,
+                 lift=(p["tok_s"] / base["tok_s"] - 1) if base.get("tok_s") else None)
+        ranked.append((cfg, p))
+    ranked.sort(key=lambda cp: (not cp[1]["sla_ok"], -cp[1]["tok_s"]))
+    return ranked
