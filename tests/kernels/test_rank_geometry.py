@@ -10,15 +10,18 @@ that cross block boundaries, and compares with float64 attention over what the c
 (Triton's interpreter) at small contexts; on a GPU at the round's: batch 1, 4, 10 and 16 with mixed
 contexts up to 32K, and the segment count the server plans for that batch.
 
-Mutations each case catches (checked by breaking the kernel on purpose in the interpreter):
-  decode  head-group offset dropped (qh = rows): 24/4, 12/2; K/V head offset dropped (kvh * sk_h):
-          24/4, 12/2; padded group rows stored (rows < BLOCK_M): 6/1, 3/1 (and every geometry
-          at batch > 1); tiles assumed never to straddle a block: blocks 784, 400, 1552;
-          int8 scale head offset dropped: int8 at 24/4, 12/2.
-  prefill q-head offset dropped (kvh * G): 24/4, 12/2; the cache's head offset dropped: 24/4,
-          12/2; the decode rows of a mixed batch dropped from the grid (+ num_seqs): every mixed case.
-  write   the data plane's head offset dropped: 4 and 2 heads; block math assuming a
-          power-of-two block (slot & (bs - 1)): 784, 400, 1552.
+Mutations these cases catch, each checked by breaking the kernel on purpose in the interpreter (CPU
+cases; the case ids that failed):
+  decode  head-group offset dropped (qh = rows): every 24/4 and 12/2 case; the K head offset dropped
+          (kvh * sk_h): every 24/4 and 12/2 case; the int8 K scale's head offset dropped: int8 at 24/4
+          and 12/2; tiles assumed never to straddle a block: bf16 at 784 and 400 at every geometry,
+          int8 at 1552 at 6/1 (one straddled token in ~1550 is within the bf16 bound elsewhere); the
+          padded rows of a group stored (rows < BLOCK_M): the interpreter faults out of bounds.
+  prefill q-head offset dropped (kvh * G): 24/4 and 12/2; the cache's head offset dropped: 24/4 and
+          12/2 (bf16 and int8); the decode rows of a mixed batch dropped from the grid (+ num_seqs):
+          every case.
+  write   the data plane's head offset dropped: 4 and 2 KV heads; block math assuming a power-of-two
+          block (slot & (bs - 1)): every case.
 """
 import json
 import math
