@@ -21,13 +21,15 @@ measured durations 1020.9 / 1553.8 / 2181.8 s (within 0.2 %), so no request-rate
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from .. import paths, ui
+from .. import options as opts
+from .. import paths, records, ui
 from ..config import load_yaml
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from . import archive, predict_calibration, results, runs, score, synth
+from . import archive, predict_calibration, predict_final, results, runs, score, synth
 from .timemodel import (
     ASSUMPTIONS,
     COMPONENTS,
@@ -140,14 +142,20 @@ def chart(label: str, pred: dict, res: dict, path: Path) -> bool:
     return True
 
 
-def write_outputs(out: Path, label: str, how: str, pred: dict, res: dict, inputs: dict) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
+def output_files(out: Path, label: str, how: str, pred: dict, res: dict, inputs: dict) -> dict:
+    """{path: text} of a prediction's documents (the chart's None: drawn when written)."""
     data = {"label": label, "how": how, "inputs": inputs, "tiers": pred, "score": res,
             "assumptions": {k: ASSUMPTIONS[k] for k in ("throughput", how if how in ASSUMPTIONS else "", "sla") if k},
             "components": {k: v[0] for k, v in COMPONENTS.items()}, "baseline_run": synth_source()}
-    runs.write_json(out / "predict.json", data)
-    (out / "predict.md").write_text(render_md(label, how, pred, res, inputs))
-    files = [out / "predict.json", out / "predict.md"]
+    return {out / "predict.json": json.dumps(data, indent=2) + "\n",
+            out / "predict.md": render_md(label, how, pred, res, inputs), out / "predict.png": None}
+
+
+def write_outputs(out: Path, label: str, how: str, pred: dict, res: dict, inputs: dict) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    texts = {p.name: t for p, t in output_files(out, label, how, pred, res, inputs).items() if t is not None}
+    paths.write_files(out, texts)
+    files = [out / n for n in texts]
     if chart(label, pred, res, out / "predict.png"):
         files.append(out / "predict.png")
     return files
@@ -171,10 +179,12 @@ def parse_speedups(items: list[str], file: str | None) -> dict:
         if k.strip() in sp:
             raise ForgeError(f"--speedup {it!r}: {k.strip()} is given twice" + (f" (also in {file})" if file else ""),
                              hint="give each component once")
-        try:
-            sp[k.strip()] = float(v)
-        except ValueError:
-            raise ForgeError(f"--speedup {it!r}: {v!r} is not a number")
+        f = opts.parse_number(v.strip())
+        if f is None:
+            raise ForgeError(f"--speedup {it!r}: {v!r} is not a number, so not a finite positive factor (plain "
+                             "digits, e.g. 1.45)",
+                             hint="e.g. --speedup prefill_attn=10 (10x faster); 1 = unchanged")
+        sp[k.strip()] = f
     return check_speedups(sp)
 
 
@@ -205,6 +215,11 @@ def cmd_predict(args) -> int:
     contest = contest_mod.load_contest()
     workload = synth.load_workload(contest)
     names = contest_mod.tier_names(contest)
+    if args.round == "final":            # the finals' time model (run/predict_final.py, model/finals.py)
+        sp = parse_speedups(args.speedup, args.speedups) if args.speedup or args.speedups is not None else None
+        return predict_final.run(args, contest, workload, sp)
+    if args.validate:
+        raise ForgeError("--validate goes with --round final (it checks the finals' time model)")
     if args.check_e2e is not None and args.calibration is None:
         raise ForgeError("--check-e2e goes with --calibration (it checks a calibration's prediction)")
     modes = [m for m, on in (("--run", args.run is not None), ("--e2e", args.e2e is not None),
@@ -219,6 +234,7 @@ def cmd_predict(args) -> int:
     if label and args.e2e is not None:
         raise ForgeError("--label names one prediction; --e2e makes one per profile, named by the profile")
     out_arg = paths.target_folder(args.out, "--out") if args.out is not None else None
+    force = args.force = opts.forced(args.force)
     score.baseline_from_config(contest, args.baseline_name)        # an unknown set is refused before any work
     if args.calibration is not None:
         return predict_calibration.run(args, contest, workload)
@@ -245,11 +261,16 @@ def cmd_predict(args) -> int:
         jobs.append((label or "given times", "times",
                      predict_from_times(workload, {t: 1000 * v for t, v in tt.items()}, tp),
                      {"ttft_s": tt, "tpot_ms": tp}))
+    done = []
     for name, how, pred, inputs in jobs:
         res = score_prediction(contest, workload, pred, args.baseline_name)
-        print_table(name, pred, res)
         out = out_arg / name if out_arg and args.e2e else \
             out_arg if out_arg else paths.BUILD / "predict" / name.replace(" ", "_").replace(",", "")
+        records.guard_tracked(out, output_files(out, name, how, pred, res, inputs), doing="this prediction",
+                              force=force, hint="give another --out")
+        done.append((name, how, pred, inputs, res, out))
+    for name, how, pred, inputs, res, out in done:       # every output checked before the first is written
+        print_table(name, pred, res)
         files = write_outputs(out, name, how, pred, res, inputs)
         ui.info("wrote " + ", ".join(paths.rel(f) for f in files))
     return 0
@@ -279,4 +300,21 @@ def register(sub) -> None:
                                    "'given times'); not with --e2e, whose profiles name theirs")
     p.add_argument("--out", help="folder for predict.json, predict.md and predict.png (default build/predict/<label>; "
                                  "with --e2e one subfolder per profile)")
+    p.add_argument("--force", action="store_true",
+                   help="replace a prediction recorded in --out (files git tracks; also FORCE=1)")
+    f = p.add_argument_group("the final round (--round final: the finals' time model, run/predict_final.py)")
+    f.add_argument("--round", choices=("preliminary", "final"), default="preliminary",
+                   help="final: per tier and configuration (topology, KV dtype, batching, concurrency) the finals' "
+                        "time model for the product (--calibration or --speedup), the pick per tier and why")
+    f.add_argument("--validate", action="store_true",
+                   help="with --round final: the model against the public DP2 / DP1 / TP2 figures and the planner "
+                        "against the public KV tokens (validation.md/json in --out)")
+    f.add_argument("--outputs", choices=("eos", "forced"), default="eos",
+                   help="each request's own end-of-text (default) or 1024 forced output tokens")
+    f.add_argument("--kv-dtype", help="KV cache dtypes to consider: bf16, int8 or both (default both)")
+    f.add_argument("--concurrency", help=f"client concurrencies to consider (default {predict_final.DEFAULT_CONCURRENCY})")
+    f.add_argument("--max-num-batched-tokens",
+                   help=f"token budgets to consider (default {predict_final.DEFAULT_BATCHED})")
+    f.add_argument("--link", default="pcie", help="the cards' link for TP2's collectives: pcie (default) or oneshot")
+    f.add_argument("--top", type=int, default=5, help="configurations shown per tier (default 5)")
     p.set_defaults(func=cmd_predict)

@@ -1,0 +1,125 @@
+"""`forge plan`: the capacity planner (scripts/forge/model/capacity.py) per tier and topology: the KV
+cache vLLM 0.18.1 will report ("GPU KV cache size: N tokens"), the blocks a request of the tier holds
+(its prompt + the round's 1024 output tokens), how many of the tier's requests stay resident (its
+largest and its median), and whether the tier's concurrency will preempt (no: the concurrency's
+largest requests fit together; yes: even its smallest do not; possible: in between). DP2 is two TP1
+servers, each with half the concurrency. The prompts are the official run's (configs/workload.yaml).
+
+The reported tokens divide the block pool by its 4 groups as if each held attention tokens; the 3 GDN
+groups hold one block per request, so residency is counted in blocks. Also printed: the
+`--kv-cache-memory-bytes` that makes a server on another card (the GPU machine) allocate exactly the
+DCU card's blocks at TP1 (vLLM then skips its memory profile and takes that many bytes for the cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from .. import options, paths, ui
+from ..contest import rounds
+from ..contest import rules as contest_mod
+from ..errors import ForgeError
+from ..model import capacity as cap_mod
+from ..model.shape import KV_DTYPES, load_shape
+from . import runs, synth
+
+TOPOLOGIES = {"preliminary": [(1, 1)], "final": [(1, 1), (1, 2), (2, 1)]}
+
+
+def plan(round_name: str = "preliminary", tiers: list[str] | None = None, kv_dtypes: list[str] | None = None,
+         card: str = "dcu", utilization: float | None = None, max_num_batched_tokens: int | None = None,
+         concurrency: int | None = None) -> dict:
+    contest = contest_mod.load_contest()
+    rnd = rounds.load_round(contest, round_name)
+    workload = synth.load_workload(contest)
+    shape = load_shape()
+    names = list(rnd.tier_order)
+    for t in tiers or []:
+        if t not in names:
+            raise ForgeError(f"--tier {t!r}: not a tier of the {round_name} round", hint=f"tiers: {', '.join(names)}")
+    util = rnd.baseline.gpu_memory_utilization if utilization is None else utilization
+    mnbt = rnd.baseline.max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
+    rows = []
+    for tier in tiers or names:
+        client = rnd.client(tier)
+        conc = client.concurrency if concurrency is None else concurrency
+        prompts = [p for p, _ in workload["tiers"][tier]["requests"]]
+        for tp, dp in TOPOLOGIES[round_name]:
+            for dt in kv_dtypes or list(KV_DTYPES):
+                r = cap_mod.topology_fit(shape, tp, dp, prompts, client.output_len, conc, kv_dtype=dt, card_name=card,
+                                         utilization=util, max_num_batched_tokens=mnbt)
+                rows.append({"tier": tier, "kv_dtype": dt, "concurrency": conc, "output_len": client.output_len, **r})
+    gpu = {}
+    for dt in kv_dtypes or list(KV_DTYPES):
+        c = cap_mod.capacity(shape, tp=1, kv_dtype=dt, card_name="dcu", utilization=util, max_num_batched_tokens=mnbt)
+        gpu[dt] = {"kv_cache_memory_bytes": c.kv_memory_for(), "dcu_reported_tokens": c.reported_tokens,
+                   "dcu_num_blocks": c.num_blocks}
+    return {"round": round_name, "card": card, "card_note": cap_mod.CARDS[card].note, "gpu_memory_utilization": util,
+            "max_num_batched_tokens": mnbt, "rows": rows, "dcu_on_another_card": gpu,
+            "fixed_overhead_bytes": cap_mod.fitted_fixed_overhead(shape),
+            "source": "configs/models/qwen3.5-27b/config.json; configs/workload.yaml prompts; vLLM 0.18.1 page math"}
+
+
+def render(res: dict) -> list[str]:
+    L = [f"{res['round']} round, card {res['card']}, --gpu-memory-utilization {res['gpu_memory_utilization']}, "
+         f"--max-num-batched-tokens {res['max_num_batched_tokens']}",
+         f"{'tier':>7} {'topology':>9} {'KV':>5} {'reported tokens':>16} {'blocks':>7} {'block':>6} "
+         f"{'req blocks':>10} {'resident':>13} {'conc/replica':>12} {'preempt':>10}"]
+    for r in res["rows"]:
+        c, f = r["capacity"], r["fit"]
+        L.append(f"{r['tier']:>7} {'TP%d/DP%d' % (r['tp'], r['dp']):>9} {r['kv_dtype']:>5} {c['reported_tokens']:>16,} "
+                 f"{c['usable_blocks']:>7} {c['block_size']:>6} {f['blocks_largest']:>10} "
+                 f"{'%d / %d' % (f['resident_largest'], f['resident_median']):>13} {r['per_replica_concurrency']:>12} "
+                 f"{f['preempt']:>10}")
+    L.append("resident: requests of the tier's largest / median prompt + output that fit at once (blocks; the "
+             "reported tokens understate it: the GDN groups take one block per request)")
+    for dt, g in res["dcu_on_another_card"].items():
+        L.append(f"GPU run, {dt} KV: --kv-cache-memory-bytes {g['kv_cache_memory_bytes']} gives the DCU card's "
+                 f"{g['dcu_num_blocks']} blocks at TP1 ({g['dcu_reported_tokens']:,} tokens reported)")
+    return L
+
+
+def cmd_plan(args) -> int:
+    kv = [k.strip() for k in args.kv_dtype.split(",")] if args.kv_dtype else None
+    for k in kv or []:
+        if k not in KV_DTYPES:
+            raise ForgeError(f"--kv-dtype {k!r}: not a KV cache dtype the planner knows", hint="bf16, int8 or bf16,int8")
+    out = paths.target_folder(args.out, "--out") if args.out is not None else None
+    if out is not None and (out / "plan.json").exists() and not options.forced(args.force):
+        raise ForgeError(f"{paths.rel(out / 'plan.json')}: a plan is recorded there",
+                         hint="--force replaces it (FORCE=1), or give another --out")
+    res = plan(args.round, [args.tier] if args.tier else None, kv, args.card, args.gpu_memory_utilization,
+               args.max_num_batched_tokens, args.concurrency)
+    for line in render(res):
+        print(line)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        res["command"] = "forge " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        runs.write_json(out / "plan.json", res)
+        paths.write_atomic(out / "plan.md", "<!-- Generated by `forge plan`; do not edit. -->\n\n```\n"
+                           + "\n".join(render(res)) + "\n```\n")
+        ui.info(f"wrote {paths.rel(out / 'plan.json')}, {paths.rel(out / 'plan.md')}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="the KV cache and requests resident per tier and topology (capacity planner)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--round", choices=rounds.ROUNDS, default=rounds.DEFAULT_ROUND,
+                   help="the contest round (final: TP1/DP1, TP1/DP2 and TP2/DP1 over two cards)")
+    p.add_argument("--tier", help="one tier (default: every tier of the round)")
+    p.add_argument("--kv-dtype", help="bf16, int8 or both comma-separated (default both)")
+    p.add_argument("--card", choices=sorted(cap_mod.CARDS), default="dcu", help="the card's memory (default dcu)")
+    p.add_argument("--gpu-memory-utilization", type=options.number_in(0, 1, "--gpu-memory-utilization", "0.95",
+                                                                      lo_open=True),
+                   help="default: the round's baseline (0.95)")
+    p.add_argument("--max-num-batched-tokens", type=options.whole_in(1, None, "--max-num-batched-tokens"),
+                   help="default: the round's baseline (4096); the activation part of the non-KV peak grows with it")
+    p.add_argument("--concurrency", type=options.whole_in(1, None, "--concurrency"),
+                   help="requests in flight (default: the round's client per tier)")
+    p.add_argument("--out", help="folder for plan.json and plan.md (a recorded plan is replaced only with --force)")
+    p.add_argument("--force", action="store_true", help="replace a plan recorded in --out")
+    p.set_defaults(func=cmd_plan)
+
