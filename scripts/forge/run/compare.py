@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -11,10 +10,11 @@ from pathlib import Path
 
 from .. import options, ui
 from ..contest import profiles as profiles_mod
+from ..contest import rounds
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..hashing import sha256_bytes
-from . import bench, runs, score, serve
+from . import bench, final_sweep, runs, score, serve
 
 
 def _folders(paths: list[str], side: str) -> list[Path]:
@@ -105,6 +105,8 @@ def score_baseline(contest: dict, all_runs: list[dict], reference: dict | None =
         for r in all_runs:
             score.check_pairing(r, reference, f"run {r['path']}")
         return reference, "score (reference run)"
+    if any(r.get("round", "preliminary") != "preliminary" for r in all_runs):
+        return None, "score (a later round's runs are scored only against a baseline run of their round: --reference RUN)"
     harness = [r for r in all_runs if r["harness"]]
     if not harness:
         return score.baseline_from_config(contest), "score (default baseline)"
@@ -163,6 +165,18 @@ def compare(contest: dict, a_runs: list[dict], b_runs: list[dict], noise_pct: fl
     return out
 
 
+def common_tiers(a_runs: list[dict], b_runs: list[dict]) -> list[str]:
+    """The tiers both sides have a result for; none is an error (there is nothing to compare)."""
+    have = [{t for r in side for t in r["tiers"]} for side in (a_runs, b_runs)]
+    both = [t for t in have[0] if t in have[1]]
+    if not both:
+        raise ForgeError(f"side A ({', '.join(sorted(have[0]))}) and side B ({', '.join(sorted(have[1]))}) have no "
+                         "tier in common: there is nothing to compare",
+                         hint="compare runs that measured the same tiers (finish a run with forge bench-all-tiers "
+                              "--run-id RUN)")
+    return both
+
+
 def cmd_compare(args) -> int:
     contest = contest_mod.load_contest()
     skipped: list[str] = []
@@ -173,7 +187,9 @@ def cmd_compare(args) -> int:
                          hint="side A and side B are different runs (e.g. two profiles)")
     _copies({"A": a, "B": b}, contest)
     ref = score.baseline_from_run(runs.resolve_run(args.reference), contest) if args.reference else None
-    res = compare(contest, _side(a, contest), _side(b, contest), args.noise_pct, skipped, ref)
+    side_a, side_b = _side(a, contest), _side(b, contest)
+    common_tiers(side_a, side_b)
+    res = compare(contest, side_a, side_b, args.noise_pct, skipped, ref)
     print(f"{'metric':<26} {'A':>10} {'B':>10} {'B-A':>10} {'rel':>8} {'band':>9} {'runs':>5}  verdict")
     for key, d in res.items():
         rel = f"{100 * d['rel']:+.1f}%" if d["rel"] is not None else "—"
@@ -223,6 +239,9 @@ def sweep(profiles: list[str], *, model: str | None = None, image: str | None = 
 
 
 def cmd_sweep(args) -> int:
+    if args.round not in (None, "preliminary"):
+        rounds.load_round(contest_mod.load_contest(), args.round)      # an unknown round is refused by name
+        return final_sweep.cmd_final(args)
     results = sweep(args.profiles, model=args.model, image=args.image, data_dir=args.data_dir,
                     num_prompts=args.num_prompts, repeat=args.repeat, timeout=args.timeout,
                     shm_size=args.shm_size, vllm_cmd=args.vllm, client=args.client, port=args.port)
@@ -231,16 +250,6 @@ def cmd_sweep(args) -> int:
         tiers = " / ".join(f"{t['tok_s']:.2f}" for t in s["tiers"].values())
         print(f"{prof:<14} {run_id:<36} {s['display']:>6}  {tiers}")
     return 0
-
-
-def _positive_pct(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage > 0 (e.g. --noise-pct 3)")
-    return v
 
 
 def register(sub) -> None:
@@ -252,24 +261,36 @@ def register(sub) -> None:
                                    "results name), a DCU run against the default baseline set or --reference.")
     p.add_argument("--a", nargs="+", default=[], help="run folder(s) or id(s) of side A, each once")
     p.add_argument("--b", nargs="+", default=[], help="run folder(s) or id(s) of side B, each once")
-    p.add_argument("--noise-pct", type=_positive_pct, default=3.0,
-                   help="assumed run-to-run noise in %% when neither side has repeats (default 3; > 0)")
+    p.add_argument("--noise-pct", type=options.number_in(0, 100, "a percentage", "--noise-pct 3", lo_open=True),
+                   default=3.0, help="assumed run-to-run noise in %% when neither side has repeats (default 3; "
+                                     "above 0, at most 100)")
     p.add_argument("--reference", help="score both sides against this run (a harness run's same-run reference, "
                                        "found beside e2e results by default) instead of the default baseline set")
     p.set_defaults(func=cmd_compare)
     s = sub.add_parser("sweep", help="serve, bench all tiers, score and stop for each profile in turn",
                        description="For each profile: forge serve, forge bench-all-tiers, forge score, forge stop. "
-                                   "Prints one line per run at the end.")
+                                   "Prints one line per run at the end. With --round final: a search per tier over "
+                                   "topology x KV dtype x max-num-seqs x max-num-batched-tokens x "
+                                   "gpu-memory-utilization x client concurrency; the finals' time model ranks the "
+                                   "space, the best --top N are served (forge serve --round final), benchmarked with "
+                                   "the finals' client and scored against the baseline (--baseline RUN or "
+                                   "--baseline-profile P) with the SLA, each in its own run folder; --sweep-id resumes "
+                                   "(a finished configuration is not rerun); the winner per tier goes to the "
+                                   "tier-environment file (reports/final-round/tier-environment.json) that forge report "
+                                   "and forge submission --round final --tier-env list.")
     s.add_argument("profiles", nargs="*", help="profiles (configs/serve/<name>.yaml)")
     s.add_argument("--model", help="model directory (default: $MODEL)")
     s.add_argument("--image", help="container image (default: $IMAGE; else the installed wheel)")
     s.add_argument("--data-dir", help="official tier files (default: $DATA_DIR; else synthetic)")
-    s.add_argument("--num-prompts", type=int, help="prompts per tier (default: configs/contest.yaml)")
-    s.add_argument("--repeat", type=int, default=1,
+    s.add_argument("--num-prompts", type=options.whole_in(1, None, "a prompt count"),
+                   help="prompts per tier (default: configs/contest.yaml)")
+    s.add_argument("--repeat", type=options.whole_in(1, None, "a repeat count"), default=1,
                    help="run the whole list this many times, at least 1 (noise estimate)")
-    s.add_argument("--timeout", type=float, default=1800, help="seconds to wait for each server's /health")
+    s.add_argument("--timeout", type=options.number_in(0, 7 * 86400, "seconds", "1800", lo_open=True), default=1800,
+                   help="seconds to wait for each server's /health")
     s.add_argument("--shm-size", default="64g", help="container shared memory (default 64g)")
     s.add_argument("--vllm", help="how to start vLLM natively (see forge serve --help)")
     s.add_argument("--client", help="how to start vLLM's CLI for the client (see forge bench-all-tiers --help)")
     s.add_argument("--port", type=options.port, default=None, help="testing only: a port other than the locked 8001")
+    final_sweep.add_arguments(s)
     s.set_defaults(func=cmd_sweep)

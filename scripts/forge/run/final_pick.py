@@ -1,0 +1,145 @@
+"""What `forge sweep --round final` measures a configuration by, and what it keeps: one tier's score
+against the final round's baseline with the SLA (the preliminary's formula and limits, per tier), and
+the winner per tier written as the submission's per-tier environment (the tier-environment file).
+
+A configuration's tier score (`tier-score.json` in its run folder; its presence marks the
+configuration finished): lift = tok/s / baseline tok/s - 1, the tier's formula score weight x (floor +
+gain x (1 - exp(-rate x lift))), zeroed when its TTFT P99 exceeds ratio x the baseline tier's, when its
+TPOT P99 exceeds ratio x the baseline's pooled TPOT P99 (the tier's own P99 when the baseline run does
+not hold every tier: the sweep serves one tier at a time, so the pooled value of the submission is
+checked by `forge score --round final` over the three tiers), or when completion is below the minimum.
+
+The tier-environment file (default reports/final-round/tier-environment.json; `forge report` and
+`forge submission --round final --tier-env FILE` list it): {"round", "tiers": {tier: {"environment":
+the start script's variables and the tier's CONCURRENCY_<tier>, "engine_options": what the profile adds
+(--kv-cache-dtype), "settings", "profile", "run", "sweep", "tok_s", "lift", "score", "baseline"}}}.
+Written atomically; a tier recorded there by another sweep is replaced only with --force."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import paths
+from ..contest import rounds
+from ..errors import ForgeError
+from . import results, runs, score
+from .final_space import KV_DTYPES, Candidate
+
+TIER_SCORE = "tier-score.json"
+
+
+def tier_env_path(arg: str | None = None) -> Path:
+    """The tier-environment file: `arg`, else final-round/tier-environment.json beside the runs folder
+    (reports/ by default)."""
+    return Path(arg) if arg else runs.runs_root().parent / "final-round" / "tier-environment.json"
+
+
+def baseline_tiers(run: Path, contest: dict, round_name: str, tiers: list[str]) -> dict:
+    """{tier: {tok_s, ttft_p99_ms, tpot_limit_base_ms, tpot_from}} of a baseline run of `round_name`
+    holding every tier in `tiers`; a run of another round, or one missing a tier, is refused."""
+    loaded = score.load_run(run, contest, partial=True)
+    if loaded["round"] != round_name:
+        raise ForgeError(f"baseline run {run.name} was measured in the {loaded['round']} round; the sweep is of the "
+                         f"{round_name} round: a run is scored only against a baseline of its own round",
+                         hint=f"give a baseline run of the {round_name} round (bench-all-tiers --round {round_name})")
+    missing = [t for t in tiers if t not in loaded["tiers"]]
+    if missing:
+        raise ForgeError(f"baseline run {run.name} has no result for tier(s) {', '.join(missing)}",
+                         hint=f"finish it: forge bench-all-tiers --round {round_name} --run-id {run.name}")
+    pooled = loaded["tpot_p99_pooled_ms"]
+    out = {}
+    for t in tiers:
+        m = loaded["tiers"][t]
+        if not results.finite_positive(m["tok_s"]):
+            raise ForgeError(f"baseline run {run.name}: tier {t} has {m['tok_s']} tok/s; a baseline must serve the tier",
+                             hint="give a baseline run whose tiers completed")
+        out[t] = {"tok_s": m["tok_s"], "ttft_p99_ms": m["ttft_p99_ms"],
+                  "tpot_base_ms": pooled if pooled is not None else m["tpot_p99_ms"],
+                  "tpot_from": "pooled over the baseline's tiers" if pooled is not None else f"tier {t} alone",
+                  "run": str(run)}
+    return out
+
+
+def tier_score(contest: dict, rdir: Path, tier: str, base: dict) -> dict:
+    """One configuration's tier against the baseline tier (see the module's docstring)."""
+    sc = contest["scoring"]
+    t = next(x for x in contest["tiers"] if x["name"] == tier)
+    loaded = score.load_run(rdir, contest, partial=True)
+    if tier not in loaded["tiers"]:
+        raise ForgeError(f"run {rdir.name}: tier {tier} has no result", hint="the configuration's benchmark did not finish")
+    if loaded["harness"]:
+        raise ForgeError(f"run {rdir.name} is a harness run; the sweep scores only runs of the served model")
+    m = loaded["tiers"][tier]
+    lift, s = score.tier_score(sc, t["weight"], m["tok_s"], base["tok_s"])
+    reasons = []
+    ttft_lim = sc["ttft_p99_max_ratio"] * base["ttft_p99_ms"] if base.get("ttft_p99_ms") else None
+    if ttft_lim is not None and (m["ttft_p99_ms"] is None or m["ttft_p99_ms"] > ttft_lim):
+        reasons.append(f"TTFT P99 {m['ttft_p99_ms'] or 0:.0f} ms > {ttft_lim:.0f} ms")
+    tpot_lim = sc["tpot_p99_max_ratio"] * base["tpot_base_ms"] if base.get("tpot_base_ms") else None
+    if tpot_lim is not None and (m["tpot_p99_ms"] is None or m["tpot_p99_ms"] > tpot_lim):
+        reasons.append(f"TPOT P99 {m['tpot_p99_ms'] or 0:.2f} ms > {tpot_lim:.2f} ms ({base['tpot_from']})")
+    if m["completion"] < sc["min_completion"]:
+        reasons.append(f"completion {100 * m['completion']:.1f} % < {100 * sc['min_completion']:.0f} %")
+    return {"tier": tier, "tok_s": m["tok_s"], "baseline_tok_s": base["tok_s"], "lift": lift, "weight": t["weight"],
+            "formula_score": s, "contribution": 0.0 if reasons else s, "zeroed_by": reasons,
+            "ttft_p99_ms": m["ttft_p99_ms"], "ttft_p99_limit_ms": ttft_lim, "tpot_p99_ms": m["tpot_p99_ms"],
+            "tpot_p99_limit_ms": tpot_lim, "completed": m["completed"], "failed": m["failed"],
+            "baseline": base["run"], "run": str(rdir)}
+
+
+def winner(scored: list[tuple[Candidate, str, dict]]) -> tuple[Candidate, str, dict] | None:
+    """The best configuration of a tier: within the SLA, highest contribution, then tok/s; None when
+    none is within it."""
+    ok = [x for x in scored if not x[2]["zeroed_by"]]
+    return max(ok, key=lambda x: (x[2]["contribution"], x[2]["tok_s"])) if ok else None
+
+
+def entry(rnd: rounds.Round, tier: str, cand: Candidate, run_id: str, sweep_id: str, res: dict, profile: str) -> dict:
+    settings = rounds.check_settings(rnd, cand.settings_values(), where=f"candidate {cand.key}")
+    kv = KV_DTYPES[cand.kv_dtype]
+    return {"environment": rounds.tier_env(rnd, tier, settings),
+            "engine_options": {"--kv-cache-dtype": kv} if kv else {},
+            "kv_dtype": cand.kv_dtype, "settings": settings.as_dict(), "profile": profile, "run": run_id,
+            "sweep": sweep_id, "tok_s": res["tok_s"], "lift": res["lift"], "score": res["contribution"],
+            "baseline": res["baseline"]}
+
+
+def read_tier_env(path: Path) -> dict:
+    """The tier-environment file, checked: {"round", "tiers": {tier: {"environment": {VAR: value}, ...}}}."""
+    d = runs.read_json(path)
+    ok = isinstance(d, dict) and isinstance(d.get("tiers"), dict) and all(
+        isinstance(e, dict) and isinstance(e.get("environment"), dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in e["environment"].items())
+        for e in d["tiers"].values())
+    if not ok:
+        raise ForgeError(f"{paths.rel(path)}: not a tier-environment file ({{\"round\", \"tiers\": {{tier: "
+                         "{\"environment\": {VAR: value}}}}})",
+                         hint="give the file forge sweep --round final wrote, or restore it")
+    return d
+
+
+def refuse_recorded(path: Path, tiers: list[str], sweep_id: str, force: bool) -> None:
+    """Refuse (before anything runs) to replace a tier another sweep recorded in `path`, unless force."""
+    if force or not path.is_file():
+        return
+    d = read_tier_env(path)
+    taken = [t for t in tiers if t in d["tiers"] and d["tiers"][t].get("sweep") != sweep_id]
+    if taken:
+        e = d["tiers"][taken[0]]
+        raise ForgeError(f"{paths.rel(path)}: tier {taken[0]} already has a recorded winner (sweep {e.get('sweep')}, run "
+                         f"{e.get('run')}); not replaced", hint="pass --force (make sweep ... FORCE=1) to replace it, "
+                                                                "or --tier-env FILE to write another file")
+
+
+def write_winners(path: Path, round_name: str, winners: dict[str, dict], sweep_id: str, force: bool) -> None:
+    """Add each tier's winner to the tier-environment file, atomically."""
+    refuse_recorded(path, list(winners), sweep_id, force)
+    d = read_tier_env(path) if path.is_file() else {"round": round_name, "tiers": {}}
+    if d.get("round") != round_name:
+        raise ForgeError(f"{paths.rel(path)} holds the {d.get('round')} round's environment, not the {round_name} round's",
+                         hint="give another file with --tier-env")
+    d["tiers"].update(winners)
+    d["written_by"] = "forge sweep --round " + round_name
+    d["updated"] = runs.now_iso()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    runs.write_json(path, d)

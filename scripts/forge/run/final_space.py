@@ -1,0 +1,147 @@
+"""The final round's search space (`forge sweep --round final`): topology x KV dtype x max-num-seqs x
+max-num-batched-tokens x gpu-memory-utilization x client concurrency, one `Candidate` per point,
+each checked against the round's bounds (forge.contest.rounds.check_settings: a point vLLM or the
+rules refuse never reaches the ranking); and the one interface a model ranks them through.
+
+The ranking interface (`Ranker`): a callable `rank(tier, candidates) -> list[Ranked]`, best first,
+each `Ranked` holding the candidate, what the model predicts for it (`predicted`: any of tok_s,
+ttft_p99_s, tpot_p99_ms, score, preempt) and why (one line). `model_ranker()` adapts the finals'
+time model (forge.model) to it; a test or another model passes its own callable."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from ..contest import rounds
+from ..errors import ForgeError
+
+KV_DTYPES = {"bf16": None, "int8": "int8"}      # the sweep's name -> --kv-cache-dtype (None: the model's own)
+DEFAULTS = {"kv_dtypes": ("bf16", "int8"), "max_num_seqs": (16, 32, 64, 128),
+            "max_num_batched_tokens": (2048, 4096, 8192, 16384), "gpu_memory_utilization": (0.90, 0.95),
+            "concurrency": (8, 10, 12, 16)}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    tensor_parallel_size: int
+    data_parallel_size: int
+    kv_dtype: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    gpu_memory_utilization: float
+    concurrency: int
+
+    @property
+    def topology(self) -> str:
+        return f"tp{self.tensor_parallel_size}dp{self.data_parallel_size}"
+
+    @property
+    def key(self) -> str:
+        """A name for the candidate's run folder: tp2dp1-bf16-s128-b4096-u0.95-c10."""
+        return (f"{self.topology}-{self.kv_dtype}-s{self.max_num_seqs}-b{self.max_num_batched_tokens}"
+                f"-u{self.gpu_memory_utilization:g}-c{self.concurrency}")
+
+    def settings_values(self) -> dict:
+        """The round's settings (forge.contest.rounds.Settings fields) of this candidate."""
+        return {"tensor_parallel_size": self.tensor_parallel_size, "data_parallel_size": self.data_parallel_size,
+                "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
+                "gpu_memory_utilization": self.gpu_memory_utilization, "concurrency": self.concurrency}
+
+    def as_dict(self) -> dict:
+        return {"kv_dtype": self.kv_dtype, **self.settings_values()}
+
+
+@dataclass(frozen=True)
+class Ranked:
+    candidate: Candidate
+    predicted: dict = field(default_factory=dict)
+    why: str = ""
+
+
+Ranker = Callable[[str, list[Candidate]], list[Ranked]]
+
+
+def topology_of(text: str, rnd: rounds.Round) -> tuple[int, int]:
+    """'tp2' / 'dp2' / 'tp2dp1' / 'tp1dp2' as (tp, dp), one of the round's topologies."""
+    t = text.strip().lower()
+    named = {f"tp{tp}dp{dp}": (tp, dp) for tp, dp in rnd.topologies}
+    named.update({f"tp{tp}": (tp, dp) for tp, dp in rnd.topologies if dp == 1})
+    named.update({f"dp{dp}": (tp, dp) for tp, dp in rnd.topologies if tp == 1})
+    if t not in named:
+        raise ForgeError(f"--topologies: {text!r} is not a topology of the {rnd.name} round",
+                         hint=f"topologies: {', '.join(sorted(named))}")
+    return named[t]
+
+
+def _list(text: str | None, option: str, conv, default: Iterable) -> list:
+    if text is None:
+        return list(default)
+    out = []
+    for x in (p.strip() for p in text.split(",")):
+        try:
+            out.append(conv(x))
+        except ValueError:
+            raise ForgeError(f"{option}: {x!r} is not a number", hint=f"a comma-separated list, e.g. {option} "
+                                                                    f"{','.join(str(v) for v in default)}") from None
+    if not out:
+        raise ForgeError(f"{option}: empty list")
+    return list(dict.fromkeys(out))
+
+
+def _whole(x: str) -> int:
+    v = float(x)
+    if not v.is_integer():
+        raise ValueError(x)
+    return int(v)
+
+
+def space(rnd: rounds.Round, *, topologies: str | None = None, kv_dtypes: str | None = None,
+          max_num_seqs: str | None = None, max_num_batched_tokens: str | None = None,
+          gpu_memory_utilization: str | None = None, concurrency: str | None = None) -> list[Candidate]:
+    """Every candidate of the lists (comma-separated text, as the options give them; None: the
+    defaults), each checked against the round; a value the round refuses is an error naming it."""
+    if rnd.name == rounds.DEFAULT_ROUND:
+        raise ForgeError("the preliminary round has no search space: it unlocks nothing",
+                         hint="forge sweep --round final ...; the preliminary's sweep takes profiles")
+    topos = ([topology_of(x, rnd) for x in topologies.split(",") if x.strip()] if topologies
+             else list(rnd.topologies))
+    kvs = _list(kv_dtypes, "--kv-dtypes", str, DEFAULTS["kv_dtypes"])
+    bad = [k for k in kvs if k not in KV_DTYPES]
+    if bad:
+        raise ForgeError(f"--kv-dtypes: {bad[0]!r} is not a KV dtype of the sweep", hint=f"KV dtypes: {', '.join(KV_DTYPES)}")
+    lists = [_list(max_num_seqs, "--max-num-seqs", _whole, DEFAULTS["max_num_seqs"]),
+             _list(max_num_batched_tokens, "--max-num-batched-tokens", _whole, DEFAULTS["max_num_batched_tokens"]),
+             _list(gpu_memory_utilization, "--gpu-memory-utilization", float, DEFAULTS["gpu_memory_utilization"]),
+             _list(concurrency, "--concurrency", _whole, DEFAULTS["concurrency"])]
+    # each value alone first, so a bad one is refused by its own option's name and rule
+    for key, values in zip(("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"), lists):
+        for v in values:
+            rounds.check_value(rnd, "--" + key.replace("_", "-"), v, where=f"--{key.replace('_', '-')}")
+    for v in lists[3]:
+        rounds.check_settings(rnd, {"concurrency": v}, where="--concurrency")
+    out = []
+    for (tp, dp), kv, s, b, u, c in itertools.product(topos, kvs, *lists):
+        if b < s:
+            continue                 # vLLM refuses fewer batched tokens than sequences: not a point
+        cand = Candidate(tp, dp, kv, s, b, u, c)
+        rounds.check_settings(rnd, cand.settings_values(), where=f"candidate {cand.key}")
+        out.append(cand)
+    if not out:
+        raise ForgeError("the search space is empty (every --max-num-batched-tokens is below every --max-num-seqs)",
+                         hint="give --max-num-batched-tokens values at least as large as --max-num-seqs")
+    return out
+
+
+def rank(ranker: Ranker, tier: str, candidates: list[Candidate]) -> list[Ranked]:
+    """The ranker's order, checked: every candidate it returns is one it was given, each once."""
+    ranked = list(ranker(tier, list(candidates)))
+    given = set(candidates)
+    seen = set()
+    for r in ranked:
+        if not isinstance(r, Ranked) or r.candidate not in given or r.candidate in seen:
+            raise ForgeError(f"the ranking model returned {r!r} for tier {tier}: not one of the candidates it was "
+                             "given, or one given twice", hint="the model's ranking function is broken; report it")
+        seen.add(r.candidate)
+    return ranked

@@ -1,0 +1,297 @@
+"""`forge sweep --round final`: a search over the final round's configurations, per tier.
+
+For each tier: every candidate of the space (final_space: topology x KV dtype x max-num-seqs x
+max-num-batched-tokens x gpu-memory-utilization x client concurrency) is ranked by the finals' time
+model (forge.model.finals.rank_configurations, through final_space's Ranker interface); the best
+--top N are served one after the other (forge serve --round final with a profile the sweep writes for
+the candidate: --base-profile plus the candidate's values), benchmarked with the finals' client at the
+candidate's concurrency and scored against the baseline tier with the SLA (final_pick); the server is
+stopped after each. The baseline is --baseline RUN (a final-round run at the finals' baseline
+configuration, e.g. upstream), or the sweep measures one itself with --baseline-profile P at the round's
+baseline settings, one run per tier.
+
+Each configuration is its own run folder, reports/runs/<sweep>-<tier>-<candidate>; the sweep's record is
+reports/sweeps/<sweep>/sweep.json (the space, the ranking with the model's predictions, each
+configuration's outcome). A rerun with --sweep-id resumes: a configuration with a tier score (or one
+recorded as failed to start) is not run again; one interrupted mid-benchmark resumes its run. The
+winner per tier goes to the tier-environment file (final_pick)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from .. import paths, ui
+from ..contest import rounds
+from ..contest import rules as contest_mod
+from ..errors import ForgeError
+from ..model import costs, finals
+from . import bench, final_pick, final_space, runs, serve, synth
+from .final_space import Candidate, Ranked
+
+SPACE_OPTIONS = ("topologies", "kv_dtypes", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+                 "concurrency")
+BUILDS = {"best-public": costs.BEST_PUBLIC_BUILD, "upstream": costs.UPSTREAM}
+
+
+def sweeps_root() -> Path:
+    return runs.runs_root().parent / "sweeps"
+
+
+def model_ranker(contest: dict, rnd: rounds.Round, build: str = "best-public", link: str = "pcie") -> final_space.Ranker:
+    """The finals' time model as a Ranker: each tier's requests are the contest workload's (prompt,
+    output) pairs, as many as the round sends, outputs ending at end-of-text (capped at the round's
+    output length); the finals' baseline is modelled on the same requests."""
+    if build not in BUILDS:
+        raise ForgeError(f"--model-build {build!r}: not a build the model knows", hint=f"builds: {', '.join(BUILDS)}")
+    workload = synth.load_workload(contest)
+
+    def rank(tier: str, cands: list[Candidate]) -> list[Ranked]:
+        tc = rnd.client(tier)
+        pairs = [tuple(x) for x in workload["tiers"][tier]["requests"]]
+        reqs = finals.tier_requests(pairs, tc.num_prompts or len(pairs), outputs="eos", output_len=tc.output_len)
+        by_cfg = {finals.Config(c.tensor_parallel_size, c.data_parallel_size, c.max_num_seqs, c.max_num_batched_tokens,
+                                c.gpu_memory_utilization, c.concurrency, c.kv_dtype): c for c in cands}
+        ranked = finals.rank_configurations(tier, list(by_cfg), reqs, BUILDS[build], link=link)
+        keep = ("tok_s", "ttft_p99_ms", "tpot_p99_ms", "preemptions", "failed", "sla_ok", "lift")
+        return [Ranked(by_cfg[cfg], {k: p.get(k) for k in keep}, "; ".join(p.get("why") or []) or "within the SLA")
+                for cfg, p in ranked]
+    return rank
+
+
+def _profile_text(base: str, rnd: rounds.Round, values: dict, kv: str | None, what: str) -> str:
+    opts = {u.option: {"value": values[u.key], "effect": f"{what}: {u.option} of this configuration"}
+            for u in rnd.unlocked}
+    if kv:
+        opts["--kv-cache-dtype"] = {"value": kv, "effect": f"{what}: the KV cache stored as {kv}"}
+    return ("# Written by forge sweep --round final: one configuration of the search.\n"
+            + yaml.safe_dump({"description": f"{what} ({base} with the configuration's values)", "round": rnd.name,
+                              "extends": base, "options": opts}, sort_keys=False))
+
+
+def _write_profile(sdir: Path, name: str, text: str) -> Path:
+    p = sdir / "profiles" / f"{name}.yaml"
+    if not (p.is_file() and p.read_text() == text):
+        paths.write_atomic(p, text)
+    return p
+
+
+def _refuse_env_overrides(rnd: rounds.Round, tiers: list[str]) -> None:
+    """The sweep sets each configuration's values itself: a start-script variable in the environment
+    would override them (rounds.tier_settings reads the environment first)."""
+    for u in rnd.unlocked:
+        for var in (u.env, *(f"{u.env}_{t.replace('-', '_').upper()}" for t in tiers)):
+            if os.environ.get(var, "") != "":
+                raise ForgeError(f"{var} is set in the environment; it would override every configuration's "
+                                 f"{u.option}", hint=f"unset {var} for the sweep (the sweep sets it per configuration)")
+
+
+def _measure(prof: Path, tier: str, run_id: str, concurrency: int, kw: dict, contest: dict) -> str:
+    """Serve `prof` for `tier`, run the tier with the finals' client, stop the server: the outcome."""
+    rdir = runs.run_dir(run_id, create=False)
+    if not runs.tier_done(rdir, tier, keep_failed=True):
+        try:
+            serve.serve_profile(str(prof), kw["model"], image=kw["image"], vllm_cmd=kw["vllm_cmd"], port=kw["port"],
+                                run_id=run_id, timeout=kw["timeout"], shm_size=kw["shm_size"], contest=contest,
+                                round_name="final", tier=tier)
+        except ForgeError as e:
+            ui.warn(f"{run_id}: the server did not start ({e.message.splitlines()[0][:200]}); recorded, not retried")
+            return f"failed to start: {e.message.splitlines()[0][:300]}"
+        try:
+            bench.run_tiers(run_id=run_id, model=kw["model"], data_dir=kw["data_dir"], tiers=[tier],
+                            num_prompts=kw["num_prompts"], client=kw["client"], port=kw["port"], contest=contest,
+                            round_name="final", concurrency={tier: concurrency}, keep_failed=True)
+        except ForgeError as e:
+            if not runs.tier_done(rdir, tier, keep_failed=True):
+                raise
+            ui.warn(f"{run_id}: {e.message.splitlines()[0][:200]} (scored as measured)")
+        finally:
+            serve.stop_running_server()
+    return "measured"
+
+
+def _state(sdir: Path, sweep_id: str, record: dict) -> dict:
+    """The sweep's record: a new one, or the recorded one when it was started with the same space and
+    settings (a resume); another space under the same id is refused."""
+    sj = sdir / "sweep.json"
+    if not sj.is_file():
+        return {"sweep": sweep_id, **record, "tiers": {}, "created": runs.now_iso()}
+    st = runs.read_json(sj)
+    if not isinstance(st, dict):
+        raise ForgeError(f"{paths.rel(sj)}: not a sweep record", hint="restore it, or start a new sweep (omit --sweep-id)")
+    diff = [k for k in record if st.get(k) != record[k]]
+    if diff:
+        raise ForgeError(f"sweep {sweep_id} was started with other {', '.join(diff)} ({paths.rel(sj)})",
+                         hint="resume it with the same options, or start a new sweep (omit --sweep-id)")
+    return st
+
+
+def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, sweep_id: str | None = None,
+                baseline: str | None = None, baseline_profile: str | None = None, base_profile: str = "contest",
+                space_args: dict | None = None, ranker: Callable | None = None, model_build: str = "best-public",
+                tier_env: str | None = None, force: bool = False, image: str | None = None,
+                vllm_cmd: str | None = None, data_dir: str | None = None, num_prompts: int | None = None,
+                client: str | None = None, port: int | None = None, timeout: float = 1800,
+                shm_size: str = "64g") -> dict:
+    """The search (see the module's docstring). Returns the sweep's record."""
+    contest = contest_mod.load_contest()
+    rnd = rounds.load_round(contest, "final")
+    # everything the command line says is checked before a server starts
+    tiers = list(tiers or rnd.tier_order)
+    bad = [t for t in tiers if t not in rnd.tier_order]
+    if bad or not tiers:
+        raise ForgeError(f"--tiers: {', '.join(bad) or 'none'} not a tier of the final round",
+                         hint=f"tiers: {', '.join(rnd.tier_order)}")
+    if top < 1:
+        raise ForgeError(f"--top {top}: at least one configuration per tier is served", hint="--top 3")
+    if bool(baseline) == bool(baseline_profile):
+        raise ForgeError("the final round's baseline figures are unpublished: give --baseline RUN (a final-round run "
+                         "at the finals' baseline configuration) or --baseline-profile P (the sweep measures it), one",
+                         hint="e.g. --baseline-profile upstream (same-run upstream at TP2, 128 / 4096 / 0.95, "
+                              "concurrency 10)")
+    model = model or os.environ.get("MODEL") or None
+    if not model:
+        raise ForgeError("no model directory given", hint="pass --model DIR (make sweep MODEL=DIR)")
+    cands = final_space.space(rnd, **(space_args or {}))
+    for name in (base_profile, *([baseline_profile] if baseline_profile else [])):
+        paths.plain_name(name, "profile")
+    sweep_id = runs.check_run_id(sweep_id) if sweep_id else runs.new_run_id("final-sweep")
+    _refuse_env_overrides(rnd, tiers)
+    out_file = final_pick.tier_env_path(tier_env)
+    final_pick.refuse_recorded(out_file, tiers, sweep_id, force)
+    base_run = runs.resolve_run(baseline) if baseline else None
+    base_metrics = final_pick.baseline_tiers(base_run, contest, "final", tiers) if base_run else None
+    sdir = sweeps_root() / sweep_id
+    record = {"round": "final", "space": {k: (space_args or {}).get(k) for k in SPACE_OPTIONS}, "top": top,
+              "base_profile": base_profile, "baseline": str(base_run) if base_run else None,
+              "baseline_profile": baseline_profile, "num_prompts": num_prompts, "model_build": model_build}
+    st = _state(sdir, sweep_id, record)
+    rank = ranker or model_ranker(contest, rnd, model_build)
+    kw = dict(model=model, image=image, vllm_cmd=vllm_cmd, port=port, timeout=timeout, shm_size=shm_size,
+              data_dir=data_dir, num_prompts=num_prompts, client=client)
+    save = lambda: runs.write_json(sdir / "sweep.json", st)          # noqa: E731
+    sdir.mkdir(parents=True, exist_ok=True)
+    ui.info(f"sweep {sweep_id}: {len(cands)} configurations per tier, the best {top} served (resume: --sweep-id {sweep_id})")
+    winners = {}
+    for tier in tiers:
+        ts = st["tiers"].setdefault(tier, {})
+        if "ranking" not in ts:
+            with ui.step(f"tier {tier}: ranking {len(cands)} configurations with the finals' time model"):
+                ranked = final_space.rank(rank, tier, cands)
+            ts["ranking"] = [{"key": r.candidate.key, "candidate": r.candidate.as_dict(), "predicted": r.predicted,
+                              "why": r.why} for r in ranked[:max(top, 10)]]
+            save()
+        if base_metrics is None or tier not in base_metrics:
+            bid = f"{sweep_id}-{tier}-baseline"
+            values = rnd.baseline.as_dict()
+            prof = _write_profile(sdir, f"{tier}-baseline",
+                                  _profile_text(baseline_profile, rnd, values, None, "the finals' baseline"))
+            with ui.step(f"tier {tier}: the baseline ({baseline_profile} at the finals' baseline configuration)"):
+                how = _measure(prof, tier, bid, values["concurrency"], kw, contest)
+            if how != "measured":
+                raise ForgeError(f"tier {tier}: the baseline server did not start ({how})",
+                                 hint="fix it (see the run's server.log), then rerun with --sweep-id " + sweep_id)
+            base_metrics = {**(base_metrics or {}),
+                            **final_pick.baseline_tiers(runs.run_dir(bid, create=False), contest, "final", [tier])}
+            ts["baseline_run"] = bid
+            save()
+        scored = []
+        for i, r in enumerate(ts["ranking"][:top], 1):
+            cand = Candidate(**{k: r["candidate"][k] for k in r["candidate"]})
+            run_id = f"{sweep_id}-{tier}-{cand.key}"
+            rdir = runs.run_dir(run_id, create=False)
+            res_file = rdir / final_pick.TIER_SCORE
+            if r.get("outcome", "").startswith("failed to start"):
+                ui.info(f"tier {tier} {i}/{top}: {cand.key}: {r['outcome']} (recorded; not retried)")
+                continue
+            if not res_file.is_file():
+                prof = _write_profile(sdir, f"{tier}-{cand.key}", _profile_text(
+                    base_profile, rnd, cand.settings_values(), final_space.KV_DTYPES[cand.kv_dtype], "a sweep candidate"))
+                with ui.step(f"tier {tier} {i}/{top}: {cand.key} (predicted {r['predicted'].get('tok_s') or 0:.1f} tok/s)"):
+                    r["run"] = run_id
+                    r["outcome"] = _measure(prof, tier, run_id, cand.concurrency, kw, contest)
+                    save()
+                    if r["outcome"] != "measured":
+                        continue
+                    runs.write_json(res_file, final_pick.tier_score(contest, rdir, tier, base_metrics[tier]))
+            else:
+                ui.info(f"tier {tier} {i}/{top}: {cand.key}: already measured in run {run_id}; kept")
+            res = runs.read_json(res_file)
+            r.update(run=run_id, outcome="measured", tok_s=res["tok_s"], score=res["contribution"],
+                     zeroed_by=res["zeroed_by"])
+            save()
+            scored.append((cand, run_id, res))
+        best = final_pick.winner(scored)
+        if best is None:
+            ui.warn(f"tier {tier}: no served configuration stayed within the SLA; no winner recorded")
+            ts["winner"] = None
+        else:
+            cand, run_id, res = best
+            winners[tier] = final_pick.entry(rnd, tier, cand, run_id, sweep_id, res,
+                                             f"{base_profile} + {cand.key}")
+            ts["winner"] = {"key": cand.key, "run": run_id}
+        save()
+    if winners:
+        final_pick.write_winners(out_file, "final", winners, sweep_id, force)
+        ui.info(f"wrote the winners of {', '.join(winners)} to {paths.rel(out_file)}")
+    st["tier_env_file"] = str(out_file)
+    st["updated"] = runs.now_iso()
+    save()
+    return st
+
+
+def add_arguments(s) -> None:
+    """The final round's options of `forge sweep` (compare.register adds them to the verb)."""
+    s.add_argument("--round", default=None,
+                   help="final: the search over the final round's configurations per tier (see below); default: the "
+                        "preliminary's sweep over PROFILES")
+    s.add_argument("--tiers", help="final: comma-separated tiers to search (default: all three)")
+    s.add_argument("--top", type=int, default=3, help="final: how many of the model's best configurations are served "
+                                                      "per tier (default 3)")
+    s.add_argument("--sweep-id", help="final: the sweep to write or resume (default: a new one; printed at the start)")
+    s.add_argument("--baseline", help="final: a final-round run at the finals' baseline configuration (same-run "
+                                      "upstream) holding the searched tiers")
+    s.add_argument("--baseline-profile", help="final: measure the baseline in the sweep: this profile at the round's "
+                                              "baseline settings, one run per tier (e.g. upstream)")
+    s.add_argument("--base-profile", default="contest", help="final: the profile every candidate extends (default: "
+                                                              "contest, the submission)")
+    for opt, default in (("--topologies", "tp2,dp2"), ("--kv-dtypes", "bf16,int8"), ("--max-num-seqs", "16,32,64,128"),
+                         ("--max-num-batched-tokens", "2048,4096,8192,16384"),
+                         ("--gpu-memory-utilization", "0.9,0.95"), ("--concurrency", "8,10,12,16")):
+        s.add_argument(opt, help=f"final: comma-separated values of the search space (default {default})")
+    s.add_argument("--model-build", default="best-public",
+                   help=f"final: the build the time model prices the candidates with ({', '.join(BUILDS)}; default "
+                        "best-public)")
+    s.add_argument("--tier-env", help="final: the tier-environment file the winners go to (default "
+                                      "reports/final-round/tier-environment.json)")
+    s.add_argument("--force", action="store_true", help="final: replace a tier's winner another sweep recorded")
+
+
+def cmd_final(args) -> int:
+    if args.profiles:
+        raise ForgeError(f"sweep --round final searches configurations; profiles given ({' '.join(args.profiles)})",
+                         hint="drop the profiles; --base-profile names the one the candidates extend")
+    if args.repeat != 1:
+        raise ForgeError("--repeat goes with the preliminary's sweep; the final round's serves each configuration once",
+                         hint="drop --repeat")
+    space_args = {k: getattr(args, k) for k in SPACE_OPTIONS if getattr(args, k) is not None}
+    tiers = [x.strip() for x in args.tiers.split(",") if x.strip()] if args.tiers is not None else None
+    st = sweep_final(tiers, model=args.model, top=args.top, sweep_id=args.sweep_id, baseline=args.baseline,
+                     baseline_profile=args.baseline_profile, base_profile=args.base_profile, space_args=space_args,
+                     model_build=args.model_build, tier_env=args.tier_env, force=args.force, image=args.image,
+                     vllm_cmd=args.vllm, data_dir=args.data_dir, num_prompts=args.num_prompts, client=args.client,
+                     port=args.port, timeout=args.timeout, shm_size=args.shm_size)
+    print(f"{'tier':<8} {'configuration':<40} {'run':<64} {'tok/s':>8} {'score':>7}  verdict")
+    for tier, ts in st["tiers"].items():
+        win = (ts.get("winner") or {}).get("key")
+        for r in ts["ranking"][:st["top"]]:
+            verdict = ("winner" if r["key"] == win else "; ".join(r.get("zeroed_by") or []) or
+                       (r.get("outcome") if r.get("outcome") != "measured" else "within the SLA"))
+            tok = f"{r['tok_s']:.2f}" if r.get("tok_s") is not None else "-"
+            sc = f"{r['score']:.2f}" if r.get("score") is not None else "-"
+            print(f"{tier:<8} {r['key']:<40} {r.get('run') or '-':<64} {tok:>8} {sc:>7}  {verdict}")
+    print(f"sweep {st['sweep']}; winners: {st['tier_env_file']}")
+    return 0
