@@ -14,6 +14,7 @@ DCU card's blocks at TP1 (vLLM then skips its memory profile and takes that many
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 
@@ -81,6 +82,28 @@ def render(res: dict) -> list[str]:
     return L
 
 
+def number(text: str | None, what: str, lo: float, hi: float, example: str) -> float | None:
+    """An option's number in (lo, hi], or None when not given."""
+    if text is None:
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and lo < v <= hi):
+        raise ForgeError(f"{what} {text!r}: expected a number > {lo:g} and <= {hi:g}", hint=f"e.g. {what} {example}")
+    return v
+
+
+def whole(text: str | None, what: str, example: str) -> int | None:
+    """An option's whole number >= 1, or None when not given."""
+    if text is None:
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ForgeError(f"{what} {text!r}: expected a whole number >= 1", hint=f"e.g. {what} {example}")
+    return int(text)
+
+
 def cmd_plan(args) -> int:
     kv = [k.strip() for k in args.kv_dtype.split(",")] if args.kv_dtype else None
     for k in kv or []:
@@ -90,8 +113,10 @@ def cmd_plan(args) -> int:
     if out is not None and (out / "plan.json").exists() and not options.forced(args.force):
         raise ForgeError(f"{paths.rel(out / 'plan.json')}: a plan is recorded there",
                          hint="--force replaces it (FORCE=1), or give another --out")
-    res = plan(args.round, [args.tier] if args.tier else None, kv, args.card, args.gpu_memory_utilization,
-               args.max_num_batched_tokens, args.concurrency)
+    util = number(args.gpu_memory_utilization, "--gpu-memory-utilization", 0.0, 1.0, "0.95")
+    mnbt = whole(args.max_num_batched_tokens, "--max-num-batched-tokens", "8192")
+    conc = whole(args.concurrency, "--concurrency", "10")
+    res = plan(args.round, [args.tier] if args.tier else None, kv, args.card, util, mnbt, conc)
     for line in render(res):
         print(line)
     if out is not None:
@@ -112,13 +137,10 @@ def register(sub) -> None:
     p.add_argument("--tier", help="one tier (default: every tier of the round)")
     p.add_argument("--kv-dtype", help="bf16, int8 or both comma-separated (default both)")
     p.add_argument("--card", choices=sorted(cap_mod.CARDS), default="dcu", help="the card's memory (default dcu)")
-    p.add_argument("--gpu-memory-utilization", type=options.number_in(0, 1, "--gpu-memory-utilization", "0.95",
-                                                                      lo_open=True),
-                   help="default: the round's baseline (0.95)")
-    p.add_argument("--max-num-batched-tokens", type=options.whole_in(1, None, "--max-num-batched-tokens"),
+    p.add_argument("--gpu-memory-utilization", help="in (0, 1]; default: the round's baseline (0.95)")
+    p.add_argument("--max-num-batched-tokens",
                    help="default: the round's baseline (4096); the activation part of the non-KV peak grows with it")
-    p.add_argument("--concurrency", type=options.whole_in(1, None, "--concurrency"),
-                   help="requests in flight (default: the round's client per tier)")
+    p.add_argument("--concurrency", help="requests in flight (default: the round's client per tier)")
     p.add_argument("--out", help="folder for plan.json and plan.md (a recorded plan is replaced only with --force)")
     p.add_argument("--force", action="store_true", help="replace a plan recorded in --out")
     p.set_defaults(func=cmd_plan)

@@ -38,7 +38,7 @@ DEFAULT_BATCHED = "4096,8192"
 
 
 def _ints(text: str, what: str) -> list[int]:
-    vals = [options.parse_whole(x.strip()) for x in text.split(",")]
+    vals = [int(x) if x.strip().isdigit() else None for x in text.split(",")]
     if not vals or any(v is None or v < 1 for v in vals):
         raise ForgeError(f"{what} {text!r}: whole numbers >= 1, comma-separated", hint=f"e.g. {what} 8,10,12")
     return vals
