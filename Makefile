@@ -85,8 +85,8 @@ bench-kernels: ## kernel benchmarks on a GPU machine (writes reports/kernels/)
 calibrate: ## check and time every kernel candidate on this device; write its table (on the card, or a GPU machine; CALIBRATE_ARGS=...; FORCE=1 calibrates into a complete folder again)
 	@$(FORGE) calibrate $(CALIBRATE_ARGS) $(if $(filter 1,$(FORCE)),--force)
 
-serve: ## start the contest server command for a profile and wait for /health (PROFILE=, MODEL=dir, IMAGE=optional image)
-	@$(FORGE) serve --profile $(PROFILE)
+serve: ## start the contest server command for a profile and wait for /health (PROFILE=, MODEL=dir, IMAGE=optional image; ROUND=final TIER=<tier> for the final round)
+	@$(FORGE) serve --profile $(PROFILE) $(if $(ROUND),--round $(ROUND)) $(if $(TIER),--tier $(TIER))
 
 stop: ## stop the server `forge serve` started (and only that one)
 	@$(FORGE) stop

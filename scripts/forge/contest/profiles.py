@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from ..config import Field, load_yaml, validate
 from ..errors import ForgeError
 from ..paths import CONFIGS, rel
+from . import rounds
 from . import rules as contest_mod
 
 PROFILES = CONFIGS / "serve"
@@ -21,12 +23,24 @@ SCHEMA = {
     "extends": Field(str, required=False, default=None, doc="a profile this one adds to"),
     "env": Field(dict, value=ENTRY, required=False, default={}),
     "options": Field(dict, value=ENTRY, required=False, default={}),
+    "round": Field(str, required=False, default=rounds.DEFAULT_ROUND, choices=rounds.ROUNDS,
+                   doc="the round this profile is for (a preliminary profile may also be the base of a final one)"),
 }
+_ROUND_KEY = re.compile(r"^round:\s*[\"']?([A-Za-z]+)", re.M)
 
 
-def profile_names() -> list[str]:
-    return sorted(p.stem for p in PROFILES.glob("*.yaml"))
-
+def profile_names(round_name: str | None = rounds.DEFAULT_ROUND) -> list[str]:
+    """The profiles of configs/serve/ for `round_name` (their key 'round'; None: every profile). A file
+    that cannot be read counts as the preliminary's (loading it says what is wrong)."""
+    out = []
+    for p in PROFILES.glob("*.yaml"):
+        try:
+            m = _ROUND_KEY.search(p.read_text(errors="replace"))
+        except OSError:
+            m = None
+        if round_name is None or (m.group(1) if m else rounds.DEFAULT_ROUND) == round_name:
+            out.append(p.stem)
+    return sorted(out)
 
 def _path(name: str) -> Path:
     p = Path(name)
@@ -35,16 +49,39 @@ def _path(name: str) -> Path:
     q = PROFILES / f"{name}.yaml"
     if not q.is_file():
         raise ForgeError(f"profile {name!r} not found ({rel(q)})",
-                         hint=f"profiles: {', '.join(profile_names()) or '(none)'}")
+                         hint=f"profiles: {', '.join(profile_names(None)) or '(none)'}")
     return q
 
 
-def _check_entries(data: dict, file: str, contest: dict) -> None:
+def _round_env(contest: dict, rnd: rounds.Round | None, name: str, value: str, where: str) -> None:
+    """A profile's variable that a round reads: the unlocked server values go under `options` (per
+    tier: a mapping); CONCURRENCY_<tier> is the final round's client concurrency, refused elsewhere."""
+    if "final" not in (contest.get("rounds") or {}):
+        return
+    final = rnd if rnd is not None and rnd.name == "final" else rounds.load_round(contest, "final")
+    u = next((u for u in final.unlocked if name == u.env or name.startswith(u.env + "_")), None)
+    if u is not None:
+        raise ForgeError(f"{where}: {name} is the final round's start-script variable for {u.option}; a profile "
+                         f"sets {u.option} under options", hint=f"options: {{{u.option}: {{value: …, effect: …}}}} "
+                         "(a mapping tier -> value for per-tier values)")
+    tier = next((c.tier for c in final.clients.values() if c.concurrency_env == name), None)
+    if tier is None:
+        return
+    if rnd is None or rnd.name != "final":
+        prelim = rounds.load_round(contest, rounds.DEFAULT_ROUND)
+        rounds.check_settings(prelim, {"concurrency": value}, where=f"{where} (the client's concurrency for {tier})")
+    else:
+        rounds.check_settings(rnd, {"concurrency": value}, where=where)
+
+
+def _check_entries(data: dict, file: str, contest: dict, rnd: rounds.Round | None = None) -> None:
+    view = rounds.contest_view(contest, rnd, rnd.baseline) if rnd is not None else contest
     for name, e in data["env"].items():
         contest_mod.check_env_name(name, f"{file}: key 'env.{name}'")
         if not isinstance(e["value"], str):
             raise ForgeError(f"{file}: key 'env.{name}.value': expected a string, got {e['value']!r}",
                              hint=f"quote it: value: \"{e['value']}\"")
+        _round_env(contest, rnd, name, e["value"], f"{file}: key 'env.{name}'")
     for name, e in data["options"].items():
         where = f"{file}: key 'options.{name}'"
         if not name.startswith("-"):
@@ -56,26 +93,38 @@ def _check_entries(data: dict, file: str, contest: dict) -> None:
                              hint="true for a flag; remove the option to leave it unset")
         if not isinstance(v, (str, int, float, bool, dict, list)):
             raise ForgeError(f"{where}.value: expected a string, number, true, or a mapping (JSON)")
-        contest_mod.check_option(contest, name, v if not isinstance(v, (dict, list)) else json.dumps(v), where)
+        if rnd is not None and rnd.unlocked_option(name) is not None:
+            for tier, x in (v.items() if isinstance(v, dict) else [(None, v)]):
+                if tier is not None and tier not in rnd.tier_order:
+                    raise ForgeError(f"{where}.value: {tier!r} is not a tier of the {rnd.name} round",
+                                     hint=f"tiers: {', '.join(rnd.tier_order)}")
+                rounds.check_value(rnd, name, x, f"{where}.value" + (f".{tier}" if tier else ""))
+            continue
+        contest_mod.check_option(view, name, v if not isinstance(v, (dict, list)) else json.dumps(v), where)
 
 
-def load_profile(name: str, contest: dict | None = None, _chain: tuple = ()) -> dict:
+def load_profile(name: str, contest: dict | None = None, _chain: tuple = (), rnd: rounds.Round | None = None) -> dict:
     """A validated profile with `extends` resolved: {name, description, chain (the profiles' names, base
     first), chain_files (their files), env, options, file}. env/options map a name to {value, effect,
-    source}."""
+    source}. `rnd`: the round it is served in (None: the preliminary); a final round's profile may set
+    the options that round unlocks, a value or a mapping tier -> value each (adds 'round')."""
     contest = contest or contest_mod.load_contest()
+    rnd = None if rnd is None or rnd.name == rounds.DEFAULT_ROUND else rnd
     path = _path(name)
     file = rel(path)
     # `_chain`: the files (resolved) that extend this one: a cycle is one file met twice, not one name
     if path.resolve() in _chain:
         raise ForgeError(f"{file}: key 'extends': cycle {' -> '.join(rel(f) for f in [*_chain, path.resolve()])}")
     data = validate(load_yaml(path), SCHEMA, file)
-    _check_entries(data, file, contest)
+    if data["round"] != rounds.DEFAULT_ROUND and (rnd is None or rnd.name != data["round"]):
+        raise ForgeError(f"{file}: key 'round': profile {path.stem} is for the {data['round']} round",
+                         hint=f"serve it with --round {data['round']} (make serve ROUND={data['round']})")
+    _check_entries(data, file, contest, rnd)
     env: dict[str, dict] = {}
     options: dict[str, dict] = {}
     chain, files = [path.stem], [file]
     if data["extends"]:
-        parent = load_profile(data["extends"], contest, (*_chain, path.resolve()))
+        parent = load_profile(data["extends"], contest, (*_chain, path.resolve()), rnd)
         env.update(parent["env"])
         options.update(parent["options"])
         chain, files = parent["chain"] + chain, parent["chain_files"] + files
@@ -87,8 +136,11 @@ def load_profile(name: str, contest: dict | None = None, _chain: tuple = ()) -> 
         for old in [o for o in options if contest_mod.option_base(o) == canon]:
             del options[old]
         options[k] = {**e, "source": file}
-    return {"name": path.stem, "description": data["description"], "chain": chain, "chain_files": files,
-            "env": env, "options": options, "file": file}
+    out = {"name": path.stem, "description": data["description"], "chain": chain, "chain_files": files,
+           "env": env, "options": options, "file": file}
+    if rnd is not None:              # the preliminary's profile dict stays as it was
+        out["round"] = rnd.name
+    return out
 
 
 def option_args(options: dict[str, dict]) -> list[str]:
@@ -115,6 +167,36 @@ def render(profile: dict, model: str, contest: dict) -> dict:
     env = {k: e["value"] for k, e in profile["env"].items()}
     env.update(loopback_env(env))
     return {"argv": argv, "env": env, "engine_args": args, "model": str(model)}
+
+
+def render_round(profile: dict, model: str, contest: dict, rnd: rounds.Round, tier: str | None,
+                 environ: dict | None = None) -> dict:
+    """render() for a server of round `rnd` serving `tier`: the round's start script with the tier's
+    values (rounds.tier_settings: the environment, then the profile, then the round's baseline), plus
+    the profile's other reviewed options, checked against the round's view of the contest. Adds
+    round, tier, settings, sources (where each value came from) and tier_env (the variables a team sets
+    for the tier) to render()'s keys. The preliminary's is render()'s."""
+    if rnd.name == rounds.DEFAULT_ROUND:
+        return render(profile, model, contest)
+    if tier is None:
+        raise ForgeError(f"the {rnd.name} round starts one server per tier: no tier given",
+                         hint=f"pass --tier (make serve TIER=...), one of {', '.join(rnd.tier_order)}")
+    rnd.client(tier)
+    values = {rnd.unlocked_option(k).key: e["value"] for k, e in profile["options"].items()
+              if rnd.unlocked_option(k) is not None}
+    conc = rnd.client(tier).concurrency_env
+    if conc in profile["env"]:
+        values["concurrency"] = profile["env"][conc]["value"]
+    where = f"profile {profile['name']} ({profile['file']}), tier {tier}"
+    settings, sources = rounds.tier_settings(rnd, tier, values, environ, where=where)
+    rest = {k: e for k, e in profile["options"].items() if rnd.unlocked_option(k) is None}
+    argv = rounds.start_argv(rnd, settings, str(model)) + option_args(rest)
+    contest_mod.check_command(rounds.contest_view(contest, rnd, settings), argv[3:], where=where)
+    env = {k: e["value"] for k, e in profile["env"].items()}
+    env.update(loopback_env(env))
+    return {"argv": argv, "env": env, "engine_args": argv[3:], "model": str(model), "round": rnd.name,
+            "tier": tier, "settings": settings.as_dict(), "sources": sources,
+            "tier_env": rounds.tier_env(rnd, tier, settings)}
 
 
 def loopback_env(env: dict[str, str] | None = None) -> dict[str, str]:

@@ -4,7 +4,6 @@ profile's environment (in the image or from the installed wheel), wait until it 
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import shutil
 import socket
@@ -15,55 +14,20 @@ import urllib.request
 from pathlib import Path
 
 from .. import options, paths, proc, ui
-from ..contest import profiles
+from ..contest import profiles, rounds
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from . import runs
+from . import runs, serverlog
+from .serverlog import KNOWN_FAILURES, diagnose  # noqa: F401  (serve's API since before they moved)
 
 STATE = paths.BUILD / "serve" / "server.json"
-LOCKED_PORT = 8001
+LOCKED_PORT = serverlog.SCORED_PORT
 
 # Device access for the DCU container (contest-facts: /dev/kfd, /dev/mkfd, /dev/dri, /opt/hyhal ro,
 # group video, large shm, host IPC).
 DOCKER_DEVICE_ARGS = ["--device=/dev/kfd", "--device=/dev/mkfd", "--device=/dev/dri",
                       "-v", "/opt/hyhal:/opt/hyhal:ro", "--group-add", "video", "--ipc=host",
                       "--network=host"]
-
-# (pattern in the server log, likely cause, what to do)
-KNOWN_FAILURES = [
-    (r"out of memory|OutOfMemoryError|No available memory for the cache blocks|"
-     r"insufficient memory|larger than the available KV cache memory",
-     "the card ran out of memory (weights + KV cache + graphs do not fit)",
-     "check that no other process holds the card; lower --gpu-memory-utilization in the profile"),
-    (r"[Aa]ddress already in use|Errno 98",
-     f"port {LOCKED_PORT} is already in use",
-     "stop the other server (`forge stop`, or find it with `ss -ltnp | grep 8001`)"),
-    (r"unrecognized arguments|error: argument |invalid choice",
-     "the server rejected an option of the command (unknown argument or value)",
-     "the installed vLLM may not be our patched build: check `pip show vllm`, or fix the profile"),
-    (r"config\.json|Repo id must|is not a local folder|HFValidationError|No such file or directory|"
-     r"does not appear to have a file named|Can't load tokenizer|Unrecognized model",
-     "the model directory is missing or incomplete",
-     "pass --model (MODEL=) a directory with config.json, the tokenizer and the weights"),
-    (r"Unable to find image|pull access denied|No such image",
-     "the image is not present on this machine",
-     "load or build the image (`make image`), or pass the right IMAGE"),
-    (r"permission denied.*docker\.sock|Cannot connect to the Docker daemon",
-     "docker is not usable by this user",
-     "start the docker daemon or add the user to the docker group"),
-    (r"ModuleNotFoundError|ImportError",
-     "a Python module is missing in the server's environment",
-     "install our vLLM wheel with its dependencies, or use the image"),
-]
-
-
-def diagnose(log_text: str) -> list[tuple[str, str]]:
-    found = []
-    for pat, cause, fix in KNOWN_FAILURES:
-        if re.search(pat, log_text):
-            found.append((cause, fix))
-    return found
-
 
 def _env_or(value: str | None, var: str) -> str | None:
     return value or (os.environ.get(var) or None)
@@ -170,16 +134,21 @@ def launch_command(rendered: dict, *, image: str | None, vllm_cmd: str | None, p
 
 def serve_profile(profile: str, model: str | None = None, *, image: str | None = None, vllm_cmd: str | None = None,
                   port: int | None = None, run_id: str | None = None, timeout: float = 1800,
-                  shm_size: str = "64g", wait: bool = True, contest: dict | None = None) -> dict:
+                  shm_size: str = "64g", wait: bool = True, contest: dict | None = None,
+                  round_name: str | None = None, tier: str | None = None) -> dict:
     """Start the server of a profile (configs/serve/<profile>.yaml, checked against the contest's
     rules) from the installed wheel, through `vllm_cmd`, or in `image`; record it for `forge stop`
-    and, with `wait`, return once /health answers. Returns the server's state (run_id, port, ...)."""
+    and, with `wait`, return once /health answers. Returns the server's state (run_id, port, ...).
+    `round_name` (default: the preliminary) and, for the final round, `tier`: the round's start script
+    with that tier's values (forge.contest.rounds)."""
     contest = contest or contest_mod.load_contest()
-    prof = profiles.load_profile(profile, contest)
+    rnd = rounds.load_round(contest, round_name or rounds.DEFAULT_ROUND)
+    prof = profiles.load_profile(profile, contest, rnd=rnd)
     model = _env_or(model, "MODEL")
     image = _env_or(image, "IMAGE")
     if not model:
         raise ForgeError("no model directory given", hint="pass --model DIR (make serve MODEL=DIR)")
+    render(prof, Path(model), contest, rnd, tier)     # a round's values and its cards, before anything else
     port = port or LOCKED_PORT
     run_id = runs.check_run_id(run_id) if run_id is not None else runs.new_run_id(prof["name"])
     if vllm_cmd is not None:
@@ -194,7 +163,7 @@ def serve_profile(profile: str, model: str | None = None, *, image: str | None =
         raise ForgeError(f"a server started by forge is already running (pid {st['pid']}, run {st['run_id']})",
                          hint="forge stop (make stop) first")
     state = start_server(prof, Path(model).resolve(), contest=contest, port=port, run_id=run_id, image=image,
-                         vllm_cmd=vllm_cmd, shm_size=shm_size, wait=wait, timeout=timeout)
+                         vllm_cmd=vllm_cmd, shm_size=shm_size, wait=wait, timeout=timeout, rnd=rnd, tier=tier)
     if state.get("ready"):
         ui.info(f"server ready on http://{state['host']}:{port} (run {run_id}); `forge stop` ends it")
     return state
@@ -217,7 +186,8 @@ def cmd_serve(args) -> int:
     if args.dry_run or args.foreground:
         return _print_or_exec(args)
     state = serve_profile(args.profile, args.model, image=args.image, vllm_cmd=args.vllm, port=args.port,
-                          run_id=args.run_id, timeout=args.timeout, shm_size=args.shm_size, wait=not args.no_wait)
+                          run_id=args.run_id, timeout=args.timeout, shm_size=args.shm_size, wait=not args.no_wait,
+                          round_name=args.round, tier=args.tier)
     print(state["run_id"])
     return 0
 
@@ -225,13 +195,14 @@ def cmd_serve(args) -> int:
 def _print_or_exec(args) -> int:
     """--dry-run prints the checked command; --foreground (inside the image) becomes the server."""
     contest = contest_mod.load_contest()
-    prof = profiles.load_profile(args.profile, contest)
+    rnd = rounds.load_round(contest, args.round or rounds.DEFAULT_ROUND)
+    prof = profiles.load_profile(args.profile, contest, rnd=rnd)
     model = _env_or(args.model, "MODEL")
     image = _env_or(args.image, "IMAGE")
     if not model:
         raise ForgeError("no model directory given", hint="pass --model DIR (make serve MODEL=DIR)")
     model_path = Path(model).resolve() if not args.dry_run else Path(model)
-    rendered = profiles.render(prof, str(model_path), contest)
+    rendered = render(prof, model_path, contest, rnd, args.tier, cards=not args.dry_run)
     port = args.port or LOCKED_PORT
     run_id = runs.check_run_id(args.run_id) if args.run_id is not None else runs.new_run_id(prof["name"])
     container = f"forge-serve-{run_id}".lower()
@@ -240,6 +211,10 @@ def _print_or_exec(args) -> int:
     env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in rendered["env"].items())
     if args.dry_run:
         print(f"# profile {prof['name']} ({' -> '.join(prof['chain'])}): checked against configs/contest.yaml")
+        if "round" in rendered:
+            v = rounds.visible_cards({**os.environ, **rendered["env"]})
+            print(f"# the {rendered['round']} round, tier {rendered['tier']}: {rendered['sources']}; cards visible "
+                  f"here: {v.count if v.count is not None else 'cannot tell'} ({v.source})")
         print(f"{env_text} {proc.fmt(rendered['argv'])}")
         if cmd[1:] != rendered["argv"][1:] or image:
             print(f"# launched as:\n{proc.fmt(cmd)}")
@@ -256,15 +231,17 @@ def start_server(prof: dict, model_path: Path, *, contest: dict, port: int, run_
                  image: str | None = None, vllm_cmd: str | None = None, shm_size: str = "64g",
                  wait: bool = True, timeout: float = 1800, state_file: Path | None = None,
                  harness_args: list[str] | None = None, extra_env: dict[str, str] | None = None,
-                 run_dir: Path | None = None, process_env: dict[str, str] | None = None) -> dict:
+                 run_dir: Path | None = None, process_env: dict[str, str] | None = None,
+                 rnd: rounds.Round | None = None, tier: str | None = None) -> dict:
     """Start one server for a loaded profile (the command checked against the contest rules), record
     it in `state_file` (default: the one `forge stop` reads) and, with `wait`, return once /health
     answers. `harness_args`/`extra_env` are the GPU harness's additions (random weights and the like):
     they are appended after the check, recorded, and mark the run as not comparable to a scored one.
     `run_dir` is the run folder (default reports/runs/<run_id>); `process_env` is added to the
-    server's environment without being recorded (e.g. where a private site folder is)."""
+    server's environment without being recorded (e.g. where a private site folder is). `rnd`/`tier`:
+    a server of that round (default: the preliminary) for that tier; the record adds its settings."""
     state_file = state_file or STATE
-    rendered = profiles.render(prof, str(model_path), contest)
+    rendered = render(prof, model_path, contest, rnd, tier, env={**(process_env or {}), **(extra_env or {})})
     container = f"forge-serve-{run_id}".lower()
     cmd = launch_command(rendered, image=image, vllm_cmd=vllm_cmd, port=port,
                          container=container, shm_size=shm_size) + list(harness_args or [])
@@ -291,6 +268,7 @@ def start_server(prof: dict, model_path: Path, *, contest: dict, port: int, run_
         "model": str(model_path), "image": image, "command": rendered["argv"], "launch": cmd,
         "env": rendered["env"], "port": port, "scored_port": scored, "started": runs.now_iso(),
         **({"harness_args": list(harness_args), "harness_env": dict(extra_env or {})} if harness_args else {}),
+        **{k: rendered[k] for k in ("round", "tier", "settings", "sources", "tier_env") if k in rendered},
     }
     if harness_args:
         ui.info(f"harness server (not a scored run): {proc.fmt(harness_args)}")
@@ -328,8 +306,27 @@ def start_server(prof: dict, model_path: Path, *, contest: dict, port: int, run_
             stop_server(state, quiet=True)
             raise
         state["ready"] = True
+        dp = (rendered.get("settings") or {}).get("data_parallel_size", 1)
+        record["kv_cache"] = state["kv_cache"] = serverlog.kv_cache_report(log.read_text(errors="replace"), dp)
+        if record["kv_cache"]["flag"]:
+            ui.warn(f"run {run_id}: {record['kv_cache']['flag']} (recorded in serve.json)")
     runs.write_json(rdir / "serve.json", record)
     return state
+
+
+def render(prof: dict, model_path: Path, contest: dict, rnd: rounds.Round | None, tier: str | None,
+           env: dict | None = None, cards: bool = True) -> dict:
+    """The checked server command of `prof` in round `rnd` (None: the preliminary, unchanged); a
+    round's multi-card server is refused before anything runs when its cards are not all visible, one
+    per rank, to a process with this environment plus the profile's and `env` (`cards`)."""
+    if rnd is None or rnd.name == rounds.DEFAULT_ROUND:
+        return profiles.render(prof, str(model_path), contest)
+    rendered = profiles.render_round(prof, str(model_path), contest, rnd, tier)
+    if cards:
+        settings = rounds.Settings(**rendered["settings"])
+        visible = rounds.visible_cards({**os.environ, **rendered["env"], **(env or {})})
+        rounds.check_cards(rnd, settings, visible, where=f"profile {prof['name']}, tier {tier}")
+    return rendered
 
 
 def wait_healthy(p, state: dict, timeout: float) -> None:
@@ -390,6 +387,11 @@ def register(sub) -> None:
                                    "configs/contest.yaml, start it (in IMAGE, or from the installed wheel) and wait "
                                    "for /health. Prints the run id; the log goes to reports/runs/<run-id>/server.log.")
     p.add_argument("--profile", default="contest", help="configs/serve/<profile>.yaml (default: contest)")
+    p.add_argument("--round", choices=rounds.ROUNDS, default=os.environ.get("ROUND") or None,
+                   help="the contest's round (default: $ROUND, else preliminary): final renders the finals' start "
+                        "script with the tier's topology and capacity values (README 'The final round')")
+    p.add_argument("--tier", default=os.environ.get("TIER") or None,
+                   help="the tier this server is for (default: $TIER); the final round needs one")
     p.add_argument("--model", help="model directory (default: $MODEL)")
     p.add_argument("--image", help="run in this container image (default: $IMAGE); else the installed wheel")
     p.add_argument("--dry-run", action="store_true", help="print the checked command and exit")
