@@ -17,10 +17,10 @@ import json
 import math
 from pathlib import Path
 
-from .. import options, paths, ui
+from .. import options, paths, records, ui
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from . import results, runs
+from . import final_client, results, runs
 from .archive import ARCHIVE
 from .results import check_result, finite_positive, read_result, request_tpots_ms  # noqa: F401
 from .score_doc import HARNESS_LABEL, chart, print_run, print_what_if, render_md
@@ -72,19 +72,16 @@ def load_run(run: Path, contest: dict, partial: bool = False) -> dict:
     elif not missing:
         vals = [t["tpot_p99_ms"] for t in tiers.values() if t["tpot_p99_ms"] is not None]
         pooled = max(vals) if vals else None
-    acc = _read_object(run / "accuracy.json") if (run / "accuracy.json").is_file() else {}
+    acc = read_accuracy(run / "accuracy.json") if (run / "accuracy.json").is_file() else None
     man = _read_object(run / "manifest.json") if (run / "manifest.json").is_file() else {}
-    for file, key, ok, want in (
-            ("accuracy.json", "scores", lambda v: isinstance(v, dict) and all(map(results.number, v.values())),
-             "a mapping of task to a finite number >= 0"),
-            ("manifest.json", "harness", lambda v: isinstance(v, bool), "true or false")):
-        v = (acc if file == "accuracy.json" else man).get(key)
-        if v is not None and not ok(v):
-            raise ForgeError(f"{run / file}: key '{key}' is {repr(v)[:60]}, expected {want}",
-                             hint=f"{file} is damaged; restore it from a copy of the run or rerun the step that "
-                                  "wrote it")
-    return {"tiers": tiers, "tpot_p99_pooled_ms": pooled, "accuracy": acc.get("scores"),
-            "manifest": man, "path": str(run), "missing": missing, "harness": bool(man.get("harness"))}
+    v = man.get("harness")
+    if v is not None and not isinstance(v, bool):
+        raise ForgeError(f"{run / 'manifest.json'}: key 'harness' is {repr(v)[:60]}, expected true or false",
+                         hint="manifest.json is damaged; restore it from a copy of the run or rerun the step that "
+                              "wrote it")
+    return {"tiers": tiers, "tpot_p99_pooled_ms": pooled, "accuracy": acc,
+            "manifest": man, "path": str(run), "missing": missing, "harness": bool(man.get("harness")),
+            "round": final_client.run_round(man)}
 
 
 def _no_result_hint(run: Path) -> str:
@@ -98,6 +95,21 @@ def _no_result_hint(run: Path) -> str:
     return f"finish the run: forge bench-all-tiers --run-id {run.name}"
 
 
+def read_accuracy(path: Path) -> dict[str, float]:
+    """The task scores of an accuracy result (`forge accuracy`'s accuracy.json: {"scores": {task: score}}),
+    as score and accuracy --a/--b read it: a JSON object whose 'scores' maps each task to a finite
+    number >= 0; anything else is an error naming the file and the key."""
+    scores = _read_object(path).get("scores")
+    if not (isinstance(scores, dict) and all(map(results.number, scores.values()))):
+        bad = next((f"'scores.{k}' is {repr(v)[:40]}" for k, v in scores.items() if not results.number(v)), None) \
+            if isinstance(scores, dict) else None
+        raise ForgeError(f"{path}: key {bad or repr('scores') + ' is ' + repr(scores)[:60]}, expected a mapping of "
+                         "task to a finite number >= 0",
+                         hint="accuracy.json is damaged; restore it from a copy of the run or rerun forge accuracy "
+                              "for it (--force)")
+    return {k: float(v) for k, v in scores.items()}
+
+
 def _read_object(path: Path) -> dict:
     d = runs.read_json(path)
     if not isinstance(d, dict):
@@ -106,14 +118,31 @@ def _read_object(path: Path) -> dict:
     return d
 
 
-def baseline_from_config(contest: dict, name: str | None = None) -> dict:
-    """A named baseline set; SLA values it lacks come from its `sla_from` set."""
+def baseline_from_config(contest: dict, name: str | None = None, round_name: str = final_client.PRELIMINARY) -> dict:
+    """A named baseline set (default: baselines.default for the preliminary, the round's own set for a
+    later round) of round `round_name`; SLA values it lacks come from its `sla_from` set. A set of
+    another round, or one whose tok/s were not published, is refused."""
     sets = contest["baselines"]["sets"]
+    if name is None and round_name != final_client.PRELIMINARY:
+        name = next((n for n, x in sets.items() if x["round"] == round_name), None)
+        if name is None:
+            raise ForgeError(f"configs/contest.yaml baselines.sets has no set of the {round_name} round",
+                             hint="score against a baseline run of that round: --baseline RUN")
     name = name or contest["baselines"]["default"]
     if name not in sets:
         raise ForgeError(f"baseline {name!r} is not in configs/contest.yaml baselines.sets",
                          hint=f"sets: {', '.join(sorted(sets))}")
     s = sets[name]
+    if s["round"] != round_name:
+        raise ForgeError(f"baseline set {name!r} is of the {s['round']} round; the run is of the {round_name} round: "
+                         "a run is scored only against a baseline of its own round",
+                         hint=f"pick a set of the {round_name} round, or --baseline RUN (a run of that round)")
+    unpublished = [t for t, v in s["tok_s"].items() if v is None]
+    if unpublished:
+        raise ForgeError(f"baseline set {name!r} ({round_name} round): its tok/s were not published "
+                         f"({', '.join(unpublished)}; configs/contest.yaml baselines.sets.{name}.source)",
+                         hint=f"score against a same-run upstream run at the {round_name} round's baseline "
+                              f"configuration: --baseline RUN (make score ROUND={round_name} BASELINE=<run>)")
     sla = sets[s["sla_from"]] if s.get("sla_from") else s
     tiers = {}
     for t in contest_mod.tier_names(contest):
@@ -122,18 +151,25 @@ def baseline_from_config(contest: dict, name: str | None = None) -> dict:
     tpot = s["tpot_p99_ms"] if s["tpot_p99_ms"] is not None else sla["tpot_p99_ms"]
     source = s["source"] + (f"; SLA limits from set {s['sla_from']!r}" if s.get("sla_from") else "")
     return {"label": f"{name} (configs/contest.yaml)", "source": source, "tiers": tiers,
-            "tpot_p99_pooled_ms": tpot, "accuracy": s["accuracy"] or None, "harness": False, "dcu": True}
+            "tpot_p99_pooled_ms": tpot, "accuracy": s["accuracy"] or None, "harness": False, "dcu": True,
+            "round": round_name}
 
 
 def baseline_from_run(run: Path, contest: dict) -> dict:
     r = load_run(run, contest)
     return {"label": f"run {run.name}" + (" (harness)" if r["harness"] else ""), "source": str(run),
             "tiers": r["tiers"], "tpot_p99_pooled_ms": r["tpot_p99_pooled_ms"], "accuracy": r["accuracy"],
-            "harness": r["harness"], "dcu": None}
+            "harness": r["harness"], "dcu": None, "round": r["round"]}
 
 
 def check_pairing(run: dict, base: dict, run_label: str) -> None:
-    """A harness run is scored only against a harness baseline, and a real run never against one."""
+    """A harness run is scored only against a harness baseline, and a real run never against one; a
+    run only against a baseline of its own round."""
+    ra, rb = run.get("round") or final_client.PRELIMINARY, base.get("round") or final_client.PRELIMINARY
+    if ra != rb:
+        raise ForgeError(f"{run_label} is of the {ra} round; the baseline {base['label']} is of the {rb} round: "
+                         "a run is scored only against a baseline of its own round",
+                         hint=f"give a baseline run of the {ra} round (--baseline RUN)")
     if run.get("harness") and not base.get("harness"):
         raise ForgeError(f"{run_label} is a harness run (random weights on a GPU machine); its tok/s say nothing "
                          f"about the DCU, so scoring it against {base['label']} is refused",
@@ -228,6 +264,7 @@ def score(contest: dict, run: dict, base: dict) -> dict:
             "accuracy": acc, "baseline": {"label": base["label"], "source": base.get("source"),
                                           "harness": bool(base.get("harness"))},
             "harness": bool(run.get("harness")), "kind": HARNESS_LABEL if run.get("harness") else "run",
+            "round": run.get("round") or final_client.PRELIMINARY,
             "below_baseline": sc["below_baseline"],
             "unchecked": {"ttft_tiers": unchecked, "tpot": tpot_ok is None}}
 
@@ -261,8 +298,8 @@ def write_report(contest: dict, rpath: Path, run: dict, base: dict, drift: dict 
             was = f" ({prev.get('display')} against {prev.get('baseline', {}).get('label')})"
         except (ForgeError, AttributeError):
             was = ""
-        raise ForgeError(f"{paths.rel(old)}: run {rpath.name} already has a recorded score{was}; not replaced",
-                         hint="pass --force (make score ... FORCE=1) to replace it")
+        records.guard_recorded(f"run {rpath.name}", f"a recorded score{was} ({paths.rel(old)})", doing="scoring it",
+                               force=force, hint="score a copy of the run")
     res = score(contest, run, base)
     res["run"] = str(rpath)
     res["output_drift"] = drift
@@ -288,23 +325,34 @@ def parse_tok_s(text: str, names: list[str]) -> list[float]:
 
 
 def score_run(run: "str | Path", *, baseline: "str | Path | None" = None, baseline_name: str | None = None,
-              force: bool = False, contest: dict | None = None) -> tuple[dict, bool]:
+              force: bool = False, contest: dict | None = None, round_name: str | None = None) -> tuple[dict, bool]:
     """Score a recorded run (a folder or a run id) against a baseline run or a configured baseline
     set, and write score.json, score.md and score.png into it. Returns the result and whether the
-    chart was drawn. A score already recorded there is replaced only with force=True."""
+    chart was drawn. A score already recorded there is replaced only with force=True. `round_name`,
+    when given, must be the run's round (its manifest's); the baseline must be of that round."""
     contest = contest or contest_mod.load_contest()
     if baseline and baseline_name:
         raise ForgeError("both --baseline (a run) and --baseline-name (a configured set) given; pick one",
                          hint="make score ... BASELINE=<run> or BASELINE_NAME=<set>")
+    if round_name is not None:
+        final_client.check_round(contest, round_name)
     rpath = runs.resolve_run(str(run))
     loaded = load_run(rpath, contest)
+    if round_name is not None and round_name != loaded["round"]:
+        raise ForgeError(f"run {rpath.name} was measured in the {loaded['round']} round, not the {round_name} round "
+                         f"({paths.rel(rpath / 'manifest.json')} round)", hint=f"score it with --round {loaded['round']}")
     drift = None
     if baseline:
-        base = baseline_from_run(runs.resolve_run(str(baseline)), contest)
+        bpath = runs.resolve_run(str(baseline))
+        if bpath.resolve() == rpath.resolve():
+            raise ForgeError(f"run {run} and baseline {baseline} are the same run folder ({rpath.resolve()}): a run "
+                             "scored against itself shows no difference",
+                             hint="score against another run (--baseline RUN), or a configured set (--baseline-name)")
+        base = baseline_from_run(bpath, contest)
         check_pairing(loaded, base, f"run {rpath.name}")
         drift = output_drift(loaded, base)
     else:
-        base = baseline_from_config(contest, baseline_name)
+        base = baseline_from_config(contest, baseline_name, loaded["round"])
     return write_report(contest, rpath, loaded, base, drift, force=force)
 
 
@@ -319,16 +367,18 @@ def cmd_score(args) -> int:
         raise ForgeError("both --baseline (a run) and --baseline-name (a configured set) given; pick one",
                          hint="make score ... BASELINE=<run> or BASELINE_NAME=<set>")
     if args.tok_s:
+        rnd = final_client.check_round(contest, args.round).name
         vals = parse_tok_s(args.tok_s, names)
         base = (baseline_from_run(runs.resolve_run(args.baseline), contest) if args.baseline
-                else baseline_from_config(contest, args.baseline_name))
-        run = {"tiers": {n: {"tok_s": v, "completion": 1.0} for n, v in zip(names, vals)}}
+                else baseline_from_config(contest, args.baseline_name, rnd))
+        run = {"tiers": {n: {"tok_s": v, "completion": 1.0} for n, v in zip(names, vals)}, "round": rnd}
+        check_pairing(run, base, "the what-if tok/s")
         print_what_if(score(contest, run, base), base)
         return 0
     if not args.run:
         raise ForgeError("nothing to score", hint="pass --run DIR (make score RUN=...) or --tok-s a,b,c")
     res, drew = score_run(args.run, baseline=args.baseline, baseline_name=args.baseline_name,
-                          force=options.forced(args.force), contest=contest)
+                          force=options.forced(args.force), contest=contest, round_name=args.round)
     print_run(res, drew)
     return 0
 
@@ -345,5 +395,11 @@ def register(sub) -> None:
                                            "e.g. team, official)")
     p.add_argument("--tok-s", help="what-if: comma-separated finite positive tok/s per tier, scored against the "
                                    "baseline (a set, or --baseline RUN's tok/s)")
+    p.add_argument("--round", default=None,
+                   help="the round the run was measured in (default: the one its manifest records; given, it must "
+                        "match). final: the preliminary's formula and SLA checks against a baseline of the final "
+                        "round: its figures are unpublished (configs/contest.yaml baselines.sets.final), so give "
+                        "--baseline RUN, a same-run upstream run at the finals' baseline configuration; a run is "
+                        "never scored against a baseline of another round")
     p.add_argument("--force", action="store_true", help="replace a score already recorded in the run folder")
     p.set_defaults(func=cmd_score)
