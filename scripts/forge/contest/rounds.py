@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import re
 import shlex
 from typing import Any, Mapping
 
@@ -163,13 +164,17 @@ def _rules(rnd: Round) -> Mapping:
     return rnd._rules                 # set by load_round: the rules its refusals cite
 
 
+# a number as a user types it: ASCII digits, an optional sign, point and exponent (float() would also
+# take "1_000", other scripts' digits and surrounding blanks)
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
 def _coerce(raw: Any, typ: str, what: str, where: str, hint: str) -> float | int:
     if isinstance(raw, bool):
         raise ForgeError(f"{where}: {what} {raw!r} is not a number", hint=hint)
-    try:
-        v = float(raw) if not isinstance(raw, (int, float)) else raw
-    except (TypeError, ValueError):
-        raise ForgeError(f"{where}: {what} {raw!r} is not a number", hint=hint) from None
+    if not isinstance(raw, (int, float)) and not (isinstance(raw, str) and _NUMBER.fullmatch(raw)):
+        raise ForgeError(f"{where}: {what} {raw!r} is not a number in plain digits", hint=hint)
+    v = float(raw) if isinstance(raw, str) else raw
     if not math.isfinite(v):
         raise ForgeError(f"{where}: {what} {raw!r} is not a finite number", hint=hint)
     if typ == "int":
