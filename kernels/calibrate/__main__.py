@@ -33,16 +33,27 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="tiny shapes under Triton's interpreter on a CPU: the plumbing, not the numbers")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--tp", type=int, default=1,
+                    help="tensor-parallel degree: measure one rank's shapes (attention heads 24/tp q, max(1, 4/tp) KV)")
+    ap.add_argument("--heads", default=None,
+                    help="Q,KV heads of one rank (default: derived from --tp); `forge calibrate` passes the model's")
     ap.add_argument("--workdir", default=None, help="where a family keeps side files (default: beside --out)")
     ap.add_argument("--resume", action="store_true",
                     help="after a process of this family died: keep OUT.partial.jsonl's candidates, record those "
                          "in OUT.killers.jsonl as failed, measure the rest")
     args = ap.parse_args(argv)
     args.workdir = args.workdir or os.path.dirname(os.path.abspath(args.out))
+    from calibrate import common
+    try:
+        args.heads = tuple(int(x) for x in args.heads.split(",")) if args.heads else common.rank_heads(args.tp)
+        if len(args.heads) != 2 or min(args.heads) < 1 or args.heads[0] % args.heads[1]:
+            raise ValueError(f"--heads {args.heads}: two counts, Q a multiple of KV")
+    except ValueError as e:
+        ap.error(str(e))
 
     import forge_tuned
     import torch
-    from calibrate import attention, common, gemv, misc
+    from calibrate import attention, gemv, misc
     run = {"gemv": gemv.run, "prefill": attention.prefill, "decode": attention.decode,
            "write": misc.write, "gemm": misc.gemm}[args.family]
     args.ledger = common.Ledger(args.out, args.resume)
@@ -50,7 +61,8 @@ def main(argv=None) -> int:
     doc = run(torch, args, lambda done, total, what: common.progress(args.family, done, total, what))
     doc.update(family=args.family, device=forge_tuned.device_identity(), seconds=round(time.time() - t0, 1),
                options={"kernels": args.kernels, "ops": args.ops, "quick": args.quick, "smoke": args.smoke,
-                        "seed": args.seed})
+                        "seed": args.seed, **({"tp": args.tp} if args.tp != 1 else {})},
+               geometry={"tp": args.tp, "heads": list(args.heads)})
     common.write_doc(args.out, doc)
     args.ledger.finish()
     bad = [r for r in doc["records"] if not r["ok"]]

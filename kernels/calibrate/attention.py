@@ -10,10 +10,12 @@ vLLM's unified kernel with upstream's 16-row tiles. Triton tiles are powers of t
 tiles are 64 (10 tokens x 6 heads), 128 (21 x 6) and 256 (42 x 6) rows; a 192-row tile (32 x 6) is
 not a Triton shape.
 
-decode: decision `decode.1.16bit` (batch 1, bf16 cache, block 784) over contexts 4K-32K; candidates:
-our split-KV kernel at each (segments, TILE_N, warps, stages), its built-in choice among them; the
-anchor is vLLM's unified kernel in its 3D decode mode (16 segments). The int8 cache's decode is
-checked for correctness at block 1552 with its built-in launch.
+decode: decisions `decode.<batch>.16bit` (bf16 cache, block 784) and `decode.<batch>.int8` (block
+1552) at the round's concurrencies (batch 1, 4, 10, 16), each over the tiers' decode contexts (median
+prompt + 512) and 32K, on one rank's heads (`--tp`: 24/4 at TP1, 12/2 at TP2); candidates: our
+split-KV kernel at each (segments, TILE_N, warps, stages), the segments from a quarter to four times
+its built-in count (`choose_num_segments`), its built-in choice among them (int8: the segment counts
+at the built-in launch); the anchor is vLLM's unified kernel in its 3D decode mode (16 segments).
 
 Correctness first: each candidate's output on sampled rows against float64 attention over what the
 cache holds (NaN-poisoned output, random block tables, ragged lengths); a candidate over its
@@ -61,8 +63,12 @@ def smoke_grid(grid: list) -> list:
 
 
 class Shape:
-    def __init__(self, smoke: bool):
-        self.hq, self.hkv, self.d = (12, 2, 64) if smoke else (C.HQ, C.HKV, C.D)
+    """One rank's attention: `heads` = (q, KV) heads per rank (--tp; default the whole model's); the smoke
+    run keeps the group size at head_dim 64 with half the heads."""
+
+    def __init__(self, smoke: bool, heads=None):
+        hq, hkv = heads or (C.HQ, C.HKV)
+        self.hq, self.hkv, self.d = (max(hq // 2, hq // hkv), max(1, hkv // 2), 64) if smoke else (hq, hkv, C.D)
         self.scale = self.d ** -0.5
         self.dev = "cuda" if not smoke else "cpu"
 
@@ -136,7 +142,7 @@ def run_unified(torch, uni, sh: Shape, c, out, *, decode_segments=None, ws=None)
 
 
 def prefill(torch, args, emit) -> dict:
-    sh = Shape(args.smoke)
+    sh = Shape(args.smoke, getattr(args, "heads", None))
     pre, _, uni = kernels(args.kernels)
     os.environ["VLLM_FORGE_PREFILL_TILES"] = "0"     # the unified kernel with upstream's 16-row tiles
     is_hip = bool(getattr(torch.version, "hip", None))
@@ -200,68 +206,152 @@ def prefill(torch, args, emit) -> dict:
     return {"records": L.records, "notes": notes}
 
 
-def decode_grid(is_hip: bool, quick: bool):
+def decode_grid(is_hip: bool, quick: bool, builtin_s: int):
+    """(segments, TILE_N, warps, stages) candidates: the powers of two around the built-in count (a
+    quarter of it to four times it, 1-128) at each launch."""
     launches = [(16, 4, 1), (32, 4, 1), (32, 4, 2)] if is_hip else [(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 8, 2)]
-    segs = (16, 32, 64) if quick else (16, 32, 64, 128)
+    segs = sorted({s for s in (builtin_s // 4, builtin_s // 2, builtin_s, builtin_s * 2, builtin_s * 4)
+                   if 1 <= s <= 128})
+    if quick:
+        segs = [s for s in segs if builtin_s // 2 <= s <= builtin_s * 2]
     return [(s, *l) for s in segs for l in (launches[:2] if quick else launches)]
 
 
+def decode_batch(torch, sh: Shape, *, batch: int, context: int, kv: str, block: int, gen, seed: int):
+    """`batch` sequences whose contexts spread over [3/4, 1] x `context` (the last one exactly
+    `context`), one query token each, in one paged cache with a random block table."""
+    rng = torch.Generator().manual_seed(seed)
+    lens = [max(1, int(context * (0.75 + 0.25 * float(torch.rand(1, generator=rng))))) for _ in range(batch - 1)]
+    lens.append(context)
+    need = [math.ceil(L / block) for L in lens]
+    nb = sum(need) + 2
+    perm = torch.randperm(nb, generator=rng)
+    bt = torch.zeros(batch, max(need), dtype=torch.int32)
+    pos = 0
+    for i, n in enumerate(need):
+        bt[i, :n] = perm[pos:pos + n].to(torch.int32)
+        pos += n
+    dt = torch.bfloat16 if sh.dev == "cuda" else torch.float32
+    q = torch.randn(batch, sh.hq, sh.d, generator=gen, device=sh.dev).to(dt)
+    ks = vs = None
+    if kv == "int8":
+        kc = torch.randint(-127, 128, (nb, block, sh.hkv, sh.d), generator=gen, device=sh.dev, dtype=torch.int8)
+        vc = torch.randint(-127, 128, (nb, block, sh.hkv, sh.d), generator=gen, device=sh.dev, dtype=torch.int8)
+        ks = torch.rand(nb, sh.hkv, block, generator=gen, device=sh.dev) * 0.03 + 0.002
+        vs = torch.rand(nb, sh.hkv, block, generator=gen, device=sh.dev) * 0.03 + 0.002
+    else:
+        kc = torch.randn(nb, block, sh.hkv, sh.d, generator=gen, device=sh.dev).to(dt)
+        vc = torch.randn(nb, block, sh.hkv, sh.d, generator=gen, device=sh.dev).to(dt)
+    return dict(q=q, kc=kc, vc=vc, ks=ks, vs=vs, bt=bt.to(sh.dev), lens=lens,
+                sl=torch.tensor(lens, dtype=torch.int32, device=sh.dev))
+
+
+def decode_ref(torch, sh: Shape, c, rows: list[int]):
+    """float64 decode attention of the batch's sequences `rows` over what the cache holds."""
+    g = sh.hq // sh.hkv
+    out = []
+    for i in rows:
+        L = c["lens"][i]
+        blocks = c["bt"][i, :math.ceil(L / c["kc"].shape[1])].long()
+        k = c["kc"][blocks].flatten(0, 1)[:L].double()
+        v = c["vc"][blocks].flatten(0, 1)[:L].double()
+        if c["ks"] is not None:
+            k = k * c["ks"][blocks].permute(0, 2, 1).flatten(0, 1)[:L].double().unsqueeze(-1)
+            v = v * c["vs"][blocks].permute(0, 2, 1).flatten(0, 1)[:L].double().unsqueeze(-1)
+        s = torch.einsum("hgd,lhd->hgl", c["q"][i].double().view(sh.hkv, g, sh.d), k) * sh.scale
+        out.append(torch.einsum("hgl,lhd->hgd", torch.softmax(s, -1), v).reshape(sh.hq, sh.d))
+    return torch.stack(out)
+
+
+def run_unified_decode(torch, uni, sh: Shape, c, out, ws, segments: int):
+    """vLLM's unified kernel on a decode batch, in its 3D (segmented) mode as the server runs it."""
+    B = c["q"].shape[0]
+    one = torch.ones((B, sh.hkv), dtype=torch.float32, device=sh.dev)
+    uni.unified_attention(q=c["q"], k=c["kc"], v=c["vc"], out=out,
+                          cu_seqlens_q=torch.arange(B + 1, dtype=torch.int32, device=sh.dev), max_seqlen_q=1,
+                          seqused_k=c["sl"], max_seqlen_k=max(c["lens"]), softmax_scale=sh.scale, causal=True,
+                          window_size=(-1, -1), block_table=c["bt"], softcap=0, q_descale=None, k_descale=one,
+                          v_descale=one, k_scale_cache=c["ks"], v_scale_cache=c["vs"], seq_threshold_3D=B,
+                          num_par_softmax_segments=segments, softmax_segm_output=ws[0], softmax_segm_max=ws[1],
+                          softmax_segm_expsum=ws[2])
+
+
+def decode_points(smoke: bool, quick: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(batches, contexts): the round's concurrencies (1, 4, 10, 16) and each tier's decode context (its
+    median prompt and half the 1024 output tokens) plus the longest, 32K; the smoke run: two tiny points."""
+    if smoke:
+        return (1, 3), (97,)
+    contexts = tuple(sorted({*(p + 512 for p in C.TIER_PROMPTS.values()), C.MAX_CONTEXT}))
+    if quick:
+        return (1, 10), (contexts[0], contexts[-1])
+    return C.DECODE_BATCHES, contexts
+
+
 def decode(torch, args, emit) -> dict:
-    sh = Shape(args.smoke)
+    """One decision per batch size, `decode.<batch>.<16bit|int8>`, over the tier contexts, on this
+    rank's heads (--tp): the segment count and launch of our split-KV kernel, against vLLM's unified
+    kernel in its 3D mode (16 segments, as the server runs it)."""
+    sh = Shape(args.smoke, getattr(args, "heads", None))
     _, dec, uni = kernels(args.kernels)
     is_hip = bool(getattr(torch.version, "hip", None))
-    contexts = (97,) if args.smoke else ((4096, 32768) if args.quick else C.DECODE_CONTEXTS)
+    batches, contexts = decode_points(args.smoke, args.quick)
     gen = torch.Generator(device=sh.dev).manual_seed(args.seed + 1)
-    rotate = 1 if not C.on_gpu(torch) else 4
     led = args.ledger
     cus = torch.cuda.get_device_properties(0).multi_processor_count if C.on_gpu(torch) else 16
     for kv, block in (("16bit", C.BLOCK_BF16), ("int8", C.BLOCK_INT8)):
-        builtin_s = dec.choose_num_segments(cus, 1, sh.hkv, 32768)
-        builtin = (builtin_s, *dec.default_launch_config(torch.int8 if kv == "int8" else torch.bfloat16, sh.d,
-                                                           is_hip, 1))
-        grid = [] if kv == "int8" else [g for g in decode_grid(is_hip, args.quick or args.smoke) if g != builtin]
-        grid = smoke_grid(grid) if args.smoke else grid
-        cands = ([("upstream", None)] if kv == "16bit" else []) + [("builtin", builtin)] + [("ours", g) for g in grid]
-        cases = {L: [make_case(torch, sh, prefix=L - 1, chunk=1, kv=kv, block=block, gen=gen) for _ in range(rotate)]
-                 for L in contexts}
-        refs = {L: ref_rows(torch, sh, cases[L][0], [0]) for L in contexts}
-        for n, (kind, launch) in enumerate(cands, 1):
-            name = "vLLM unified 3D (16 segments)" if kind == "upstream" else \
-                "segments {} TILE_N {} warps {} stages {}".format(*launch)
-            emit(n, len(cands), f"decode {kv}: {name}")
-            if not led.begin(f"decode.1.{kv}", name, kind, list(launch) if launch else None):
-                continue
-            for L in contexts:
-                outs = [torch.full_like(c["q"], float("nan")) for c in cases[L]]
-                if kind == "upstream":
-                    ws = (torch.empty(1, sh.hq, 16, sh.d, dtype=torch.float32, device=sh.dev),
-                          torch.empty(1, sh.hq, 16, dtype=torch.float32, device=sh.dev),
-                          torch.empty(1, sh.hq, 16, dtype=torch.float32, device=sh.dev))
+        for B in batches:
+            builtin_s = dec.choose_num_segments(cus, B, sh.hkv, C.MAX_CONTEXT)
+            builtin = (builtin_s, *dec.default_launch_config(torch.int8 if kv == "int8" else torch.bfloat16, sh.d,
+                                                               is_hip, B))
+            # int8: the built-in launch's correctness and the segment count at one launch
+            grid = [g for g in decode_grid(is_hip, args.quick or args.smoke, builtin_s)
+                    if g != builtin and (kv == "16bit" or g[1:] == builtin[1:])]
+            grid = smoke_grid(grid) if args.smoke else grid
+            cands = [("upstream", None)] + [("builtin", builtin)] + [("ours", g) for g in grid]
+            cases = {L: decode_batch(torch, sh, batch=B, context=L, kv=kv, block=block, gen=gen,
+                                     seed=args.seed + B + L) for L in contexts}
+            check = sorted({0, B - 1})
+            refs = {L: decode_ref(torch, sh, cases[L], check) for L in contexts}
+            decision = f"decode.{B}.{kv}"
+            for n, (kind, launch) in enumerate(cands, 1):
+                name = "vLLM unified 3D (16 segments)" if kind == "upstream" else \
+                    "segments {} TILE_N {} warps {} stages {}".format(*launch)
+                emit(n, len(cands), f"{decision} ({sh.hq}/{sh.hkv} heads): {name}")
+                if not led.begin(decision, name, kind, list(launch) if launch else None):
+                    continue
+                for L in contexts:
+                    c = cases[L]
+                    out = torch.full_like(c["q"], float("nan"))
+                    if kind == "upstream":
+                        ws = (torch.empty(B, sh.hq, 16, sh.d, dtype=torch.float32, device=sh.dev),
+                              torch.empty(B, sh.hq, 16, dtype=torch.float32, device=sh.dev),
+                              torch.empty(B, sh.hq, 16, dtype=torch.float32, device=sh.dev))
 
-                    def call(j, L=L, outs=outs, ws=ws):
-                        run_unified(torch, uni, sh, cases[L][j], outs[j], decode_segments=16, ws=ws)
-                else:
-                    ws = dec.decode_workspace(1, sh.hq, sh.d, launch[0], sh.dev)
+                        def call(c=c, out=out, ws=ws):
+                            run_unified_decode(torch, uni, sh, c, out, ws, 16)
+                    else:
+                        ws = dec.decode_workspace(B, sh.hq, sh.d, launch[0], sh.dev)
 
-                    def call(j, L=L, outs=outs, ws=ws, launch=launch):
-                        c = cases[L][j]
-                        dec.split_kv_decode(c["q"], c["kc"], c["vc"], c["bt"], c["sl"], sh.scale, outs[j],
-                                            k_scale_cache=c["ks"], v_scale_cache=c["vs"], num_segments=launch[0],
-                                            workspace=ws, tile_n=launch[1], num_warps=launch[2],
-                                            num_stages=launch[3])
-                us, failure, err = None, None, None
-                try:
-                    call(0)
-                    err = C.frob_err(torch, outs[0], refs[L])
-                    ok = err <= TOL[kv]
-                    if ok:
-                        fns = [lambda j=j: call(j) for j in range(rotate)]
-                        us = C.time_graph(torch, fns, reps=5 if args.quick else 15) if C.on_gpu(torch) \
-                            else C.time_events(torch, fns[0], reps=2)
-                except Exception as e:  # noqa: BLE001
-                    failure, ok = C.short_error(e), False
-                led.add(C.record(f"decode.1.{kv}", name, kind, point=f"ctx={L}", launch=list(launch) if launch
-                                        else None, ok=ok, err=err, tol=TOL[kv], error=failure, us=us))
-        cases = None
-    return {"records": led.records, "notes": ["decode int8: correctness of the built-in launch only (not in the "
-                                          "submission's profile)"]}
+                        def call(c=c, out=out, ws=ws, launch=launch):
+                            dec.split_kv_decode(c["q"], c["kc"], c["vc"], c["bt"], c["sl"], sh.scale, out,
+                                                k_scale_cache=c["ks"], v_scale_cache=c["vs"], num_segments=launch[0],
+                                                workspace=ws, tile_n=launch[1], num_warps=launch[2],
+                                                num_stages=launch[3])
+                    us, failure, err, ok = None, None, None, False
+                    try:
+                        call()
+                        err = C.frob_err(torch, out[check], refs[L])
+                        ok = err <= TOL[kv]
+                        if ok:
+                            us = C.time_graph(torch, [call], reps=5 if args.quick else 15) if C.on_gpu(torch) \
+                                else C.time_events(torch, call, reps=2)
+                    except Exception as e:  # noqa: BLE001 - does not compile / fit / run on this device
+                        failure, ok = C.short_error(e), False
+                    led.add(C.record(decision, name, kind, point=f"ctx={L}", launch=list(launch) if launch else None,
+                                     ok=ok, err=err, tol=TOL[kv], error=failure, us=us))
+            cases = refs = None
+            if sh.dev == "cuda":
+                torch.cuda.empty_cache()
+    return {"records": led.records, "heads": [sh.hq, sh.hkv],
+            "notes": [f"decode at {sh.hq} q / {sh.hkv} KV heads per rank, batches {', '.join(map(str, batches))}, "
+                      f"contexts {', '.join(map(str, contexts))}; the int8 cache's segment count at its built-in launch"]}

@@ -37,6 +37,16 @@ CHUNK = 4096
 TIER_PROMPTS = {"4-8K": 6677, "8-16K": 14156, "16-32K": 21679}
 DECODE_CONTEXTS = (4096, 8192, 16384, 32768)
 BLOCK_BF16, BLOCK_INT8 = 784, 1552
+# the final round: decode batches of up to the concurrency (10; 16 for headroom), contexts up to max-model-len
+DECODE_BATCHES = (1, 4, 10, 16)
+MAX_CONTEXT = 32768
+
+
+def rank_heads(tp: int, hq: int = HQ, hkv: int = HKV) -> tuple[int, int]:
+    """(q heads, KV heads) of one tensor-parallel rank: KV heads split, or copied once tp exceeds them."""
+    if tp < 1 or hq % tp:
+        raise ValueError(f"tensor-parallel degree {tp} does not divide the {hq} query heads")
+    return hq // tp, max(1, hkv // tp)
 
 
 def chunks(prompt: int, chunk: int = CHUNK) -> list[tuple[int, int]]:

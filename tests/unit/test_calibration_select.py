@@ -91,8 +91,23 @@ def test_the_table_routes_what_won_and_keeps_our_kernels_launches():
     t = sel.build_table(sel.select(recs), {"device_name": "d"}, {"commit": "c"})
     assert t["gemv"] == {"plain": {"96x5120": {"1": [640, 2]}}, "fused": {"34816x5120": {"2": [0, 0]}}}
     assert t["prefill"] == {"16bit": [128, 64, 8, 2]}
-    assert t["decode"] == {"segments": {"1": 128}, "launch": {"16bit": [32, 4, 2]}}   # int8 decode: not routed
-    assert t["schema"] == "forge-tuned/1" and t["validators"] == {"device_name": "d"}
+    # int8 decode: not routed; a table without heads was measured at the whole model's 4 KV heads
+    assert t["decode"] == {"segments": {"4": {"1": {"32768": 128}}}, "launch": {"16bit": [32, 4, 2]}}
+    assert t["schema"] == "forge-tuned/2" and t["validators"] == {"device_name": "d"}
+
+
+def test_decode_segments_per_batch_at_the_one_launch_of_the_largest_batch():
+    """The server applies one decode launch: the one that won at the largest batch; every batch's
+    segment count is its fastest at that launch (not at a launch the server will not run)."""
+    recs = []
+    for b, times in ((1, {(64, 32, 4, 3): 10.0, (32, 32, 4, 2): 11.0, (64, 32, 4, 2): 12.0}),
+                     (10, {(16, 32, 4, 2): 50.0, (8, 32, 4, 2): 55.0, (16, 32, 4, 3): 60.0})):
+        recs.append(rec(f"decode.{b}.16bit", "unified 3D", "upstream", 100.0, point="ctx=32768"))
+        for launch, us in times.items():
+            recs.append(rec(f"decode.{b}.16bit", f"S{launch}", "ours", us, point="ctx=32768", launch=list(launch)))
+    t = sel.build_table(sel.select(recs), {"device_name": "d", "tp": 2, "heads": [12, 2]}, {"commit": "c"})
+    assert t["decode"] == {"segments": {"2": {"1": {"32768": 32}, "10": {"32768": 16}}},
+                           "launch": {"16bit": [32, 4, 2]}}
 
 
 def test_fit_rate_recovers_a_linear_kernel():

@@ -21,7 +21,8 @@ Writes OUT/ (default build/calibration/<device>): <family>.json (the records), c
 selection, the table, provenance), calibration.md, one chart per family, table.json. --install copies
 the table to configs/kernels/tuned/<device>.json, where `make tree` puts it into the vLLM tree (and
 so into the wheel and the submission); --install-vllm copies it beside the installed vLLM's loader,
-for a server started right away on this machine."""
+for a server started right away on this machine. --tp N measures one rank's shapes and heads at that
+tensor-parallel degree (run.rank_geometry); the table (<device>-tpN.json) is taken only at that degree."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from .. import paths, proc, tunedtable, ui
 from ..errors import ForgeError
 from ..hashing import combine, sha256_file
 from ..recipe import patchfile, provenance
-from . import calibrate_report
+from . import calibrate_report, rank_geometry
 from . import calibration as sel
 from . import calibration_docs as cd
 
@@ -72,11 +73,11 @@ def kernels_hash() -> str:
 def worker_cmd(family: str, out: Path, args) -> list[str]:
     cmd = [args.python or sys.executable, "-m", "calibrate", family, "--out", str(out), "--kernels", args.kernels,
            "--ops", args.ops, "--seed", str(args.seed)]
-    return cmd + (["--quick"] if args.quick else []) + (["--smoke"] if args.smoke else [])
+    return cmd + (["--quick"] if args.quick else []) + (["--smoke"] if args.smoke else []) + rank_geometry.worker_args(args.tp)
 
 
 def options(args) -> dict:
-    return {"kernels": args.kernels, "ops": args.ops, "quick": args.quick, "smoke": args.smoke, "seed": args.seed}
+    return {"kernels": args.kernels, "ops": args.ops, "quick": args.quick, "smoke": args.smoke, "seed": args.seed, **rank_geometry.options(args.tp)}
 
 
 def child_env(args) -> dict:
@@ -186,7 +187,7 @@ def calibrate(args, force: bool = False) -> dict:
         out_dir = Path(args.out)
     else:
         ident = probe_device(args)
-        out_dir = paths.BUILD / "calibration" / device_slug(ident)
+        out_dir = paths.BUILD / "calibration" / (device_slug(ident) + rank_geometry.suffix(args.tp))
     what = recorded(out_dir)
     if what and not force:
         raise ForgeError(f"{paths.rel(out_dir)} holds {what}; calibrating into it would replace it",
@@ -212,7 +213,7 @@ def calibrate(args, force: bool = False) -> dict:
             docs[fam] = run_family(fam, out_dir, args)
     records = [r for d in docs.values() for r in d.get("records", [])]
     dev = _device(docs, out_dir)
-    validators = cd.identity(dev)
+    validators = {**cd.identity(dev), **rank_geometry.validators(args.tp)}   # taken only at this degree
     selection = sel.select(records)
     head = provenance.forge_commit()
     commit = f"{(head.get('commit') or '?')[:12]}{' (dirty)' if head.get('dirty') else ''}"
@@ -295,6 +296,7 @@ def cmd_calibrate(args) -> int:
         raise ForgeError(f"--python {args.python}: not an executable file",
                          hint="give the Python that has torch (and the installed vLLM) on this machine")
     force = opts.forced(args.force)
+    rank_geometry.rank_heads(args.tp)            # a degree the model cannot run: refused before anything runs
     vllm_tables = _vllm_tables() if args.install_vllm else None
     dk, do = default_kernels()
     args.kernels = args.kernels or dk
@@ -305,7 +307,7 @@ def cmd_calibrate(args) -> int:
     failed = sum(len(d["failed"]) for d in sel_.values())
     ui.info(f"calibration: {len(sel_)} decisions, {failed} failing candidate(s) left out; "
             f"report {paths.rel(out / 'calibration.md')}; table {paths.rel(out / 'table.json')}")
-    slug = device_slug(doc["device"])
+    slug = device_slug(doc["device"]) + rank_geometry.suffix(args.tp)
     text = json.dumps(doc["table"], indent=1, sort_keys=True) + "\n"      # validated before it was written
     if args.install:
         # a table that is shipped names no machine path and a clean or hashed commit
@@ -360,6 +362,7 @@ def register(sub) -> None:
                    help="tiny shapes under Triton's interpreter on a CPU: checks the tool, measures nothing real")
     p.add_argument("--seed", type=_seed, default=1234,
                    help=f"seed of the random inputs, 0 to {SEED_MAX} (default 1234)")
+    rank_geometry.add_option(p)
     p.add_argument("--python", help="the Python that runs the families (default: this one)")
     p.add_argument("--install", action="store_true", help="copy the table to configs/kernels/tuned/<device>.json")
     p.add_argument("--install-vllm", action="store_true",

@@ -96,12 +96,14 @@ def select(records: list[dict], noise_floor: float = NOISE_FLOOR) -> dict:
     return out
 
 
-def build_table(selection: dict, validators: dict, provenance: dict) -> dict:
+def build_table(selection: dict, validators: dict, provenance: dict, decode_context: int = 32768) -> dict:
     """The per-device table (kernels/forge_tuned) from a selection. A GEMV decision that upstream won
     leaves the shape at that token count out (the platform GEMM runs); prefill and decode take the
     fastest correct launch of ours (the route to our kernel is not the table's to switch)."""
-    table = {"schema": "forge-tuned/1", "validators": validators, "provenance": provenance}
+    table = {"schema": "forge-tuned/2", "validators": validators, "provenance": provenance}
+    kv_heads = str((validators.get("heads") or [24, 4])[1])
     gemv: dict = {}
+    decode: dict[int, dict] = {}
     for dec, d in selection.items():
         parts = dec.split(".")
         if parts[0] == "gemv" and d.get("kind") in ("ours", "builtin"):
@@ -110,10 +112,19 @@ def build_table(selection: dict, validators: dict, provenance: dict) -> dict:
         elif parts[0] == "prefill" and d.get("best_ours"):
             table.setdefault("prefill", {})[parts[1]] = list(d["candidates"][d["best_ours"]]["launch"])
         elif parts[0] == "decode" and d.get("best_ours") and parts[2] == "16bit":
-            s, *launch = d["candidates"][d["best_ours"]]["launch"]
-            dec_t = table.setdefault("decode", {})
-            dec_t.setdefault("segments", {})[parts[1]] = int(s)
-            dec_t.setdefault("launch", {})[parts[2]] = [int(x) for x in launch]
+            decode[int(parts[1])] = d
+    if decode:
+        # one launch for every batch (the server applies one): the one that won at the largest batch
+        # measured; each batch's segments: its fastest correct count at that launch, measured over
+        # contexts up to decode_context, for the rank's KV heads
+        launch = decode[max(decode)]["candidates"][decode[max(decode)]["best_ours"]]["launch"][1:]
+        segs = {}
+        for b, d in sorted(decode.items()):
+            at = [c for c in d["candidates"].values() if c["kind"] in ("ours", "builtin") and c.get("selectable", True)
+                  and c["launch"][1:] == launch]
+            if at:
+                segs[str(b)] = {str(decode_context): int(min(at, key=lambda c: c["us"])["launch"][0])}
+        table["decode"] = {"segments": {kv_heads: segs}, "launch": {"16bit": [int(x) for x in launch]}}
     if gemv:
         table["gemv"] = gemv
     return table
