@@ -1,0 +1,142 @@
+"""The capacity planner (scripts/forge/model/capacity.py, shape.py) and `forge plan`: vLLM 0.18.1's
+hybrid page math derived here by hand from the model card's numbers, the two public DCU figures
+(28,224 tokens at TP1 / 0.95: the fit; 268,128 at TP2: an independent check), residency counted in
+blocks, and the verb's output and refusals. tests/tree/test_capacity_vllm.py holds the same numbers
+against vLLM's own functions."""
+
+import json
+import math
+
+import pytest
+from helpers import ROOT, forge
+
+from forge.contest import rules
+from forge.errors import ForgeError
+from forge.model import capacity as cap_mod
+from forge.model.shape import load_shape
+from forge.run import synth
+
+SHAPE = load_shape()
+
+
+def test_page_math_by_hand():
+    # GDN state: conv (4 - 1) x (2 x 16 x 128 + 48 x 128) bf16 + SSM 48 x 128 x 128 fp32
+    assert SHAPE.gdn_page(1) == 3 * 10240 * 2 + 48 * 128 * 128 * 4 == 3_207_168
+    assert SHAPE.gdn_page(2) == 3 * 5120 * 2 + 24 * 128 * 128 * 4 == 1_603_584
+    # attention bytes per token per layer: K and V x KV heads x (256 x element + scale)
+    assert SHAPE.attn_bytes_per_token(1, "bf16") == 2 * 4 * 512 == 4096
+    assert SHAPE.attn_bytes_per_token(1, "int8") == 2 * 4 * (256 + 4) == 2080
+    assert SHAPE.attn_bytes_per_token(2, "bf16") == 2048 and SHAPE.attn_bytes_per_token(2, "int8") == 1040
+    # block = 16 x cdiv(gdn page, 16 x bytes per token): 49 and 97 tiles of 16, at both TP sizes
+    for tp in (1, 2):
+        assert SHAPE.block_size(tp, "bf16") == 16 * 49 == 784
+        assert SHAPE.block_size(tp, "int8") == 16 * 97 == 1552
+    assert SHAPE.page_bytes(1, "bf16") == 784 * 4096 == 3_211_264
+    assert SHAPE.page_bytes(2, "int8") == 1552 * 1040
+    assert SHAPE.groups() == (16, 1, 3)          # 16 attention + 48 GDN layers: group size 16, 1 + 3 groups
+
+
+def test_tp_must_divide_the_heads():
+    for tp in (3, 5, 32):
+        with pytest.raises(ForgeError, match="does not divide"):
+            SHAPE.gdn_page(tp)
+    assert SHAPE.kv_heads_per_rank(8) == 1        # copied beyond 4 ranks
+
+
+def test_weights_per_rank_against_the_public_figure():
+    # "51.24 GB of weights per token" (contest-facts): every weight but the embedding and the vision tower
+    assert math.isclose(SHAPE.streamed_bytes_per_rank(1), 51.24e9, rel_tol=0.005)
+    assert math.isclose(SHAPE.weight_bytes_per_rank(2), SHAPE.weight_bytes_per_rank(1) / 2, rel_tol=1e-4)
+    assert 54e9 < SHAPE.weight_bytes_per_rank(1) < 55.5e9       # + the 2.5 GB embedding and ~0.9 GB vision tower
+
+
+def test_the_public_dcu_figures():
+    tp1 = cap_mod.capacity(SHAPE, tp=1, utilization=0.95)
+    assert tp1.reported_tokens == 28_224 and tp1.num_blocks // 4 == 36          # the fit
+    tp2 = cap_mod.capacity(SHAPE, tp=2, utilization=0.95)
+    assert abs(tp2.reported_tokens / 268_128 - 1) <= 0.03                      # the independent check
+    # the fit reads only the TP1 figure: the fixed overhead does not move with the TP2 one
+    assert cap_mod.PUBLIC_DCU["tp1"] == (1, 0.95, 28_224)
+    # reported tokens = num_blocks // 4 groups x block, in both dtypes
+    for c in (tp1, tp2, cap_mod.capacity(SHAPE, tp=1, kv_dtype="int8")):
+        assert c.reported_tokens == c.num_blocks // 4 * c.block_size
+        assert c.usable_blocks == c.num_blocks - 1
+
+
+def test_lower_utilization_and_a_bigger_token_budget_leave_less():
+    a = cap_mod.capacity(SHAPE, tp=1, utilization=0.95)
+    assert cap_mod.capacity(SHAPE, tp=1, utilization=0.9).num_blocks < a.num_blocks
+    assert cap_mod.capacity(SHAPE, tp=1, max_num_batched_tokens=16384).num_blocks < a.num_blocks
+
+
+def test_blocks_per_request_and_residency():
+    c = cap_mod.capacity(SHAPE, tp=1)
+    # the 16-32K tier's largest request: 22,401 + 1024 tokens -> 30 attention blocks + 3 GDN blocks
+    assert c.blocks_for(22_401 + 1024) == 30 + 3
+    assert c.blocks_for(784) == 1 + 3 and c.blocks_for(785) == 2 + 3
+    assert c.resident([23_425] * 8) == c.usable_blocks // 33 == 4
+    fit = cap_mod.tier_fit(c, [22_401] * 8, 1024, 8)
+    assert fit["preempt"] == "yes" and fit["resident_largest"] == 4
+    assert cap_mod.tier_fit(c, [22_401] * 8, 1024, 4)["preempt"] == "no"
+    assert cap_mod.tier_fit(c, [4_000, 22_401], 1024, 5)["preempt"] == "no"     # both fit together
+    mixed = cap_mod.tier_fit(c, [4_000] * 4 + [22_401] * 4, 1024, 6)
+    assert mixed["preempt"] == "possible"
+    big = cap_mod.capacity(SHAPE, tp=1, utilization=0.82)
+    assert cap_mod.tier_fit(big, [31_000], 1024, 1)["preempt"] == "never fits"
+
+
+def test_the_public_thrash_is_what_the_blocks_say():
+    """DP1 at concurrency 8 thrashed at 8-16K and 16-32K, not at 4-8K; DP2 (4 per card) did not."""
+    c = cap_mod.capacity(SHAPE, tp=1)
+    w = synth.load_workload(rules.load_contest())
+    first8 = {t: [p for p, _ in v["requests"][:8]] for t, v in w["tiers"].items()}
+    assert cap_mod.tier_fit(c, first8["4-8K"], 1024, 8)["preempt"] == "no"
+    assert cap_mod.tier_fit(c, first8["8-16K"], 1024, 8)["preempt"] == "yes"
+    assert cap_mod.tier_fit(c, first8["16-32K"], 1024, 8)["preempt"] == "yes"
+    for t in first8:
+        assert cap_mod.tier_fit(c, first8[t], 1024, 4)["preempt"] == "no"
+
+
+def test_kv_cache_memory_bytes_reproduces_the_dcu_on_another_card():
+    for dt in ("bf16", "int8"):
+        dcu = cap_mod.capacity(SHAPE, tp=1, kv_dtype=dt)
+        gpu = cap_mod.capacity(SHAPE, tp=1, kv_dtype=dt, card_name="h200", kv_cache_memory_bytes=dcu.kv_memory_for())
+        assert (gpu.num_blocks, gpu.reported_tokens) == (dcu.num_blocks, dcu.reported_tokens)
+        one_less = cap_mod.capacity(SHAPE, tp=1, kv_dtype=dt, kv_cache_memory_bytes=dcu.kv_memory_for() - 1)
+        assert one_less.num_blocks == dcu.num_blocks - 1
+
+
+@pytest.mark.parametrize("kw,msg", [({"utilization": 1.2}, "gpu-memory-utilization"),
+                                    ({"kv_dtype": "fp8"}, "KV cache dtype"), ({"card_name": "mi300"}, "card"),
+                                    ({"tp": 3}, "does not divide")])
+def test_bad_values_are_refused(kw, msg):
+    with pytest.raises(ForgeError, match=msg):
+        cap_mod.capacity(SHAPE, **kw)
+
+
+def test_forge_plan_prints_every_topology_and_keeps_a_recorded_plan(tmp_path):
+    r = forge(tmp_path, "plan", "--round", "final")
+    assert r.returncode == 0, r.stderr
+    rows = [x for x in r.stdout.splitlines() if "/DP" in x]
+    assert len(rows) == 3 * 3 * 2                                    # tiers x topologies x dtypes
+    assert "28,224" in r.stdout and "--kv-cache-memory-bytes" in r.stdout
+    out = tmp_path / "plan"
+    r = forge(tmp_path, "plan", "--round", "final", "--tier", "16-32K", "--kv-dtype", "bf16", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    data = json.loads((out / "plan.json").read_text())
+    assert {(x["tp"], x["dp"]) for x in data["rows"]} == {(1, 1), (1, 2), (2, 1)}
+    before = (out / "plan.json").read_bytes()
+    r = forge(tmp_path, "plan", "--round", "final", "--out", str(out))
+    assert r.returncode == 2 and "--force" in r.stderr and "Traceback" not in r.stderr
+    assert (out / "plan.json").read_bytes() == before
+    assert forge(tmp_path, "plan", "--round", "final", "--out", str(out), "--force").returncode == 0
+    assert (out / "plan.json").read_bytes() != before
+
+
+@pytest.mark.parametrize("args,msg", [(["--kv-dtype", "fp8"], "--kv-dtype"), (["--tier", "2-4K"], "--tier"),
+                                      (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization"),
+                                      (["--concurrency", "0"], "--concurrency")])
+def test_forge_plan_refuses_bad_options(tmp_path, args, msg):
+    r = forge(tmp_path, "plan", "--round", "final", *args)
+    assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (ROOT / "plan.json").exists()

@@ -1,0 +1,196 @@
+"""The finals' time model (scripts/forge/model: costs, sched, finals, validation) and `forge predict
+--round final`: the scheduler's steps on small hand-worked cases (chunked prefill under the token
+budget, running requests first, preemption by recompute, max-num-seqs, a request that never fits),
+a step's time from the DCU time model's components by hand, the public figures the model must
+reproduce before it is used (DP2 within +-15 % per tier; DP1 8-16K and 16-32K preempting), the
+ranking's order, and the verb's output and refusals."""
+
+import dataclasses
+import json
+
+import pytest
+from helpers import forge
+
+from forge.contest import rules
+from forge.errors import ForgeError
+from forge.model import capacity as cap_mod
+from forge.model import finals, validation
+from forge.model.costs import BEST_PUBLIC_BUILD, LINKS, UPSTREAM, Build, StepCost
+from forge.model.sched import Engine, serve
+from forge.model.shape import load_shape
+from forge.run import synth
+
+SHAPE = load_shape()
+WORKLOAD = synth.load_workload(rules.load_contest())
+PAIRS = {t: v["requests"] for t, v in WORKLOAD["tiers"].items()}
+
+
+def tiny(blocks: int, block: int = 10, gdn: int = 1) -> cap_mod.Capacity:
+    """A pool of `blocks` usable blocks of `block` tokens, `gdn` GDN groups."""
+    real = cap_mod.capacity(SHAPE, tp=1)
+    return dataclasses.replace(real, block_size=block, gdn_groups=gdn, num_blocks=blocks + 1, usable_blocks=blocks,
+                               max_model_len=10_000)
+
+
+class Log:
+    """A step cost of 1 s that records every step's items."""
+
+    def __init__(self):
+        self.steps = []
+
+    def __call__(self, items):
+        self.steps.append(list(items))
+        return 1.0
+
+
+def test_chunked_prefill_under_the_token_budget_then_decode():
+    log = Log()
+    eng = Engine(tiny(100), max_num_seqs=8, max_num_batched_tokens=10, cost=log)
+    (r,) = serve(eng, [(25, 3)], concurrency=1)
+    assert log.steps == [[(10, 0)], [(10, 10)], [(5, 20)], [(1, 25)], [(1, 26)]]
+    assert (r.first, r.done, r.out, r.preemptions) == (3.0, 5.0, 3, 0)
+
+
+def test_running_first_then_waiting_in_order_within_the_budget_and_max_num_seqs():
+    log = Log()
+    eng = Engine(tiny(100), max_num_seqs=2, max_num_batched_tokens=12, cost=log)
+    serve(eng, [(8, 2), (8, 2), (8, 2)], concurrency=3)
+    # step 1: A's 8 tokens, B's first 4 (budget 12); C waits (max-num-seqs 2)
+    assert log.steps[0] == [(8, 0), (4, 0)]
+    # step 2: A decodes first (running first), B's last 4 tokens; C still waits
+    assert log.steps[1] == [(1, 8), (4, 4)]
+    # A's second token ended it in step 2; step 3: B decodes, C takes A's seat with its whole prompt
+    assert log.steps[2] == [(1, 8), (8, 0)]
+    assert log.steps[3] == [(1, 8)] and len(log.steps) == 4
+
+
+def test_preemption_by_recompute_when_blocks_run_out():
+    log = Log()
+    # 8 blocks of 4 tokens and one GDN group: two requests of 8 prompt tokens take 2 + 1 blocks each;
+    # at 9 tokens each takes its 3rd block (pool empty); at 13 tokens A needs a 4th: B (the last
+    # running) is preempted, its 4 blocks freed and its 5 generated tokens dropped with its prompt
+    eng = Engine(tiny(8, block=4), max_num_seqs=8, max_num_batched_tokens=64, cost=log)
+    a, b = serve(eng, [(8, 8), (8, 8)], concurrency=2)
+    assert log.steps[:5] == [[(8, 0), (8, 0)]] + [[(1, c), (1, c)] for c in (8, 9, 10, 11)]
+    assert log.steps[5] == [(1, 12)]                 # B preempted; no admission in a step that preempted
+    assert log.steps[6] == [(1, 13)]                 # B (13 tokens: 5 blocks) does not fit the 3 free ones
+    assert log.steps[7] == [(1, 14)]                 # A's last token
+    assert log.steps[8] == [(13, 0)]                 # B recomputes prompt + its 5 outputs in one chunk
+    assert log.steps[9:] == [[(1, 13)], [(1, 14)]]
+    assert (a.preemptions, b.preemptions, eng.preemptions) == (0, 1, 1)
+    assert a.out == b.out == 8 and eng.free == 8 and b.first == 1.0
+
+
+def test_a_request_larger_than_the_pool_fails_and_the_client_moves_on():
+    eng = Engine(tiny(3, block=10), max_num_seqs=8, max_num_batched_tokens=100, cost=Log())
+    big, small = serve(eng, [(50, 2), (5, 2)], concurrency=1)
+    assert big.failed and not small.failed and small.out == 2
+
+
+def test_percentile_is_numpys_linear_one():
+    assert finals.percentile([1.0, 2.0, 3.0, 4.0], 99) == pytest.approx(3.97)
+    assert finals.percentile([5.0], 99) == 5.0 and finals.percentile([], 99) is None
+
+
+def test_step_cost_by_hand():
+    up = StepCost(UPSTREAM, SHAPE)
+    # one decode token at 14K context: 63.1 + 2.9 + 0.9 + 2.5 + 1.6 ms (the DCU time model's TPOT ~71 ms)
+    assert up([(1, 13_999)]) == pytest.approx(0.071, rel=1e-6)
+    # a 4096-token chunk after 8192 computed: GEMM 4096 x 0.153 ms; attention 196,608 x (12288^2 - 8192^2) FLOPs at 4e12
+    p = up.parts([(4096, 8192)])
+    assert p["linear"] == pytest.approx(4096 * 0.153e-3)
+    assert p["prefill_attn"] == pytest.approx(196_608 * (12_288 ** 2 - 8_192 ** 2) / 4e12)
+    # the GEMV route serves at most 4 tokens: a 5-token step is back on the GEMM library
+    fast = StepCost(Build("x", {"gemv": 2.0}, gemv_rows=4), SHAPE)
+    assert fast.parts([(1, 100)] * 4)["linear"] == pytest.approx(0.0631 / 2)
+    assert fast.parts([(1, 100)] * 5)["linear"] == pytest.approx(0.0631)
+    # TP2: everything split but launches; 129 all-reduces of N x 5120 bf16 and the logits' gather
+    tp2 = StepCost(UPSTREAM, SHAPE, tp=2).parts([(1, 100)] * 10)
+    link = LINKS["pcie"]
+    ar = 129 * (link.latency_s + 10 * 5120 * 2 / link.bus_bytes_per_s)
+    gather = link.latency_s + 10 * 124_160 * 2 / link.bus_bytes_per_s
+    assert tp2["collectives"] == pytest.approx(ar + gather) and tp2["linear"] == pytest.approx(0.0631 / 2)
+
+
+def test_unknown_components_are_refused():
+    with pytest.raises(ForgeError, match="unknown component"):
+        StepCost(Build("x", {"gemm": 2.0}), SHAPE)
+
+
+def test_the_public_figures_before_use():
+    """DP2 at concurrency 8 within +-15 % per tier; DP1 preempting at 8-16K and 16-32K (not at 4-8K);
+    the planner's KV tokens within +-3 % of both public DCU figures."""
+    v = validation.validate(PAIRS, SHAPE)
+    assert v["passed"]
+    for r in v["rows"]:
+        if r["run"] == "DP2 c8":
+            assert abs(r["model_tok_s"] / r["public_tok_s"] - 1) <= 0.15, r
+            assert r["preemptions"] == 0
+        elif r["tier"] == "4-8K":
+            assert r["preemptions"] == 0
+        else:
+            assert r["preemptions"] > 0 and r["model_ttft_p99_s"] > 60, r
+    assert all(abs(k["error"]) <= 0.03 for k in v["kv"])
+
+
+def test_dp2_is_two_replicas_with_their_own_cache():
+    reqs = finals.tier_requests(PAIRS["16-32K"], 8, "forced")
+    one = finals.simulate_tier(finals.Config(1, 1, 128, 4096, 0.95, 4), reqs[::2], BEST_PUBLIC_BUILD, shape=SHAPE)
+    two = finals.simulate_tier(finals.Config(1, 2, 128, 4096, 0.95, 8), reqs, BEST_PUBLIC_BUILD, shape=SHAPE)
+    assert two["output_tokens"] == 8 * 1024 and two["preemptions"] == 0
+    assert two["tok_s"] > 1.9 * one["tok_s"] * 0.9 and two["duration_s"] >= one["duration_s"]
+
+
+def test_rank_configurations_orders_by_the_sla_then_tok_s():
+    reqs = finals.tier_requests(PAIRS["8-16K"], 12, "forced")
+    space = {"topology": [(2, 1), (1, 2)], "concurrency": [4, 12], "kv_dtype": ["bf16"]}
+    base = {"ttft_p99_ms": 1e9, "tpot_p99_ms": 1e9}
+    ranked = finals.rank_configurations("8-16K", space, reqs, BEST_PUBLIC_BUILD, base, shape=SHAPE)
+    assert len(ranked) == 4 and all(isinstance(c, finals.Config) for c, _ in ranked)
+    toks = [p["tok_s"] for _, p in ranked]
+    assert toks == sorted(toks, reverse=True)
+    tight = {"ttft_p99_ms": ranked[-1][1]["ttft_p99_ms"] / 1.5, "tpot_p99_ms": 1e9}
+    again = finals.rank_configurations("8-16K", space, reqs, BEST_PUBLIC_BUILD, tight, shape=SHAPE)
+    oks = [p["sla_ok"] for _, p in again]
+    assert oks == sorted(oks, reverse=True) and not all(oks)
+    assert all(p["why"] for _, p in again if not p["sla_ok"])
+    with pytest.raises(ForgeError, match="unknown key"):
+        finals.expand_space({"batch": [1]})
+
+
+def test_predict_round_final_validate_records_and_keeps(tmp_path):
+    out = tmp_path / "v"
+    r = forge(tmp_path, "predict", "--round", "final", "--validate", "--out", str(out), timeout=300)
+    assert r.returncode == 0, r.stderr
+    data = json.loads((out / "validation.json").read_text())
+    assert data["passed"] and "DP2 c8" in (out / "validation.md").read_text()
+    r = forge(tmp_path, "predict", "--round", "final", "--validate", "--out", str(out), timeout=300)
+    assert r.returncode == 2 and "--force" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_predict_round_final_picks_per_tier(tmp_path):
+    out = tmp_path / "p"
+    r = forge(tmp_path, "predict", "--round", "final", "--speedup", "gemv=1.3", "--speedup", "prefill_attn=5",
+              "--concurrency", "10", "--max-num-batched-tokens", "4096", "--kv-dtype", "bf16,int8", "--out", str(out),
+              timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("pick:") == 3 and "predicted score" in r.stdout
+    data = json.loads((out / "predict-final.json").read_text())
+    assert set(data["tiers"]) == {"4-8K", "8-16K", "16-32K"}
+    for t in data["tiers"].values():
+        assert len(t["ranked"]) == 4 and t["pick"]["reason"]
+    assert data["provenance"]["command"].startswith("forge predict --round final")
+
+
+@pytest.mark.parametrize("args,msg", [([], "--calibration DIR or --speedup"),
+                                      (["--speedup", "gemv=2", "--concurrency", "0"], "--concurrency"),
+                                      (["--speedup", "gemv=2", "--kv-dtype", "fp8"], "--kv-dtype"),
+                                      (["--speedup", "gemv=2", "--link", "xgmi"], "--link")])
+def test_predict_round_final_refuses_bad_input(tmp_path, args, msg):
+    r = forge(tmp_path, "predict", "--round", "final", *args)
+    assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_validate_needs_the_final_round(tmp_path):
+    r = forge(tmp_path, "predict", "--validate", "--speedup", "gemv=2")
+    assert r.returncode == 2 and "--round final" in r.stderr
