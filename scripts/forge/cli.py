@@ -8,9 +8,10 @@ import importlib
 import os
 import pkgutil
 import re
+import signal
 import sys
 
-from . import __version__, options
+from . import __version__, options, proc
 from .errors import ForgeError
 
 STAGES = ("builder", "run", "lab")
@@ -30,7 +31,7 @@ _NUMBER_LIKE = re.compile(r"^-\.?\d")
 
 class ForgeParser(argparse.ArgumentParser):
     """argparse with the tool's rules for option values: a value that starts like a negative number
-    is a value; an empty value is refused (unless `keep_empty`: the lab's verbs, where '' may mean
+    is a value; `type=int` and `type=float` read plain ASCII digits only (options.strict); an empty value is refused (unless `keep_empty`: the lab's verbs, where '' may mean
     "none"); and a mistake is one line naming the option, with where to look."""
 
     def __init__(self, *args, keep_empty: bool = False, **kw):
@@ -43,6 +44,8 @@ class ForgeParser(argparse.ArgumentParser):
         return super()._parse_optional(arg_string)
 
     def add_argument(self, *args, **kw):
+        if kw.get("type") in (int, float):      # one reading of a typed number for every verb (options.strict)
+            kw["type"] = options.strict(kw["type"])
         action = super().add_argument(*args, **kw)
         if not self.keep_empty and action.nargs != 0 and action.type is None and action.choices is None:
             action.type = options.nonempty(action.option_strings[-1] if action.option_strings else
@@ -50,8 +53,29 @@ class ForgeParser(argparse.ArgumentParser):
                                            required=action.required or not action.option_strings)
         return action
 
+    def parse_args(self, args=None, namespace=None):
+        argv = sys.argv[1:] if args is None else list(args)
+        ns, extra = self.parse_known_args(argv, namespace)
+        if extra:
+            prog = f"{self.prog} {ns.verb}" if getattr(ns, "verb", None) else self.prog
+            self.exit(2, f"{prog}: error: {leftover_message(argv, extra)}\n  fix: `{prog} --help` lists its "
+                         "options\n")
+        return ns
+
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n  fix: `{self.prog} --help` lists its options\n")
+
+
+def leftover_message(argv: list[str], extra: list[str]) -> str:
+    """What argparse would call "unrecognized arguments", said of the option they follow when they come
+    right after its one value: a value with a blank in it (make score RUN="a b") split into words."""
+    for i in range(2, len(argv)):
+        if argv[i] == extra[0] and argv[i - 2].startswith("--") and "=" not in argv[i - 2] \
+                and not argv[i - 1].startswith("-"):
+            words = [argv[i - 1], *[w for w in argv[i:] if w in extra and not w.startswith("-")][:3]]
+            return (f"{argv[i - 2]} takes one value, given {len(words)} words ({' '.join(map(repr, words))}): a value "
+                    "is one plain word (a run id, a name, a path without blanks)")
+    return "unrecognized arguments: " + " ".join(extra)
 
 
 class _Verbs:
@@ -151,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"forge {args.verb}: error: {_os_error(e)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"forge {args.verb}: interrupted; finished stages are kept, rerun to resume",
-              file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        signum = e.signum if isinstance(e, proc.Terminated) else signal.SIGINT
+        how = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        print(f"forge {args.verb}: {how}; finished stages are kept, rerun to resume", file=sys.stderr)
+        return 128 + int(signum)
     return int(rc or 0)

@@ -5,17 +5,77 @@ A value outside its rule is refused, never read as another or as absent."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 
 from .errors import ForgeError
+
+# the one way the tool reads a number a user typed: ASCII digits with an optional sign, point and
+# exponent. Python's float() and int() also take "1_000", other scripts' digits ("१२"), "inf", "nan" and
+# surrounding blanks; none of those is a number on our command line.
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+
+
+def parse_number(text: str) -> float | None:
+    """`text` as a finite number, or None when it is not one written in plain ASCII digits (see _NUMBER)
+    or its value is out of a float's range."""
+    if not isinstance(text, str) or not _NUMBER.fullmatch(text):
+        return None
+    v = float(text)
+    return v if math.isfinite(v) else None
+
+
+def parse_whole(text: str) -> int | None:
+    """`text` as a whole number written in plain ASCII digits (an optional sign), else None."""
+    if not isinstance(text, str) or not _WHOLE.fullmatch(text) or len(text) > 30:
+        return None
+    return int(text)
+
+
+def number_in(lo: float, hi: float, what: str, example: str, lo_open: bool = False):
+    """An argparse type: a number (parse_number) from `lo` to `hi` (`lo` itself excluded with
+    `lo_open`); `what` names the quantity, `example` a good value."""
+    def check(text: str) -> float:
+        v = parse_number(text)
+        if v is None or v < lo or (lo_open and v == lo) or v > hi:
+            low = f"> {lo:g}" if lo_open else f">= {lo:g}"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what} {low} and <= {hi:g} (e.g. {example})")
+        return v
+    check.__name__ = "number"
+    return check
+
+
+def whole_in(lo: int, hi: int | None, what: str):
+    """An argparse type: a whole number (parse_whole) from `lo` to `hi` (None: no upper bound)."""
+    def check(text: str) -> int:
+        v = parse_whole(text)
+        if v is None or v < lo or (hi is not None and v > hi):
+            rng = f"{lo} or more" if hi is None else f"{lo} to {hi}"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what} (a whole number, {rng})")
+        return v
+    check.__name__ = "count"
+    return check
+
+
+def strict(kind: type):
+    """The argparse type that stands for `int` or `float` in every verb (cli.ForgeParser swaps it in):
+    the same number, read only as parse_whole / parse_number read it."""
+    def check(text: str):
+        v = parse_whole(text) if kind is int else parse_number(text)
+        if v is None:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a " + ("whole number" if kind is int else "finite number")
+                                             + " written in plain digits (e.g. " + ("4" if kind is int else "1.5") + ")")
+        return v
+    check.__name__ = kind.__name__
+    return check
 
 
 def port(text: str) -> int:
     """A TCP port, 1 to 65535 (argparse type)."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
+    v = parse_whole(text)
+    v = 0 if v is None else v
     if not 1 <= v <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1 to 65535)")
     return v
@@ -23,10 +83,8 @@ def port(text: str) -> int:
 
 def count(text: str) -> int:
     """A whole number of at least 1 (argparse type): processes, repeats."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
+    v = parse_whole(text)
+    v = 0 if v is None else v
     if v < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a count (a whole number, 1 or more)")
     return v

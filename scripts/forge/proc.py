@@ -1,15 +1,44 @@
 """Every subprocess the tool starts goes through here: one place to log, check and explain failures."""
 
+import contextlib
 import ctypes
 import os
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from .errors import ForgeError
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP where the tool ends as on Ctrl-C (signals_as_interrupt): the same clean-up runs,
+    and the command exits 128 + the signal's number."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def signals_as_interrupt(signums=(signal.SIGTERM, signal.SIGHUP)):
+    """Within the block, SIGTERM and SIGHUP raise Terminated, so what a Ctrl-C stops (a server started and
+    not yet answering) is stopped by them too; outside the main thread, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_signal(signum, frame):
+        raise Terminated(signum)
+    old = {s: signal.signal(s, on_signal) for s in signums}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def merged_env(env: Mapping[str, str] | None) -> dict[str, str]:

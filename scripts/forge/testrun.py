@@ -119,11 +119,14 @@ def cmd_test(args) -> int:
     rc = lint()
     if rc:
         return rc
+    skipped: list[str] = []         # the stages this box cannot run, named again in the run's last lines
     if not args.no_rehearsal:
         disk_preflight(with_image=not args.no_image and bool(shutil.which("buildah")),
                        with_toolchain=not args.no_toolchain)
         # the toolchain venv (minutes of download and unpacking) builds in the background meanwhile
-        pre = None if args.no_toolchain else toolchain.preflight()
+        pre = None if args.no_toolchain else toolchain.preflight(need_lld=False)
+        if pre is not None and pre.get("skipped"):
+            skipped.append(pre["skipped"])
         child = toolchain.start_venv(pre) if pre is not None else None
         try:
             rehearsal.rehearse(report_dir=TEST_REPORTS)
@@ -142,8 +145,9 @@ def cmd_test(args) -> int:
                 proc.run(["docker", "info"], capture=True, check=False).returncode == 0:
             image_child = start_image_rehearsal()
         else:
-            ui.warn("image rehearsal skipped: no buildah and no running Docker engine "
-                    "(.ci/run installs buildah and debootstrap)")
+            why = "the image rehearsal: no buildah and no running Docker engine (.ci/run installs buildah and debootstrap)"
+            ui.warn(f"skipped {why}")
+            skipped.append(why)
         ui.info(f"rehearsal reports of this test run: {TEST_REPORTS} (reports/ is left as it was)")
     if args.pytest_args:
         runs = [args.pytest_args]
@@ -157,7 +161,10 @@ def cmd_test(args) -> int:
             ui.warn(f"stopping the image rehearsal ({proc.stop_group(image_child.pid, grace_s=20)}); "
                     "the next `make test` resumes it")
         raise
-    return max(rc, finish_image_rehearsal(image_child))
+    rc = max(rc, finish_image_rehearsal(image_child))
+    for why in skipped:             # the summary's last lines: what this run did not check
+        ui.warn(f"make test skipped {why}")
+    return rc
 
 
 # The image rehearsal (a builder copying image layers and a container installing the wheel: disk and

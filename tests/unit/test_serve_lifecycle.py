@@ -93,8 +93,9 @@ def test_stop_leaves_a_process_that_reused_the_pid_alone(tmp_path):
     st.write_text(json.dumps({"pid": os.getpid(), "pgid": os.getpgid(0), "start_time": "1", "run_id": "x",
                               "cmdline": ["vllm", "serve", "/m"], "server_args": ["serve", "/m"], "boot_id": None}))
     r = forge(tmp_path, "stop")
-    assert r.returncode == 0 and "already exited" in r.stderr
+    assert r.returncode == 0 and "now belongs to a different process" in r.stderr and "nothing was signalled" in r.stderr
     assert not st.exists()
+    os.kill(os.getpid(), 0)                                   # and this process was left alone
 
 
 @pytest.mark.parametrize("message,cause", [

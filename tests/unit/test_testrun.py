@@ -24,7 +24,7 @@ def test_make_test_writes_the_rehearsal_reports_under_build(monkeypatch, tmp_pat
     default_log = testrun.IMAGE_LOG
     monkeypatch.setattr(testrun, "IMAGE_LOG", tmp_path / "image-rehearsal.out")   # not the checkout's live log
     monkeypatch.setattr(testrun.proc, "start", lambda cmd, **kw: started.append((cmd, kw)) or FakeChild(0))
-    monkeypatch.setattr(toolchain, "preflight", lambda: {"python_exe": "python3.10"})
+    monkeypatch.setattr(toolchain, "preflight", lambda **kw: {"python_exe": "python3.10"})
     monkeypatch.setattr(toolchain, "start_venv", lambda pre: calls.setdefault("venv", "child"))
     monkeypatch.setattr(toolchain, "finish", lambda pre, child: calls.setdefault("toolchain", child))
     monkeypatch.setattr(toolchain, "stop_venv", lambda child: calls.setdefault("stopped", child))
@@ -64,7 +64,7 @@ def _image_beside_the_tests(monkeypatch, tmp_path, child, pytest_rc=0, raise_in_
     monkeypatch.setattr(testrun, "disk_preflight", lambda with_image, with_toolchain: None)
     monkeypatch.setattr(testrun.shutil, "which", lambda name: f"/usr/bin/{name}")
     monkeypatch.setattr(rehearsal, "rehearse", lambda **kw: events.append("rehearsal"))
-    monkeypatch.setattr(toolchain, "preflight", lambda: None)
+    monkeypatch.setattr(toolchain, "preflight", lambda **kw: None)
     monkeypatch.setattr(testrun, "lint", lambda: 0)
     monkeypatch.setattr(testrun.proc, "start", lambda cmd, **kw: events.append("image started") or child)
     monkeypatch.setattr(testrun.proc, "stop_group", lambda pid, grace_s: events.append(f"stopped {pid}") or "terminated")
@@ -159,7 +159,7 @@ def test_no_toolchain_skips_the_container_toolchain_check_and_says_so(monkeypatc
     monkeypatch.setattr(testrun, "disk_preflight", lambda with_image, with_toolchain: None)
     monkeypatch.setattr(rehearsal, "rehearse", lambda **kw: None)
     for f in ("preflight", "start_venv", "finish"):
-        monkeypatch.setattr(toolchain, f, lambda *a: pytest.fail("ran the skipped check"))
+        monkeypatch.setattr(toolchain, f, lambda *a, **kw: pytest.fail("ran the skipped check"))
     monkeypatch.setattr(testrun, "lint", lambda: 0)
     _recording(monkeypatch, [0])
     args = types.SimpleNamespace(no_rehearsal=False, no_image=True, no_toolchain=True, pytest_args=["x"], workers=1)
@@ -189,7 +189,7 @@ def test_a_failed_rehearsal_stops_the_background_venv_build(monkeypatch):
     seen = []
     monkeypatch.setattr(testrun, "disk_preflight", lambda with_image, with_toolchain: None)
     monkeypatch.setattr(testrun, "lint", lambda: 0)
-    monkeypatch.setattr(toolchain, "preflight", lambda: {})
+    monkeypatch.setattr(toolchain, "preflight", lambda **kw: {})
     monkeypatch.setattr(toolchain, "start_venv", lambda pre: "child")
     monkeypatch.setattr(toolchain, "finish", lambda pre, child: pytest.fail("checked after a failed rehearsal"))
     monkeypatch.setattr(toolchain, "stop_venv", seen.append)

@@ -1,5 +1,5 @@
-"""The container image (Dockerfile.rocm): `image` builds it for a DCU host, `pin-base` records the
-base image's digest, `image-rehearsal` builds the same Dockerfile on a stand-in base made with
+"""The container image (Dockerfile.rocm): `image` builds it for a DCU host, `image --pin-base` (make
+pin-base) records the base image's digest, `image-rehearsal` builds the same Dockerfile on a stand-in base made with
 debootstrap (Python + CPU torch inside, playing the vendor base's role) and runs its self-check.
 `warm-kernels` and `self-check` are the steps the Dockerfile's runtime stage runs."""
 

@@ -5,12 +5,15 @@ command: the organizers' start script plus that."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
 
+from .. import switches
 from ..config import Field, load_yaml, validate
 from ..errors import ForgeError
+from ..options import parse_number
 from ..paths import CONFIGS, rel
 from . import rounds
 from . import rules as contest_mod
@@ -53,6 +56,48 @@ def _path(name: str) -> Path:
     return q
 
 
+# variables that make the server's process load or run code other than the submission's wheel (the
+# dynamic loader's and the interpreter's): never a profile's to set
+LOADER_VARS = re.compile(r"^(LD_|DYLD_)|^(PYTHONPATH|PYTHONHOME|PYTHONSTARTUP|PYTHONUSERBASE|PYTHONEXECUTABLE)$")
+
+
+def check_env(name: str, value, file: str) -> str:
+    """A profile's environment variable: a valid name, a one-line string value, no loader or interpreter
+    variable, and for our own switches (VLLM_FORGE_*) one of the switch's values (forge.switches: the
+    validator the patched vLLM reads them with). Refused naming `file` and the key."""
+    where, at_value = f"{file}: key 'env.{name}'", f"{file}: key 'env.{name}.value'"
+    contest_mod.check_env_name(name, where)
+    if not isinstance(value, str):
+        raise ForgeError(f"{at_value}: expected a string, got {value!r}", hint=f"quote it: value: \"{value}\"")
+    if LOADER_VARS.search(name):
+        raise ForgeError(f"{where}: {name} is a dynamic-loader or interpreter variable: it would load code into the "
+                         "server that is not the submission's (the wheel built from patches/)",
+                         hint=f"remove {name} from the profile; code the server runs goes through a reviewed patch")
+    if any(c in value for c in "\n\r\0"):
+        raise ForgeError(f"{at_value}: {value!r} holds a line break; a variable's value is one line",
+                         hint="write the value on one line")
+    if name.startswith(switches.PREFIX):
+        return switches.check(name, value, at_value)
+    return value
+
+
+def _option_value(v, where: str) -> None:
+    """An option's value as a profile may give it: not empty, not infinite or NaN, not an option."""
+    try:
+        infinite = isinstance(v, (float, str)) and not math.isfinite(float(v))
+    except ValueError:
+        infinite = False
+    if infinite:
+        raise ForgeError(f"{where}.value: {v!r} is not a finite number", hint="give the option a finite value")
+    if isinstance(v, str) and not v.strip():
+        raise ForgeError(f"{where}.value: an empty value", hint="give the option its value, or remove the option")
+    if isinstance(v, str) and v.startswith("-") and parse_number(v) is None:
+        raise ForgeError(f"{where}.value: {v!r} looks like an option, not a value: the server would read it as "
+                         "one", hint="each option is its own key under options:")
+    if isinstance(v, str) and any(c in v for c in "\n\r\0"):
+        raise ForgeError(f"{where}.value: {v!r} holds a line break", hint="write the value on one line")
+
+
 def _round_env(contest: dict, rnd: rounds.Round | None, name: str, value: str, where: str) -> None:
     """A profile's variable that a round reads: the unlocked server values go under `options` (per
     tier: a mapping); CONCURRENCY_<tier> is the final round's client concurrency, refused elsewhere."""
@@ -77,22 +122,27 @@ def _round_env(contest: dict, rnd: rounds.Round | None, name: str, value: str, w
 def _check_entries(data: dict, file: str, contest: dict, rnd: rounds.Round | None = None) -> None:
     view = rounds.contest_view(contest, rnd, rnd.baseline) if rnd is not None else contest
     for name, e in data["env"].items():
-        contest_mod.check_env_name(name, f"{file}: key 'env.{name}'")
-        if not isinstance(e["value"], str):
-            raise ForgeError(f"{file}: key 'env.{name}.value': expected a string, got {e['value']!r}",
-                             hint=f"quote it: value: \"{e['value']}\"")
+        check_env(name, e["value"], file)
         _round_env(contest, rnd, name, e["value"], f"{file}: key 'env.{name}'")
+    spelled: dict[str, str] = {}
     for name, e in data["options"].items():
         where = f"{file}: key 'options.{name}'"
         if not name.startswith("-"):
             raise ForgeError(f"{where}: option names are written as on the command line",
                              hint=f"write --{name}")
+        canon = contest_mod.option_base(name)
+        if canon in spelled:
+            raise ForgeError(f"{file}: keys 'options.{spelled[canon]}' and 'options.{name}' are the same option "
+                             f"({canon}) in two spellings; the server would take only the last",
+                             hint=f"keep one of them ({canon})")
+        spelled[canon] = name
         v = e["value"]
         if v is False or v is None:
             raise ForgeError(f"{where}.value: {v!r} is not a value",
                              hint="true for a flag; remove the option to leave it unset")
         if not isinstance(v, (str, int, float, bool, dict, list)):
             raise ForgeError(f"{where}.value: expected a string, number, true, or a mapping (JSON)")
+        _option_value(v, where)
         if rnd is not None and rnd.unlocked_option(name) is not None:
             for tier, x in (v.items() if isinstance(v, dict) else [(None, v)]):
                 if tier is not None and tier not in rnd.tier_order:

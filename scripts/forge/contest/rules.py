@@ -14,6 +14,7 @@ from typing import Any
 
 from ..config import Field, load
 from ..errors import ForgeError
+from ..options import parse_number
 from ..paths import CONFIGS, rel
 
 RULE = {"text": Field(str)}
@@ -242,10 +243,10 @@ def per_tier_values(text: str, option: str, names: list[str], what: str, hint: s
         raise ForgeError(f"{option} {text!r}: needs {len(names)} values, one per tier ({', '.join(names)})", hint=hint)
     out = {}
     for n, x in zip(names, parts):
-        try:
-            v = float(x)
-        except ValueError:
-            raise ForgeError(f"{option}: the {n} value {x!r} is not a number", hint=hint) from None
+        v = parse_number(x)
+        if v is None:
+            raise ForgeError(f"{option}: the {n} value {x!r} is not a number in plain digits (e.g. 15.97), so not a "
+                             f"finite positive {what}", hint=hint)
         if not (math.isfinite(v) and v > 0):
             raise ForgeError(f"{option}: the {n} value {x!r} is not a finite positive {what}", hint=hint)
         out[n] = v

@@ -19,10 +19,9 @@ folder.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
-from .. import config, paths, ui
+from .. import config, paths, switches, ui
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..run import archive, runs
@@ -78,17 +77,8 @@ def server_gemv(serve: dict) -> str | None:
 
 def _shapes_at_one_token(spec: str) -> set[tuple[int, int]] | None:
     """(N, K) a VLLM_FORGE_GEMV_SHAPES value sends to the kernel at one token; None for "all"."""
-    if spec == "all":
-        return None
-    out = set()
-    for item in spec.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*(?:/\s*([1-4])\s*)?", item)
-        if not m:
-            raise ForgeError(f"VLLM_FORGE_GEMV_SHAPES: {item!r} is not NxK or NxK/M",
-                             hint='the form the patch reads, e.g. "14336x5120,5120x17408/1", or "all"')
-        if m.group(3) in (None, "1"):
-            out.add((int(m.group(1)), int(m.group(2))))
-    return out
+    table = switches.gemv_shapes(spec, "a recorded server's VLLM_FORGE_GEMV_SHAPES")   # as the server parses it
+    return None if table is None else {nk for nk, rows in table.items() if 1 in rows}
 
 
 def gemv_saving(gbench: dict, calls: dict[str, int], spec: str) -> dict:
@@ -112,6 +102,26 @@ def gemv_saving(gbench: dict, calls: dict[str, int], spec: str) -> dict:
     terms = {s: calls[GEMV_CALLERS[s]] * saved[s] / 1000.0 if routed is None or nk[s] in routed else 0.0
              for s in GEMV_CALLERS}
     return {"ms": sum(terms.values()), "terms": terms}
+
+
+def read_serve_record(path: Path) -> dict:
+    """A run's serve.json (the record of the server it measured) with the keys read here checked: a JSON
+    object whose 'env' maps names to values and whose 'command' and 'launch' are lists of words."""
+    rec = runs.read_json(path)
+    hint = "serve.json is damaged; restore it from the packed record (forge unpack-run) or a copy of the results"
+    if not isinstance(rec, dict):
+        raise ForgeError(f"{paths.rel(path)}: a JSON {type(rec).__name__}, not the record of a server", hint=hint)
+    env = rec.get("env")
+    if env is not None and not (isinstance(env, dict) and all(isinstance(v, (str, int, float)) and not
+                                                              isinstance(v, bool) for v in env.values())):
+        raise ForgeError(f"{paths.rel(path)}: key 'env' is {repr(env)[:60]}, expected a mapping of variable to value",
+                         hint=hint)
+    for key in ("command", "launch"):
+        v = rec.get(key)
+        if v is not None and not (isinstance(v, list) and all(isinstance(a, str) for a in v)):
+            raise ForgeError(f"{paths.rel(path)}: key '{key}' is {repr(v)[:60]}, expected a list of words (the "
+                             "server's command line)", hint=hint)
+    return rec
 
 
 def server_kernel(serve: dict) -> tuple[str, str]:
@@ -170,7 +180,7 @@ def analyse(folder: Path, bench: dict, layers: int, reference: str = "upstream",
         raise ForgeError(f"{folder}: no runs/{reference}/serve.json (the reference server's record)",
                          hint=archive.read_hint(folder, "give an e2e-gpu results folder and its reference "
                                                                 "profile (--reference)"))
-    ref_serve = runs.read_json(rdir / reference / "serve.json")
+    ref_serve = read_serve_record(rdir / reference / "serve.json")
     ref_kernel = server_kernel(ref_serve)
 
     def gemv(serve: dict) -> dict | None:
@@ -187,7 +197,7 @@ def analyse(folder: Path, bench: dict, layers: int, reference: str = "upstream",
     profiles = {}
     for pdir in sorted(p for p in rdir.iterdir() if p.is_dir() and p.name != reference
                        and not p.name.startswith("fault-") and (p / "serve.json").is_file()):
-        serve = runs.read_json(pdir / "serve.json")
+        serve = read_serve_record(pdir / "serve.json")
         kern = server_kernel(serve)
         own_gemv = gemv(serve)
         g_ms = [0.0 if g is None else g["ms"] for g in (own_gemv, ref_gemv)]

@@ -323,7 +323,7 @@ def _acc(run: str) -> dict:
     p = runs.resolve_run(run) / "accuracy.json"
     if not p.is_file():
         raise ForgeError(f"{p}: no accuracy results in that run", hint="run forge accuracy for it first")
-    return runs.read_json(p)["scores"]
+    return score.read_accuracy(p)
 
 
 def ab(contest: dict, a: list[str], b: list[str]) -> int:

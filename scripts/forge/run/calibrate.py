@@ -276,7 +276,13 @@ def default_kernels() -> tuple[str, str]:
 
 def _vllm_tables() -> Path:
     """The folder of the installed vLLM's tuned tables (--install-vllm)."""
-    spec = importlib.util.find_spec("vllm.forge_tuned")
+    try:
+        spec = importlib.util.find_spec("vllm.forge_tuned")
+    except ImportError:             # no vllm package at all (find_spec imports the parent first)
+        raise ForgeError(f"--install-vllm: no vLLM is installed for {sys.executable}, so there is no installed "
+                         "loader to copy the table beside",
+                         hint="install our wheel into this Python (make wheel, then pip install dist/vllm-*.whl), "
+                              "or leave out --install-vllm (--install puts the table into the checkout)") from None
     if spec is None or not spec.submodule_search_locations:
         raise ForgeError("--install-vllm: the installed vLLM has no forge_tuned package",
                          hint="install a wheel built from the patch series (make wheel)")

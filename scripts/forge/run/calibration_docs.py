@@ -254,7 +254,8 @@ def read_report(folder: Path, option: str = "--calibration") -> tuple[dict, list
             continue
         p = cal.parent / f"{fam}.json"
         if not p.is_file():
-            raise ForgeError(f"{paths.rel(p)}: not found; {file} records the {fam} family as measured",
+            raise ForgeError(f"{paths.rel(p)}: " + ("a folder, not a file" if p.is_dir() else "not found")
+                             + f"; {file} records the {fam} family as measured",
                              hint=f"restore the family's file, or measure it again (forge calibrate --out "
                                   f"{paths.rel(cal.parent)} --force --redo {fam})")
         fd = read_family(p, fam)

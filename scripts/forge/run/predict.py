@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import options as opts
 from .. import paths, ui
 from ..config import load_yaml
 from ..contest import rules as contest_mod
@@ -171,10 +172,12 @@ def parse_speedups(items: list[str], file: str | None) -> dict:
         if k.strip() in sp:
             raise ForgeError(f"--speedup {it!r}: {k.strip()} is given twice" + (f" (also in {file})" if file else ""),
                              hint="give each component once")
-        try:
-            sp[k.strip()] = float(v)
-        except ValueError:
-            raise ForgeError(f"--speedup {it!r}: {v!r} is not a number")
+        f = opts.parse_number(v.strip())
+        if f is None:
+            raise ForgeError(f"--speedup {it!r}: {v!r} is not a number, so not a finite positive factor (plain "
+                             "digits, e.g. 1.45)",
+                             hint="e.g. --speedup prefill_attn=10 (10x faster); 1 = unchanged")
+        sp[k.strip()] = f
     return check_speedups(sp)
 
 

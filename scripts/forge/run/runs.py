@@ -38,12 +38,14 @@ def new_run_id(profile: str | None, suffix: str = "") -> str:
 
 
 def check_run_id(run_id: str) -> str:
-    """A run id: a plain name (paths.plain_name) of letters, digits, '.', '_' and '-'; a path is refused,
+    """A run id: a plain name (paths.plain_name) that starts with a letter or digit, then letters, digits,
+    '.', '_' and '-'; a path is refused,
     never shortened to its last part."""
     paths.plain_name(run_id, "run id")
     if not _ID.match(run_id):
         raise ForgeError(f"run id {run_id!r} is not a plain name",
-                         hint="use letters, digits, '.', '_' and '-' (e.g. 20260101-120000-contest)")
+                         hint="start with a letter or digit, then use letters, digits, '.', '_' and '-' "
+                              "(e.g. 20260101-120000-contest)")
     return run_id
 
 
