@@ -62,6 +62,16 @@ def one_request(host: str, port: int, endpoint: str, model: str, prompt: str, ma
     return out
 
 
+def p99(xs: list[float]) -> float:
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    pos = (len(xs) - 1) * 0.99
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
 def main(argv: list[str]) -> int:
     if argv[:2] != ["bench", "serve"]:
         print(f"benchclient: expected `bench serve ...`, got {argv[:2]}", file=sys.stderr)
@@ -88,7 +98,10 @@ def main(argv: list[str]) -> int:
               "input_lens": [r["input_len"] for r in rs], "output_lens": [r["output_len"] for r in rs],
               "ttfts": [r["ttft"] for r in rs], "itls": [r["itl"] for r in rs],
               "start_times": [r["start"] for r in rs], "generated_texts": [r["text"] for r in rs],
-              "errors": [r["error"] for r in rs]}
+              "errors": [r["error"] for r in rs],
+              # vLLM's own P99s (--percentile-metrics ttft,tpot --metric-percentiles 99), numpy's linear percentile
+              "p99_ttft_ms": p99([1000 * r["ttft"] for r in ok]),
+              "p99_tpot_ms": p99([1000 * sum(r["itl"]) / len(r["itl"]) for r in ok if r["itl"]])}
     if "--save-result" in argv or "--result-filename" in argv:
         path = Path(opt(argv, "--result-dir", ".")) / opt(argv, "--result-filename")
         with open(path, "w") as f:

@@ -93,15 +93,19 @@ def _measure(prof: Path, tier: str, run_id: str, concurrency: int, kw: dict, con
     """Serve `prof` for `tier`, run the tier with the finals' client, stop the server: the outcome."""
     rdir = runs.run_dir(run_id, create=False)
     if not runs.tier_done(rdir, tier, keep_failed=True):
+        log = rdir / "server.log"
+        size = log.stat().st_size if log.is_file() else -1
         try:
             serve.serve_profile(str(prof), kw["model"], image=kw["image"], vllm_cmd=kw["vllm_cmd"], port=kw["port"],
                                 run_id=run_id, timeout=kw["timeout"], shm_size=kw["shm_size"], contest=contest,
                                 round_name="final", tier=tier)
         except ForgeError as e:
+            if (log.stat().st_size if log.is_file() else -1) == size:
+                raise                   # refused before a server was launched: the user's to fix, not a result
             ui.warn(f"{run_id}: the server did not start ({e.message.splitlines()[0][:200]}); recorded, not retried")
             return f"failed to start: {e.message.splitlines()[0][:300]}"
         try:
-            bench.run_tiers(run_id=run_id, model=kw["model"], data_dir=kw["data_dir"], tiers=[tier],
+            bench.run_tiers(profile=prof.stem, run_id=run_id, model=kw["model"], data_dir=kw["data_dir"], tiers=[tier],
                             num_prompts=kw["num_prompts"], client=kw["client"], port=kw["port"], contest=contest,
                             round_name="final", concurrency={tier: concurrency}, keep_failed=True)
         except ForgeError as e:
@@ -215,6 +219,8 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
                     r["outcome"] = _measure(prof, tier, run_id, cand.concurrency, kw, contest)
                     save()
                     if r["outcome"] != "measured":
+                        r.update(tok_s=None, score=None, zeroed_by=None)
+                        save()
                         continue
                     runs.write_json(res_file, final_pick.tier_score(contest, rdir, tier, base_metrics[tier]))
             else:

@@ -1,0 +1,157 @@
+"""forge sweep --round final end to end on a CPU box: the fake server (tests/support/fakeserver.py) stands
+in for vLLM and the small client (benchclient.py) really talks to it; the finals' time model ranks the
+space, the best --top N are served with their values, benchmarked with the finals' client and scored
+per tier against the baseline the sweep measured; resumable; the winner per tier written once."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
+from helpers import SUPPORT, forge, free_port, health, tiny_model  # noqa: E402
+
+from forge.contest import rounds, rules  # noqa: E402
+from forge.errors import ForgeError  # noqa: E402
+from forge.run import final_space  # noqa: E402
+
+FAKE = f"{sys.executable} {SUPPORT / 'fakeserver.py'}"
+BENCH = f"{sys.executable} {SUPPORT / 'benchclient.py'}"
+SPACE = ["--topologies", "tp2,dp2", "--kv-dtypes", "bf16,int8", "--max-num-seqs", "64",
+         "--max-num-batched-tokens", "4096", "--gpu-memory-utilization", "0.95", "--concurrency", "8"]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("model"))
+
+
+def _sweep(tmp_path, model, *extra, top="2", env=None):
+    return forge(tmp_path, "sweep", "--round", "final", "--tiers", "4-8K", "--model", str(model), "--vllm", FAKE,
+                 "--client", BENCH, "--port", str(free_port()), "--num-prompts", "2", "--timeout", "30",
+                 "--top", top, "--tier-env", str(tmp_path / "tier-env.json"), *extra, timeout=300,
+                 CUDA_VISIBLE_DEVICES="0,1", FAKE_TOKEN_MS="0.2", **(env or {}))
+
+
+def _formula(tok, base, weight=20):
+    return weight * (0.6 + 0.4 * (1 - math.exp(-1.3 * (tok / base - 1))))
+
+
+def test_sweep_final_end_to_end_then_resume(tmp_path, model):
+    r = _sweep(tmp_path, model, "--baseline-profile", "upstream", *SPACE)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    sweeps = list((tmp_path / "sweeps").iterdir())
+    assert len(sweeps) == 1
+    sweep_id = sweeps[0].name
+    st = json.loads((sweeps[0] / "sweep.json").read_text())
+    ranking = st["tiers"]["4-8K"]["ranking"]
+    assert len(ranking) == 4 and {x["key"] for x in ranking} == {
+        f"{t}-{k}-s64-b4096-u0.95-c8" for t in ("tp2dp1", "tp1dp2") for k in ("bf16", "int8")}
+    runs = {d.name: d for d in (tmp_path / "runs").iterdir()}
+    base = runs.pop(f"{sweep_id}-4-8K-baseline")
+    assert sorted(runs) == sorted(f"{sweep_id}-4-8K-{x['key']}" for x in ranking[:2])   # the top two, each its own run
+    base_log = (base / "server.log").read_text()
+    assert "--tensor-parallel-size 2 --data-parallel-size 1 --max-num-seqs 128 --max-num-batched-tokens 4096" in base_log
+    base_res = json.loads((base / "4-8K.json").read_text())
+    measured = {}
+    for x in ranking[:2]:
+        d = runs[f"{sweep_id}-4-8K-{x['key']}"]
+        c = x["candidate"]
+        log = (d / "server.log").read_text()       # the server ran with the candidate's values
+        assert (f"--tensor-parallel-size {c['tensor_parallel_size']} --data-parallel-size {c['data_parallel_size']} "
+                "--max-num-seqs 64 --max-num-batched-tokens 4096 --gpu-memory-utilization 0.95") in log
+        assert ("--kv-cache-dtype int8" in log) == (c["kv_dtype"] == "int8")
+        m = json.loads((d / "manifest.json").read_text())
+        assert m["round"] == "final" and m["client_settings"]["tiers"]["4-8K"]["max_concurrency"] == 8
+        assert "--max-concurrency 8 --request-rate inf" in m["client_commands"]["4-8K"]
+        res = json.loads((d / "4-8K.json").read_text())
+        ts = json.loads((d / "tier-score.json").read_text())
+        assert ts["contribution"] == pytest.approx(_formula(res["output_throughput"], base_res["output_throughput"]))
+        assert ts["ttft_p99_limit_ms"] == pytest.approx(1.5 * base_res["p99_ttft_ms"])
+        measured[x["key"]] = (res["output_throughput"], c)
+    assert not health(8001)
+    env = json.loads((tmp_path / "tier-env.json").read_text())
+    best = max(measured, key=lambda k: measured[k][0])
+    win = env["tiers"]["4-8K"]
+    c = measured[best][1]
+    assert env["round"] == "final" and win["sweep"] == sweep_id and win["run"] == f"{sweep_id}-4-8K-{best}"
+    assert win["environment"] == {"TENSOR_PARALLEL_SIZE": str(c["tensor_parallel_size"]),
+                                  "DATA_PARALLEL_SIZE": str(c["data_parallel_size"]), "MAX_NUM_SEQS": "64",
+                                  "MAX_NUM_BATCHED_TOKENS": "4096", "GPU_MEMORY_UTILIZATION": "0.95",
+                                  "CONCURRENCY_4_8K": "8"}
+    assert win["engine_options"] == ({"--kv-cache-dtype": "int8"} if c["kv_dtype"] == "int8" else {})
+    assert best in r.stdout and "winner" in r.stdout
+
+    # an interrupted sweep: the second configuration's measurement is lost; a resume runs it alone
+    second = runs[f"{sweep_id}-4-8K-{ranking[1]['key']}"]
+    for f in ("tier-score.json", "4-8K.json"):
+        (second / f).unlink()
+    first_result = (runs[f"{sweep_id}-4-8K-{ranking[0]['key']}"] / "4-8K.json").read_bytes()
+    r = _sweep(tmp_path, model, "--baseline-profile", "upstream", *SPACE, "--sweep-id", sweep_id)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    assert "already measured" in out and out.count("server ready") == 1, out
+    assert (runs[f"{sweep_id}-4-8K-{ranking[0]['key']}"] / "4-8K.json").read_bytes() == first_result
+    assert (second / "tier-score.json").is_file()
+
+    # a resume with another space is refused; another sweep may not replace the winner without --force
+    r = _sweep(tmp_path, model, "--baseline-profile", "upstream", *SPACE[:-1], "10", "--sweep-id", sweep_id)
+    assert r.returncode == 2 and "other space" in r.stderr
+    before = (tmp_path / "tier-env.json").read_bytes()
+    r = _sweep(tmp_path, model, "--baseline", str(base), *SPACE, top="1")
+    assert r.returncode == 2 and "already has a recorded winner" in r.stderr and "--force" in r.stderr
+    assert (tmp_path / "tier-env.json").read_bytes() == before
+    assert len(list((tmp_path / "sweeps").iterdir())) == 1            # refused before anything was written
+    r = _sweep(tmp_path, model, "--baseline", str(base), *SPACE, "--force", top="1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((tmp_path / "tier-env.json").read_text())["tiers"]["4-8K"]["sweep"] != sweep_id
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--concurrency", "0"], "concurrency 0 is out of bounds"),
+    (["--max-num-seqs", "0"], "--max-num-seqs 0 is out of bounds"),
+    (["--gpu-memory-utilization", "1.2"], "--gpu-memory-utilization 1.2 is out of bounds"),
+    (["--topologies", "tp3"], "'tp3' is not a topology"),
+    (["--kv-dtypes", "fp8"], "'fp8' is not a KV dtype"),
+    (["--max-num-seqs", "512", "--max-num-batched-tokens", "256"], "the search space is empty"),
+    (["--top", "0"], "--top 0"),
+    (["--tiers", "2-4K"], "not a tier of the final round"),
+    ([], "give --baseline RUN"),
+    (["upstream"], "profiles given"),
+])
+def test_bad_input_is_refused_before_anything_runs(tmp_path, model, args, needle):
+    extra = args if (args == [] or "--baseline" in args) else [*args, "--baseline-profile", "upstream"]
+    if args == ["upstream"]:
+        r = forge(tmp_path, "sweep", "upstream", "--round", "final", "--model", str(model), "--baseline-profile", "upstream")
+    else:
+        r = _sweep(tmp_path, model, *extra)
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "sweeps").exists()
+
+
+def test_a_start_script_variable_in_the_environment_is_refused(tmp_path, model):
+    r = _sweep(tmp_path, model, "--baseline-profile", "upstream", *SPACE, env={"MAX_NUM_SEQS_4_8K": "32"})
+    assert r.returncode == 2 and "MAX_NUM_SEQS_4_8K is set" in r.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_model_ranks_every_candidate_once_and_a_bad_ranking_is_refused():
+    c = rules.load_contest()
+    rnd = rounds.load_round(c, "final")
+    cands = final_space.space(rnd, max_num_seqs="32,128", max_num_batched_tokens="4096",
+                              gpu_memory_utilization="0.95", concurrency="10")
+    assert len(cands) == 2 * 2 * 2
+    from forge.run import final_sweep
+    ranked = final_space.rank(final_sweep.model_ranker(c, rnd), "16-32K", cands)
+    assert sorted(r.candidate.key for r in ranked) == sorted(x.key for x in cands)
+    assert all("tok_s" in r.predicted for r in ranked)
+    with pytest.raises(ForgeError, match="not one of the candidates"):
+        final_space.rank(lambda tier, cs: [final_space.Ranked(cs[0]), final_space.Ranked(cs[0])], "4-8K", cands)
+
+
+def test_the_preliminary_has_no_search_space():
+    rnd = rounds.load_round(rules.load_contest(), "preliminary")
+    with pytest.raises(ForgeError, match="unlocks nothing"):
+        final_space.space(rnd)
