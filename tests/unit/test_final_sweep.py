@@ -155,3 +155,50 @@ def test_the_preliminary_has_no_search_space():
     rnd = rounds.load_round(rules.load_contest(), "preliminary")
     with pytest.raises(ForgeError, match="unlocks nothing"):
         final_space.space(rnd)
+
+
+def _tier_env_file(path):
+    env = {"TENSOR_PARALLEL_SIZE": "1", "DATA_PARALLEL_SIZE": "2", "MAX_NUM_SEQS": "32",
+           "MAX_NUM_BATCHED_TOKENS": "8192", "GPU_MEMORY_UTILIZATION": "0.9", "CONCURRENCY_8_16K": "12"}
+    path.write_text(json.dumps({"round": "final", "tiers": {"8-16K": {
+        "environment": env, "engine_options": {"--kv-cache-dtype": "int8"}, "kv_dtype": "int8", "run": "r-8-16K",
+        "sweep": "s1", "tok_s": 120.5, "lift": 0.25, "score": 40.0}}}))
+    return env
+
+
+def test_report_final_lists_the_environment_per_tier(tmp_path):
+    env = _tier_env_file(tmp_path / "te.json")
+    r = forge(tmp_path, "report", "--round", "final", "--tier-env", str(tmp_path / "te.json"), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    doc = (tmp_path / "out" / "submission" / "ENVIRONMENT.md").read_text()
+    section = doc[doc.index("## The final round: the environment per tier"):]
+    assert " ".join(f"{k}={v}" for k, v in env.items()) in section              # the sweep's winner for 8-16K
+    assert "`--kv-cache-dtype int8`" in section and "sweep s1, run r-8-16K" in section
+    for tier in ("4-8K", "16-32K"):                                           # no winner: the finals' baseline
+        suffix = tier.replace("-", "_")
+        assert (f"TENSOR_PARALLEL_SIZE=2 DATA_PARALLEL_SIZE=1 MAX_NUM_SEQS=128 MAX_NUM_BATCHED_TOKENS=4096 "
+                f"GPU_MEMORY_UTILIZATION=0.95 CONCURRENCY_{suffix}=10") in section
+    pre = forge(tmp_path, "report", "--out", str(tmp_path / "pre"))
+    assert pre.returncode == 0, pre.stderr
+    assert "## The final round" not in (tmp_path / "pre" / "submission" / "ENVIRONMENT.md").read_text()
+
+
+@pytest.mark.parametrize("args,needle", [(["--tier-env", "TE"], "goes with --round final"),
+                                         (["--round", "final", "--tier-env", "BAD"], "not a tier-environment file"),
+                                         (["--round", "semifinal"], "not a round")])
+def test_report_refuses_a_wrong_tier_env_before_writing(tmp_path, args, needle):
+    _tier_env_file(tmp_path / "te.json")
+    (tmp_path / "bad.json").write_text('{"tiers": {"4-8K": {"environment": {"X": 1}}}}')
+    args = [{"TE": str(tmp_path / "te.json"), "BAD": str(tmp_path / "bad.json")}.get(a, a) for a in args]
+    r = forge(tmp_path, "report", *args, "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_submissions_documents_carry_the_final_section():
+    from forge.ship import contest_docs
+    c = rules.load_contest()
+    pre = contest_docs.documents(c, "forge submission")["ENVIRONMENT.md"]
+    fin = contest_docs.documents(c, "forge submission", round_name="final")["ENVIRONMENT.md"]
+    assert fin.startswith(pre) and "## The final round: the environment per tier" in fin[len(pre):]
+    assert "CONCURRENCY_16_32K=10" in fin and "## The final round" not in pre

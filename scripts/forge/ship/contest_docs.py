@@ -27,7 +27,7 @@ from ..contest import profiles
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..recipe.patchfile import parse, read_series
-from . import submission_runs
+from . import final_env_doc, submission_runs
 from .card_route import en_count as _en
 from .card_route import gemv_on_card
 from .card_route import zh_count as _zh
@@ -369,15 +369,19 @@ def ab_section(contest: dict, opt: dict, tiers: list[str]) -> list[str]:
 
 
 def documents(contest: dict, verb: str, forge_commit: str | None = None,
-              config_path: Path | str = "optimizations.yaml") -> dict[str, str]:
+              config_path: Path | str = "optimizations.yaml", round_name: str | None = None,
+              tier_env: Path | None = None) -> dict[str, str]:
     """{"ENVIRONMENT.md": ..., "OPTIMIZATION.md": ...}, both for the profile configs/optimizations.yaml
-    names as the submission's."""
+    names as the submission's; for the final round (`round_name`), ENVIRONMENT.md adds the environment
+    per tier (final_env_doc: the tier-environment file `tier_env`, else the round's baseline)."""
     opt = load_optimizations(config_path)
     profile = profiles.load_profile(opt["submission"]["profile"], contest)
     env_vars = series_env_vars()
     entries = tree.overlay_entries()
     touched = sorted({f for n in read_series(paths.PATCHES) for f in parse(paths.PATCHES / n).touched()})
     refs = References.of_this_series(entries, touched)
+    final = final_env_doc.final_section(contest, tier_env) if round_name == "final" else ""
     return {"ENVIRONMENT.md": environment_md(contest, profile, env_vars,
-                                             other_env_reads(entries, {v["name"] for v in env_vars}), refs, verb),
+                                             other_env_reads(entries, {v["name"] for v in env_vars}), refs, verb)
+            + final,
             "OPTIMIZATION.md": optimization_md(contest, opt, profile, refs, verb, forge_commit)}

@@ -13,13 +13,13 @@ from pathlib import Path
 
 from .. import config, paths, ui
 from ..builder import tree, wheel
-from ..contest import profiles
+from ..contest import profiles, rounds
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..recipe import provenance
 from ..recipe.patchfile import REVIEW_SECTIONS, parse, read_series
 from ..recipe.provenance import NOT_INSTALLED
-from ..run import runs
+from ..run import final_pick, runs
 from . import contest_docs
 
 # Licences of the components a submission is built from (as published by each project).
@@ -41,8 +41,10 @@ def _cell(s: str) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
 
 
-def env_vars_md(profile: dict, contest: dict) -> str:
-    rendered = profiles.render(profile, "<model dir>", contest)
+def env_vars_md(profile: dict, contest: dict, rendered: dict | None = None) -> str:
+    """`rendered`: the profile's command as a later round renders it (profiles.render_round), with
+    `contest` that round's view (rounds.contest_view); default the preliminary's."""
+    rendered = rendered or profiles.render(profile, "<model dir>", contest)
     allowed = {o["option"]: o for o in contest["allowed_options"]}
     L = [_header(), "", f"# Environment variables and engine options: profile `{profile['name']}`", "",
          profile["description"], "",
@@ -136,8 +138,10 @@ def find_provenance(arg: str | None) -> tuple[dict, str]:
 BASE_COMPONENTS = ("torch", "triton")
 
 
-def submission_readme_md(profile: dict, contest: dict, prov: dict, prov_src: str) -> str:
-    rendered = profiles.render(profile, "/path/to/Qwen3.5-27B", contest)
+def submission_readme_md(profile: dict, contest: dict, prov: dict, prov_src: str, rnd: rounds.Round | None = None) -> str:
+    rendered = (profiles.render_round(profile, "/path/to/Qwen3.5-27B", contest, rnd, rnd.tier_order[0], environ={})
+                if rnd is not None and rnd.name != rounds.DEFAULT_ROUND else
+                profiles.render(profile, "/path/to/Qwen3.5-27B", contest))
     L = [_header(), "", "# Submission: vLLM 0.18.1 patched for Qwen3.5-27B on Hygon DCU", "",
          f"Profile `{profile['name']}`: {profile['description']}", "",
          "## Third-party components", "", f"Provenance: {prov_src}.", "",
@@ -180,18 +184,32 @@ def submission_readme_md(profile: dict, contest: dict, prov: dict, prov_src: str
     return "\n".join(L) + "\n"
 
 
-def write_report(profile: str = "contest", out: Path | None = None, provenance: str | None = None) -> list[Path]:
+def write_report(profile: str = "contest", out: Path | None = None, provenance: str | None = None,
+                 round_name: str | None = None, tier_env: str | None = None) -> list[Path]:
     """Write env-vars.md, optimization-plan.md and submission-readme.md for `profile` into `out`
     (default reports/), and the submission's ENVIRONMENT.md and OPTIMIZATION.md (for the profile and
     run configs/optimizations.yaml names) into `out`/submission/; a document whose text is unchanged is
-    left alone. Returns the files written."""
+    left alone. Returns the files written. `round_name` final: the profile is served in the final round
+    (its first tier's command shown) and ENVIRONMENT.md lists the environment per tier (`tier_env`: the
+    file `forge sweep --round final` wrote, else the round's baseline values)."""
     contest = contest_mod.load_contest()
-    prof = profiles.load_profile(profile, contest)
+    rnd = rounds.load_round(contest, round_name or rounds.DEFAULT_ROUND)
+    if tier_env and rnd.name != "final":
+        raise ForgeError("--tier-env lists the final round's environment per tier; it goes with --round final",
+                         hint="add --round final (make report ROUND=final), or drop --tier-env")
+    env_file = Path(tier_env) if tier_env else None
+    if env_file is not None:
+        final_pick.read_tier_env(env_file)          # a wrong file is refused before anything is written
+    prof = profiles.load_profile(profile, contest, rnd=rnd)
+    rendered = (profiles.render_round(prof, "<model dir>", contest, rnd, rnd.tier_order[0], environ={})
+                if rnd.name != rounds.DEFAULT_ROUND else None)
+    view = rounds.contest_view(contest, rnd, rounds.Settings(**rendered["settings"])) if rendered else contest
     out = Path(out) if out else paths.REPORTS
     prov, src = find_provenance(provenance)
-    docs = {"env-vars.md": env_vars_md(prof, contest), "optimization-plan.md": optimization_plan_md(out),
-            "submission-readme.md": submission_readme_md(prof, contest, prov, src),
-            **{f"submission/{k}": v for k, v in contest_docs.documents(contest, "forge report").items()}}
+    docs = {"env-vars.md": env_vars_md(prof, view, rendered), "optimization-plan.md": optimization_plan_md(out),
+            "submission-readme.md": submission_readme_md(prof, contest, prov, src, rnd),
+            **{f"submission/{k}": v for k, v in contest_docs.documents(contest, "forge report", round_name=rnd.name,
+                                                                       tier_env=env_file).items()}}
     written = []                    # every document was computed above: a mistake in one leaves no file written
     for name, text in docs.items():
         dest = out / name
@@ -206,7 +224,7 @@ def write_report(profile: str = "contest", out: Path | None = None, provenance: 
 
 
 def cmd_report(args) -> int:
-    write_report(args.profile, Path(args.out) if args.out else None, args.provenance)
+    write_report(args.profile, Path(args.out) if args.out else None, args.provenance, args.round, args.tier_env)
     return 0
 
 
@@ -227,4 +245,10 @@ def register(sub) -> None:
                                          "third-party table (default: the repository's own inputs only, so the "
                                          "tracked documents do not depend on the machine)")
     p.add_argument("--out", help="output folder (default: reports/)")
+    p.add_argument("--round", default=None, help="final: the profile as the final round serves it, and the "
+                                                 "submission's ENVIRONMENT.md with the environment per tier (default: "
+                                                 "the preliminary)")
+    p.add_argument("--tier-env", help="with --round final: the tier-environment file forge sweep --round final wrote "
+                                      "(reports/final-round/tier-environment.json); default: the round's baseline "
+                                      "values per tier")
     p.set_defaults(func=cmd_report)

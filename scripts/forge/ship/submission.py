@@ -30,11 +30,12 @@ from pathlib import Path
 
 from .. import ui
 from ..builder import basecheck, bases, patches, tree
-from ..contest import profiles
+from ..contest import profiles, rounds
 from ..contest.rules import load_contest, organizers_argv
 from ..errors import ForgeError
 from ..paths import BUILD, DIST, ROOT, rel, write_atomic
 from ..recipe import provenance
+from ..run import final_pick
 from . import contest_docs
 
 MARKER = "forge-submission.json"        # inside .git: this repository was written by `make submission`
@@ -176,7 +177,8 @@ def _onto_vendor_history(work: Path, ours: str, vendor_src: str) -> str | None:
     return parent
 
 
-def write_submission(into: str | None = None, base: str | None = None, vendor_src: str | None = None) -> dict:
+def write_submission(into: str | None = None, base: str | None = None, vendor_src: str | None = None,
+                     round_name: str | None = None, tier_env: str | None = None) -> dict:
     """Write the repository and run its pre-flight. Nothing is written to the target before the
     pre-flight has run on the new repository: one that stops (a Python that cannot run setup.py, an
     interrupt) leaves the target, and build/submission-preflight.json, as they were."""
@@ -186,12 +188,19 @@ def write_submission(into: str | None = None, base: str | None = None, vendor_sr
                               "the stand-in")
     vendor_src = vendor_src or os.environ.get("VENDOR_SRC")
     base = base or ("vendor" if vendor_src else "standin")
+    rnd = rounds.load_round(load_contest(), round_name or rounds.DEFAULT_ROUND)
+    if tier_env and rnd.name != "final":
+        raise ForgeError("--tier-env lists the final round's environment per tier; it goes with --round final",
+                         hint="add --round final (make submission ROUND=final), or drop --tier-env")
+    if tier_env:
+        final_pick.read_tier_env(Path(tier_env))      # a wrong file is refused before anything is built
     target = target_dir(into)
     state = tree.build_tree(base=base, vendor_src=vendor_src)
     src = bases.tree_dir(base)
     basecheck.require_build_python(src)      # the pre-flight runs setup.py with this Python
     c = load_contest()
-    docs = {**contest_docs.documents(c, "forge submission", forge_commit=provenance.forge_commit()["commit"]),
+    docs = {**contest_docs.documents(c, "forge submission", forge_commit=provenance.forge_commit()["commit"],
+                                     round_name=rnd.name, tier_env=Path(tier_env) if tier_env else None),
             "SUBMISSION.md": submission_md(base, state, c)}
     work = target.parent / f".{target.name}.partial"
     shutil.rmtree(work, ignore_errors=True)
@@ -228,7 +237,7 @@ def write_submission(into: str | None = None, base: str | None = None, vendor_sr
 
 
 def cmd_submission(args) -> int:
-    rec = write_submission(args.into, args.base, args.vendor_src)
+    rec = write_submission(args.into, args.base, args.vendor_src, args.round, args.tier_env)
     print(f"submission repository: {rec['repository']} ({rec['base']} base, {len(rec['log'])} commits)")
     for line in reversed(rec["log"]):
         print(f"  {line}")
@@ -256,4 +265,9 @@ def register(sub) -> None:
                    help="vendor when VENDOR_SRC is given, else standin (CI's stand-in: never push it)")
     p.add_argument("--vendor-src", default=None, help="the vllm_cscc checkout (default: $VENDOR_SRC); the vendor base "
                                                        "only, refused with --base standin")
+    p.add_argument("--round", default=None, help="final: ENVIRONMENT.md adds the environment a team sets per tier for "
+                                                 "the final (default: the preliminary)")
+    p.add_argument("--tier-env", help="with --round final: the tier-environment file forge sweep --round final wrote "
+                                      "(reports/final-round/tier-environment.json); default: the round's baseline "
+                                      "values per tier")
     p.set_defaults(func=cmd_submission)
