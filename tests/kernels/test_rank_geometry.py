@@ -2,8 +2,9 @@
 
 Qwen3.5-27B's full-attention layers per rank (configs/models/qwen3.5-27b, head_dim 256): q / KV heads
 24/4 at TP1, 12/2 at TP2, 6/1 at TP4 and 3/1 at TP8 (the one KV head copied, group size 3: a group
-that is not a power of two). Block sizes per rank: bf16 784 (400 at TP8), int8 1552 (`rank_blocks`
-derives them from the model's GDN state page; tests/tree checks vLLM's own hook at TP1).
+that is not a power of two). Block sizes per rank: bf16 784 (400 at TP8), int8 1552 (784 at TP8)
+(`rank_blocks` derives them from the model's GDN state page; tests/tree/test_rank_page_math.py checks
+vLLM's own hybrid page rule gives the same at TP 1/2/4/8).
 
 Each case draws fresh random inputs, poisons the output (NaN) and the scratch, uses ragged lengths
 that cross block boundaries, and compares with float64 attention over what the cache holds. On CPU
@@ -117,12 +118,13 @@ def _dec_run(dec, q, kc, vc, ks, vs, bt, sl, S, dev):
 # (kind, block): bf16 at its TP1-4 and TP8 blocks, int8 at 1552
 KINDS = [("bf16", 784), ("bf16", 400), ("int8", 1552)]
 if ON_GPU:
-    DEC_CASES = [(g, k, bs, B) for g in GEOMS for k, bs in KINDS for B in (1, 4, 10, 16)]
+    DEC_CASES = [(g, k, bs, B) for g in GEOMS for k, bs in KINDS for B in (1, 4, 10, 16)] + \
+        [((3, 1), "int8", 784, B) for B in (1, 4, 10, 16)]                      # int8 at TP8
     TOP = 32768
 else:
     # one batch of 3 per (geometry, kind), and a batch of 16 at two geometries
     DEC_CASES = [(g, k, bs, 3) for g in GEOMS for k, bs in KINDS] + \
-        [((12, 2), "bf16", 400, 16), ((3, 1), "int8", 1552, 16)]
+        [((12, 2), "bf16", 400, 16), ((3, 1), "int8", 784, 16)]
     TOP = None
 
 
@@ -190,7 +192,7 @@ def _pre_case(dev, kind, bs, seqs, hq, hkv, gen, qdtype):
 
 
 if ON_GPU:
-    PRE_CASES = [(g, k, bs) for g in GEOMS for k, bs in KINDS]
+    PRE_CASES = [(g, k, bs) for g in GEOMS for k, bs in KINDS] + [((3, 1), "int8", 784)]
 
     def _mixed(bs, rng):
         # a 4096-token chunk of a long prompt, a short prompt, and decode rows at mixed contexts
@@ -198,7 +200,7 @@ if ON_GPU:
             [(rng.randint(1, 32767), 1) for _ in range(9)]
 else:
     PRE_CASES = [(g, k, bs) for g, (k, bs) in zip(GEOMS, [("bf16", 784), ("int8", 1552), ("bf16", 400),
-                                                           ("int8", 1552)])] + \
+                                                           ("int8", 784)])] + \
         [((24, 4), "bf16", 400), ((3, 1), "bf16", 784)]
 
     def _mixed(bs, rng):
