@@ -194,3 +194,19 @@ def test_predict_round_final_refuses_bad_input(tmp_path, args, msg):
 def test_validate_needs_the_final_round(tmp_path):
     r = forge(tmp_path, "predict", "--validate", "--speedup", "gemv=2")
     assert r.returncode == 2 and "--round final" in r.stderr
+
+
+def test_pick_keeps_headroom_and_breaks_ties_by_the_sla_used():
+    def p(tok, ttft, tpot=100.0):
+        return {"tok_s": tok, "ttft_p99_ms": ttft, "tpot_p99_ms": tpot, "failed": 0}
+
+    limits = {"ttft_p99_ms": 1000.0, "tpot_p99_ms": 1000.0}              # limits 1500 ms each
+    fast_tight, slower_safe, near_tie = p(100, 1450), p(90, 1000), p(89.5, 600)
+    chosen = finals.pick([fast_tight, slower_safe, near_tie], limits)
+    # 1450 ms is inside 1500 but not inside 1350 (10 % headroom); 89.5 is within 1 % of 90 and uses less
+    assert chosen is near_tie and chosen["pick_rule"].startswith("inside the SLA with 10%")
+    assert finals.pick([fast_tight], limits)["pick_rule"] == "inside the SLA (none with headroom)"
+    over = p(120, 5000)
+    assert finals.pick([over], limits)["pick_rule"].startswith("fastest")
+    with pytest.raises(ForgeError):
+        finals.pick([], limits)

@@ -23,6 +23,11 @@ the SLA's limits' bases for the tier ({"ttft_p99_ms", "tpot_p99_ms"}: the finals
 x the baseline's, nothing failed) first, then by output tok/s, highest first; each prediction carries
 `sla_ok` and `why` (the limit it breaks). The contest formula grows with tok/s, so within the SLA this
 order is the score's order; the score itself is the caller's (run/score.py's formula).
+
+    pick(predictions, limits) -> prediction
+
+takes the one to serve: the highest tok/s with PICK_MARGIN headroom under both SLA limits (else inside
+them, else the fastest), and within PICK_TIE of that tok/s the one using the least of its limits.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from .shape import Shape, load_shape
 
 SLA_RATIO = 1.5
 OUTPUT_LEN = 1024
+PICK_MARGIN = 0.10     # headroom kept under each SLA limit when picking: the model's TTFT P99 ran 22-33 % under the
+PICK_TIE = 0.01        # public DP2 figures; within 1 % of the best tok/s, the most headroom is taken
 
 
 @dataclass(frozen=True)
@@ -180,3 +187,24 @@ def rank_configurations(tier: str, space: Iterable[Config] | Mapping[str, list],
         ranked.append((cfg, p))
     ranked.sort(key=lambda cp: (not cp[1]["sla_ok"], -cp[1]["tok_s"]))
     return ranked
+
+
+def pick(preds: list[dict], limits: Mapping, margin: float = PICK_MARGIN, tie: float = PICK_TIE) -> dict:
+    """The configuration to serve among ranked predictions (see the module's docstring); within the tie,
+    the one that uses the least of its SLA limits (the larger of TTFT P99 / limit and TPOT P99 / limit)."""
+    if not preds:
+        raise ForgeError("no configuration to pick from")
+    safe = [p for p in preds if not sla_check(p, limits, SLA_RATIO * (1 - margin))]
+    inside = [p for p in preds if not sla_check(p, limits)]
+    pool, rule = ((safe, f"inside the SLA with {margin:.0%} headroom") if safe else
+                  (inside, "inside the SLA (none with headroom)") if inside else (list(preds), "fastest (none inside the SLA)"))
+    best = max(p["tok_s"] for p in pool)
+
+    def parts(p: dict) -> list[float]:
+        return [p[k] / (SLA_RATIO * limits[k]) for k in ("ttft_p99_ms", "tpot_p99_ms")
+                if limits.get(k) and p.get(k) is not None] or [0.0]
+
+    chosen = min((p for p in pool if p["tok_s"] >= (1 - tie) * best),
+                 key=lambda p: (round(max(parts(p)), 2), sum(parts(p)), -p["tok_s"]))
+    chosen["pick_rule"], chosen["sla_use"] = rule, max(parts(chosen))
+    return chosen

@@ -88,7 +88,7 @@ def predict_final(args, contest: dict, workload: dict, speedups: dict | None) ->
             p["why"] = finals.sla_check(p, {"ttft_p99_ms": t["baseline"]["ttft_p99_ms"], "tpot_p99_ms": pooled_base})
             p["sla_ok"] = not p["why"]
         t["ranked"].sort(key=lambda p: (not p["sla_ok"], -p["tok_s"]))
-        t["pick"] = t["ranked"][0]
+        t["pick"] = finals.pick(t["ranked"], {"ttft_p99_ms": t["baseline"]["ttft_p99_ms"], "tpot_p99_ms": pooled_base})
         t["pick"]["reason"] = reason(t["pick"], t["ranked"], t["baseline"])
     res = score_picks(contest, tiers)
     return {"round": "final", "outputs": args.outputs, "link": args.link, "link_note": LINKS[args.link].note,
@@ -102,17 +102,19 @@ def predict_final(args, contest: dict, workload: dict, speedups: dict | None) ->
 def reason(pick: dict, ranked: list[dict], base: dict) -> str:
     if not pick["sla_ok"]:
         return "no configuration keeps the SLA; the fastest shown: " + "; ".join(pick["why"])
-    nxt = next((p for p in ranked[1:] if p["sla_ok"]), None)
+    best = ranked[0]
+    s = (f"{pick['pick_rule']}, the most output tok/s ({pick['tok_s']:.1f}, "
+         f"{100 * (pick['tok_s'] / base['tok_s'] - 1):+.0f} % vs the modelled baseline {base['tok_s']:.1f}), "
+         f"within {finals.PICK_TIE:.0%} of it the most SLA headroom (TTFT P99 {pick['ttft_p99_ms'] / 1000:.1f} s vs "
+         f"the limit {finals.SLA_RATIO * base['ttft_p99_ms'] / 1000:.1f} s; {100 * pick['sla_use']:.0f} % of the "
+         "tighter limit used)")
+    if best is not pick:
+        s += f"; fastest inside the SLA: {best['label']} at {best['tok_s']:.1f}"
     other = next((p for p in ranked if p["sla_ok"] and (p["config"]["tp"], p["config"]["dp"])
                   != (pick["config"]["tp"], pick["config"]["dp"])), None)
-    s = (f"highest output tok/s inside the SLA ({pick['tok_s']:.1f}, {100 * (pick['tok_s'] / base['tok_s'] - 1):+.0f} % "
-         f"vs the modelled baseline {base['tok_s']:.1f})")
-    if nxt:
-        s += f"; next {nxt['label']} at {nxt['tok_s']:.1f}"
-    if other and other is not nxt:
+    if other:
         s += f"; best other topology {other['label']} at {other['tok_s']:.1f}"
-    s += f"; {pick['preemptions']} preemptions"
-    return s
+    return s + f"; {pick['preemptions']} preemptions"
 
 
 def score_picks(contest: dict, tiers: dict) -> dict:
