@@ -3,7 +3,9 @@
 # DATA_DIR, TOK_S, FORCE, E2E, REFERENCE, SPEEDUP, TTFT_S, TPOT_MS, OUT, LABEL, VLLM_SRC, MAX_JOBS, BASE_IMAGE,
 # THREEWAY, WHEEL_DEVICE, WARM_ARCH, E2E_ARGS, BASE (sdist | vendor | standin), VENDOR_SRC (the vendor's
 # vllm_cscc checkout), INTO, FROM, CALIBRATE_ARGS, CALIBRATION, WORKERS (pytest processes for check and test, at most
-# the cores). The yes/no variables FORCE and THREEWAY take 1 (yes), 0 or nothing (no); another value is refused.
+# the cores), ROUND (the contest round: preliminary, the default, or final; passed as --round to serve, bench-all-tiers,
+# score, sweep, predict, report and submission), TIER (the final round's tier a server is started for), TIER_ENV (the
+# final round's tier-environment file forge sweep --round final writes; report and submission list it). The yes/no variables FORCE and THREEWAY take 1 (yes), 0 or nothing (no); another value is refused.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -52,8 +54,8 @@ offline-check: ## fail naming file:line if a HIP build of the tree would downloa
 export: ## patched tree as a tarball + one combined diff, for a scoring repository
 	@$(FORGE) export
 
-submission: ## the repository a team pushes: vendor base, kernels, one commit per patch, the Art. 12/13 documents, and a pre-flight (VENDOR_SRC=, else the labelled stand-in; INTO=dir)
-	@$(FORGE) submission $(if $(INTO),--into $(INTO))
+submission: ## the repository a team pushes: vendor base, kernels, one commit per patch, the Art. 12/13 documents, and a pre-flight (VENDOR_SRC=, else the labelled stand-in; INTO=dir; ROUND=final TIER_ENV=<file>: the environment per tier)
+	@$(FORGE) submission $(if $(INTO),--into $(INTO)) $(if $(ROUND),--round $(ROUND)) $(if $(TIER_ENV),--tier-env $(TIER_ENV))
 
 wheel: ## build the vllm wheel from a clean copy of build/vllm (BASE= picks the tree; BASE=vendor: setup.py's own version; ROCm build on a DCU host; WHEEL_DEVICE=auto)
 	@$(FORGE) wheel --device $(WHEEL_DEVICE) --base $(BASE)
@@ -91,14 +93,14 @@ serve: ## start the contest server command for a profile and wait for /health (P
 stop: ## stop the server `forge serve` started (and only that one)
 	@$(FORGE) stop
 
-bench-all-tiers: ## run the contest's tiers with `vllm bench serve` against the server (RUN=<run-id> resumes one)
-	@$(FORGE) bench-all-tiers --profile $(PROFILE) $(if $(RUN),--run-id $(RUN))
+bench-all-tiers: ## run the contest's tiers with `vllm bench serve` against the server (RUN=<run-id> resumes one; ROUND=final: the finals' client, CONCURRENCY_4_8K= etc.)
+	@$(FORGE) bench-all-tiers --profile $(PROFILE) $(if $(RUN),--run-id $(RUN)) $(if $(ROUND),--round $(ROUND))
 
 score: ## the contest score of a run (or of what-if tok/s) against a baseline: RUN= or TOK_S=a,b,c, BASELINE=<run> or BASELINE_NAME=<set: team, official>; FORCE=1 replaces a recorded score
-	@$(FORGE) score $(if $(RUN),--run $(RUN)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(BASELINE_NAME),--baseline-name $(BASELINE_NAME)) $(if $(TOK_S),--tok-s $(TOK_S)) $(if $(filter 1,$(FORCE)),--force)
+	@$(FORGE) score $(if $(RUN),--run $(RUN)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(BASELINE_NAME),--baseline-name $(BASELINE_NAME)) $(if $(TOK_S),--tok-s $(TOK_S)) $(if $(ROUND),--round $(ROUND)) $(if $(filter 1,$(FORCE)),--force)
 
 predict: ## predict the DCU tok/s per tier and the contest score: E2E=<e2e folder> | RUN=<run> REFERENCE=<run> | CALIBRATION=<calibrate folder> | SPEEDUP="prefill_attn=10 gemv=1.45" | TTFT_S=a,b,c TPOT_MS=a,b,c [BASELINE_NAME=] [OUT=<folder>] [LABEL=<name>]
-	@$(FORGE) predict $(if $(CALIBRATION),--calibration $(CALIBRATION)) $(if $(E2E),--e2e $(E2E)) $(if $(RUN),--run $(RUN)) $(if $(REFERENCE),--reference $(REFERENCE)) $(foreach s,$(SPEEDUP),--speedup $(s)) $(if $(TTFT_S),--ttft-s $(TTFT_S)) $(if $(TPOT_MS),--tpot-ms $(TPOT_MS)) $(if $(BASELINE_NAME),--baseline-name $(BASELINE_NAME)) $(if $(OUT),--out $(OUT)) $(if $(LABEL),--label $(LABEL))
+	@$(FORGE) predict $(if $(CALIBRATION),--calibration $(CALIBRATION)) $(if $(E2E),--e2e $(E2E)) $(if $(RUN),--run $(RUN)) $(if $(REFERENCE),--reference $(REFERENCE)) $(foreach s,$(SPEEDUP),--speedup $(s)) $(if $(TTFT_S),--ttft-s $(TTFT_S)) $(if $(TPOT_MS),--tpot-ms $(TPOT_MS)) $(if $(BASELINE_NAME),--baseline-name $(BASELINE_NAME)) $(if $(OUT),--out $(OUT)) $(if $(LABEL),--label $(LABEL)) $(if $(ROUND),--round $(ROUND))
 
 import-throughput: ## the organizers' run_throughput.sh results as a run folder (score, compare, predict read it) (FROM=<their testdata folder>; FORCE=1 replaces a run folder that holds a run)
 	@$(FORGE) import-throughput $(FROM) $(if $(RUN),--run-id $(RUN)) --profile $(PROFILE) $(if $(filter 1,$(FORCE)),--force)
@@ -106,14 +108,14 @@ import-throughput: ## the organizers' run_throughput.sh results as a run folder 
 compare: ## per-tier deltas between runs A and B, with a noise band (A=<run> B=<run>; REFERENCE=<run>: score both against it)
 	@$(FORGE) compare $(if $(A),--a $(A)) $(if $(B),--b $(B)) $(if $(REFERENCE),--reference $(REFERENCE))
 
-sweep: ## serve, bench all tiers, score and stop for each profile in turn (PROFILES="a b")
-	@$(FORGE) sweep $(PROFILES)
+sweep: ## serve, bench all tiers, score and stop for each profile in turn (PROFILES="a b"); ROUND=final: the search per tier (BASELINE=<final-round run>, TIER_ENV=, FORCE=1 replaces a recorded winner; more with forge sweep --help)
+	@$(FORGE) sweep $(PROFILES) $(if $(ROUND),--round $(ROUND)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(TIER_ENV),--tier-env $(TIER_ENV)) $(if $(filter 1,$(FORCE)),--force)
 
 accuracy: ## accuracy sets against the running server (official script or ours): run_accuracy.sh with DATA_DIR, else our LongBench-format evaluator; resumes; FORCE=1 replaces a recorded result
 	@$(FORGE) accuracy $(if $(RUN),--run-id $(RUN)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(filter 1,$(FORCE)),--force)
 
-report: ## regenerate reports/env-vars.md, optimization-plan.md, submission-readme.md and the submission's ENVIRONMENT.md and OPTIMIZATION.md (reports/submission/)
-	@$(FORGE) report --profile $(PROFILE)
+report: ## regenerate reports/env-vars.md, optimization-plan.md, submission-readme.md and the submission's ENVIRONMENT.md and OPTIMIZATION.md (reports/submission/; ROUND=final TIER_ENV=<file>: the environment per tier)
+	@$(FORGE) report --profile $(PROFILE) $(if $(ROUND),--round $(ROUND)) $(if $(TIER_ENV),--tier-env $(TIER_ENV))
 
 gpu-bundle: ## build the bundle for the end-to-end run on a GPU machine: build/gpu-bundle (patched vLLM, harness build; extra wheels, model dir, manifest)
 	@$(FORGE) gpu-bundle

@@ -242,6 +242,7 @@ def cmd_sweep(args) -> int:
     if args.round not in (None, "preliminary"):
         rounds.load_round(contest_mod.load_contest(), args.round)      # an unknown round is refused by name
         return final_sweep.cmd_final(args)
+    final_sweep.refuse_final_options(args)
     results = sweep(args.profiles, model=args.model, image=args.image, data_dir=args.data_dir,
                     num_prompts=args.num_prompts, repeat=args.repeat, timeout=args.timeout,
                     shm_size=args.shm_size, vllm_cmd=args.vllm, client=args.client, port=args.port)

@@ -276,6 +276,19 @@ def add_arguments(s) -> None:
     s.add_argument("--force", action="store_true", help="final: replace a tier's winner another sweep recorded")
 
 
+def refuse_final_options(args) -> None:
+    """The preliminary's sweep (over PROFILES) takes none of the final round's options."""
+    given = [o for o, v in (("--tiers", args.tiers), ("--sweep-id", args.sweep_id), ("--baseline", args.baseline),
+                            ("--baseline-profile", args.baseline_profile), ("--tier-env", args.tier_env),
+                            ("--force", args.force), ("--top", args.top != 3),
+                            ("--base-profile", args.base_profile != "contest"),
+                            ("--model-build", args.model_build != "best-public"),
+                            *((f"--{k.replace('_', '-')}", getattr(args, k)) for k in SPACE_OPTIONS)) if v]
+    if given:
+        raise ForgeError(f"{', '.join(given)}: the final round's search options; the preliminary's sweep runs PROFILES",
+                         hint="add --round final (make sweep ROUND=final), or drop them")
+
+
 def cmd_final(args) -> int:
     if args.profiles:
         raise ForgeError(f"sweep --round final searches configurations; profiles given ({' '.join(args.profiles)})",
