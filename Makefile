@@ -5,7 +5,8 @@
 # vllm_cscc checkout), INTO, FROM, CALIBRATE_ARGS, CALIBRATION, WORKERS (pytest processes for check and test, at most
 # the cores), ROUND (the contest round: preliminary, the default, or final; passed as --round to serve, bench-all-tiers,
 # score, sweep, predict, report and submission), TIER (the final round's tier a server is started for), TIER_ENV (the
-# final round's tier-environment file forge sweep --round final writes; report and submission list it). The yes/no variables FORCE and THREEWAY take 1 (yes), 0 or nothing (no); another value is refused.
+# final round's tier-environment file forge sweep --round final writes; report and submission list it)), KV_DTYPE, CARD, UTIL (forge plan's
+# KV cache dtypes, card and --gpu-memory-utilization). The yes/no variables FORCE and THREEWAY take 1 (yes), 0 or nothing (no); another value is refused.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -24,7 +25,7 @@ export VLLM_SRC VENDOR_SRC MAX_JOBS BASE_IMAGE DATA_DIR MODEL IMAGE
 
 .PHONY: help venv fetch tree patches-check patches-refresh patches-lint offline-check export submission wheel image image-rehearsal \
         pin-base warm-kernels self-check rehearsal kernels-check bench-kernels calibrate serve stop bench-all-tiers import-throughput score \
-        predict compare sweep \
+        predict plan compare sweep \
         accuracy report gpu-bundle e2e-gpu lint check test clean
 
 help: ## list the Makefile targets
@@ -107,6 +108,9 @@ import-throughput: ## the organizers' run_throughput.sh results as a run folder 
 
 compare: ## per-tier deltas between runs A and B, with a noise band (A=<run> B=<run>; REFERENCE=<run>: score both against it)
 	@$(FORGE) compare $(if $(A),--a $(A)) $(if $(B),--b $(B)) $(if $(REFERENCE),--reference $(REFERENCE))
+
+plan: ## the KV cache vLLM will report and the requests resident per tier and topology, preemption yes/no (ROUND=final, TIER=, KV_DTYPE=bf16,int8, CARD=dcu|h200, UTIL=0.95, OUT=<folder>, FORCE=1)
+	@$(FORGE) plan $(if $(ROUND),--round $(ROUND)) $(if $(TIER),--tier $(TIER)) $(if $(KV_DTYPE),--kv-dtype $(KV_DTYPE)) $(if $(CARD),--card $(CARD)) $(if $(UTIL),--gpu-memory-utilization $(UTIL)) $(if $(OUT),--out $(OUT)) $(if $(filter 1,$(FORCE)),--force)
 
 sweep: ## serve, bench all tiers, score and stop for each profile in turn (PROFILES="a b"); ROUND=final: the search per tier (BASELINE=<final-round run>, TIER_ENV=, FORCE=1 replaces a recorded winner; more with forge sweep --help)
 	@$(FORGE) sweep $(PROFILES) $(if $(ROUND),--round $(ROUND)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(TIER_ENV),--tier-env $(TIER_ENV)) $(if $(filter 1,$(FORCE)),--force)
