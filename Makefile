@@ -5,7 +5,7 @@
 # vllm_cscc checkout), INTO, FROM, CALIBRATE_ARGS, CALIBRATION, WORKERS (pytest processes for check and test, at most
 # the cores), ROUND (the contest round: preliminary, the default, or final; passed as --round to serve, bench-all-tiers,
 # score, sweep, predict, report and submission), TIER (the final round's tier a server is started for), TIER_ENV (the
-# final round's tier-environment file forge sweep --round final writes; report and submission list it)), KV_DTYPE, CARD, UTIL (forge plan's
+# final round's tier-environment file forge sweep --round final writes; report and submission list it), KV_DTYPE, CARD, UTIL (forge plan's
 # KV cache dtypes, card and --gpu-memory-utilization). The yes/no variables FORCE and THREEWAY take 1 (yes), 0 or nothing (no); another value is refused.
 
 SHELL := /bin/bash
