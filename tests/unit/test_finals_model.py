@@ -101,9 +101,13 @@ def test_step_cost_by_hand():
     assert p["linear"] == pytest.approx(4096 * 0.153e-3)
     assert p["prefill_attn"] == pytest.approx(196_608 * (12_288 ** 2 - 8_192 ** 2) / 4e12)
     # the GEMV route serves at most 4 tokens: a 5-token step is back on the GEMM library
-    fast = StepCost(Build("x", {"gemv": 2.0}, gemv_rows=4), SHAPE)
-    assert fast.parts([(1, 100)] * 4)["linear"] == pytest.approx(0.0631 / 2)
+    fast = StepCost(Build("x", {"gemv": 1.5}, gemv_rows=4), SHAPE)
+    assert fast.parts([(1, 100)] * 4)["linear"] == pytest.approx(0.0631 / 1.5)
     assert fast.parts([(1, 100)] * 5)["linear"] == pytest.approx(0.0631)
+    # no speed-up reads the weights faster than the card's fastest measured read (51.25 GB at 1.45 TB/s)
+    huge = StepCost(Build("x", {"gemv": 100.0}), SHAPE)
+    assert huge.parts([(1, 100)])["linear"] == pytest.approx(SHAPE.streamed_bytes_per_rank(1) / 1.45e12)
+    assert 0.035 < huge.parts([(1, 100)])["linear"] < 0.0355
     # TP2: everything split but launches; 129 all-reduces of N x 5120 bf16 and the logits' gather
     tp2 = StepCost(UPSTREAM, SHAPE, tp=2).parts([(1, 100)] * 10)
     link = LINKS["pcie"]

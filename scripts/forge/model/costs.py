@@ -6,7 +6,8 @@ A step schedules items (new tokens n, tokens already computed a) of several requ
 Per rank at tensor parallel size tp (heads, columns or rows split; launches and the host are not):
 - linear layers: a step of at most `gemv_rows` tokens runs the GEMV route: gemv / speed-up / tp (63.1 ms
   at one token on the card's rocBLAS, weight-bandwidth bound); a larger step runs the GEMM library:
-  max(63.1 ms, N x 0.153 ms / prefill_gemm speed-up) / tp (the weights' read, or the compute roofline)
+  max(63.1 ms, N x 0.153 ms / prefill_gemm speed-up) / tp (the weights' read, or the compute roofline);
+  never below the rank's streamed weights at the fastest read measured on the card (1.45 TB/s)
 - prefill attention (n > 1): 196,608 x ((a + n)^2 - a^2) FLOPs at ~4 TFLOP/s x speed-up, / tp
 - decode attention (n = 1): 2.9 ms x context / 14,000 / speed-up per request, / tp (the KV read; x
   int8's factor with an int8 cache)
@@ -33,6 +34,7 @@ from .dcu_time import ATTN_BASE_FLOPS, ATTN_FLOPS_PER_S2, BEST_PUBLIC, COMPONENT
 from .shape import Shape
 
 CARD_BW = 1.206e12                    # the card's measured HBM read bandwidth (B/s)
+WEIGHT_BW_MAX = 1.45e12               # the fastest weight read measured on the card (custom GEMVs: 1.31-1.45 TB/s)
 GEMV_MS, GEMM_MS_PER_TOKEN = 63.1, 0.153e-3 * 1000
 
 
@@ -90,6 +92,7 @@ class StepCost:
         self.b, self.shape, self.tp, self.link = check_build(build), shape, tp, link
         self.int8 = kv_dtype == "int8"
         self.gdn_state_s = shape.gdn_layers * shape.gdn_page(tp) / card_bw
+        self.weights_s = shape.streamed_bytes_per_rank(tp) / WEIGHT_BW_MAX
         self.prefill_tok_s = {k: f(REF_PROMPT) / REF_PROMPT for k, (_, f) in COMPONENTS.items()
                               if k in ("prefill_gdn", "prefill_elementwise")}
 
@@ -107,6 +110,7 @@ class StepCost:
             linear = GEMV_MS / b.sp("gemv") / tp / 1000
         else:
             linear = max(GEMV_MS, n_tok * GEMM_MS_PER_TOKEN / b.sp("prefill_gemm")) / tp / 1000
+        linear = max(linear, self.weights_s) if n_tok else 0.0
         flops = sum(ATTN_FLOPS_PER_S2 * ((a + n) ** 2 - a * a) for n, a in pre)
         p_attn = flops / (ATTN_BASE_FLOPS * b.sp("prefill_attn")) / tp * (b.int8_prefill_attn if self.int8 else 1.0)
         d_attn = sum(2.9e-3 * c / DECODE_ATTN_REF_CTX for c in dec) / b.sp("decode_attn") / tp \
