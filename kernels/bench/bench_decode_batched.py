@@ -236,7 +236,7 @@ def bench_point(hq, hkv, kind, B, ctx, ncu, up, copy_bw, seed):
         return r
 
     S0 = DEC.choose_num_segments(ncu, B, hkv, 32768)
-    for S in sorted({s for s in (S0 // 4, S0 // 2, S0, S0 * 2, S0 * 4) if 1 <= s <= 128}):
+    for S in sorted({s for s in (S0 // 4, S0 // 2, S0, S0 * 2, S0 * 4) if 1 <= s <= 256}):
         ws = [DEC.decode_workspace(B, hq, D, S, "cuda") for _ in range(R)]
 
         def ours(i, out, S=S, ws=ws):

@@ -208,10 +208,10 @@ def prefill(torch, args, emit) -> dict:
 
 def decode_grid(is_hip: bool, quick: bool, builtin_s: int):
     """(segments, TILE_N, warps, stages) candidates: the powers of two around the built-in count (a
-    quarter of it to four times it, 1-128) at each launch."""
+    quarter of it to four times it, 1-256: what the table holds) at each launch."""
     launches = [(16, 4, 1), (32, 4, 1), (32, 4, 2)] if is_hip else [(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 8, 2)]
     segs = sorted({s for s in (builtin_s // 4, builtin_s // 2, builtin_s, builtin_s * 2, builtin_s * 4)
-                   if 1 <= s <= 128})
+                   if 1 <= s <= 256})
     if quick:
         segs = [s for s in segs if builtin_s // 2 <= s <= builtin_s * 2]
     return [(s, *l) for s in segs for l in (launches[:2] if quick else launches)]

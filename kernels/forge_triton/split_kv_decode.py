@@ -44,7 +44,13 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 REDUCE_BLOCK_D = 64
 MIN_TOKENS_PER_SEGMENT = 16
-MAX_SEGMENTS = 64
+MAX_SEGMENTS = 128
+# the built-in segment count keeps segments of the longest context at least this long (32K: 64
+# segments, the H200 sweep's best at batch 1 and 4 KV heads) ...
+SEGMENT_TOKENS = 512
+# ... unless that leaves fewer programs than compute units (one or two KV heads per rank, batch 1):
+# then down to this many, so the card is filled
+FILL_SEGMENT_TOKENS = 256
 
 
 def _interpreting() -> bool:
@@ -278,23 +284,40 @@ def reduce_tile(num_segments: int, head_size: int):
     return s_pad, block_d
 
 
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(1, int(x)).bit_length() - 1)
+
+
+def segment_cap(num_compute_units: int, num_seqs: int, num_kv_heads: int, max_context: int) -> int:
+    """The most segments :func:`choose_num_segments` gives a (batch, KV heads, context): segments of
+    at least ``SEGMENT_TOKENS`` of ``max_context``, or ``FILL_SEGMENT_TOKENS`` where the longer ones
+    would leave compute units without a program; never under ``MIN_TOKENS_PER_SEGMENT`` tokens, never
+    over ``MAX_SEGMENTS``."""
+    work = max(1, int(num_seqs) * int(num_kv_heads))
+    cap = _pow2_floor(int(max_context) // SEGMENT_TOKENS)
+    if work * cap < int(num_compute_units):
+        cap = _pow2_floor(int(max_context) // FILL_SEGMENT_TOKENS)
+    return min(cap, _pow2_floor(int(max_context) // MIN_TOKENS_PER_SEGMENT), MAX_SEGMENTS)
+
+
 def choose_num_segments(num_compute_units: int, num_seqs: int, num_kv_heads: int,
                         max_context: int) -> int:
-    """Segments per (sequence, KV head): a Python int, fixed per captured batch size.
+    """Segments per (sequence, KV head): a Python int, fixed per captured batch size, from the batch,
+    the KV heads of this rank and the longest context served.
 
     ``S = next_pow2(2 * CUs / (num_seqs * num_kv_heads))`` (at least 2 stage-1 programs per
-    compute unit), at most ``MAX_SEGMENTS`` (64) and never more than
-    ``max_context / MIN_TOKENS_PER_SEGMENT``. E.g. 132 CUs, 4 KV heads: batch 1 -> 64, batch 2 ->
-    64, batch 4 -> 32, batch 8 -> 16; a 60-CU DCU, batch 1 -> 32. (H200 sweeps, 32K context:
-    batch 1 S=64 beat 128 and 256; batch 8 S=16 beat 8 and 32.)
+    compute unit), at most :func:`segment_cap`. E.g. 132 CUs, 32K context, 4 KV heads (TP1):
+    batch 1 -> 64, 2 -> 64, 4 -> 32, 8 -> 16, 16 -> 8; 2 KV heads (TP2): batch 1 -> 128, 4 -> 64,
+    10 -> 16, 16 -> 16; 1 KV head (TP4, TP8): batch 1 -> 128; a 60-CU DCU, 4 KV heads, batch 1 ->
+    32. (H200 sweeps at 4 KV heads, 32K: batch 1 S=64 beat 128 and 256; batch 8 S=16 beat 8 and
+    32. At 1-2 KV heads, batch 1, 64 segments would leave compute units idle: the 256-token floor
+    is a choice to be checked by `forge calibrate` and kernels/bench/bench_decode_batched.py.)
     """
     ncu = max(1, int(num_compute_units))
     work = max(1, int(num_seqs) * int(num_kv_heads))
     want = max(1, math.ceil(2.0 * ncu / work))
     s = 1 << (want - 1).bit_length()
-    cap = max(1, int(max_context) // MIN_TOKENS_PER_SEGMENT)
-    cap = 1 << (cap.bit_length() - 1)  # power of two <= cap
-    return int(max(1, min(s, cap, MAX_SEGMENTS)))
+    return int(max(1, min(s, segment_cap(ncu, num_seqs, num_kv_heads, max_context))))
 
 
 def decode_workspace(max_num_seqs: int, num_q_heads: int, head_dim: int, num_segments: int,

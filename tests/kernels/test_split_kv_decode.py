@@ -187,20 +187,26 @@ def test_int8_vs_bf16_cache(wr, dec, dev, outlier):
 
 def test_choose_num_segments(dec):
     cap = dec.MAX_SEGMENTS
-    assert cap == 64, "the documented cap (choose_num_segments' docstring, the H200 sweep)"
+    assert cap == 128
     assert dec.choose_num_segments(132, 1, 4, 32768) * 4 >= 132  # >= 1 program per CU, ~2
     for ncu in (60, 64, 80, 104, 120, 132, 304):
-        for b in (1, 2, 4, 8, 16, 32):
-            for hkv in (1, 4, 8):
+        for b in (1, 2, 4, 8, 10, 16, 32):
+            for hkv in (1, 2, 4, 8):
                 s = dec.choose_num_segments(ncu, b, hkv, 32768)
-                assert isinstance(s, int) and 1 <= s <= cap and s & (s - 1) == 0
+                c = dec.segment_cap(ncu, b, hkv, 32768)
+                assert isinstance(s, int) and 1 <= s <= c <= cap and s & (s - 1) == 0
                 # at least 2 programs per compute unit unless the cap stops it, and never more
                 # than twice that (the next power of two)
-                assert b * hkv * s >= 2 * ncu or s == cap, (ncu, b, hkv, s)
+                assert b * hkv * s >= 2 * ncu or s == c, (ncu, b, hkv, s)
                 assert s == 1 or b * hkv * (s // 2) < 2 * ncu, (ncu, b, hkv, s)
+                # segments of at least 512 tokens of 32K, or 256 where longer ones leave a
+                # compute unit without a program
+                assert 32768 // s >= (512 if b * hkv * 64 >= ncu else 256), (ncu, b, hkv, s)
     assert dec.choose_num_segments(10_000, 1, 1, 1 << 20) == cap        # the cap binds
-    # the docstring's examples
-    assert [dec.choose_num_segments(132, b, 4, 32768) for b in (1, 2, 4, 8)] == [64, 64, 32, 16]
+    # the docstring's examples: TP1 (4 KV heads), TP2 (2), TP4/TP8 (1) on 132 CUs; a 60-CU DCU
+    assert [dec.choose_num_segments(132, b, 4, 32768) for b in (1, 2, 4, 8, 16)] == [64, 64, 32, 16, 8]
+    assert [dec.choose_num_segments(132, b, 2, 32768) for b in (1, 4, 10, 16)] == [128, 64, 16, 16]
+    assert dec.choose_num_segments(132, 1, 1, 32768) == 128
     assert dec.choose_num_segments(60, 1, 4, 32768) == 32
     assert dec.choose_num_segments(132, 1, 4, 40) <= 2
     po, pl, cnt = dec.decode_workspace(8, 24, 256, 16, "cpu")
