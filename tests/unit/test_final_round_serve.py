@@ -279,3 +279,12 @@ def test_serve_with_no_round_stays_the_preliminary(tmp_path, model):
     r = forge(tmp_path, "serve", "--profile", "contest", "--model", str(model), "--dry-run", env=env)
     assert r.returncode == 0, r.stderr
     assert "the final round" not in r.stdout and "--tensor-parallel-size 1" in r.stdout and "--max-model-len" not in r.stdout
+
+
+def test_the_all_reduce_backend_switch_is_reviewed_for_the_final_only(tmp_path, c, final):
+    body = "description: x\noptions:\n  --disable-custom-all-reduce:\n    value: true\n    effect: e\n"
+    prof = profiles.load_profile(str(write(tmp_path, "round: final\n" + body)), c, rnd=final)
+    r = profiles.render_round(prof, "/m", c, final, "4-8K", environ={})
+    assert r["argv"][-1] == "--disable-custom-all-reduce"
+    with pytest.raises(ForgeError, match="has not been reviewed"):
+        profiles.load_profile(str(write(tmp_path, body, "prelim.yaml")), c)
