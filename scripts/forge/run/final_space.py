@@ -145,3 +145,21 @@ def rank(ranker: Ranker, tier: str, candidates: list[Candidate]) -> list[Ranked]
                              "given, or one given twice", hint="the model's ranking function is broken; report it")
         seen.add(r.candidate)
     return ranked
+
+
+def distinct(ranked: list[Ranked]) -> tuple[list[Ranked], dict[str, list[str]]]:
+    """The ranking with one candidate per prediction: candidates the model predicts alike (e.g. a
+    --max-num-seqs above the requests in flight, which vLLM never fills) are one point to serve; the
+    first in the ranking stands for the others. Returns (the distinct ranking, {key: the keys it stands
+    for}). A ranking without predictions is kept whole."""
+    out, same, seen = [], {}, {}
+    for r in ranked:
+        sig = tuple(sorted((k, repr(v)) for k, v in r.predicted.items())) if r.predicted else None
+        if sig is not None and sig in seen:
+            same[seen[sig]].append(r.candidate.key)
+            continue
+        if sig is not None:
+            seen[sig] = r.candidate.key
+        same[r.candidate.key] = []
+        out.append(r)
+    return out, same

@@ -185,8 +185,10 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
         if "ranking" not in ts:
             with ui.step(f"tier {tier}: ranking {len(cands)} configurations with the finals' time model"):
                 ranked = final_space.rank(rank, tier, cands)
+            distinct, same = final_space.distinct(ranked)
             ts["ranking"] = [{"key": r.candidate.key, "candidate": r.candidate.as_dict(), "predicted": r.predicted,
-                              "why": r.why} for r in ranked[:max(top, 10)]]
+                              "why": r.why, "same_prediction": same[r.candidate.key]}
+                             for r in distinct[:max(top, 10)]]
             save()
         if base_metrics is None or tier not in base_metrics:
             bid = f"{sweep_id}-{tier}-baseline"
