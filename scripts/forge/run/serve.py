@@ -390,7 +390,10 @@ def register(sub) -> None:
                                    "`vllm serve $MODEL_DIR --served-model-name Qwen3.5-27B --port 8001 ...`) with "
                                    "the profile's environment (and reviewed options, if any), check it against "
                                    "configs/contest.yaml, start it (in IMAGE, or from the installed wheel) and wait "
-                                   "for /health. Prints the run id; the log goes to reports/runs/<run-id>/server.log.")
+                                   "for /health. Prints the run id; the log goes to reports/runs/<run-id>/server.log. "
+                                   "With --round final --tier T: the finals' start script (configs/contest.yaml "
+                                   "rounds.final) with the tier's topology and capacity values from the environment "
+                                   "or the profile, its cards checked before anything runs.")
     p.add_argument("--profile", default="contest", help="configs/serve/<profile>.yaml (default: contest)")
     p.add_argument("--round", choices=rounds.ROUNDS, default=os.environ.get("ROUND") or None,
                    help="the contest's round (default: $ROUND, else preliminary): final renders the finals' start "
