@@ -288,7 +288,7 @@ def register(sub) -> None:
     p.add_argument("--out", help="folder for predict.json, predict.md and predict.png (default build/predict/<label>; "
                                  "with --e2e one subfolder per profile)")
     p.add_argument("--force", action="store_true", help="replace a final-round result recorded in --out")
-    f = p.add_argument_group("the final round (--round final: the finals' time model, run/predict_final.py)")
+    f = p.add_argument_group("the final round (--round final: the finals' time model, scripts/forge/run/predict_final.py)")
     f.add_argument("--round", choices=("preliminary", "final"), default="preliminary",
                    help="final: per tier and configuration (topology, KV dtype, batching, concurrency) the finals' "
                         "time model for the product (--calibration or --speedup), the pick per tier and why")
