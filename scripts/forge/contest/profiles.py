@@ -249,6 +249,20 @@ def render_round(profile: dict, model: str, contest: dict, rnd: rounds.Round, ti
             "tier_env": rounds.tier_env(rnd, tier, settings)}
 
 
+def render_checked(prof: dict, model_path, contest: dict, rnd: rounds.Round | None, tier: str | None,
+                   env: dict | None = None, cards: bool = True) -> dict:
+    """The checked server command of `prof` in round `rnd` (None: the preliminary: render(), unchanged);
+    a round's multi-card server is refused before anything runs when its cards are not all visible, one
+    per rank, to a process with this environment plus the profile's and `env` (`cards`)."""
+    if rnd is None or rnd.name == rounds.DEFAULT_ROUND:
+        return render(prof, str(model_path), contest)
+    rendered = render_round(prof, str(model_path), contest, rnd, tier)
+    if cards:
+        visible = rounds.visible_cards({**os.environ, **rendered["env"], **(env or {})})
+        rounds.check_cards(rnd, rounds.Settings(**rendered["settings"]), visible, where=f"profile {prof['name']}, tier {tier}")
+    return rendered
+
+
 def loopback_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """NO_PROXY/no_proxy extended with the loopback names, so proxy variables never capture
     requests to 127.0.0.1."""

@@ -21,6 +21,7 @@ from . import runs, serverlog
 from .serverlog import KNOWN_FAILURES, diagnose  # noqa: F401  (serve's API since before they moved)
 
 STATE = paths.BUILD / "serve" / "server.json"
+render = profiles.render_checked          # the server command of a profile in a round, its cards checked
 LOCKED_PORT = serverlog.SCORED_PORT
 
 # Device access for the DCU container (contest-facts: /dev/kfd, /dev/mkfd, /dev/dri, /opt/hyhal ro,
@@ -317,21 +318,6 @@ def start_server(prof: dict, model_path: Path, *, contest: dict, port: int, run_
             ui.warn(f"run {run_id}: {record['kv_cache']['flag']} (recorded in serve.json)")
     runs.write_json(rdir / "serve.json", record)
     return state
-
-
-def render(prof: dict, model_path: Path, contest: dict, rnd: rounds.Round | None, tier: str | None,
-           env: dict | None = None, cards: bool = True) -> dict:
-    """The checked server command of `prof` in round `rnd` (None: the preliminary, unchanged); a
-    round's multi-card server is refused before anything runs when its cards are not all visible, one
-    per rank, to a process with this environment plus the profile's and `env` (`cards`)."""
-    if rnd is None or rnd.name == rounds.DEFAULT_ROUND:
-        return profiles.render(prof, str(model_path), contest)
-    rendered = profiles.render_round(prof, str(model_path), contest, rnd, tier)
-    if cards:
-        settings = rounds.Settings(**rendered["settings"])
-        visible = rounds.visible_cards({**os.environ, **rendered["env"], **(env or {})})
-        rounds.check_cards(rnd, settings, visible, where=f"profile {prof['name']}, tier {tier}")
-    return rendered
 
 
 def wait_healthy(p, state: dict, timeout: float) -> None:
