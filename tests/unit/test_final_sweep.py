@@ -224,3 +224,19 @@ def test_candidates_the_model_cannot_tell_apart_are_served_once():
     assert [r.candidate.concurrency for r in out] == [10, 8]
     assert all(len(same[r.candidate.key]) == 1 for r in out)
     assert final_space.distinct([final_space.Ranked(c) for c in cands])[0] == [final_space.Ranked(c) for c in cands]
+
+
+def test_a_harness_sweep_runs_to_the_output_length_and_pairs_only_with_a_harness_baseline(tmp_path, model):
+    r = _sweep(tmp_path, model, "--harness", "--baseline-profile", "upstream", *SPACE, top="1")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    runs = sorted((tmp_path / "runs").iterdir())
+    assert len(runs) == 2
+    for d in runs:
+        m = json.loads((d / "manifest.json").read_text())
+        assert m["harness"] is True and "--ignore-eos" in m["client_commands"]["4-8K"]
+    measured = next(d for d in runs if not d.name.endswith("-baseline"))
+    assert (measured / "tier-score.json").is_file()
+    base = next(d for d in runs if d.name.endswith("-baseline"))
+    r = _sweep(tmp_path, model, "--baseline", str(base), *SPACE, "--force", "--tier-env", str(tmp_path / "other.json"),
+               top="1")
+    assert r.returncode == 2 and "harness run" in r.stderr and len(list((tmp_path / "runs").iterdir())) == 2

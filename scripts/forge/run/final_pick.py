@@ -50,13 +50,14 @@ def baseline_tiers(run: Path, contest: dict, round_name: str, tiers: list[str]) 
     out = {}
     for t in tiers:
         m = loaded["tiers"][t]
+        m = {**m, "harness": loaded["harness"]}
         if not results.finite_positive(m["tok_s"]):
             raise ForgeError(f"baseline run {run.name}: tier {t} has {m['tok_s']} tok/s; a baseline must serve the tier",
                              hint="give a baseline run whose tiers completed")
         out[t] = {"tok_s": m["tok_s"], "ttft_p99_ms": m["ttft_p99_ms"],
                   "tpot_base_ms": pooled if pooled is not None else m["tpot_p99_ms"],
                   "tpot_from": "pooled over the baseline's tiers" if pooled is not None else f"tier {t} alone",
-                  "run": str(run)}
+                  "run": str(run), "harness": m["harness"]}
     return out
 
 
@@ -67,8 +68,11 @@ def tier_score(contest: dict, rdir: Path, tier: str, base: dict) -> dict:
     loaded = score.load_run(rdir, contest, partial=True)
     if tier not in loaded["tiers"]:
         raise ForgeError(f"run {rdir.name}: tier {tier} has no result", hint="the configuration's benchmark did not finish")
-    if loaded["harness"]:
-        raise ForgeError(f"run {rdir.name} is a harness run; the sweep scores only runs of the served model")
+    if loaded["harness"] != bool(base.get("harness")):
+        raise ForgeError(f"run {rdir.name} is {'a' if loaded['harness'] else 'not a'} harness run (random weights, "
+                         f"end-of-text ignored) and the baseline {base['run']} is {'' if base.get('harness') else 'not '}"
+                         "one: a run is scored only against a baseline measured like it",
+                         hint="measure both with --harness, or both without")
     m = loaded["tiers"][tier]
     lift, s = score.tier_score(sc, t["weight"], m["tok_s"], base["tok_s"])
     reasons = []

@@ -107,7 +107,8 @@ def _measure(prof: Path, tier: str, run_id: str, concurrency: int, kw: dict, con
         try:
             bench.run_tiers(profile=prof.stem, run_id=run_id, model=kw["model"], data_dir=kw["data_dir"], tiers=[tier],
                             num_prompts=kw["num_prompts"], client=kw["client"], port=kw["port"], contest=contest,
-                            round_name="final", concurrency={tier: concurrency}, keep_failed=True)
+                            round_name="final", concurrency={tier: concurrency}, keep_failed=True,
+                            harness=kw["harness"])
         except ForgeError as e:
             if not runs.tier_done(rdir, tier, keep_failed=True):
                 raise
@@ -139,7 +140,7 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
                 tier_env: str | None = None, force: bool = False, image: str | None = None,
                 vllm_cmd: str | None = None, data_dir: str | None = None, num_prompts: int | None = None,
                 client: str | None = None, port: int | None = None, timeout: float = 1800,
-                shm_size: str = "64g") -> dict:
+                shm_size: str = "64g", harness: bool = False) -> dict:
     """The search (see the module's docstring). Returns the sweep's record."""
     contest = contest_mod.load_contest()
     rnd = rounds.load_round(contest, "final")
@@ -168,14 +169,19 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
     final_pick.refuse_recorded(out_file, tiers, sweep_id, force)
     base_run = runs.resolve_run(baseline) if baseline else None
     base_metrics = final_pick.baseline_tiers(base_run, contest, "final", tiers) if base_run else None
+    if base_metrics and any(m["harness"] != harness for m in base_metrics.values()):
+        raise ForgeError(f"baseline run {base_run.name} is {'' if not harness else 'not '}a harness run (random "
+                         f"weights); this sweep is {'' if harness else 'not '}one: a run is scored only against a "
+                         "baseline measured like it", hint="give a baseline run measured like the sweep (--harness)")
     sdir = sweeps_root() / sweep_id
     record = {"round": "final", "space": {k: (space_args or {}).get(k) for k in SPACE_OPTIONS}, "top": top,
               "base_profile": base_profile, "baseline": str(base_run) if base_run else None,
-              "baseline_profile": baseline_profile, "num_prompts": num_prompts, "model_build": model_build}
+              "baseline_profile": baseline_profile, "num_prompts": num_prompts, "model_build": model_build,
+              "harness": harness}
     st = _state(sdir, sweep_id, record)
     rank = ranker or model_ranker(contest, rnd, model_build)
     kw = dict(model=model, image=image, vllm_cmd=vllm_cmd, port=port, timeout=timeout, shm_size=shm_size,
-              data_dir=data_dir, num_prompts=num_prompts, client=client)
+              data_dir=data_dir, num_prompts=num_prompts, client=client, harness=harness)
     save = lambda: runs.write_json(sdir / "sweep.json", st)          # noqa: E731
     sdir.mkdir(parents=True, exist_ok=True)
     ui.info(f"sweep {sweep_id}: {len(cands)} configurations per tier, the best {top} served (resume: --sweep-id {sweep_id})")
@@ -276,13 +282,17 @@ def add_arguments(s) -> None:
     s.add_argument("--tier-env", help="final: the tier-environment file the winners go to (default "
                                       "reports/final-round/tier-environment.json)")
     s.add_argument("--force", action="store_true", help="final: replace a tier's winner another sweep recorded")
+    s.add_argument("--harness", action="store_true",
+                   help="final: the servers run random weights (a GPU machine): every request runs to its output "
+                        "length (end-of-text ignored) and the runs are marked harness, scored only against a harness "
+                        "baseline")
 
 
 def refuse_final_options(args) -> None:
     """The preliminary's sweep (over PROFILES) takes none of the final round's options."""
     given = [o for o, v in (("--tiers", args.tiers), ("--sweep-id", args.sweep_id), ("--baseline", args.baseline),
                             ("--baseline-profile", args.baseline_profile), ("--tier-env", args.tier_env),
-                            ("--force", args.force), ("--top", args.top != 3),
+                            ("--force", args.force), ("--top", args.top != 3), ("--harness", args.harness),
                             ("--base-profile", args.base_profile != "contest"),
                             ("--model-build", args.model_build != "best-public"),
                             *((f"--{k.replace('_', '-')}", getattr(args, k)) for k in SPACE_OPTIONS)) if v]
@@ -304,7 +314,7 @@ def cmd_final(args) -> int:
                      baseline_profile=args.baseline_profile, base_profile=args.base_profile, space_args=space_args,
                      model_build=args.model_build, tier_env=args.tier_env, force=args.force, image=args.image,
                      vllm_cmd=args.vllm, data_dir=args.data_dir, num_prompts=args.num_prompts, client=args.client,
-                     port=args.port, timeout=args.timeout, shm_size=args.shm_size)
+                     port=args.port, timeout=args.timeout, shm_size=args.shm_size, harness=args.harness)
     print(f"{'tier':<8} {'configuration':<40} {'run':<64} {'tok/s':>8} {'score':>7}  verdict")
     for tier, ts in st["tiers"].items():
         win = (ts.get("winner") or {}).get("key")
