@@ -62,6 +62,8 @@ BATCHES = (1, 4, 10, 16)
 HEADS = ((24, 4), (12, 2))
 BLOCK = {"bf16": 784, "int8": 1552}
 MIN_TOUCH = 512 * MiB
+DEV = "cuda"          # the benchmark's device (a CPU smoke of its plumbing sets "cpu")
+DT = torch.bfloat16   # queries and the 16-bit cache (the CPU smoke: float32, the interpreter's bf16 dot is unreliable)
 GOAL_FRAC, GOAL_BATCH, GOAL_MIN_CTX = 0.60, 10, 16384
 
 
@@ -108,7 +110,7 @@ def time_graph(fns, iters=30, warm=2):
 def copy_bandwidth():
     """Bytes read + written per second by a 2 GiB device-to-device copy (median of 10)."""
     n = 2 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    a = torch.empty(n, dtype=torch.uint8, device=DEV).random_()
     b = torch.empty_like(a)
     for _ in range(3):
         b.copy_(a)
@@ -141,11 +143,11 @@ class Unified:
 
     def prepare(self, B, hq, hkv):
         thr = max(B, 128 // hkv)             # TRITON_ATTN: 3D below MIN_LAUNCH_GRID_SIZE_2D / KV heads
-        ws = (torch.empty(thr, hq, self.seg, D, dtype=torch.float32, device="cuda"),
-              torch.empty(thr, hq, self.seg, dtype=torch.float32, device="cuda"),
-              torch.empty(thr, hq, self.seg, dtype=torch.float32, device="cuda"))
-        cu = torch.arange(B + 1, dtype=torch.int32, device="cuda")
-        one = torch.ones(1, dtype=torch.float32, device="cuda").expand(B, hkv)
+        ws = (torch.empty(thr, hq, self.seg, D, dtype=torch.float32, device=DEV),
+              torch.empty(thr, hq, self.seg, dtype=torch.float32, device=DEV),
+              torch.empty(thr, hq, self.seg, dtype=torch.float32, device=DEV))
+        cu = torch.arange(B + 1, dtype=torch.int32, device=DEV)
+        one = torch.ones(1, dtype=torch.float32, device=DEV).expand(B, hkv)
         return thr, ws, cu, one
 
     def call(self, prep, q, c, out, max_len):
@@ -171,12 +173,12 @@ def make_cache(kind, hkv, lens, gen):
     need = [math.ceil(L / bs) for L in lens]
     nb = sum(need) + 2
     if kind == "bf16":
-        c = torch.randn(nb, 2, bs, hkv, D, dtype=torch.bfloat16, device="cuda")
+        c = torch.randn(nb, 2, bs, hkv, D, dtype=DT, device=DEV)
         k, v = c.unbind(1)
         ks = vs = None
     else:
         from forge_triton import int8_kv_write as WR
-        c = torch.empty(nb, 2, bs, hkv, D + 4, dtype=torch.int8, device="cuda")
+        c = torch.empty(nb, 2, bs, hkv, D + 4, dtype=torch.int8, device=DEV)
         k, v, ks, vs = WR.int8_kv_views(c, hkv, D)
         k.random_(-127, 128)
         v.random_(-127, 128)
@@ -188,7 +190,7 @@ def make_cache(kind, hkv, lens, gen):
     for i, n in enumerate(need):
         bt[i, :n] = perm[pos:pos + n].to(torch.int32)
         pos += n
-    return dict(cache=c, k=k, v=v, ks=ks, vs=vs, bt=bt.cuda(), sl=torch.tensor(lens, dtype=torch.int32, device="cuda"),
+    return dict(cache=c, k=k, v=v, ks=ks, vs=vs, bt=bt.to(DEV), sl=torch.tensor(lens, dtype=torch.int32, device=DEV),
                 bytes=c.numel() * c.element_size())
 
 
@@ -201,8 +203,9 @@ def check(fn, q, c, rows, hq):
     """fn(out) on a NaN-poisoned output, against float64 on `rows`: the relative error (inf when unwritten)."""
     out = torch.full_like(q, float("nan"))
     fn(out)
-    torch.cuda.synchronize()
-    idx = torch.tensor(rows, device="cuda")
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+    idx = torch.tensor(rows, device=DEV)
     ref = REF.decode_ref(q[idx], c["k"], c["v"], c["bt"][idx], c["sl"][idx], SCALE, c["ks"], c["vs"])
     return REF.rel_err(out[idx], ref)
 
@@ -213,7 +216,7 @@ def bench_point(hq, hkv, kind, B, ctx, ncu, up, copy_bw, seed):
     one = make_cache(kind, hkv, lens, gen)
     R = max(1, min(16, math.ceil(MIN_TOUCH / one["bytes"])))
     caches = [one] + [make_cache(kind, hkv, lens, gen) for _ in range(R - 1)]
-    qs = [torch.randn(B, hq, D, dtype=torch.bfloat16, device="cuda") for _ in range(R)]
+    qs = [torch.randn(B, hq, D, dtype=DT, device=DEV) for _ in range(R)]
     outs = [torch.empty_like(q) for q in qs]
     nbytes = kv_bytes(kind, hkv, lens)
     tol = 1e-2
@@ -237,7 +240,7 @@ def bench_point(hq, hkv, kind, B, ctx, ncu, up, copy_bw, seed):
 
     S0 = DEC.choose_num_segments(ncu, B, hkv, 32768)
     for S in sorted({s for s in (S0 // 4, S0 // 2, S0, S0 * 2, S0 * 4) if 1 <= s <= 256}):
-        ws = [DEC.decode_workspace(B, hq, D, S, "cuda") for _ in range(R)]
+        ws = [DEC.decode_workspace(B, hq, D, S, DEV) for _ in range(R)]
 
         def ours(i, out, S=S, ws=ws):
             c = caches[i]
@@ -254,7 +257,8 @@ def bench_point(hq, hkv, kind, B, ctx, ncu, up, copy_bw, seed):
     rec["best"] = best
     rec["vllm"] = next((r for r in rec["results"] if r["kernel"].startswith("vllm") and r.get("us")), None)
     caches = qs = outs = None  # frees them (the closures above hold the cells)
-    torch.cuda.empty_cache()
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
     return rec
 
 

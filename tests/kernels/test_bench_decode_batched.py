@@ -1,0 +1,70 @@
+"""kernels/bench/bench_decode_batched.py's plumbing on a CPU (Triton's interpreter, tiny sizes, timing
+stubbed): every point's candidates are checked against float64 before they are timed, a wrong
+candidate is recorded as failed and never timed, and the goals and the report are made from the points.
+The numbers mean nothing here; the GPU run is the measurement."""
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+from kernel_env import ON_GPU, REPO
+
+pytestmark = pytest.mark.skipif(ON_GPU, reason="the GPU runs the benchmark itself")
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_decode_batched",
+                                                  os.path.join(REPO, "kernels", "bench", "bench_decode_batched.py"))
+    B = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(B)
+    monkeypatch.setattr(B, "DEV", "cpu")
+    monkeypatch.setattr(B, "DT", torch.float32)
+    monkeypatch.setattr(B, "BLOCK", {"bf16": 16, "int8": 32})
+    monkeypatch.setattr(B, "D", 64)
+    monkeypatch.setattr(B, "SCALE", 64 ** -0.5)
+    monkeypatch.setattr(B, "MIN_TOUCH", 1)
+    monkeypatch.setattr(B, "time_graph", lambda fns, **k: ([f() for f in fns], (10.0, 9.0, 11.0))[1])
+    return B
+
+
+class Reference:
+    """Stands in for vLLM's unified kernel: float64 attention, or a wrong one."""
+    int8 = True
+
+    def __init__(self, B, wrong=False):
+        self.B, self.wrong = B, wrong
+
+    def prepare(self, batch, hq, hkv):
+        return None
+
+    def call(self, prep, q, c, out, max_len):
+        ref = self.B.REF.decode_ref(q, c["k"], c["v"], c["bt"], c["sl"], self.B.SCALE, c["ks"], c["vs"])
+        out.copy_(ref * (2.0 if self.wrong else 1.0))
+
+
+def test_points_are_checked_then_timed(bench):
+    kind = "int8"
+    p = bench.bench_point(6, 2, kind, 3, 40, 8, Reference(bench), 1e12, 5)
+    names = [r["kernel"] for r in p["results"]]
+    assert "forge builtin" in names and "vllm unified 3D" in names
+    assert all(r["ok"] and r["rel_err"] <= 1e-2 and r["us"] == 10.0 for r in p["results"]), p["results"]
+    assert p["builtin"]["launch"][0] == bench.DEC.choose_num_segments(8, 3, 2, 32768)
+    assert p["kv_bytes"] == sum(p["lens"]) * 2 * 2 * (64 + 4)       # K and V codes, their fp32 scales
+    assert p["lens"][-1] == 40 and all(30 <= n <= 40 for n in p["lens"])
+
+
+def test_a_wrong_candidate_is_recorded_and_not_timed_and_the_goals_say_so(bench):
+    p = bench.bench_point(6, 2, "bf16", 3, 40, 8, Reference(bench, wrong=True), 1e12, 6)
+    up = next(r for r in p["results"] if r["kernel"] == "vllm unified 3D")
+    assert not up["ok"] and "us" not in up and p["vllm"] is None
+    bench.HEADS = ((6, 2),)
+    bench.GOAL_BATCH, bench.GOAL_MIN_CTX = 3, 10
+    goals = bench.goals([p])
+    assert [ok for _, ok, _ in goals] == [False, False]      # a tiny read rate; nothing to compare with
+    res = dict(provenance=dict(device="cpu", command="c", commit="x"), points=[p], errors=[], goals=goals,
+               copy_bw_tb_s=1.0)
+    md = bench.render(res)
+    assert "| 6/2 | bf16 | 3 | 40 |" in md and "vllm unified 3D: error" in md and "FAIL" in md
+    json.dumps(res)
