@@ -212,3 +212,14 @@ def test_a_null_tok_s_in_a_preliminary_set_is_refused(tmp_path):
     p.write_text(yaml.safe_dump(data))
     with pytest.raises(ForgeError, match="official.tok_s.8-16K"):
         rules.load_contest(str(p))
+
+
+def test_a_round_sending_more_requests_than_the_workload_holds_repeats_its_pairs():
+    from forge.contest import rules
+    from forge.run import bench_data, synth
+    pairs = synth.load_workload(rules.load_contest())["tiers"]["4-8K"]["requests"]
+    out = bench_data.workload_pairs(pairs, 80)
+    assert len(pairs) == 50 and len(out) == 80
+    assert out[:50] == list(pairs) and out[50:] == list(pairs[:30])
+    assert bench_data.workload_pairs(pairs, 12) == synth.stratified(pairs, 12)   # fewer: as the preliminary picks them
+    assert bench_data.workload_pairs(pairs, None) == list(pairs)
