@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        rc = args.func(args)
+        with proc.signals_as_interrupt():   # SIGTERM and SIGHUP end a verb as Ctrl-C does: its clean-up runs
+            rc = args.func(args)
     except ForgeError as e:
         print(f"forge {args.verb}: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -235,6 +235,15 @@ def alive(pid: int) -> bool:
 GONE = "gone"
 
 
+def gone_how(pid: int) -> str:
+    """How a recorded process that recorded_process calls GONE is gone, in words: exited, or its pid now
+    names another process (a later one, or one of another boot), which is left alone."""
+    if alive(pid):
+        return (f"no longer runs: pid {pid} now belongs to a different process, which was left alone (nothing was "
+                "signalled)")
+    return "has already exited"
+
+
 def recorded_process(pid: int, pgid: int, start_time: str | None, boot: str | None, tail: list[str]) -> str | None:
     """Whether process `pid` is still the one a record names: None when it is (this boot, its start time,
     a command line ending with `tail`, leader of group `pgid`); GONE when that process no longer runs (its

@@ -178,11 +178,7 @@ def stop_running_server() -> str:
         return "none recorded"
     if not still_ours(st):
         STATE.unlink()
-        if proc.alive(st["pid"]):       # the pid names a later process (or one of an earlier boot's record)
-            ui.info(f"the recorded server (pid {st['pid']}, run {st['run_id']}) no longer runs: pid {st['pid']} now "
-                    "belongs to a different process, which was left alone (nothing was signalled); state cleared")
-        else:
-            ui.info(f"the recorded server (pid {st['pid']}, run {st['run_id']}) has already exited; state cleared")
+        ui.info(f"the recorded server (pid {st['pid']}, run {st['run_id']}) {proc.gone_how(st['pid'])}; state cleared")
         return "already gone"
     return stop_server(st)
 
@@ -190,10 +186,9 @@ def stop_running_server() -> str:
 def cmd_serve(args) -> int:
     if args.dry_run or args.foreground:
         return _print_or_exec(args)
-    with proc.signals_as_interrupt():     # SIGTERM/SIGHUP while /health is awaited stop the server, as Ctrl-C does
-        state = serve_profile(args.profile, args.model, image=args.image, vllm_cmd=args.vllm, port=args.port,
-                              run_id=args.run_id, timeout=args.timeout, shm_size=args.shm_size, wait=not args.no_wait,
-                              round_name=args.round, tier=args.tier)
+    state = serve_profile(args.profile, args.model, image=args.image, vllm_cmd=args.vllm, port=args.port,
+                          run_id=args.run_id, timeout=args.timeout, shm_size=args.shm_size, wait=not args.no_wait,
+                          round_name=args.round, tier=args.tier)
     print(state["run_id"])
     return 0
 
