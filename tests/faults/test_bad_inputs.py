@@ -592,6 +592,7 @@ def test_the_image_description_names_every_change_of_the_series():
     label = re.search(r'image\.description="([^"]*)"', (ROOT / "Dockerfile.rocm").read_text()).group(1)
     named = {"int8-kv": "int8 KV cache", "decode": "split-KV decode", "prefill": "prefill", "gemv": "GEMV",
              "tuned": "per-device tuned table", "routes": "compile-safe routes",
+             "custom-ar": "custom all-reduce only over XGMI-linked cards",
              "build": None}          # build: compiles the others' kernels into vllm._C
     series = [x.strip() for x in (ROOT / "patches" / "series").read_text().splitlines()
               if x.strip() and not x.startswith("#")]
