@@ -2,7 +2,7 @@
 """Per-device launch and route table of the dcu-forge kernels: what `forge calibrate` measured on a
 device, read by the patched vLLM at start-up.
 
-Self-contained (json, os, logging, torch), so the same file runs in the tool (kernels/ on the import
+Self-contained (json, os, stat, logging, torch), so the same file runs in the tool (kernels/ on the import
 path) and inside vLLM, where the kernel overlay places it as ``vllm/forge_tuned/__init__.py`` and the
 committed tables (``configs/kernels/tuned/*.json``) beside it.
 
@@ -50,6 +50,7 @@ import glob
 import json
 import logging
 import os
+import stat
 
 SCHEMA = "forge-tuned/2"
 OLD_SCHEMA = "forge-tuned/1"          # read as TP1, 24 q / 4 KV heads (what `forge calibrate` measured then)
@@ -315,12 +316,37 @@ def parse(text: str) -> dict:
     return validate(data)
 
 
+MAX_TABLE_BYTES = 4 * 2**20     # a table is a few KiB; the largest the calibration can write is far below
+
+
 def read(path: str) -> dict:
+    """The table in file `path`, validated. Only a regular file of at most MAX_TABLE_BYTES is read: a FIFO
+    (opened without waiting for a writer), a device such as /dev/zero, a folder or a larger file is refused
+    with the reason, so no file can hold up or exhaust a server at start-up."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
         raise TableError(f"cannot read it: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise TableError("not a regular file (a folder, FIFO, device or socket); a table is a JSON file")
+        if st.st_size > MAX_TABLE_BYTES:
+            raise TableError(f"{st.st_size} bytes, more than a table's {MAX_TABLE_BYTES}")
+        data = b""
+        while len(data) <= MAX_TABLE_BYTES:
+            chunk = os.read(fd, MAX_TABLE_BYTES + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError as e:
+        raise TableError(f"cannot read it: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_TABLE_BYTES:
+        raise TableError(f"more than a table's {MAX_TABLE_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise TableError(f"not valid JSON: {e}") from None
     return parse(text)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import ForgeError
-from .paths import CONFIGS, ROOT, rel
+from .paths import CONFIGS, ROOT, name_problem, rel
 
 _MISSING = object()
 
@@ -33,6 +33,12 @@ class Field:
 def hex_digest(n: int) -> Callable[[Any], str | None]:
     pat = re.compile(rf"^[0-9a-f]{{{n}}}$")
     return lambda v: None if pat.match(str(v)) else f"expected {n} lowercase hex characters, got {v!r}"
+
+
+def plain_name(value: Any) -> str | None:
+    """A Field check for a name from a config that becomes a path (a tier's name, a file in DATA_DIR):
+    the tool's one rule for such names (paths.name_problem)."""
+    return name_problem(value)
 
 
 def load_yaml(path: Path) -> Any:

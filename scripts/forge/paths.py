@@ -113,10 +113,24 @@ def plain_name(value: str, what: str) -> str:
     if value is None or not str(value).strip():
         raise ForgeError(f"{what} {value!r}: empty", hint=f"give a name for {what}, or leave the option out")
     value = str(value)
-    if value in (".", "..") or any(c in value for c in "/\\\0") or value.startswith("~"):
-        raise ForgeError(f"{what} {value!r}: not a plain name (a path would put it outside its folder)",
-                         hint="use letters, digits, '.', '_' and '-', without '/'")
+    if name_problem(value):
+        raise ForgeError(f"{what} {value!r}: {name_problem(value)}", hint=NAME_HINT)
     return value
+
+
+NAME_HINT = "use letters, digits, '.', '_' and '-', without '/'"
+
+
+def name_problem(value) -> str | None:
+    """Why `value` may not become one component of a path (None: it may): the rule of plain_name, for
+    a name read from data (a config's tier name, a record's key) as much as one given on the command line."""
+    if not isinstance(value, str) or not value.strip():
+        return f"{value!r} is not a name (empty or not text)"
+    if value in (".", "..") or any(c in value for c in "/\\\0") or value.startswith("~"):
+        return "not a plain name (a path would put it outside its folder)"
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        return "not a plain name (it holds a control character, such as a line break)"
+    return None
 
 
 def tracked_files(folder: Path) -> list[str]:

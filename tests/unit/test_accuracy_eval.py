@@ -165,7 +165,7 @@ def test_recorded_accuracy_is_replaced_only_with_force(tmp_path):
     (rdir / "accuracy.json").write_text(json.dumps(full))
     with fake_server(model) as (port, _):
         r = forge(tmp_path, "accuracy", "--data", str(data), "--port", str(port), "--run-id", "k1", "--limit", "2")
-        assert r.returncode == 2 and "already has" in r.stderr and "--force" in r.stderr, r.stderr
+        assert r.returncode == 2 and "already holds" in r.stderr and "--force" in r.stderr, r.stderr
         assert json.loads((rdir / "accuracy.json").read_text()) == full
         r = forge(tmp_path, "accuracy", "--data", str(data), "--port", str(port), "--run-id", "k1", "--limit", "2",
                   "--force")

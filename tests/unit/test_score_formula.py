@@ -145,7 +145,7 @@ def test_a_recorded_score_is_not_replaced_without_force(tmp_path):
     assert forge(tmp_path, "score", "--run", str(run)).returncode == 0
     first = (run / "score.json").read_bytes()
     r = forge(tmp_path, "score", "--run", str(run), "--baseline-name", "official")
-    assert r.returncode == 2 and "already has a recorded score" in r.stderr and "--force" in r.stderr
+    assert r.returncode == 2 and "already holds a recorded score" in r.stderr and "--force" in r.stderr
     assert (run / "score.json").read_bytes() == first
     r = forge(tmp_path, "score", "--run", str(run), "--baseline-name", "official", "--force")
     assert r.returncode == 0, r.stderr

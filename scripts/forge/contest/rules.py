@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ..config import Field, load
+from ..config import Field, load, plain_name
 from ..errors import ForgeError
 from ..options import parse_number
 from ..paths import CONFIGS, rel
@@ -24,14 +24,15 @@ ALLOWED = {"option": Field(str), "note": Field(str), "aliases": Field(list, item
            "values": Field(list, item=str, required=False, default=None),
            "rule": Field(str, required=False, default=None),
            "flag": Field(bool, required=False, default=False)}
-TIER = {"name": Field(str), "file": Field(str), "prompt_tokens": Field(list, item=int),
+TIER = {"name": Field(str, check=plain_name, doc="a plain name: it names the tier's result file"),
+        "file": Field(str, check=plain_name, doc="the tier file's name in DATA_DIR"), "prompt_tokens": Field(list, item=int),
         "weight": Field(float), "num_prompts": Field(int, required=False, default=None)}
 BASELINE = {"source": Field(str), "tok_s": Field(dict, value=object),
             "ttft_p99_ms": Field(dict, value=object), "tpot_p99_ms": Field(float, required=False, default=None),
             "accuracy": Field(dict, value=float, required=False, default={}),
             "sla_from": Field(str, required=False, default=None),
             "round": Field(str, required=False, default="preliminary")}
-TASK = {"file": Field(str), "metric": Field(str, choices=("qa_f1", "rouge_l", "list_match")),
+TASK = {"file": Field(str, check=plain_name), "metric": Field(str, choices=("qa_f1", "rouge_l", "list_match")),
         "max_tokens": Field(int), "template": Field(str)}
 
 SCHEMA = {

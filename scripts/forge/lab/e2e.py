@@ -218,7 +218,7 @@ def cmd_e2e(args) -> int:
                         + f"; the next `forge e2e-gpu --out {run.out}` with the same settings reuses them, "
                           "one without --keep-servers stops them at its end, and --stop-servers stops them now")
         else:
-            stop_all(run.servers)
+            stop_all(run.servers, run.out)
         if run.worker is not None:
             run.worker.close()
         vt.join(timeout=10)

@@ -19,9 +19,10 @@ folder.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from .. import config, paths, switches, ui
+from .. import config, options, paths, records, switches, ui
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..run import archive, runs
@@ -307,7 +308,7 @@ def _check_entries(entries, fields: dict, file: str, lst: str) -> None:
 
 
 def write(folder: Path, bench_path: Path = DEFAULT_BENCH, config_path: Path = DEFAULT_CONFIG,
-          reference: str = "upstream", gemv_bench_path: Path = DEFAULT_GEMV_BENCH) -> dict:
+          reference: str = "upstream", gemv_bench_path: Path = DEFAULT_GEMV_BENCH, force: bool = False) -> dict:
     for what, p in (("kernel benchmark", bench_path), ("model config", config_path),
                     ("GEMV benchmark", gemv_bench_path)):
         if not Path(p).is_file():
@@ -331,8 +332,10 @@ def write(folder: Path, bench_path: Path = DEFAULT_BENCH, config_path: Path = DE
                   loaded["GEMV benchmark"], layer_counts(config))
     res["bench"] = paths.rel(Path(bench_path))
     res["gemv_bench"] = paths.rel(Path(gemv_bench_path))
-    runs.write_json(folder / "decode.json", res)
-    (folder / "decode.md").write_text(render_md(res))
+    texts = {"decode.json": json.dumps(res, indent=2) + "\n", "decode.md": render_md(res)}
+    records.guard_tracked(folder, {folder / n: t for n, t in texts.items()}, doing="e2e-decode",
+                          force=force, hint="write it into a copy of the run")
+    paths.write_files(folder, texts)
     return res
 
 
@@ -340,7 +343,8 @@ def cmd_e2e_decode(args) -> int:
     folder = Path(args.folder)
     if not folder.is_dir():
         raise ForgeError(f"{folder}: not a folder", hint="give a results folder of forge e2e-gpu")
-    res = write(folder, Path(args.bench), Path(args.config), args.reference, Path(args.gemv_bench))
+    res = write(folder, Path(args.bench), Path(args.config), args.reference, Path(args.gemv_bench),
+                force=options.forced(args.force))
     for name, p in res["profiles"].items():
         print(f"{name} vs {res['reference']} ({p['kv']}, {p['kernel']}):")
         for r in p["rows"]:
@@ -363,4 +367,6 @@ def register(sub) -> None:
                         f"{paths.rel(DEFAULT_GEMV_BENCH)}, a copy of reports/kernels/gemv/bench_gemv.json)")
     p.add_argument("--config", default=str(DEFAULT_CONFIG), help="model config.json (default: Qwen3.5-27B's)")
     p.add_argument("--reference", default="upstream", help="the reference profile (default upstream)")
+    p.add_argument("--force", action="store_true",
+                   help="replace the run's recorded decode.md (a file git tracks; also FORCE=1)")
     p.set_defaults(func=cmd_e2e_decode)

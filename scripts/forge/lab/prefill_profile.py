@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import paths, ui
+from .. import options, paths, records, ui
 from ..errors import ForgeError
 from ..run import archive, runs, synth
 from .client import complete, post_empty
@@ -254,12 +254,20 @@ def cmd_prefill_profile(args) -> int:
         raise ForgeError(f"{first} is a packed record: a trace added beside its {archive.ARCHIVE} would hide the "
                          "profiles inside it", hint=f"forge unpack-run {first}, add the trace, then forge pack-run "
                                                     f"{first}")
-    for spec in args.trace or []:
+    force = options.forced(args.force)
+    traces = []
+    for spec in args.trace or []:          # every --trace checked before the first is digested
         name, sep, file = spec.partition("=")
         if not sep or not name or not file:
             raise ForgeError(f"--trace {spec}: expected PROFILE=FILE")
+        paths.plain_name(name, f"--trace {spec}: the profile")
         if not args.tokens:
             raise ForgeError("--trace needs --tokens (the profiled prompt's length)")
+        dest = Path(args.folders[0]) / SUBDIR / f"{name}.json"
+        records.guard_tracked(dest.parent, {dest: None}, doing=f"--trace {name}=...", force=force,
+                              hint="add the trace to a copy of the run")
+        traces.append((name, file))
+    for name, file in traces:
         ui.info(f"digested {paths.rel(add_trace(Path(args.folders[0]), name, Path(file), args.tokens))}")
     folders = [Path(f) for f in args.folders]
     with contextlib.ExitStack() as stack:          # a packed record (raw.tgz) is read without unpacking it here
@@ -267,13 +275,15 @@ def cmd_prefill_profile(args) -> int:
         res = analyse(load_profiles(readable, folders))
         prov = provenance(readable, folders)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     title = args.title or "Where a long prefill's time goes"
     command = "forge prefill-profile " + " ".join(args.folders) + (f" --title {shlex.quote(args.title)}"
                                                                    if args.title else "")
-    runs.write_json(out / "prefill-profile.json", {"title": title, "profiles": res, "provenance": prov,
-                                                   "command": command})
-    (out / "prefill-profile.md").write_text(render_md(res, title, prov))
+    texts = {"prefill-profile.json": json.dumps({"title": title, "profiles": res, "provenance": prov,
+                                                 "command": command}, indent=2) + "\n",
+             "prefill-profile.md": render_md(res, title, prov)}
+    records.guard_tracked(out, {**{out / n: t for n, t in texts.items()}, out / "prefill-profile.png": None},
+                          doing="this profile document", force=force, hint="give another --out")
+    paths.write_files(out, texts)
     drawn = chart(res, out / "prefill-profile.png")
     ui.info(f"wrote {paths.rel(out / 'prefill-profile.md')}" + (" and the chart" if drawn else ""))
     return 0
@@ -291,4 +301,6 @@ def register(sub) -> None:
                    help="first digest a torch-profiler trace brought back from the GPU machine into the first "
                         "RUN's prefill-profile/PROFILE.json (repeatable; needs --tokens)")
     p.add_argument("--tokens", type=int, help="the traced prompt's length in tokens (with --trace)")
+    p.add_argument("--force", action="store_true",
+                   help="replace a document recorded in --out, or a profile of the run (files git tracks; also FORCE=1)")
     p.set_defaults(func=cmd_prefill_profile)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import proc, ui
+from .. import paths, proc, ui
 from ..contest import profiles
 from ..errors import ForgeError
 from ..run import runs, serve, synth
@@ -89,7 +89,7 @@ def plan(run: Run, model: Path, name: str) -> dict:
 def _launch(run: Run, model: Path, name: str) -> dict | None:
     hargs, extra_env = _launch_parts(run, name)
     prof = run.profiles[name]
-    state_file = run.out / "state" / f"{name}.json"
+    state_file = state_path(run.out, name)
     st = guarded(run, name, functools.partial(
         serve.start_server, prof, model, contest=run.contest, port=port_of(run, name), run_id=name,
         vllm_cmd=run.vllm_cmd, wait=False, run_dir=run.run_dir(name), process_env=run.child_env,
@@ -132,7 +132,7 @@ def adopt_or_stop(run: Run, model: Path) -> list[str]:
                "it runs another command than this invocation's" if st.get("reuse") != want else
                "it does not answer /health")
         ui.warn(f"stopping the {name} server an earlier invocation left running (pid {st['pid']}): {why}")
-        serve.stop_server(st, quiet=True)
+        serve.stop_server(st, quiet=True, state_file=sf)
         sf.unlink(missing_ok=True)
     return adopted
 
@@ -149,7 +149,7 @@ def stop_left_servers(out: Path) -> int:
         if isinstance(st, dict) and isinstance(st.get("pid"), int) and st.get("start_time") and \
                 proc.process_start_time(st["pid"]) == st["start_time"]:
             ui.info(f"stopping the {st.get('profile')} server (pid {st['pid']}, port {st.get('port')})")
-            serve.stop_server(st, quiet=True)
+            serve.stop_server(st, quiet=True, state_file=sf)
             n += 1
         sf.unlink(missing_ok=True)
     return n
@@ -202,9 +202,15 @@ def warm(run: Run, name: str, model: Path) -> None:
     run.step(f"server {name} warmed (first request: Triton compile and autotune)", seconds=st["warm_s"])
 
 
-def stop_all(servers: dict) -> None:
+def state_path(out: Path, name: str) -> Path:
+    """The record of server `name` of the run writing into `out` (derived here, never read from a record)."""
+    return out / "state" / f"{paths.plain_name(name, 'a server name')}.json"
+
+
+def stop_all(servers: dict, out: Path) -> None:
     """Stop the servers at once (each gets a short grace), so the end of a run stays short."""
-    ts = [threading.Thread(target=serve.stop_server, args=(st, True, 5.0)) for st in servers.values()]
+    ts = [threading.Thread(target=serve.stop_server, args=(st, True, 5.0, state_path(out, name)))
+          for name, st in servers.items()]
     for t in ts:
         t.start()
     for t in ts:

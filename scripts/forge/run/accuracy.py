@@ -15,7 +15,7 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
-from .. import options, paths, proc, ui
+from .. import options, paths, proc, records, ui
 from ..contest import rules as contest_mod
 from ..contest.profiles import loopback_env
 from ..errors import ForgeError
@@ -288,9 +288,9 @@ def cmd_accuracy(args) -> int:
             was = f" ({prev.get('mode')}, {f'first {lim} records per task' if lim else 'all records'})"
         except (ForgeError, AttributeError):
             was = ""
-        raise ForgeError(f"{paths.rel(result)}: run {rdir.name} already has recorded accuracy results{was}; "
-                         "not replaced", hint="pass --force to replace them, use another --run-id, or compare them with "
-                                              "--baseline RUN (or --a RUN --b RUN)")
+        records.guard_recorded(f"run {rdir.name}", f"recorded accuracy results{was} ({paths.rel(result)})",
+                               doing="evaluating it again", force=args.force,
+                               hint="use another --run-id, or compare them with --baseline RUN (or --a RUN --b RUN)")
     data_dir_s = args.data_dir or os.environ.get("DATA_DIR") or ""
     data_dir = Path(data_dir_s) if data_dir_s else None
     script = data_dir / contest["accuracy"]["script"] if data_dir else None

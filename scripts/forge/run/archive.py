@@ -19,7 +19,7 @@ import tempfile
 import zlib
 from pathlib import Path
 
-from .. import paths, ui
+from .. import options, paths, records, ui
 from ..errors import ForgeError
 
 ARCHIVE = "raw.tgz"
@@ -91,6 +91,7 @@ def pack_run(folder: Path, remove: bool = True) -> dict:
     if not raw:
         raise ForgeError(f"{paths.rel(folder)}: no raw files to pack (only documents)",
                          hint="a run folder holds runs/, logs/ or per-tier results next to its summary")
+    refuse_links_out(folder)
     members = folder_files(folder)
     write_archive(folder, members, dest)
     removed = []
@@ -102,6 +103,19 @@ def pack_run(folder: Path, remove: bool = True) -> dict:
             if not any(d.iterdir()):
                 d.rmdir()
     return {"archive": dest, "members": members, "removed": removed}
+
+
+def refuse_links_out(folder: Path) -> None:
+    """Refuse (naming it) a symbolic link under `folder` whose target lies outside it: packing would copy
+    a file from elsewhere on the machine into the record (and the removal would leave the link)."""
+    top = folder.resolve()
+    for p in sorted(folder.rglob("*")):
+        if p.is_symlink():
+            target = p.resolve()
+            if target != top and top not in target.parents:
+                raise ForgeError(f"{paths.rel(p)}: a link to {os.readlink(p)}, outside the run folder; nothing was "
+                                 "packed", hint="a record holds its own files: replace the link by a copy of what "
+                                                "the run needs, or remove it")
 
 
 @contextlib.contextmanager
@@ -123,11 +137,12 @@ def archive_members(src: Path) -> list[str]:
         return tf.getnames()
 
 
-def unpack_run(folder: Path, to: Path | None = None) -> list[str]:
+def unpack_run(folder: Path, to: Path | None = None, force: bool = False) -> list[str]:
     """Extract a run folder's raw.tgz into `to` (default: the folder itself); returns the member names.
     The whole archive is read and every member checked before the first file is written, and the
     extraction goes to a temporary folder that moves into place once complete: a damaged or unsafe
-    archive leaves the disk as it was (no new `to` folder either)."""
+    archive leaves the disk as it was (no new `to` folder either). A file there whose content differs from
+    the archive's (a local edit of summary.md) is replaced only with `force`."""
     folder = Path(folder)
     src = folder / ARCHIVE
     if not src.is_file():
@@ -136,6 +151,11 @@ def unpack_run(folder: Path, to: Path | None = None) -> list[str]:
     with _opened(src) as tf:
         members = tf.getmembers()           # reads the whole archive: a damaged one fails here
         paths.check_members(members, paths.rel(src))
+        there = {dest / m.name: m for m in members if m.isfile() and (dest / m.name).exists()}
+        edited = records.changed_files({p: tf.extractfile(m).read() for p, m in there.items()})
+        records.guard_recorded(paths.rel(dest), f"files that differ from {ARCHIVE}'s ({records.listed(edited)})"
+                               if edited else None, doing="unpacking", force=force,
+                               hint="keep your edit: copy it away first, or unpack with --to another folder")
         with paths.staged_folder(dest) as tmp:
             paths.extract_tar(tf, tmp)
     return [m.name for m in members]
@@ -182,7 +202,7 @@ def cmd_pack_run(args) -> int:
 
 
 def cmd_unpack_run(args) -> int:
-    names = unpack_run(Path(args.folder), args.to)
+    names = unpack_run(Path(args.folder), args.to, force=options.forced(args.force))
     ui.info(f"{len(names)} files from {paths.rel(Path(args.folder) / ARCHIVE)} into {args.to or args.folder}")
     return 0
 
@@ -199,4 +219,6 @@ def register(sub) -> None:
                                    "every member is checked before anything is written.\n\n" + __doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("folder", help="run folder holding raw.tgz")
     p.add_argument("--to", help="extract into this folder instead (the archive's paths are relative to the run folder)")
+    p.add_argument("--force", action="store_true",
+                   help="replace files that differ from the archive's (a local edit; also FORCE=1)")
     p.set_defaults(func=cmd_unpack_run)

@@ -41,6 +41,7 @@ from .. import paths, proc, tunedtable, ui
 from ..errors import ForgeError
 from ..hashing import combine, sha256_file
 from ..recipe import patchfile, provenance
+from ..records import guard_recorded, read_json, tracked_changes
 from . import calibrate_report, rank_geometry
 from . import calibration as sel
 from . import calibration_docs as cd
@@ -100,10 +101,10 @@ def recorded(out_dir: Path) -> str | None:
     if not cal.is_file():
         return None
     try:
-        fams = json.loads(cal.read_text())["families"]
+        fams = read_json(cal)["families"]
         if any(info.get("failed") for info in fams.values()):
             return None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ForgeError, KeyError, TypeError, AttributeError):
         pass                             # unreadable: a calibration all the same, kept unless asked
     return "a complete calibration"
 
@@ -157,9 +158,11 @@ def run_family(family: str, out_dir: Path, args) -> dict:
         why = (f"the process was killed by signal {-code} (a GPU fault or a crash)" if code < 0
                else f"the process exited {code}")
         try:
-            who = json.loads(inflight.read_text())
-        except (OSError, ValueError):
+            who = read_json(inflight)
+        except ForgeError:
             break                        # it died outside a candidate: the family as a whole failed
+        if not isinstance(who, dict):
+            break
         who["why"] = why
         with open(killers, "a", encoding="utf-8") as f:
             f.write(json.dumps(who) + "\n")
@@ -181,6 +184,17 @@ def _device(docs: dict, out_dir: Path) -> dict:
     return next(iter(measured.values()))["device"]
 
 
+def measured_provenance(out_dir: Path, args) -> dict | None:
+    """The provenance calibration.json in `out_dir` records for its measurement (None: none readable, or
+    one measured with other options than this run's)."""
+    cal = out_dir / "calibration.json"
+    try:
+        prov = read_json(cal).get("provenance") if cal.is_file() else None
+    except (ForgeError, AttributeError):
+        return None
+    return prov if isinstance(prov, dict) and prov.get("options") == options(args) else None
+
+
 def calibrate(args, force: bool = False) -> dict:
     ident = None
     if args.out:
@@ -188,12 +202,10 @@ def calibrate(args, force: bool = False) -> dict:
     else:
         ident = probe_device(args)
         out_dir = paths.BUILD / "calibration" / (device_slug(ident) + rank_geometry.suffix(args.tp))
-    what = recorded(out_dir)
-    if what and not force:
-        raise ForgeError(f"{paths.rel(out_dir)} holds {what}; calibrating into it would replace it",
-                         hint="give a new --out (the default is build/calibration/<device>), or --force (FORCE=1) to "
-                              "calibrate into it again: families measured with the same options are kept, "
-                              "--redo FAMILY measures one again")
+    guard_recorded(paths.rel(out_dir), recorded(out_dir), doing="calibrating into it", force=force,
+                   hint="give a new --out (the default is build/calibration/<device>); with --force the families "
+                        "measured with the same options are kept, --redo FAMILY measures one again")
+    measured_before = measured_provenance(out_dir, args)
     families = [f for f in FAMILIES if f in args.families]
     kept = kept_families(out_dir, families, args)
     if kept and len(kept) < len(families):
@@ -225,6 +237,10 @@ def calibrate(args, force: bool = False) -> dict:
             "options": options(args)}
     if head.get("dirty"):
         prov["diff_sha256"] = head.get("diff_sha256") or provenance.forge_diff_hash()
+    if measured_before is not None and len(kept) == len(families):
+        # nothing was measured now: the table is made again from what was measured then, and says so
+        # (its commit, kernels, series, driver and date are those of the measurement, not of this checkout)
+        prov = measured_before
     table = sel.build_table(selection, validators, prov)
     ft = tunedtable.loader()      # the table's loader: its validator before anything is written
     try:
@@ -240,7 +256,7 @@ def calibrate(args, force: bool = False) -> dict:
     paths.write_files(out_dir, {"table.json": json.dumps(table, indent=1, sort_keys=True) + "\n",
                                 "calibration.json": json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n",
                                 **calibrate_report.files(doc, records)})
-    return {"out": out_dir, "doc": doc}
+    return {"out": out_dir, "doc": doc, "remade": prov is measured_before}
 
 
 def series_hash() -> str | None:
@@ -318,9 +334,13 @@ def cmd_calibrate(args) -> int:
     if args.install:
         # a table that is shipped names no machine path and a clean or hashed commit
         tunedtable.check_text(text, paths.rel(out / "table.json"), shipped=True,
-                              fix="calibrate from a committed checkout (or a dirty one: its diff's hash is recorded)")
-    if args.install:
+                              fix="calibrate from a committed checkout (or a dirty one: its diff's hash is recorded)"
+                                  + ("; this calibration measured nothing now, so its table keeps the provenance "
+                                     "of its measurement" if res.get("remade") else ""))
         dest = TUNED / f"{slug}.json"
+        changed = tracked_changes({dest: text})
+        guard_recorded(paths.rel(dest), "a committed table" if changed else None, doing="--install",
+                       force=force, hint=f"the calibration is in {paths.rel(out)}; commit or move the table first")
         paths.write_atomic(dest, text)
         ui.info(f"installed the table as {paths.rel(dest)} (commit it; `make tree` puts it into the vLLM tree)")
     if vllm_tables is not None:

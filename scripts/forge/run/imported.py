@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .. import options, paths, ui
+from .. import options, paths, records, ui
 from ..contest import profiles
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
@@ -81,10 +81,9 @@ def import_throughput(folder: str, run_id: str | None = None, profile: str = "co
                                              "./run_throughput.sh for that tier") from None
     rdir = runs.run_dir(run_id or runs.new_run_id(profile, "-organizers"), create=False)
     held = holds_a_run(rdir)
-    if held and not force:
-        raise ForgeError(f"run {rdir.name} ({paths.rel(rdir)}) already holds {held}; importing would replace it",
-                         hint="import into a new run (omit --run-id, or give a new one), or --force (FORCE=1) "
-                              "replaces that run folder whole")
+    records.guard_recorded(f"run {rdir.name} ({paths.rel(rdir)})", held, doing="importing", force=force,
+                           hint="import into a new run (omit --run-id, or give a new one); --force replaces the run "
+                                "folder whole")
     tiers = {}
     with paths.staged_result(rdir, replace=force) as tmp:
         for t, res in read.items():

@@ -21,10 +21,11 @@ measured durations 1020.9 / 1553.8 / 2181.8 s (within 0.2 %), so no request-rate
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from .. import options as opts
-from .. import paths, ui
+from .. import paths, records, ui
 from ..config import load_yaml
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
@@ -141,14 +142,20 @@ def chart(label: str, pred: dict, res: dict, path: Path) -> bool:
     return True
 
 
-def write_outputs(out: Path, label: str, how: str, pred: dict, res: dict, inputs: dict) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
+def output_files(out: Path, label: str, how: str, pred: dict, res: dict, inputs: dict) -> dict:
+    """{path: text} of a prediction's documents (the chart's None: drawn when written)."""
     data = {"label": label, "how": how, "inputs": inputs, "tiers": pred, "score": res,
             "assumptions": {k: ASSUMPTIONS[k] for k in ("throughput", how if how in ASSUMPTIONS else "", "sla") if k},
             "components": {k: v[0] for k, v in COMPONENTS.items()}, "baseline_run": synth_source()}
-    runs.write_json(out / "predict.json", data)
-    (out / "predict.md").write_text(render_md(label, how, pred, res, inputs))
-    files = [out / "predict.json", out / "predict.md"]
+    return {out / "predict.json": json.dumps(data, indent=2) + "\n",
+            out / "predict.md": render_md(label, how, pred, res, inputs), out / "predict.png": None}
+
+
+def write_outputs(out: Path, label: str, how: str, pred: dict, res: dict, inputs: dict) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    texts = {p.name: t for p, t in output_files(out, label, how, pred, res, inputs).items() if t is not None}
+    paths.write_files(out, texts)
+    files = [out / n for n in texts]
     if chart(label, pred, res, out / "predict.png"):
         files.append(out / "predict.png")
     return files
@@ -227,6 +234,7 @@ def cmd_predict(args) -> int:
     if label and args.e2e is not None:
         raise ForgeError("--label names one prediction; --e2e makes one per profile, named by the profile")
     out_arg = paths.target_folder(args.out, "--out") if args.out is not None else None
+    force = args.force = opts.forced(args.force)
     score.baseline_from_config(contest, args.baseline_name)        # an unknown set is refused before any work
     if args.calibration is not None:
         return predict_calibration.run(args, contest, workload)
@@ -253,11 +261,16 @@ def cmd_predict(args) -> int:
         jobs.append((label or "given times", "times",
                      predict_from_times(workload, {t: 1000 * v for t, v in tt.items()}, tp),
                      {"ttft_s": tt, "tpot_ms": tp}))
+    done = []
     for name, how, pred, inputs in jobs:
         res = score_prediction(contest, workload, pred, args.baseline_name)
-        print_table(name, pred, res)
         out = out_arg / name if out_arg and args.e2e else \
             out_arg if out_arg else paths.BUILD / "predict" / name.replace(" ", "_").replace(",", "")
+        records.guard_tracked(out, output_files(out, name, how, pred, res, inputs), doing="this prediction",
+                              force=force, hint="give another --out")
+        done.append((name, how, pred, inputs, res, out))
+    for name, how, pred, inputs, res, out in done:       # every output checked before the first is written
+        print_table(name, pred, res)
         files = write_outputs(out, name, how, pred, res, inputs)
         ui.info("wrote " + ", ".join(paths.rel(f) for f in files))
     return 0
@@ -287,7 +300,8 @@ def register(sub) -> None:
                                    "'given times'); not with --e2e, whose profiles name theirs")
     p.add_argument("--out", help="folder for predict.json, predict.md and predict.png (default build/predict/<label>; "
                                  "with --e2e one subfolder per profile)")
-    p.add_argument("--force", action="store_true", help="replace a final-round result recorded in --out")
+    p.add_argument("--force", action="store_true",
+                   help="replace a prediction recorded in --out (files git tracks; also FORCE=1)")
     f = p.add_argument_group("the final round (--round final: the finals' time model, scripts/forge/run/predict_final.py)")
     f.add_argument("--round", choices=("preliminary", "final"), default="preliminary",
                    help="final: per tier and configuration (topology, KV dtype, batching, concurrency) the finals' "

@@ -31,6 +31,7 @@ from pathlib import Path
 from .. import paths, ui
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
+from ..records import guard_tracked
 from . import archive, results, runs
 from . import calibration as sel
 from . import calibration_docs as cd
@@ -299,15 +300,17 @@ def run(args, contest: dict, workload: dict) -> int:
                      & {"prefill_attn", "decode_attn", "gemv"})
     if assumed:
         ui.warn(f"the calibration measured no {', '.join(assumed)}: assumed unchanged (speed-up 1) in this prediction")
+    out = Path(args.out) if args.out else paths.BUILD / "predict" / label
+    command = "forge " + " ".join(sys.argv[1:])
+    files = {"predict.md": render(doc, fac, pred, res, check, str(args.calibration), command),
+             "predict.json": json.dumps({"factors": fac, "prediction": pred, "score": res, "check_e2e": check,
+                                         "calibration": str(args.calibration)}, indent=1, default=str) + "\n"}
+    guard_tracked(out, {out / n: t for n, t in files.items()}, doing="this prediction",
+                  force=bool(getattr(args, "force", False)), hint="give another --out")
     print_table(label, pred, res)
     for t, v in (check or {}).items():
         print(f"{t}: predicted tok/s ratio {v['predicted_ratio']:.3f}, measured {v['measured_ratio']:.3f} "
               f"({v['error']:+.1%})", file=sys.stdout)
-    out = Path(args.out) if args.out else paths.BUILD / "predict" / label
-    command = "forge " + " ".join(sys.argv[1:])
-    paths.write_files(out, {
-        "predict.md": render(doc, fac, pred, res, check, str(args.calibration), command),
-        "predict.json": json.dumps({"factors": fac, "prediction": pred, "score": res, "check_e2e": check,
-                                    "calibration": str(args.calibration)}, indent=1, default=str) + "\n"})
+    paths.write_files(out, files)
     ui.info(f"wrote {paths.rel(out / 'predict.md')}, {paths.rel(out / 'predict.json')}")
     return 0

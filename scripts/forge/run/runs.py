@@ -14,7 +14,7 @@ from pathlib import Path
 from shutil import which
 from typing import Any
 
-from .. import paths, proc
+from .. import paths, proc, records
 from ..errors import ForgeError
 from ..recipe import provenance
 
@@ -80,27 +80,8 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def read_json(path: Path) -> Any:
-    """A JSON file's content; a missing file, one that is not UTF-8 text, JSON cut short or other text
-    than JSON is a ForgeError naming the file and what is wrong with it."""
-    damaged = "the file is damaged; restore it from a copy of the run, or rerun the step that writes it"
-    try:
-        text = Path(path).read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise ForgeError(f"{paths.rel(path)}: not found",
-                         hint="check the path; if a forge step writes it, run that step first")
-    except UnicodeDecodeError as e:
-        raise ForgeError(f"{paths.rel(path)}: not UTF-8 text (byte {e.start}), so not JSON", hint=damaged) from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        if not text.strip() or e.pos >= len(text.rstrip()) or e.msg.startswith("Unterminated string"):
-            raise ForgeError(f"{paths.rel(path)}: not valid JSON, cut short ({'empty file' if not text.strip() else e.msg})",
-                             hint="the file was cut short (an interrupted write); rerun the step that writes it"
-                             ) from None
-        raise ForgeError(f"{paths.rel(path)}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
-                         "the file is damaged, not cut short",
-                         hint=damaged) from None
+# the one bounded reader of a JSON record (forge.records): every record a run folder holds is read by it
+read_json = records.read_json
 
 
 # --- tier results and their records in the manifest --------------------------------------------

@@ -50,8 +50,9 @@ RECORD_KEYS = (("pid", _whole, "a process id"), ("pgid", _whole, "a process grou
 
 def read_state() -> dict | None:
     """The record of the server `forge serve` started (None: none recorded). A record that cannot be
-    read is an error, never "none": the server it describes may still run."""
-    if not STATE.is_file():
+    read is an error, never "none": the server it describes may still run (a FIFO or a device in its
+    place too: the bounded reader refuses it without waiting on it)."""
+    if not (STATE.exists() or STATE.is_symlink()):
         return None
     hint = _state_hint(STATE)
     try:
@@ -67,13 +68,14 @@ def read_state() -> dict | None:
     return st
 
 
-def still_ours(st: dict) -> bool:
+def still_ours(st: dict, state_file: Path = STATE) -> bool:
     """Whether the server record `st` names is still running: True only when process `pid` is the one
     recorded (this boot, its start time, a command line ending with the server's arguments) and leads
     its process group `pgid`; False when that process is gone (exited, or its pid now names a later
     process). A live process that answers to the record without being the one recorded is refused
-    (a ForgeError naming the state file): nothing is signalled on a record that does not hold."""
-    pid, state_file = st["pid"], Path(st.get("state_file") or STATE)
+    (a ForgeError naming `state_file`, the record's own path, never a path the record names): nothing is
+    signalled on a record that does not hold."""
+    pid = st["pid"]
     why = proc.recorded_process(pid, st["pgid"], st["start_time"], st.get("boot_id"), list(st.get("server_args") or []))
     if why == proc.GONE:
         return False                 # exited, its pid now names a later process, or the machine restarted
@@ -177,10 +179,10 @@ def stop_running_server() -> str:
         ui.info("no server started by forge is recorded; nothing to stop")
         return "none recorded"
     if not still_ours(st):
-        STATE.unlink()
+        STATE.unlink(missing_ok=True)
         ui.info(f"the recorded server (pid {st['pid']}, run {st['run_id']}) {proc.gone_how(st['pid'])}; state cleared")
         return "already gone"
-    return stop_server(st)
+    return stop_server(st, state_file=STATE)
 
 
 def cmd_serve(args) -> int:
@@ -304,7 +306,7 @@ def start_server(prof: dict, model_path: Path, *, contest: dict, port: int, run_
         try:
             wait_healthy(p, state, timeout=timeout)
         except BaseException:
-            stop_server(state, quiet=True)
+            stop_server(state, quiet=True, state_file=state_file)
             raise
         state["ready"] = True
         dp = (rendered.get("settings") or {}).get("data_parallel_size", 1)
@@ -341,20 +343,20 @@ def wait_healthy(p, state: dict, timeout: float) -> None:
         time.sleep(0.5)
 
 
-def stop_server(st: dict, quiet: bool = False, grace_s: float = 30.0) -> str:
-    """Stop the server `st` describes (its whole process group; SIGKILL after `grace_s`) and drop
-    its state file."""
+def stop_server(st: dict, quiet: bool = False, grace_s: float = 30.0, state_file: Path | None = None) -> str:
+    """Stop the server `st` describes (its whole process group; SIGKILL after `grace_s`) and drop its
+    record, `state_file`: the path the caller derived itself (a record's own "state_file" key is data,
+    never trusted as a path to delete)."""
     if st.get("container") and shutil.which("docker"):
         proc.run(["docker", "stop", "-t", str(int(grace_s)), st["container"]], check=False, capture=True,
                  timeout=grace_s + 30)
     how = "already gone"
-    if st.get("start_time") is not None and still_ours(st):
+    if st.get("start_time") is not None and still_ours(st, state_file or STATE):
         how = proc.stop_group(st["pgid"], grace_s=grace_s)
     if st.get("popen") is not None:
         st["popen"].poll()              # reap our own child
-    sf = Path(st.get("state_file") or STATE)
-    if sf.is_file():
-        sf.unlink()
+    if state_file is not None and state_file.is_file():
+        state_file.unlink()
     if not quiet:
         ui.info(f"server pid {st['pid']} (run {st['run_id']}): {how}")
     return how

@@ -14,9 +14,10 @@ import math
 import random
 from pathlib import Path
 
+from .. import records
 from ..config import Field, load
 from ..errors import ForgeError
-from ..paths import CONFIGS, rel
+from ..paths import CONFIGS, NAME_HINT, name_problem, rel
 
 
 class Tok:
@@ -93,10 +94,8 @@ def chat_template(model_dir: Path) -> str | None:
         return j.read_text()
     cfg = model_dir / "tokenizer_config.json"
     if cfg.is_file():
-        try:
-            t = json.loads(cfg.read_text()).get("chat_template")
-        except ValueError as e:
-            raise ForgeError(f"{cfg}: not valid JSON ({e})")
+        c = records.read_json(cfg)
+        t = c.get("chat_template") if isinstance(c, dict) else None
         if isinstance(t, list):        # named templates: the default one
             t = next((x.get("template") for x in t if x.get("name") == "default"), None)
         return t if isinstance(t, str) else None
@@ -130,7 +129,8 @@ class ChatWrap:
         self._t = env.from_string(self.template)
         cfg = Path(model_dir) / "tokenizer_config.json"
         if cfg.is_file():
-            c = json.loads(cfg.read_text())
+            c = records.read_json(cfg)
+            c = c if isinstance(c, dict) else {}
             for k in ("bos_token", "eos_token", "pad_token", "unk_token"):
                 v = c.get(k)
                 self.specials[k] = v.get("content") if isinstance(v, dict) else v
@@ -217,6 +217,9 @@ def load_workload(contest: dict, path: Path | str | None = None) -> dict:
     }
     data = load(str(path), schema)
     f = rel(path)
+    for name in data["tiers"]:          # a tier's name names its files: the one rule for such names
+        if name_problem(name):
+            raise ForgeError(f"{f}: key 'tiers.{name}': {name_problem(name)}", hint=NAME_HINT)
     names = [t["name"] for t in contest["tiers"]]
     if sorted(data["tiers"]) != sorted(names):
         raise ForgeError(f"{f}: key 'tiers': needs exactly the contest's tiers {', '.join(names)}, "
