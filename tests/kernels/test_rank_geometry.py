@@ -15,9 +15,9 @@ Mutations these cases catch, each checked by breaking the kernel on purpose in t
 cases; the case ids that failed):
   decode  head-group offset dropped (qh = rows): every 24/4 and 12/2 case; the K head offset dropped
           (kvh * sk_h): every 24/4 and 12/2 case; the int8 K scale's head offset dropped: int8 at 24/4
-          and 12/2; tiles assumed never to straddle a block: bf16 at 784 and 400 at every geometry,
-          int8 at 1552 at 6/1 (one straddled token in ~1550 is within the bf16 bound elsewhere); the
-          padded rows of a group stored (rows < BLOCK_M): the interpreter faults out of bounds.
+          and 12/2; tiles assumed never to straddle a block: every batch-3 case at 784 and 400, and
+          int8 at 1552 in most draws (one wrong token in ~1550 is near the bound); the padded rows
+          of a group stored (rows < BLOCK_M): the interpreter faults out of bounds.
   prefill q-head offset dropped (kvh * G): 24/4 and 12/2; the cache's head offset dropped: 24/4 and
           12/2 (bf16 and int8); the decode rows of a mixed batch dropped from the grid (+ num_seqs):
           every case.
@@ -75,9 +75,12 @@ def test_rank_geometry_and_page_math():
 
 
 def _lens(B: int, bs: int, rng: random.Random, top: int) -> list[int]:
-    """Mixed contexts: one at a block boundary +- 1, one of 1 token, the rest random."""
-    edge = [bs - 1, bs + 1, 1, 2 * bs + 3]
-    out = [min(top, e) for e in edge[:B]]
+    """Mixed contexts: batch 1 the longest; otherwise up to a quarter (at least one) at a block
+    boundary + 1, 1 token, a boundary - 1 and two blocks + 3, the rest random up to `top`."""
+    if B == 1:
+        return [top]
+    edge = [bs + 1, 1, bs - 1, 2 * bs + 3]
+    out = [min(top, e) for e in edge[:max(1, min(4, B // 4))]]
     out += [rng.randint(1, top) for _ in range(B - len(out))]
     rng.shuffle(out)
     return out
@@ -196,7 +199,8 @@ if ON_GPU:
 
     def _mixed(bs, rng):
         # a 4096-token chunk of a long prompt, a short prompt, and decode rows at mixed contexts
-        return [(rng.randint(bs, 20000), 4096), (0, rng.randint(1, 300))] + \
+        # (the float64 reference holds heads x chunk x context scores: 2048 x 18K at most)
+        return [(rng.randint(bs, 16384), 2048), (0, rng.randint(1, 300))] + \
             [(rng.randint(1, 32767), 1) for _ in range(9)]
 else:
     PRE_CASES = [(g, k, bs) for g, (k, bs) in zip(GEOMS, [("bf16", 784), ("int8", 1552), ("bf16", 400),
