@@ -44,14 +44,18 @@ class ForgeParser(argparse.ArgumentParser):
         return super()._parse_optional(arg_string)
 
     def add_argument(self, *args, **kw):
-        if kw.get("type") in (int, float):      # one reading of a typed number for every verb (options.strict)
-            kw["type"] = options.strict(kw["type"])
-        action = super().add_argument(*args, **kw)
+        action = super().add_argument(*args, **_strict_numbers(kw))
         if not self.keep_empty and action.nargs != 0 and action.type is None and action.choices is None:
             action.type = options.nonempty(action.option_strings[-1] if action.option_strings else
                                            (action.metavar or action.dest).upper(),
                                            required=action.required or not action.option_strings)
         return action
+
+    def add_argument_group(self, *args, **kw):
+        group = super().add_argument_group(*args, **kw)
+        plain = group.add_argument
+        group.add_argument = lambda *a, **k: plain(*a, **_strict_numbers(k))
+        return group
 
     def parse_args(self, args=None, namespace=None):
         argv = sys.argv[1:] if args is None else list(args)
@@ -64,6 +68,14 @@ class ForgeParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n  fix: `{self.prog} --help` lists its options\n")
+
+
+def _strict_numbers(kw: dict) -> dict:
+    """An option's keywords with `type=int` / `type=float` read as options.strict reads them: one reading
+    of a typed number for every verb (plain ASCII digits; "1_000", "inf", other scripts' digits refused)."""
+    if kw.get("type") in (int, float):
+        kw = {**kw, "type": options.strict(kw["type"])}
+    return kw
 
 
 def leftover_message(argv: list[str], extra: list[str]) -> str:

@@ -91,6 +91,7 @@ def test_a_profile_option_has_one_spelling_and_a_real_value(tmp_path, options, w
     (["compare", "--a", "x", "--b", "y", "--noise-pct", "1e308"], ["--noise-pct", "1e308"]),
     (["compare", "--a", "x", "--b", "y", "--noise-pct", "1_0"], ["--noise-pct", "1_0"]),
     (["accuracy", "--limit", "1_0"], ["--limit", "'1_0'", "whole number"]),
+    (["predict", "--round", "final", "--top", "\u0665"], ["--top", "whole number"]),   # an option of a group
     (["serve", "--dry-run", "--model", "/m", "--timeout", "nan"], ["--timeout", "'nan'"]),
 ])
 def test_a_number_is_plain_digits_in_range(tmp_path, args, words):
