@@ -17,7 +17,7 @@ import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
 
-from .. import config, proc, ui
+from .. import config, proc, records, ui
 from ..errors import ForgeError
 from ..hashing import file_entry, manifest_diff, manifest_hash, sha256_file, tree_manifest, tree_sha256
 from ..paths import CACHE, Lock, extract_tar, rel, set_aside
@@ -162,9 +162,9 @@ def _tree_mismatch(d: Path, problems: list[str], hint: str) -> ForgeError:
 
 def read_manifest(d: Path) -> dict | None:
     try:
-        data = json.loads((d / MARKER).read_text())
+        data = records.read_json(d / MARKER)
         return data if isinstance(data.get("files"), dict) else None
-    except (OSError, ValueError, AttributeError):
+    except (ForgeError, AttributeError):
         return None
 
 

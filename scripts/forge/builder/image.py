@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import config, proc, ui
+from .. import config, proc, records, ui
 from ..errors import ForgeError
 from ..paths import BUILD, CACHE, CONFIGS, KERNELS, REPORTS, ROOT, rel, write_atomic
 from ..recipe import provenance
@@ -166,7 +166,7 @@ def cmd_self_check(args) -> int:
     dist = sorted((ROOT / "dist").glob("vllm-*.whl"))
     if dist:
         side = Path(str(dist[-1]) + ".provenance.json")
-        if side.is_file() and json.loads(side.read_text())["series_hash"] != info["series_hash"]:
+        if side.is_file() and records.read_json(side).get("series_hash") != info["series_hash"]:
             raise ForgeError("installed vLLM is not the wheel in dist/", hint="reinstall dist/vllm-*.whl --no-deps")
     print(f"self-check: OK vllm {info['version']} with {len(info['patches'])} patches (series {info['series_hash'][:10]})")
     return 0

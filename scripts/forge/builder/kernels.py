@@ -16,7 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from .. import config, options, proc, ui
+from .. import config, options, proc, records, ui
 from ..errors import ForgeError
 from ..paths import BUILD, KERNELS, REPORTS, rel
 from ..recipe import provenance
@@ -122,7 +122,7 @@ def cmd_kernels_check(args) -> int:
     aot_json = out / "aot.json"
     res = proc.run([sys.executable, KERNELS / "aot.py", *targets, "--json", aot_json], check=False,
                    capture=True, what="Triton ahead-of-time compile")
-    results["triton_aot"] = json.loads(aot_json.read_text()) if aot_json.is_file() else None
+    results["triton_aot"] = records.read_json(aot_json) if aot_json.is_file() else None
     results["triton_aot_ok"] = res.returncode == 0
     report_dir = Path(args.report_dir) if getattr(args, "report_dir", None) else REPORTS / "kernels"
     report_dir.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import config, proc, ui
+from .. import config, proc, records, ui
 from ..errors import ForgeError
 from ..hashing import sha256_file
 from ..paths import BUILD, KERNELS, REPORTS, TREE, rel, write_atomic
@@ -90,7 +90,7 @@ def run_json_tool(argv: list[str], json_out: Path, what: str, env: dict | None =
     log = json_out.with_suffix(".log")
     log.unlink(missing_ok=True)
     proc.run([*argv, "--json", json_out], log=log, what=what, env=env, hint=f"see {rel(log)}")
-    return json.loads(json_out.read_text())
+    return records.read_json(json_out)
 
 
 def rehearse(report_dir: Path = REPORTS) -> dict:

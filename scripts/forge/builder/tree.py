@@ -25,7 +25,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .. import config, options, proc, tunedtable, ui
+from .. import config, options, proc, records, tunedtable, ui
 from ..errors import ForgeError
 from ..hashing import combine, manifest_hash, sha256_file
 from ..paths import KERNELS, PATCHES, ROOT, Lock, rel, write_atomic
@@ -96,8 +96,8 @@ def overlay_hash(entries: list[dict]) -> str:
 def read_state(tree: Path) -> dict:
     p = tree / ".git" / STATE
     try:
-        return json.loads(p.read_text())
-    except (OSError, ValueError):
+        return records.read_json(p) if p.exists() else {}
+    except ForgeError:
         return {}
 
 

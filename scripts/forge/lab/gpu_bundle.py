@@ -16,7 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from .. import config, proc, ui
+from .. import config, proc, records, ui
 from ..builder import tree, wheel
 from ..errors import ForgeError
 from ..hashing import sha256_file
@@ -219,7 +219,7 @@ def tokenizer_files(vocab_size: int, eos_id: int) -> dict[str, str]:
 def write_model_dir(h: dict, out_dir: Path) -> list[Path]:
     m = h["model"]
     src = ROOT / m["config"]
-    cfg = json.loads(src.read_text())
+    cfg = records.read_json(src)
     text = cfg.get("text_config", cfg)
     if text.get("vocab_size") != m["vocab_size"] or text.get("eos_token_id") != m["eos_token_id"]:
         raise ForgeError(f"{m['config']}: vocab_size/eos_token_id ({text.get('vocab_size')}, "
@@ -280,7 +280,7 @@ def verify_bundle(bundle: Path) -> dict:
     mpath = bundle / "manifest.json"
     if not mpath.is_file():
         raise ForgeError(f"{bundle}: no manifest.json; not a GPU bundle", hint="build it with `make gpu-bundle`")
-    man = json.loads(mpath.read_text())
+    man = records.read_json(mpath)
     bad = []
     for name, e in man["files"].items():
         p = bundle / name

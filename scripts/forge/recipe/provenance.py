@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import platform
 import re
@@ -12,7 +11,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from .. import config, proc
+from .. import config, proc, records
 from ..errors import ForgeError
 from ..hashing import combine, sha256_file
 from ..paths import KERNELS, ROOT
@@ -101,9 +100,9 @@ def source_manifest() -> dict:
 
 def _commit_from_manifest(path: str) -> dict:
     try:
-        man = json.loads(Path(path).read_text())
+        man = records.read_json(Path(path))
         files, sha = man["files"], man["commit"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (ForgeError, KeyError, TypeError) as e:
         raise ForgeError(f"{SOURCE_MANIFEST_ENV}={path}: not a source manifest ({e})",
                          hint="write one with `forge.recipe.provenance.source_manifest()` in the checkout") from None
     differ = sorted(n for n, blob in files.items() if _blob_id(ROOT / n) != blob)

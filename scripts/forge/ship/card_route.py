@@ -4,11 +4,10 @@ with the submission (a table whose validators name the card's arch sets the rout
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
-from .. import config, paths
+from .. import config, paths, records
 from ..builder import tree
 from ..errors import ForgeError
 from ..recipe.patchfile import read_series
@@ -104,7 +103,7 @@ def shipped_tables() -> list[dict]:
             continue
         p = paths.ROOT / e["src"]
         try:
-            t = json.loads(p.read_text())
+            t = records.read_json(p)
             g = t.get("gemv") or {}
             route = {k: {s: sorted(int(m) for m in rows) for s, rows in (g.get(k) or {}).items()}
                      for k in ("plain", "fused")}

@@ -9,14 +9,13 @@ A run is a `forge e2e-gpu` folder (reports/e2e/<run>): `raw.tgz` holding `summar
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import tarfile
 import zlib
 from pathlib import Path
 
-from .. import config, paths
+from .. import config, paths, records
 from ..builder import tree
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
@@ -55,9 +54,10 @@ def read_run(run: str) -> dict:
         if not m or name.count("/") - m.group(1).count("/") > 1:
             return
         try:
-            files.setdefault(m.group(1), json.loads(text))
-        except ValueError as e:
-            raise ForgeError(f"{where}: not JSON ({e})", hint="the run's record is damaged; take it from git") from None
+            files.setdefault(m.group(1), records.parse_json(text.decode("utf-8"), where))
+        except UnicodeDecodeError as e:
+            raise ForgeError(f"{where}: not UTF-8 text (byte {e.start}), so not JSON",
+                             hint="the run's record is damaged; take it from git") from None
 
     archive = folder / "raw.tgz"
     if archive.is_file():
