@@ -276,6 +276,17 @@ def run_unified_decode(torch, uni, sh: Shape, c, out, ws, segments: int):
                           softmax_segm_expsum=ws[2])
 
 
+ROTATE_BYTES = 256 << 20
+
+
+def rotation(sh: Shape, batch: int, context: int, kv: str) -> int:
+    """How many disjoint batches a point's timed launches rotate over (1 off the GPU)."""
+    if sh.dev != "cuda":
+        return 1
+    kv_bytes = batch * context * sh.hkv * sh.d * 2 * (1 if kv == "int8" else 2)
+    return max(1, min(8, math.ceil(ROTATE_BYTES / kv_bytes)))
+
+
 def decode_points(smoke: bool, quick: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(batches, contexts): the round's concurrencies (1, 4, 10, 16) and each tier's decode context (its
     median prompt and half the 1024 output tokens) plus the longest, 32K; the smoke run: two tiny points."""
@@ -308,10 +319,13 @@ def decode(torch, args, emit) -> dict:
                     if g != builtin and (kv == "16bit" or g[1:] == builtin[1:])]
             grid = smoke_grid(grid) if args.smoke else grid
             cands = [("upstream", None)] + [("builtin", builtin)] + [("ours", g) for g in grid]
-            cases = {L: decode_batch(torch, sh, batch=B, context=L, kv=kv, block=block, gen=gen,
-                                     seed=args.seed + B + L) for L in contexts}
+            # a point's launches rotate over disjoint batches (>= ROTATE_BYTES of KV per replay on a GPU):
+            # the L2 cache does not hold the next launch's KV at small batches and contexts
+            cases = {L: [decode_batch(torch, sh, batch=B, context=L, kv=kv, block=block, gen=gen,
+                                      seed=args.seed + B + L + 7919 * j) for j in range(rotation(sh, B, L, kv))]
+                     for L in contexts}
             check = sorted({0, B - 1})
-            refs = {L: decode_ref(torch, sh, cases[L], check) for L in contexts}
+            refs = {L: decode_ref(torch, sh, cases[L][0], check) for L in contexts}
             decision = f"decode.{B}.{kv}"
             for n, (kind, launch) in enumerate(cands, 1):
                 name = "vLLM unified 3D (16 segments)" if kind == "upstream" else \
@@ -320,31 +334,34 @@ def decode(torch, args, emit) -> dict:
                 if not led.begin(decision, name, kind, list(launch) if launch else None):
                     continue
                 for L in contexts:
-                    c = cases[L]
-                    out = torch.full_like(c["q"], float("nan"))
-                    if kind == "upstream":
-                        ws = (torch.empty(B, sh.hq, 16, sh.d, dtype=torch.float32, device=sh.dev),
-                              torch.empty(B, sh.hq, 16, dtype=torch.float32, device=sh.dev),
-                              torch.empty(B, sh.hq, 16, dtype=torch.float32, device=sh.dev))
+                    fns, outs = [], []
+                    for c in cases[L]:
+                        out = torch.full_like(c["q"], float("nan"))
+                        outs.append(out)
+                        if kind == "upstream":
+                            ws = (torch.empty(B, sh.hq, 16, sh.d, dtype=torch.float32, device=sh.dev),
+                                  torch.empty(B, sh.hq, 16, dtype=torch.float32, device=sh.dev),
+                                  torch.empty(B, sh.hq, 16, dtype=torch.float32, device=sh.dev))
 
-                        def call(c=c, out=out, ws=ws):
-                            run_unified_decode(torch, uni, sh, c, out, ws, 16)
-                    else:
-                        ws = dec.decode_workspace(B, sh.hq, sh.d, launch[0], sh.dev)
+                            def call(c=c, out=out, ws=ws):
+                                run_unified_decode(torch, uni, sh, c, out, ws, 16)
+                        else:
+                            ws = dec.decode_workspace(B, sh.hq, sh.d, launch[0], sh.dev)
 
-                        def call(c=c, out=out, ws=ws, launch=launch):
-                            dec.split_kv_decode(c["q"], c["kc"], c["vc"], c["bt"], c["sl"], sh.scale, out,
-                                                k_scale_cache=c["ks"], v_scale_cache=c["vs"], num_segments=launch[0],
-                                                workspace=ws, tile_n=launch[1], num_warps=launch[2],
-                                                num_stages=launch[3])
+                            def call(c=c, out=out, ws=ws, launch=launch):
+                                dec.split_kv_decode(c["q"], c["kc"], c["vc"], c["bt"], c["sl"], sh.scale, out,
+                                                    k_scale_cache=c["ks"], v_scale_cache=c["vs"],
+                                                    num_segments=launch[0], workspace=ws, tile_n=launch[1],
+                                                    num_warps=launch[2], num_stages=launch[3])
+                        fns.append(call)
                     us, failure, err, ok = None, None, None, False
                     try:
-                        call()
-                        err = C.frob_err(torch, out[check], refs[L])
+                        fns[0]()
+                        err = C.frob_err(torch, outs[0][check], refs[L])
                         ok = err <= TOL[kv]
                         if ok:
-                            us = C.time_graph(torch, [call], reps=5 if args.quick else 15) if C.on_gpu(torch) \
-                                else C.time_events(torch, call, reps=2)
+                            us = C.time_graph(torch, fns, reps=5 if args.quick else 15) if C.on_gpu(torch) \
+                                else C.time_events(torch, fns[0], reps=2)
                     except Exception as e:  # noqa: BLE001 - does not compile / fit / run on this device
                         failure, ok = C.short_error(e), False
                     led.add(C.record(decision, name, kind, point=f"ctx={L}", launch=list(launch) if launch else None,
