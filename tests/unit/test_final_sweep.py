@@ -105,7 +105,7 @@ def test_sweep_final_end_to_end_then_resume(tmp_path, model):
     assert r.returncode == 2 and "other space" in r.stderr
     before = (tmp_path / "tier-env.json").read_bytes()
     r = _sweep(tmp_path, model, "--baseline", str(base), *SPACE, top="1")
-    assert r.returncode == 2 and "already has a recorded winner" in r.stderr and "--force" in r.stderr
+    assert r.returncode == 2 and "already holds a recorded winner" in r.stderr and "--force" in r.stderr
     assert (tmp_path / "tier-env.json").read_bytes() == before
     assert len(list((tmp_path / "sweeps").iterdir())) == 1            # refused before anything was written
     r = _sweep(tmp_path, model, "--baseline", str(base), *SPACE, "--force", top="1")

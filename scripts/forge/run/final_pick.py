@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import paths
+from .. import paths, records
 from ..contest import rounds
 from ..errors import ForgeError
 from . import results, runs, score
@@ -130,9 +130,9 @@ def refuse_recorded(path: Path, tiers: list[str], sweep_id: str, force: bool) ->
     taken = [t for t in tiers if t in d["tiers"] and d["tiers"][t].get("sweep") != sweep_id]
     if taken:
         e = d["tiers"][taken[0]]
-        raise ForgeError(f"{paths.rel(path)}: tier {taken[0]} already has a recorded winner (sweep {e.get('sweep')}, run "
-                         f"{e.get('run')}); not replaced", hint="pass --force (make sweep ... FORCE=1) to replace it, "
-                                                                "or --tier-env FILE to write another file")
+        records.guard_recorded(paths.rel(path), f"a recorded winner of tier {taken[0]} (sweep {e.get('sweep')}, run "
+                               f"{e.get('run')})", doing="this sweep", force=force,
+                               hint="give --tier-env FILE to write another file")
 
 
 def write_winners(path: Path, round_name: str, winners: dict[str, dict], sweep_id: str, force: bool) -> None:
