@@ -19,10 +19,11 @@ import os
 import re
 from collections.abc import Mapping
 
-GEMV_ROWS = (1, 2, 3, 4)
-_SHAPE = re.compile(r"[ \t]*([0-9]+)[ \t]*[xX][ \t]*([0-9]+)[ \t]*(?:/[ \t]*([1-4])[ \t]*)?")
-GEMV_SHAPES_FORM = ('"NxK" (output x input features, 1-4 tokens) or "NxK/M" (M = 1..4 tokens only), '
-                    'comma-separated, e.g. "14336x5120,5120x17408/1"; or "all"')
+GEMV_ROWS = (1, 2, 3, 4)      # "NxK" without an M: the GEMV's 1-4 tokens
+GEMV_MAX_TOKENS = 16          # "NxK/M": any M the kernel runs (5-16: its skinny GEMM)
+_SHAPE = re.compile(r"[ \t]*([0-9]+)[ \t]*[xX][ \t]*([0-9]+)[ \t]*(?:/[ \t]*(1[0-6]|[1-9])[ \t]*)?")
+GEMV_SHAPES_FORM = ('"NxK" (output x input features, 1-4 tokens) or "NxK/M" (M = 1..16 tokens only), '
+                    'comma-separated, e.g. "14336x5120,5120x17408/1,5120x17408/12"; or "all" (1-4 tokens)')
 
 
 class SwitchError(ValueError):

@@ -7,6 +7,7 @@ compiled for the visible device only (TORCH_CUDA_ARCH_LIST is set from it when u
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -62,13 +63,17 @@ class Ops:
         self._ns.forge_gemv_silu_mul(out, x, w, block, rows)
 
 
-def load(verbose: bool = False, defines: tuple[str, ...] = (), source: Path = SOURCE, arch_list: str | None = None):
+def load(verbose: bool = False, defines: tuple[str, ...] = (), source: Path | None = None,
+         arch_list: str | None = None):
     """Returns (Ops, seconds spent). The source registers its ops with TORCH_LIBRARY under the
     extension's name (torch.ops.forge_gemv_ext), the same schemas as vLLM's _C. `defines` (macro names,
     for an A/B of a variant the source guards with a macro) build a separate extension, named and cached
     apart (forge_gemv_ext_<macros>), so both can be loaded in one process. `arch_list` (e.g. "9.0") sets
     TORCH_CUDA_ARCH_LIST when it is unset, instead of asking the device (a caller that must not touch
-    CUDA yet, such as the GPU harness's stand-in _C, passes it); `source` is the .cu file to build."""
+    CUDA yet, such as the GPU harness's stand-in _C, passes it); `source` is the .cu file to build (default:
+    FORGE_GEMV_SOURCE when set, as the GPU harness reads it, else kernels/csrc/forge_gemv.cu; a source
+    other than that one is cached in a folder of its own, so a mutant never shadows the real build)."""
+    source = Path(source or os.environ.get("FORGE_GEMV_SOURCE") or SOURCE)
     for d in defines:
         if not d.isidentifier():
             raise ValueError(f"gemv_ext.load: macro name expected, got {d!r}")
@@ -85,6 +90,8 @@ def load(verbose: bool = False, defines: tuple[str, ...] = (), source: Path = SO
             os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
     name = "_".join([NAME, *(d.lower() for d in defines)])
     out = build_dir() if not defines else build_dir() / name
+    if source.resolve() != SOURCE.resolve():
+        out = out / f"src-{hashlib.sha256(source.read_bytes()).hexdigest()[:12]}"
     out.mkdir(parents=True, exist_ok=True)
     flags = ["-O3", *(f"-D{d}" for d in defines)]
     t0 = time.time()

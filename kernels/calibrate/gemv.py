@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Calibration family `gemv`: every bf16 linear layer of a Qwen3.5-27B decode step at 1-4 tokens.
+"""Calibration family `gemv`: every bf16 linear layer of a Qwen3.5-27B decode step at 1-16 tokens
+(decode batches up to the round's concurrency: 1-4 the GEMV, 5-16 the same kernel's skinny GEMM).
 
 Decisions `gemv.plain.NxK.M` (our GEMV, at any of its launches, or the platform's GEMM) and
 `gemv.fused.34816x5120.M` (the MLP's gate_up + SiLU-and-mul as one kernel, or the platform's GEMM
@@ -27,6 +28,11 @@ VARIANTS = {"cuda": [(64, 2), (64, 4), (128, 2), (128, 4), (256, 1), (256, 2), (
                      (640, 2), (640, 4)],
             "hip": [(256, 2), (256, 4), (512, 2), (512, 4), (640, 1), (640, 2), (640, 4), (768, 2)]}
 FUSED_VARIANTS = [(64, 1), (64, 2), (128, 1), (128, 2), (256, 2), (640, 1), (640, 2)]
+# 5-16 tokens (the kernel's MT = 8 and 16 builds: at most 16 partial sums per thread, 32 on NVIDIA in blocks
+# of up to 256 threads); a launch the platform does not build is recorded as refused, never timed
+SKINNY_VARIANTS = {"cuda": [(64, 2), (64, 4), (128, 2), (128, 4), (256, 2), (512, 1)],
+                   "hip": [(256, 1), (256, 2), (512, 1), (640, 1), (640, 2)]}
+SKINNY_FUSED_VARIANTS = [(64, 1), (64, 2), (128, 1), (640, 1)]
 TOL = 2e-2          # relative to max(|ref|, 1 % RMS): bf16 output rounding is 2^-8 = 3.9e-3
 MEM_CAP = 24 << 30  # bytes of weight copies per shape
 
@@ -110,7 +116,9 @@ def run(torch, args, emit) -> dict:
     variants = [(0, 0)] + VARIANTS["hip" if torch.version.hip else "cuda"][: 2 if args.quick else None]
     fused_variants = [(0, 0)] + FUSED_VARIANTS[: 2 if args.quick else None]
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20) or (64 << 20)
-    ms = (1, 2) if args.quick else (1, 2, 3, 4)
+    ms = (1, 2, 8) if args.quick else tuple(range(1, 17))
+    skinny_variants = [(0, 0)] + SKINNY_VARIANTS["hip" if torch.version.hip else "cuda"][: 2 if args.quick else None]
+    skinny_fused = [(0, 0)] + SKINNY_FUSED_VARIANTS[: 2 if args.quick else None]
     shapes = C.LINEAR[:3] if args.quick else C.LINEAR
     g = torch.Generator(device="cuda").manual_seed(args.seed)
     L = args.ledger
@@ -163,7 +171,7 @@ def run(torch, args, emit) -> dict:
             for vname, vfn in vendors.items():
                 candidate(vname, "vendor", lambda w, f=vfn: f(x, w), selectable=False)
             y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-            for block, rows in variants:
+            for block, rows in (variants if M <= 4 else skinny_variants):
                 def ours(w, b=block, r=rows):
                     ext.forge_gemv(y, x, w, b, r)
                     return y
@@ -182,7 +190,7 @@ def run(torch, args, emit) -> dict:
                 candidate(f"{base_name} + {act_name}", "upstream", unfused, decision=fdec, reference=fref,
                           shape_out=(M, half), poison=ya)
                 ys = torch.empty(M, half, device="cuda", dtype=torch.bfloat16)
-                for block, rows in fused_variants:
+                for block, rows in (fused_variants if M <= 4 else skinny_fused):
                     def fused(w, b=block, r=rows):
                         ext.forge_gemv_silu_mul(ys, x, w, b, r)
                         return ys

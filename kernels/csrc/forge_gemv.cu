@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Decode GEMV for M = 1..4 rows: y = x @ W^T with bf16 W (N, K) row-major, bf16 x (M, K), fp32
+// Decode GEMV and skinny GEMM for M = 1..16 rows: y = x @ W^T with bf16 W (N, K) row-major, bf16 x (M, K), fp32
 // accumulation, bf16 y (M, N); and the fused MLP variant y[m, i] = silu(x.Wg_i) * (x.Wu_i) with
 // W = [Wg; Wu] of shape (2*I, K) (vLLM's MergedColumnParallelLinear gate_up layout), y (M, I).
 //
@@ -13,6 +13,9 @@
 //   At 3-4 rows of x (four FMAs per weight element) with 1-2 weight rows per thread, the next chunk's
 //   weight loads are issued before this chunk's FMAs (software pipeline), x loaded when used; with four
 //   or more weight rows per thread the CUDA build gives the compiler a wide register budget (WideRegs).
+//   At 5-16 rows of x (MT = 8 or 16) a thread still reads each of its weight vectors once and applies it to
+//   all M rows: the rows of x are walked one 16-byte vector at a time (one x vector live, not MT), rows past
+//   M are skipped (uniform branch), and the next chunk's weight loads are in flight during the FMAs.
 //   Reduction: ROWS*MT partial sums per thread are reduced inside the wavefront with a halving
 //   exchange (each xor-shuffle step halves the values a lane keeps: NV-1 shuffles instead of
 //   NV*log2(WARP)), then across wavefronts through LDS; one thread per (row, m) writes the output.
@@ -68,7 +71,7 @@ typedef cudaError_t forge_err_t;
 
 namespace fgemv {
 
-constexpr int kMaxM = 4;
+constexpr int kMaxM = 16;
 
 // bf16 bits -> fp32 (exact)
 __device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
@@ -139,6 +142,31 @@ __device__ __forceinline__ void fma_chunk(float (&acc)[NWR * MT], const uint4 (&
   }
 }
 
+// acc[r * MT + m] += sum_j w_r[j] * x_m[j] for MT = 8 or 16 rows of x: m outer, so one x vector is live at a
+// time (MT x vectors at once would cost MT*4 registers); rows m >= M are skipped (M is uniform in the block).
+template <int NWR, int MT>
+__device__ __forceinline__ void fma_chunk_rows(float (&acc)[NWR * MT], const uint4 (&wv)[NWR], const uint16_t* x,
+                                               int64_t x_stride, int kv, int M) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    if (m >= M) break;  // uniform in the block; rows past M are never read
+    {
+      const uint4 xv = reinterpret_cast<const uint4*>(x + m * x_stride)[kv];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t xq = j == 0 ? xv.x : j == 1 ? xv.y : j == 2 ? xv.z : xv.w;
+        const float xlo = bf16_lo(xq), xhi = bf16_hi(xq);
+#pragma unroll
+        for (int r = 0; r < NWR; ++r) {
+          const uint32_t wq = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
+          acc[r * MT + m] = fmaf(bf16_lo(wq), xlo, acc[r * MT + m]);
+          acc[r * MT + m] = fmaf(bf16_hi(wq), xhi, acc[r * MT + m]);
+        }
+      }
+    }
+  }
+}
+
 // Register budget. At 3-4 rows of x with four or more weight rows per thread the CUDA build lets the
 // compiler take the registers it wants (launch bounds (BLOCK, 1): 96 registers at four rows, 164 at
 // eight); given only the block size, ptxas keeps 72 there and the four-row launches run 1.5x slower at
@@ -189,8 +217,43 @@ __device__ __forceinline__ void gemv_body(const Params& p) {
   if (VEC) {
     const int K8 = p.K >> 3;
     // U chunks per iteration: U*NWR 16-byte weight loads in flight per thread when registers allow
-    constexpr int U = (NWR <= 4 && NV <= 8) ? 2 : 1;
+    constexpr int U = (NWR <= 4 && NV <= 8 && MT <= 4) ? 2 : 1;
     int kv = tid;
+    // 5-16 x-rows (MT = 8, 16): 8-16 FMAs per weight element. The next chunk's weight vectors are loaded
+    // before this chunk's FMAs (as PIPE_W below), and x is walked one row vector at a time (fma_chunk_rows).
+    // FORGE_GEMV_ROWS_NOPIPE (a build macro, for an A/B) loads each chunk's weights when used instead.
+#if defined(FORGE_GEMV_ROWS_NOPIPE)
+    constexpr bool PIPE_ROWS = false;
+#else
+    constexpr bool PIPE_ROWS = true;
+#endif
+    if (MT >= 8) {
+      if (PIPE_ROWS && kv < K8) {
+        uint4 w0[NWR];
+#pragma unroll
+        for (int r = 0; r < NWR; ++r) w0[r] = reinterpret_cast<const uint4*>(wr[r])[kv];
+        for (;;) {
+          const int next = kv + BLOCK;
+          uint4 wn[NWR];
+          if (next < K8) {
+#pragma unroll
+            for (int r = 0; r < NWR; ++r) wn[r] = reinterpret_cast<const uint4*>(wr[r])[next];
+          }
+          fma_chunk_rows<NWR, MT>(acc, w0, p.x, p.x_stride, kv, p.M);
+          if (next >= K8) break;
+#pragma unroll
+          for (int r = 0; r < NWR; ++r) w0[r] = wn[r];
+          kv = next;
+        }
+      }
+      for (; !PIPE_ROWS && kv < K8; kv += BLOCK) {
+        uint4 wv[NWR];
+#pragma unroll
+        for (int r = 0; r < NWR; ++r) wv[r] = reinterpret_cast<const uint4*>(wr[r])[kv];
+        fma_chunk_rows<NWR, MT>(acc, wv, p.x, p.x_stride, kv, p.M);
+      }
+      kv = K8;  // done; skips the loops below
+    }
     // 3-4 x-rows: four FMAs per weight element, so a load-then-compute loop leaves the memory idle while
     // a thread computes. Here the next chunk's weight loads are issued before this chunk's FMAs (a
     // software pipeline); x is loaded when used (an L1 hit), so only weight vectors are buffered. One or
@@ -323,6 +386,7 @@ inline bool divides(int a, int b) { return b > 0 && a % b == 0; }
 // a block size of the menu (K = 5120: 640 threads, as measured fastest on gfx936; K = 6144: 768); else
 // the largest of 512/256/128 dividing K/8 (K = 17408: 128). Few output rows (in_proj_ba: 96): one row
 // per block for more blocks.
+// Rows of x 5-16 (MT = 8, 16) have no tuned entry yet (0: the generic choice below).
 struct TunedConfig {
   int n_out, K;
   bool silu;
@@ -341,7 +405,7 @@ constexpr TunedConfig kTunedCuda[] = {
 
 inline void default_config(int M, int K, int n_out, bool silu, bool on_amd, int* block, int* rows) {
   const int k8 = K / 8;
-  if (!on_amd) {
+  if (!on_amd && M <= 4) {
     const int mi = M <= 1 ? 0 : M == 2 ? 1 : 2;
     for (const TunedConfig& t : kTunedCuda) {
       if (t.n_out == n_out && t.K == K && t.silu == silu) {
@@ -358,21 +422,30 @@ inline void default_config(int M, int K, int n_out, bool silu, bool on_amd, int*
     else if (divides(k8, 256)) b = 256;
     else b = 128;
   } else {
-    b = divides(k8, 256) ? 256 : 128;
+    b = M > 4 ? 128 : divides(k8, 256) ? 256 : 128;
   }
-  int r = silu ? 2 : 4;
+  // 5-16 rows of x: the most partial sums per thread built (Built): 32 on NVIDIA (MT = 8: 4 weight rows,
+  // MT = 16: 2), 16 on AMD; the fused kernel at 9-16 rows is not built on AMD (refused)
+  const int nv_max = on_amd ? 16 : 32;
+  int r = M > 4 ? nv_max / ((M > 8 ? 16 : 8) * (silu ? 2 : 1)) : silu ? 2 : 4;
+  if (r < 1) r = 1;
   // few output rows (in_proj_ba: 96): fewer rows per block for more blocks
   if (n_out / r < 64) r = 1;
   *block = b;
   *rows = r;
 }
 
-// Configurations built: every (block, rows, M) except 32 partial sums per thread (8 weight rows at
+// Configurations built. MT <= 4: every (block, rows, M) except 32 partial sums per thread (8 weight rows at
 // M = 3..4) on AMD, or with blocks of 640 threads or more on NVIDIA: those spill registers (or use
-// scratch memory on gfx9).
+// scratch memory on gfx9). MT = 8, 16 (5-16 rows of x, one x vector live at a time): at most 16 partial
+// sums per thread, and 32 on NVIDIA in blocks of up to 256 threads (larger blocks cap ptxas at 96 or 80
+// registers: spills; 64 sums went to local memory on sm_90 with nvcc 13.0; 32 go to scratch on gfx90a, as
+// at M = 3..4). So on AMD the fused kernel (2 weight rows per output row) stops at M = 8.
 template <int BLOCK, int ROWS, int MT, bool SILU>
 struct Built {
-  static constexpr bool value = (!FORGE_ON_AMD && BLOCK < 640) || (SILU ? 2 : 1) * ROWS * MT <= 16;
+  static constexpr int NV = (SILU ? 2 : 1) * ROWS * MT;
+  static constexpr bool value = MT <= 4 ? ((!FORGE_ON_AMD && BLOCK < 640) || NV <= 16)
+                                        : (NV <= 16 || (!FORGE_ON_AMD && BLOCK <= 256 && NV <= 32));
 };
 
 template <int BLOCK, int ROWS, int MT, bool SILU, bool VEC, bool OK = Built<BLOCK, ROWS, MT, SILU>::value>
@@ -392,7 +465,9 @@ template <int BLOCK, int ROWS, bool SILU, bool VEC>
 inline int launch_mt(const Params& p, forge_stream_t stream) {
   if (p.M <= 1) return Launcher<BLOCK, ROWS, 1, SILU, VEC>::go(p, stream);
   if (p.M <= 2) return Launcher<BLOCK, ROWS, 2, SILU, VEC>::go(p, stream);
-  return Launcher<BLOCK, ROWS, 4, SILU, VEC>::go(p, stream);
+  if (p.M <= 4) return Launcher<BLOCK, ROWS, 4, SILU, VEC>::go(p, stream);
+  if (p.M <= 8) return Launcher<BLOCK, ROWS, 8, SILU, VEC>::go(p, stream);
+  return Launcher<BLOCK, ROWS, 16, SILU, VEC>::go(p, stream);
 }
 
 template <int BLOCK, bool SILU>
@@ -441,7 +516,7 @@ inline int launch(const Params& p, bool silu, bool vec, int block, int rows, boo
 // Text of a launch result (negative: this file's codes; positive: the CUDA/HIP error).
 inline const char* launch_error_text(int rc) {
   if (rc == -2) return "configuration not built";
-  if (rc == -3) return "M outside 1..4 or K < 1";
+  if (rc == -3) return "M outside 1..16 or K < 1";
 #if FORGE_ON_AMD
   return hipGetErrorString(static_cast<hipError_t>(rc));
 #else
@@ -459,7 +534,7 @@ inline bool vec_ok(const void* x, int64_t x_stride, const void* w, int K) {
 #ifdef FORGE_STANDALONE
 // C launcher (compile checks; ctypes). x (M, K) bf16 row stride x_stride, w (N_w, K) bf16 contiguous,
 // out (M, n_out) bf16 row stride out_stride; silu: w has 2*n_out rows. Returns 0 on success,
-// -2 for a block/rows outside the menu, -3 for M outside 1..4 or K < 1, else a CUDA/HIP error code.
+// -2 for a block/rows outside the menu, -3 for M outside 1..16 or K < 1, else a CUDA/HIP error code.
 extern "C" int forge_gemv_raw(const void* x, const void* w, void* out, int M, int K, int n_out,
                               int64_t x_stride, int64_t out_stride, int silu, int block, int rows, void* stream) {
   fgemv::Params p;
@@ -524,18 +599,19 @@ inline void run_op(torch::Tensor& out, const torch::Tensor& x, const torch::Tens
   const int rc = launch(p, silu, vec, static_cast<int>(block), static_cast<int>(rows), FORGE_ON_AMD, stream);
   TORCH_CHECK(rc != -2, name, ": block = ", block, ", rows = ", rows,
               " is not built for M = ", M, " (block 0/64/128/256/512/640/768, rows 0/1/2/4/8, fused rows 0/1/2/4;",
-              " at M > 2 on AMD or block >= 640: rows <= 4, fused rows <= 2)");
+              " partial sums per thread (fused: 2) x rows x (M rounded up to 1/2/4/8/16): at most 16 at M 3-4 on",
+              " AMD or block >= 640, at most 32 at M 5-16 (NVIDIA blocks <= 256: 64))");
   TORCH_CHECK(rc == 0, name, ": launch failed with error ", rc, " (", launch_error_text(rc), ") for M = ", M,
               ", K = ", K, ", N = ", n_out, ", block = ", block, ", rows = ", rows);
 }
 }  // namespace fgemv
 
-// out (M, N) = x (M, K) @ w (N, K)^T, bf16, M = 1..4. block/rows: 0 = built-in choice.
+// out (M, N) = x (M, K) @ w (N, K)^T, bf16, M = 1..16. block/rows: 0 = built-in choice.
 void forge_gemv(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& w, int64_t block, int64_t rows) {
   fgemv::run_op(out, x, w, block, rows, false, "forge_gemv");
 }
 
-// out (M, I) = silu(x @ w[:I]^T) * (x @ w[I:]^T), w (2*I, K) = [gate; up], bf16, M = 1..4.
+// out (M, I) = silu(x @ w[:I]^T) * (x @ w[I:]^T), w (2*I, K) = [gate; up], bf16, M = 1..16.
 void forge_gemv_silu_mul(torch::Tensor& out, const torch::Tensor& x, const torch::Tensor& w, int64_t block,
                          int64_t rows) {
   fgemv::run_op(out, x, w, block, rows, true, "forge_gemv_silu_mul");

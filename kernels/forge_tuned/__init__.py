@@ -133,12 +133,14 @@ def mismatch(table: dict, ident: dict, tp: int | None = None) -> str | None:
 # checks each against its kernel). A table may name only these: anything else would fail at the first
 # request that takes the route, on the card, in a scored run.
 #   forge_gemv.cu: the launch menu `launch()` dispatches (block x rows), and the configurations it
-#   builds (`Built`: on AMD every (block, rows, M) with at most 16 partial sums per thread; the fused
-#   kernel has no 8-row launch). [0, 0] is the kernel's built-in choice.
+#   builds (`Built`, per partial sums per thread = (2 if fused) x rows x M rounded up to 1/2/4/8/16: at
+#   1-4 tokens at most 16 on AMD or in blocks of 640+ threads; at 5-16 tokens at most 16, or 32 on NVIDIA
+#   in blocks of up to 256 threads; so the fused kernel stops at 8 tokens on AMD, its built-in launch
+#   too; the fused kernel has no 8-row launch). [0, 0] is the kernel's built-in choice.
 GEMV_BLOCKS = (64, 128, 256, 512, 640, 768)
 GEMV_ROWS = (1, 2, 4, 8)
 GEMV_FUSED_ROWS = (1, 2, 4)
-GEMV_MAX_TOKENS = 4
+GEMV_MAX_TOKENS = 16
 #   forge_prefill_attention.py (BLOCK_M, TILE_N, num_warps, num_stages); BLOCK_M also >= the heads of
 #   a KV head, which the kernel checks per model.
 PREFILL_LAUNCH = ((16, 32, 64, 128, 256), (16, 32, 64, 128), (1, 2, 4, 8, 16), (1, 2, 3, 4))
@@ -177,22 +179,35 @@ def _launch(where: str, v, legal: tuple) -> tuple:
 
 
 def _mt(m: int) -> int:
-    return 1 if m <= 1 else 2 if m <= 2 else 4
+    return 1 if m <= 1 else 2 if m <= 2 else 4 if m <= 4 else 8 if m <= 8 else 16
+
+
+def _gemv_built(block: int, rows: int, mt: int, fused: bool, on_amd: bool) -> bool:
+    """forge_gemv.cu's `Built` rule."""
+    partial = (2 if fused else 1) * rows * mt
+    if mt <= 4:
+        return (not on_amd and block < 640) or partial <= 16
+    return partial <= 16 or (not on_amd and block <= 256 and partial <= 32)
 
 
 def gemv_launch_problem(block, rows, m: int, fused: bool, on_amd: bool) -> str | None:
     """Why forge_gemv.cu cannot launch (block, rows) for m tokens, or None when it can."""
     if not (_is_int(block) and _is_int(rows)):
         return f"[block, rows] must be integers, got {[block, rows]!r:.60}"
+    if not (_is_int(m) and 1 <= m <= GEMV_MAX_TOKENS):
+        return f"{m!r:.20} token(s): the kernel handles 1-{GEMV_MAX_TOKENS}"
     if block == 0 and rows == 0:
+        if fused and on_amd and m > 8:     # the built-in launch would need 32 partial sums per thread
+            return f"the fused kernel is not built for AMD at {m} tokens (it stops at 8)"
         return None                       # the kernel's built-in choice
     menu = GEMV_FUSED_ROWS if fused else GEMV_ROWS
     if block not in GEMV_BLOCKS or rows not in menu:
         return (f"[{block}, {rows}] is not in the kernel's launch menu (block {', '.join(map(str, GEMV_BLOCKS))}; "
                 f"rows {', '.join(map(str, menu))}; or [0, 0] for its built-in choice)")
-    partial = (2 if fused else 1) * rows * _mt(m)
-    if on_amd and partial > 16:
-        return f"[{block}, {rows}] at {m} token(s) is not built for AMD ({partial} partial sums per thread > 16)"
+    if not _gemv_built(block, rows, _mt(m), fused, on_amd):
+        partial = (2 if fused else 1) * rows * _mt(m)
+        return (f"[{block}, {rows}] at {m} token(s) is not built for {'AMD' if on_amd else 'NVIDIA'} "
+                f"({partial} partial sums per thread)")
     return None
 
 

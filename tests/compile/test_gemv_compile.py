@@ -18,7 +18,16 @@ OUT = Path(os.environ.get("FORGE_BUILD_DIR", ROOT / "build")) / "forge-gemv-reso
 
 BLOCKS = (64, 128, 256, 512, 640, 768)
 ROWS = (1, 2, 4, 8)
-MTS = (1, 2, 4)
+MTS = (1, 2, 4, 8, 16)
+
+
+def built(b: int, r: int, mt: int, silu: bool, amd: bool) -> bool:
+    """The Built<> rule of the source: at 1-4 rows of x (mt <= 4) at most 16 partial sums per thread on AMD
+    or in blocks of 640+ threads; at 5-16 rows (mt 8, 16) at most 16, or 32 on NVIDIA in blocks <= 256."""
+    nv = (2 if silu else 1) * r * mt
+    if mt <= 4:
+        return (not amd and b < 640) or nv <= 16
+    return nv <= 16 or (not amd and b <= 256 and nv <= 32)
 
 
 def expected_kernels(amd: bool) -> set[tuple]:
@@ -30,12 +39,12 @@ def expected_kernels(amd: bool) -> set[tuple]:
                 if silu and r == 8:
                     continue
                 for mt in MTS:
-                    nv = (2 if silu else 1) * r * mt
-                    if (not amd and b < 640) or nv <= 16:
+                    if built(b, r, mt, silu, amd):
                         out.add((b, r, mt, silu, True))
     for silu in (False, True):
         for mt in MTS:
-            out.add((256, 1, mt, silu, False))
+            if built(256, 1, mt, silu, amd):   # the scalar path: one row per block, the same rule
+                out.add((256, 1, mt, silu, False))
     return out
 
 
@@ -100,6 +109,9 @@ def test_hipcc_no_spills_no_scratch(tmp_path, arch):
         assert v["LDS Size [bytes/block]"] <= 64 * 1024, (k, v)
     # the whole-row 640-thread configuration measured fastest on gfx936 keeps >= 4 waves per SIMD at M = 1
     assert kernels[(640, 4, 1, False, True)]["Occupancy [waves/SIMD]"] >= 4
+    # and the built-in launches at 5-16 rows of x (640 threads; 16 partial sums) keep >= 4 as well
+    for k in ((640, 2, 8, False, True), (640, 1, 8, True, True), (640, 1, 16, False, True)):
+        assert kernels[k]["Occupancy [waves/SIMD]"] >= 4, (k, kernels[k])
 
 
 @pytest.mark.skipif(not shutil.which("nvcc"), reason="nvcc not installed")

@@ -1,5 +1,6 @@
 """kernels/csrc/forge_gemv.cu on a GPU machine (skips without CUDA): built as a torch extension, checked
-against a float64 reference at every Qwen3.5-27B decode shape and M = 1, 2, 3, 4, at odd K (scalar path),
+against a float64 reference at every Qwen3.5-27B decode shape and M = 1, 2, 3, 4 (and M = 1..16, the skinny
+GEMM, at the end of this file), at odd K (scalar path),
 partial row groups, strided/unaligned x, every built block/rows configuration, and the fused
 gate_up + SiLU-and-mul variant against float64 silu(g) * u.
 
@@ -92,7 +93,7 @@ def test_fused_gate_up_silu(ext, gen, M):
 
 
 @pytest.mark.parametrize("K", [1, 7, 13, 1000, 5121, 5125])
-@pytest.mark.parametrize("M", [1, 3, 4])
+@pytest.mark.parametrize("M", [1, 3, 4, 7, 16])
 def test_odd_k_scalar_path(ext, gen, K, M):
     N = 257
     w = rand((N, K), gen)
@@ -100,9 +101,13 @@ def test_odd_k_scalar_path(ext, gen, K, M):
     y = poisoned(M, N)
     ext.forge_gemv(y, x, w)
     ys = poisoned(M, N // 2)
-    ext.forge_gemv_silu_mul(ys, x, w[: 2 * (N // 2)])
+    fused = not (torch.version.hip and M > 8)   # the fused kernel stops at 8 rows on AMD
+    if fused:
+        ext.forge_gemv_silu_mul(ys, x, w[: 2 * (N // 2)])
     torch.cuda.synchronize()
     check(y, ref_gemv(x, w), f"odd K={K} M={M}", gen)
+    if not fused:
+        return
     I = N // 2
     check(ys, F.silu(ref_gemv(x, w[:I])) * ref_gemv(x, w[I:2 * I]), f"fused odd K={K} M={M}", gen)
 
@@ -151,10 +156,13 @@ def test_strided_and_unaligned_x(ext, gen):
 # crashes the process instead, so the refusal cases are skipped there with that reason; built with
 # CXX=/usr/bin/g++ they run.
 def _built(M: int, block: int, rows: int, silu: bool, on_amd: bool) -> bool:
-    mt = 1 if M <= 1 else 2 if M <= 2 else 4
+    mt = 1 if M <= 1 else 2 if M <= 2 else 4 if M <= 4 else 8 if M <= 8 else 16
     if silu and rows == 8:
         return False
-    return (not on_amd and block < 640) or (2 if silu else 1) * rows * mt <= 16
+    nv = (2 if silu else 1) * rows * mt
+    if mt <= 4:
+        return (not on_amd and block < 640) or nv <= 16
+    return nv <= 16 or (not on_amd and block <= 256 and nv <= 32)
 
 
 @pytest.mark.parametrize("silu", [False, True])
@@ -198,7 +206,7 @@ def test_bad_inputs_are_refused(ext, gen):
     x = rand((1, 256), gen)
     y = poisoned(1, 64)
     cases = [
-        (lambda: ext.forge_gemv(poisoned(5, 64), rand((5, 256), gen), w), "handles 1..4"),
+        (lambda: ext.forge_gemv(poisoned(17, 64), rand((17, 256), gen), w), "handles 1..16"),
         (lambda: ext.forge_gemv(y.half(), x.half(), w.half()), "bfloat16"),
         (lambda: ext.forge_gemv(y, x, w.t().contiguous().t()), "contiguous"),
         (lambda: ext.forge_gemv(y, rand((1, 128), gen), w), "K ="),
@@ -228,3 +236,95 @@ def test_graph_capture_replays(ext, gen):
     g.replay()
     torch.cuda.synchronize()
     check(y, ref_gemv(x, w), "graph replay", gen)
+
+
+# ---- 5-16 rows of x (the skinny GEMM: MT = 8 and 16, one weight read for all rows) ----------------------
+SKINNY_SHAPES = [("o_proj", 5120, 6144), ("down", 5120, 17408), ("in_proj_ba", 96, 5120),
+                 ("down_tp2", 5120, 8704), ("ragged", 1001, 5128)]
+
+
+@pytest.mark.parametrize("name,N,K", SKINNY_SHAPES, ids=[s[0] for s in SKINNY_SHAPES])
+def test_every_token_count_1_to_16(ext, gen, name, N, K):
+    """The built-in launch at M = 1..16, fresh x per M (rows past M do not exist: x is its own tensor),
+    ragged N (1001: partial row groups) and K (5128: not a multiple of any block's sweep), poisoned output.
+    Mutations it catches (each tried on a GPU by building the source with it): M = 9..16 sent to the MT = 8
+    kernel (rows 8..15 never written: NaN); the rows loop's `break` at m >= M turned into a skip of row 0
+    (wrong sums); the pipelined loop leaving out its last chunk (wrong sums at every M >= 5)."""
+    w = rand((N, K), gen, K ** -0.5)
+    for M in range(1, 17):
+        x = rand((M, K), gen)
+        y = poisoned(M, N)
+        ext.forge_gemv(y, x, w)
+        torch.cuda.synchronize()
+        check(y, ref_gemv(x, w), f"{name} {N}x{K} M={M}", gen)
+
+
+@pytest.mark.parametrize("I,K", [(17408, 5120), (8704, 5120), (999, 4096)], ids=["tp1", "tp2", "ragged"])
+def test_fused_gate_up_silu_1_to_16(ext, gen, I, K):
+    """The fused gate_up + SiLU-and-mul at M = 1..16 (built-in launch; on AMD the fused kernel stops at 8
+    rows: M = 9..16 must be refused there) against float64 silu(g) * u. Catches the gate/up row offset at
+    MT = 8/16 (an up row read from the gate half: wrong values) and unwritten rows (NaN)."""
+    w = rand((2 * I, K), gen, K ** -0.5)
+    on_amd = torch.version.hip is not None
+    for M in range(1, 17):
+        x = rand((M, K), gen, 2.0)
+        y = poisoned(M, I)
+        if on_amd and M > 8:
+            if not ext.unsafe_refusals:
+                with pytest.raises(RuntimeError, match="is not built"):
+                    ext.forge_gemv_silu_mul(y, x, w)
+            continue
+        ext.forge_gemv_silu_mul(y, x, w)
+        torch.cuda.synchronize()
+        g_, u_ = ref_gemv(x, w[:I]), ref_gemv(x, w[I:])
+        check(y, F.silu(g_) * u_, f"gate_up+silu I={I} M={M}", gen)
+
+
+@pytest.mark.parametrize("silu", [False, True])
+def test_every_built_config_5_to_16(ext, gen, silu):
+    """Every (block, rows) of the menu at M = 5, 8, 9, 16 (both sides of the MT = 8 / 16 switch): the built
+    ones against float64, the others refused. K = 17408: uneven chunk counts for every block size."""
+    K, N = 17408, 640
+    w = rand((N, K), gen, K ** -0.5)
+    built = refused = 0
+    for M in (5, 8, 9, 16):
+        x = rand((M, K), gen)
+        ref = ref_gemv(x, w)
+        if silu:
+            ref = F.silu(ref[:, : N // 2]) * ref[:, N // 2:]
+        for block in (64, 128, 256, 512, 640, 768):
+            for rows in (1, 2, 4, 8):
+                what = f"silu={silu} M={M} block={block} rows={rows}"
+                print(f"config {what}", flush=True)
+                y = poisoned(M, N // 2 if silu else N)
+                fn = ext.forge_gemv_silu_mul if silu else ext.forge_gemv
+                if not _built(M, block, rows, silu, torch.version.hip is not None):
+                    refused += 1
+                    if not ext.unsafe_refusals:
+                        with pytest.raises(RuntimeError, match="is not built"):
+                            fn(y, x, w, block, rows)
+                        assert torch.isnan(y).all(), f"{what}: a refused call wrote its output"
+                    continue
+                fn(y, x, w, block, rows)
+                torch.cuda.synchronize()
+                built += 1
+                check(y, ref, what, gen)
+    assert built >= 20 and refused >= 20
+
+
+def test_skinny_strided_x_and_out(ext, gen):
+    """M = 12 with a row stride != K for x and out (the rows loop indexes x by its stride), and the
+    unaligned (scalar) path at M = 12."""
+    N, K = 512, 5120
+    w = rand((N, K), gen)
+    big = rand((12, K + 64), gen)
+    x = big[:, 8:K + 8]
+    out_big = poisoned(12, N + 10)
+    ext.forge_gemv(out_big[:, :N], x, w)
+    xu = big[:, 1:K + 1]
+    yu = poisoned(12, N)
+    ext.forge_gemv(yu, xu, w)
+    torch.cuda.synchronize()
+    check(out_big[:, :N], ref_gemv(x, w), "strided x/out M=12", gen)
+    check(yu, ref_gemv(xu, w), "unaligned x M=12", gen)
+    assert torch.isnan(out_big[:, N:]).all(), "wrote past the output view"

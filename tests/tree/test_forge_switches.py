@@ -31,10 +31,12 @@ GOOD = [("VLLM_FORGE_DECODE", "1", True), ("VLLM_FORGE_DECODE", "0", False), ("V
         ("VLLM_FORGE_PREFILL", "0", False), ("VLLM_FORGE_PREFILL_TILES", None, True),
         ("VLLM_FORGE_INT8_WRITE", "compiled", "compiled"), ("VLLM_FORGE_GEMV", None, "auto"),
         ("VLLM_FORGE_GEMV", "1", "1"), ("VLLM_FORGE_GEMV_SHAPES", "96x5120, 128x256/1", "96x5120, 128x256/1"),
+        ("VLLM_FORGE_GEMV_SHAPES", "5120x17408/16,5120x17408/9", "5120x17408/16,5120x17408/9"),
         ("VLLM_FORGE_CUSTOM_AR", None, "auto")]
 BAD = [("VLLM_FORGE_DECODE", "yes"), ("VLLM_FORGE_DECODE", "true"), ("VLLM_FORGE_PREFILL", "on"),
        ("VLLM_FORGE_PREFILL_TILES", "2"), ("VLLM_FORGE_INT8_WRITE", "fast"), ("VLLM_FORGE_GEMV", "maybe"),
-       ("VLLM_FORGE_GEMV_SHAPES", "14336by5120"), ("VLLM_FORGE_CUSTOM_AR", "yes"), ("VLLM_FORGE_DECODE", "1\n")]
+       ("VLLM_FORGE_GEMV_SHAPES", "14336by5120"), ("VLLM_FORGE_GEMV_SHAPES", "5120x17408/17"),
+       ("VLLM_FORGE_GEMV_SHAPES", "5120x17408/0"), ("VLLM_FORGE_CUSTOM_AR", "yes"), ("VLLM_FORGE_DECODE", "1\n")]
 
 
 @pytest.fixture(scope="module")

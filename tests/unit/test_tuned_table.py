@@ -80,7 +80,8 @@ MALFORMED = [
     (_with(validators={"arch": "sm_90"}), "key 'validators'"),
     (_with(validators=dict(table(H200)["validators"], compute_units="132")), "validators.compute_units"),
     (_with(validators=dict(table(H200)["validators"], compute_units=True)), "validators.compute_units"),
-    (_with(gemv={"plain": {"96x5120": {"5": [0, 0]}}}), "token count must be 1-4"),
+    (_with(gemv={"plain": {"96x5120": {"17": [0, 0]}}}), "token count must be 1-16"),
+    (_with(gemv={"plain": {"96x5120": {"0": [0, 0]}}}), "token count must be 1-16"),
     (_with(gemv={"plain": {"96by5120": {"1": [0, 0]}}}), "expected 'NxK'"),
     (_with(gemv={"plain": {"0x0": {"1": [0, 0]}}}), "N, K > 0"),
     (_with(gemv={"plain": {"96x5120": {"1": [0]}}}), "list of 2"),
@@ -142,6 +143,26 @@ def test_an_amd_table_names_only_launches_built_for_amd():
     with pytest.raises(T.TableError, match="not built for AMD"):
         T.validate(table(DCU, gemv={"fused": {"34816x5120": {"3": [640, 4]}}}))
     T.validate(table(H200, gemv={"plain": {"14336x5120": {"4": [256, 8]}}}))   # built on NVIDIA below 640
+
+
+def test_skinny_token_counts_name_only_launches_built_there():
+    """5-16 tokens (MT 8 and 16): at most 16 partial sums per thread, 32 on NVIDIA in blocks <= 256; the
+    fused kernel stops at 8 tokens on AMD, its built-in launch included. Fails on the 1-4-token validator
+    (every 5-16 key refused) and on one that checks the partial sums at MT 4 (would pass 8 rows x 16)."""
+    T.validate(table(H200, gemv={"plain": {"16384x5120": {"5": [128, 4], "16": [256, 2], "9": [0, 0]},
+                                           "5120x8704": {"12": [640, 1]}},
+                                 "fused": {"17408x5120": {"16": [64, 1], "8": [128, 2]}}}))
+    T.validate(table(DCU, gemv={"plain": {"16384x5120": {"8": [640, 2], "16": [640, 1]}},
+                                "fused": {"17408x5120": {"8": [640, 1], "6": [0, 0]}}}))
+    for tab, why in (
+            (table(H200, gemv={"plain": {"16384x5120": {"16": [64, 4]}}}), "not built for NVIDIA"),
+            (table(H200, gemv={"plain": {"16384x5120": {"8": [512, 4]}}}), "not built for NVIDIA"),
+            (table(H200, gemv={"fused": {"17408x5120": {"16": [64, 2]}}}), "not built for NVIDIA"),
+            (table(DCU, gemv={"plain": {"16384x5120": {"16": [640, 2]}}}), "not built for AMD"),
+            (table(DCU, gemv={"fused": {"17408x5120": {"9": [640, 1]}}}), "not built for AMD"),
+            (table(DCU, gemv={"fused": {"17408x5120": {"12": [0, 0]}}}), "stops at 8")):
+        with pytest.raises(T.TableError, match=why):
+            T.validate(tab)
 
 
 def test_the_server_keeps_its_defaults_whatever_the_loader_meets(monkeypatch, tmp_path, caplog):

@@ -19,12 +19,12 @@ FAMILIES = ("gemv", "prefill", "decode", "write", "gemm")
 KINDS = ("ours", "upstream", "builtin", "vendor")
 # the decisions and points each family's code (kernels/calibrate/) writes (the write family's checks
 # were one decision, "write", in the first recorded calibrations)
-DECISION = {"gemv": r"gemv\.(plain|fused)\.[1-9]\d*x[1-9]\d*\.[1-4]", "prefill": r"prefill\.(16bit|int8)",
+DECISION = {"gemv": r"gemv\.(plain|fused)\.[1-9]\d*x[1-9]\d*\.([1-9]|1[0-6])", "prefill": r"prefill\.(16bit|int8)",
             "decode": r"decode\.[1-9]\d*\.(16bit|int8)", "write": r"write(\.b[1-9]\d*\.t[1-9]\d*)?",
             "gemm": r"gemm\.[1-9]\d*x[1-9]\d*"}
-POINT = {"gemv": r"M=[1-4]", "prefill": r"P=\d+ C=[1-9]\d*", "decode": r"ctx=[1-9]\d*",
+POINT = {"gemv": r"M=([1-9]|1[0-6])", "prefill": r"P=\d+ C=[1-9]\d*", "decode": r"ctx=[1-9]\d*",
          "write": r"block=[1-9]\d* tokens=[1-9]\d*", "gemm": r"M=[1-9]\d*"}
-SHOWN = {"gemv": ("gemv.plain|fused.NxK.M", "M=1 to M=4"), "prefill": ("prefill.16bit|int8", "P=PREFIX C=CHUNK"),
+SHOWN = {"gemv": ("gemv.plain|fused.NxK.M", "M=1 to M=16"), "prefill": ("prefill.16bit|int8", "P=PREFIX C=CHUNK"),
          "decode": ("decode.BATCH.16bit|int8", "ctx=TOKENS"), "write": ("write.bBLOCK.tTOKENS", "block=B tokens=T"),
          "gemm": ("gemm.NxK", "M=ROWS")}
 EVERY_POINT = "(every point)"        # the one record of a candidate that killed its process
