@@ -123,7 +123,9 @@ def adopt_or_stop(run: Run, model: Path) -> list[str]:
         url = f"http://{st.get('host')}:{st.get('port')}{st.get('health')}"
         want = plan(run, model, name) if name in run.names else None
         if want is not None and st.get("reuse") == want and serve.health_ok(url):
-            st.update(popen=None, reused=True, ready_s="up already", warm_s="—", state_file=str(sf))
+            # the paths this run reads and packs are its own, never ones the record names
+            st.update(popen=None, reused=True, ready_s="up already", warm_s="—", state_file=str(sf),
+                      log=str(run.run_dir(name, create=False) / "server.log"))
             run.servers[name] = st
             adopted.append(name)
             run.step(f"server {name} reused: left up by an earlier invocation (pid {st['pid']}, port {st['port']})")
