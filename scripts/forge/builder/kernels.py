@@ -172,6 +172,11 @@ def cmd_bench_kernels(args) -> int:
                   "with that folder present")
             return 0
     out = Path(args.out)
+    if args.decode_batched:
+        # batched decode at the final round's load, per rank's heads (kernels/bench/bench_decode_batched.py)
+        proc.run([sys.executable, KERNELS / "bench" / "bench_decode_batched.py", "--payload", payload,
+                  "--out", out / "decode-batched"], what="batched decode benchmark")
+        return 0
     proc.run([sys.executable, KERNELS / "bench" / "bench_kernels.py", "--payload", payload, "--out", out],
              what="kernel benchmark")
     return 0
@@ -188,4 +193,7 @@ def register(sub) -> None:
     p = sub.add_parser("bench-kernels", help="kernel benchmarks on a GPU machine (writes reports/kernels/)")
     p.add_argument("--out", default=str(REPORTS / "kernels"))
     p.add_argument("--prepare", action="store_true", help="(re)build build/gpu-payload from the pinned source")
+    p.add_argument("--decode-batched", action="store_true",
+                   help="instead: decode attention at batch 1, 4, 10, 16, the tiers' contexts and 32K, 24/4 and 12/2 "
+                        "heads, against vLLM's unified kernel and the KV bytes at copy bandwidth (OUT/decode-batched/)")
     p.set_defaults(func=cmd_bench_kernels)
