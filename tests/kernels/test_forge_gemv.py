@@ -309,7 +309,7 @@ def test_every_built_config_5_to_16(ext, gen, silu):
                 torch.cuda.synchronize()
                 built += 1
                 check(y, ref, what, gen)
-    assert built >= 20 and refused >= 20
+    assert built >= 10 and refused >= 20   # AMD builds the fewest: 12 fused launches at these M
 
 
 def test_skinny_strided_x_and_out(ext, gen):
