@@ -41,13 +41,25 @@ class Card:
     name: str
     memory_bytes: int                     # what the runtime reports as the device's total memory
     note: str
+    # one measured point (tp, utilization, KV dtype, reported tokens) the fixed part of the non-KV peak
+    # is fitted to on this card; None: the DCU's public figure
+    fitted_to: tuple | None = None
+    language_model_only: bool = False     # how the servers of the fit ran (no vision tower loaded)
 
+
+# The H200 of the GPU machine, measured 2026-12-04 (reports/plan/2026-12-04-h200-kv-check): the
+# runtime's total memory (torch.cuda.mem_get_info) and vLLM's report at TP1, 0.90, bf16, with the
+# harness's --language-model-only; the same servers at 0.95 int8 reported 656,496 tokens (the check).
+H200_MEMORY = 150_109_880_320
+H200_FIT = (1, 0.90, "bf16", 304_976)
 
 CARDS = {
     "dcu": Card("dcu", 64 * GiB, "Hygon BW-series DCU (gfx936), 64 GiB (contest-facts: ~64 GB; 0.95 of it "
                                  "leaves 28,224 tokens beside the weights, which only 64 GiB allows)"),
-    "h200": Card("h200", int(139.8 * GiB), "NVIDIA H200, ~139.8 GiB as the runtime reports it (an estimate: "
-                                           "check torch.cuda.mem_get_info()[1] on the machine)"),
+    "h200": Card("h200", H200_MEMORY, "NVIDIA H200 of the GPU machine: 150,109,880,320 bytes as the runtime "
+                                      "reports them; its non-KV peak fitted to vLLM's report at TP1 / 0.90 / bf16 "
+                                      "(304,976 tokens), servers of the GPU harness (--language-model-only)",
+                 fitted_to=H200_FIT, language_model_only=True),
 }
 
 # The public figures (contest-facts "The final round"): (tp, utilization, reported tokens).
@@ -68,17 +80,20 @@ def _rest(shape: Shape, tp: int, fixed: int, mnbt: int) -> int:
     return fixed + activation_bytes_per_token(shape, tp) * mnbt
 
 
-def fitted_fixed_overhead(shape: Shape) -> int:
-    """The fixed part of the non-KV peak that puts TP1 bf16 at 0.95 of a DCU card in the middle of the
-    block counts that report 28,224 tokens."""
-    tp, util, tokens = PUBLIC_DCU["tp1"]
+def fitted_fixed_overhead(shape: Shape, card_name: str = "dcu") -> int:
+    """The fixed part of the non-KV peak that puts a card's fitted point in the middle of the block
+    counts that report its tokens: the DCU's public TP1 bf16 figure at 0.95 (28,224 tokens), or the
+    card's own measured point (`Card.fitted_to`)."""
+    c = card(card_name)
+    tp, util, kv_dtype, tokens = c.fitted_to or (*PUBLIC_DCU["tp1"][:2], "bf16", PUBLIC_DCU["tp1"][2])
     size, groups = shape.groups()[0], sum(shape.groups()[1:])
-    block, page = shape.block_size(tp, "bf16"), shape.page_bytes(tp, "bf16")
+    block, page = shape.block_size(tp, kv_dtype), shape.page_bytes(tp, kv_dtype)
     lo = tokens // block * groups                       # the smallest num_blocks reporting `tokens`
     middle = lo + (groups - 1) / 2                      # lo .. lo + groups - 1 all report it
     kv = (middle + 0.5) * size * page
-    requested = math.floor(CARDS["dcu"].memory_bytes * util)
-    return int(requested - shape.weight_bytes_per_rank(tp) - _rest(shape, tp, 0, ACT_BASE_TOKENS) - kv)
+    requested = math.floor(c.memory_bytes * util)
+    weights = shape.weight_bytes_per_rank(tp, vision=not c.language_model_only)
+    return int(requested - weights - _rest(shape, tp, 0, ACT_BASE_TOKENS) - kv)
 
 
 @dataclass(frozen=True)
@@ -134,8 +149,8 @@ def capacity(shape: Shape, tp: int = 1, kv_dtype: str = "bf16", card_name: str =
     if max_num_batched_tokens < 1:
         raise ForgeError(f"--max-num-batched-tokens {max_num_batched_tokens}: must be at least 1")
     c = card(card_name)
-    weights = shape.weight_bytes_per_rank(tp)
-    fixed = fitted_fixed_overhead(shape) if fixed_overhead is None else fixed_overhead
+    weights = shape.weight_bytes_per_rank(tp, vision=not c.language_model_only)
+    fixed = fitted_fixed_overhead(shape, card_name) if fixed_overhead is None else fixed_overhead
     rest = _rest(shape, tp, fixed, max_num_batched_tokens)
     if kv_cache_memory_bytes is not None:
         kv = kv_cache_memory_bytes

@@ -65,10 +65,12 @@ class Shape:
                 "gdn": self.gdn_layers * gdn, "mlp": self.layers * 3 * h * self.intermediate,
                 "norms": norms, "vision": self.vision_params}
 
-    def weight_bytes_per_rank(self, tp: int) -> int:
-        """bf16 weights one rank holds: every part split over the ranks but the norms."""
+    def weight_bytes_per_rank(self, tp: int, vision: bool = True) -> int:
+        """bf16 weights one rank holds: every part split over the ranks but the norms (without the
+        vision tower when the server runs --language-model-only)."""
         p = self.params()
-        return 2 * (sum(v for k, v in p.items() if k != "norms") // tp + p["norms"])
+        skip = ("norms",) if vision else ("norms", "vision")
+        return 2 * (sum(v for k, v in p.items() if k not in skip) // tp + p["norms"])
 
     def streamed_bytes_per_rank(self, tp: int) -> int:
         """bf16 weights one decode step reads on a rank: all but the embedding and the vision tower."""
