@@ -88,15 +88,16 @@ def apply_to_harness(h: dict, args) -> dict:
         if args.fixed_output:
             raise ForgeError("--fixed-output and --round final: the final round fixes the output length itself "
                              f"({FINAL_OUTPUT_LEN} tokens per request)", hint="leave out --fixed-output")
-        h["client_args"] = client_changes(args.concurrency or FINAL_CONCURRENCY)
-    elif args.concurrency:
+        h["client_args"] = client_changes(FINAL_CONCURRENCY if args.concurrency is None else args.concurrency)
+    elif args.concurrency is not None:
         raise ForgeError(f"--concurrency {args.concurrency}: the preliminary's client runs one request at a time",
                          hint="add --round final")
     side = dict(h["side_by_side"])
     for ch in sizing_changes(args.kv_cache_memory_bytes, args.gpu_memory_utilization, args.kv_why):
         key = ch["args"][0][2:].replace("-", "_")
         side[key] = int(ch["args"][1]) if key == "kv_cache_memory_bytes" else float(ch["args"][1])
-        side["why"] = f"{side['why']}; {ch['why']}" if key == "kv_cache_memory_bytes" else side["why"]
+        if key == "kv_cache_memory_bytes":
+            side["kv_why"] = ch["why"]
     h["side_by_side"] = side
     return h
 

@@ -3,6 +3,7 @@ and the DCU prediction from them, proxy scores, plumbing and fault checks, what 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Protocol
 
@@ -111,6 +112,14 @@ def difference_lines(diffs: list[dict]) -> list[str]:
     return L
 
 
+def concurrency_words(client: str) -> str:
+    """How many requests the client kept in flight, from its recorded command line."""
+    m = re.search(r"--max-concurrency\s+(\d+)", client)
+    rate = re.search(r"--request-rate\s+(\S+)", client)
+    n = m.group(1) if m else "1"
+    return f"concurrency {n}" + (f", request rate {rate.group(1)}" if rate and rate.group(1) != "1" else "")
+
+
 def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
     s = run.summary
     v = s.get("versions", {})
@@ -146,7 +155,7 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
         L += ["", "Left up at the end (--keep-servers): " + ", ".join(
             f"{n} (pid {v['pid']}, port {v['port']})" for n, v in s["servers_left_up"].items())]
     shape = next((d.get("shape") for d in (s.get("datasets") or {}).values() if d.get("shape")), None)
-    L += ["", f"## Tiers (output tok/s, concurrency 1, {shape or 'prompts as in summary.json datasets'})", "",
+    L += ["", f"## Tiers (output tok/s, {concurrency_words(s.get('client') or '')}, {shape or 'prompts as in summary.json datasets'})", "",
           "| tier | " + " | ".join(names) + " | best vs " + ref + " | TTFT P99 ms | TPOT P99 ms | prompts |",
           "|---|" + "---|" * len(names) + "---|---|---|---|"]
     for t in contest_mod.tier_names(run.contest):

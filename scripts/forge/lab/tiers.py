@@ -98,7 +98,7 @@ def differences(h: dict, extra: list[str], fixed_output: int | None = None, prof
                 "why": side["why"]})
     if side.get("kv_cache_memory_bytes"):
         out.append({"side": "server", "args": ["--kv-cache-memory-bytes", str(side["kv_cache_memory_bytes"])],
-                    "why": "a fixed KV cache per server skips vLLM's memory profiling, which would count the other "
+                    "why": side.get("kv_why") or "a fixed KV cache per server skips vLLM's memory profiling, which would count the other "
                            "server's allocations as its own; both servers then start at the same time"})
     if extra:
         out.append({"side": "server", "args": list(extra), "why": "given to this run (--server-arg, --server-args)"})

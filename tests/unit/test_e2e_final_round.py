@@ -1,0 +1,106 @@
+"""`forge e2e-gpu --round final` on a CPU box: the finals' client in place of the preliminary's (and
+only there), the servers' sizing recorded as the run's differences, the official prompt lengths with
+the finals' output length, and the preemption counter read from a server's Prometheus text."""
+
+import http.server
+import threading
+import types
+
+import pytest
+
+from forge.contest import rules as contest
+from forge.errors import ForgeError
+from forge.lab import final_round, gpu_bundle, tiers
+
+
+def _args(**kw):
+    base = dict(round="preliminary", concurrency=None, fixed_output=None, kv_cache_memory_bytes=None,
+                gpu_memory_utilization=None, kv_why=None)
+    return types.SimpleNamespace(**{**base, **kw})
+
+
+def _client_options(h):
+    c = tiers.harness_contest(contest.load_contest(), h)
+    return {o[0]: o[1:] for o in c["client"]["options"]}
+
+
+def test_the_final_rounds_client_replaces_the_preliminarys():
+    h = final_round.apply_to_harness(gpu_bundle.harness_config(), _args(round="final", concurrency=7))
+    opts = _client_options(h)
+    assert opts["--max-concurrency"] == ["7"] and opts["--request-rate"] == ["inf"]
+    assert opts["--custom-output-len"] == ["1024"] and "--ignore-eos" in opts
+    # the preliminary keeps its own: one request at a time, each its official output length
+    pre = _client_options(final_round.apply_to_harness(gpu_bundle.harness_config(), _args()))
+    assert pre["--max-concurrency"] == ["1"] and pre["--request-rate"] == ["1"]
+    assert pre["--custom-output-len"] == ["-1"]
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(round="final", concurrency=0), "1 to 256"),
+    (dict(round="final", fixed_output=512), "fixes the output length"),
+    (dict(concurrency=4), "one request at a time"),
+    (dict(kv_cache_memory_bytes=1024), "256 MiB"),
+    (dict(gpu_memory_utilization=1.2), "0.05-0.99"),
+])
+def test_bad_final_round_options_are_refused(kw, words):
+    with pytest.raises(ForgeError, match=words):
+        final_round.apply_to_harness(gpu_bundle.harness_config(), _args(**kw))
+
+
+def test_the_sizing_replaces_the_side_by_side_values_and_says_why():
+    h = final_round.apply_to_harness(gpu_bundle.harness_config(), _args(
+        round="final", kv_cache_memory_bytes=7398752256, gpu_memory_utilization=0.47, kv_why="a DCU card's"))
+    argv = tiers.harness_args(h, [])
+    assert argv[argv.index("--kv-cache-memory-bytes") + 1] == "7398752256"
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.47"
+    diffs = {d["args"][0]: d for d in tiers.differences(h, [])}
+    assert diffs["--kv-cache-memory-bytes"]["why"] == "a DCU card's"
+    assert diffs["--request-rate"]["side"] == "client"
+
+
+def test_the_final_rounds_requests_are_official_prompt_lengths_with_1024_outputs():
+    c = contest.load_contest()
+    pairs = final_round.workload_pairs(c, "16-32K", 12)
+    assert len(pairs) == 12 and {o for _, o in pairs} == {1024}
+    lo, hi = next(t["prompt_tokens"] for t in c["tiers"] if t["name"] == "16-32K")
+    assert all(lo <= p <= hi for p, _ in pairs)
+    assert len({p for p, _ in pairs}) > 1          # spread over the tier, not one length
+
+
+def _serve(body: str):
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *a):
+            pass
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def test_preemptions_are_read_from_the_servers_counter():
+    text = ("# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.\n"
+            "# TYPE vllm:num_preemptions_total counter\n"
+            'vllm:num_preemptions_total{engine="0",model_name="Qwen3.5-27B"} 17.0\n'
+            'vllm:num_preemptions_total{engine="1",model_name="Qwen3.5-27B"} 3.0\n'
+            'vllm:num_requests_running{engine="0"} 9.0\n')
+    srv = _serve(text)
+    try:
+        assert final_round.preemptions("127.0.0.1", srv.server_address[1]) == 20.0
+    finally:
+        srv.shutdown()
+    srv = _serve("vllm:num_requests_running 1.0\n")
+    try:
+        assert final_round.preemptions("127.0.0.1", srv.server_address[1]) is None
+    finally:
+        srv.shutdown()
+
+
+def test_the_summary_names_the_clients_concurrency():
+    from forge.lab.summary import concurrency_words
+    assert concurrency_words("vllm bench serve --max-concurrency 10 --request-rate inf") == \
+        "concurrency 10, request rate inf"
+    assert concurrency_words("vllm bench serve --max-concurrency 1 --request-rate 1") == "concurrency 1"
