@@ -60,6 +60,7 @@ def make_project(root: Path, n_modules: int = 400, n_patches: int = 4) -> dict:
     # kernel overlay
     (root / "kernels").mkdir()
     (root / "kernels" / "k.py").write_text("def kernel():\n    return 42\n")
+    shutil.copy(REPO / "kernels" / "forge_switches.py", root / "kernels")      # the switches' validator (profiles)
     (root / "kernels" / "overlay.yaml").write_text("files:\n  - src: kernels/k.py\n    dst: vllm/ops/k.py\n")
     # a patch series, authored on a scratch git copy
     author = work / "author"

@@ -593,6 +593,7 @@ def test_the_image_description_names_every_change_of_the_series():
     named = {"int8-kv": "int8 KV cache", "decode": "split-KV decode", "prefill": "prefill", "gemv": "GEMV",
              "tuned": "per-device tuned table", "routes": "compile-safe routes",
              "custom-ar": "custom all-reduce only over XGMI-linked cards",
+             "switches": "switch values checked by one validator",
              "build": None}          # build: compiles the others' kernels into vllm._C
     series = [x.strip() for x in (ROOT / "patches" / "series").read_text().splitlines()
               if x.strip() and not x.startswith("#")]
