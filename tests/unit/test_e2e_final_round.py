@@ -15,7 +15,7 @@ from forge.lab import final_round, gpu_bundle, tiers
 
 def _args(**kw):
     base = dict(round="preliminary", concurrency=None, fixed_output=None, kv_cache_memory_bytes=None,
-                gpu_memory_utilization=None, kv_why=None)
+                gpu_memory_utilization=None, kv_why=None, finals_servers=False)
     return types.SimpleNamespace(**{**base, **kw})
 
 
@@ -41,6 +41,7 @@ def test_the_final_rounds_client_replaces_the_preliminarys():
     (dict(concurrency=4), "one request at a time"),
     (dict(kv_cache_memory_bytes=1024), "256 MiB"),
     (dict(gpu_memory_utilization=1.2), "0.05-0.99"),
+    (dict(finals_servers=True), "add --round final"),
 ])
 def test_bad_final_round_options_are_refused(kw, words):
     with pytest.raises(ForgeError, match=words):
@@ -104,3 +105,33 @@ def test_the_summary_names_the_clients_concurrency():
     assert concurrency_words("vllm bench serve --max-concurrency 10 --request-rate inf") == \
         "concurrency 10, request rate inf"
     assert concurrency_words("vllm bench serve --max-concurrency 1 --request-rate 1") == "concurrency 1"
+
+
+def _plan_run(names, finals):
+    from pathlib import Path
+
+    from forge.contest import profiles, rounds
+    c = contest.load_contest()
+    rnd = rounds.load_round(c, "final") if finals else None
+    return types.SimpleNamespace(
+        args=types.SimpleNamespace(first_port=8001, profile_prefill=None), names=names, contest=c, rnd=rnd,
+        serve_tier="8-16K" if finals else None, hargs=["--load-format", "dummy"], triton_cache=None,
+        vllm_cmd="python3 -m vllm.entrypoints.cli.main", child_env={}, identity={},
+        profiles={n: profiles.load_profile(n, c, rnd=rnd) for n in names}), Path(__file__).parent
+
+
+def test_the_finals_servers_render_their_topology_and_upstream_the_finals_baseline(tmp_path):
+    from forge.lab import servers
+    (tmp_path / "config.json").write_text("{}")
+    run, _ = _plan_run(["final-dp2", "upstream"], finals=True)
+    dp2 = servers.plan(run, tmp_path, "final-dp2")["launch"]
+    assert dp2[dp2.index("--data-parallel-size") + 1] == "2" and dp2[dp2.index("--tensor-parallel-size") + 1] == "1"
+    assert "--data-parallel-backend" in dp2 and dp2[-2:] == ["--load-format", "dummy"]
+    up = servers.plan(run, tmp_path, "upstream")["launch"]
+    assert up[up.index("--tensor-parallel-size") + 1] == "2" and up[up.index("--max-num-seqs") + 1] == "128"
+    # without --finals-servers: the preliminary's one-card server, and a final-round profile is refused
+    run, _ = _plan_run(["upstream"], finals=False)
+    one = servers.plan(run, tmp_path, "upstream")["launch"]
+    assert one[one.index("--tensor-parallel-size") + 1] == "1" and "--data-parallel-size" not in one
+    with pytest.raises(ForgeError, match="final round"):
+        _plan_run(["final-tp2"], finals=False)

@@ -115,6 +115,12 @@ def cmd_e2e(args) -> int:
     _client(run, model)
     run.summary["differences"] = differences(run.h, extra, args.fixed_output, args.profile_prefill,
                                              ports={n: port_of(run, n) for n in names})
+    if run.rnd is not None:
+        run.summary["differences"].append({
+            "side": "server", "args": [f"<the {run.rnd.name} round's start script, tier {run.serve_tier}'s settings>"],
+            "why": f"--finals-servers: each profile's server renders the {run.rnd.name} round's start script (its "
+                   f"topology and capacity values for tier {run.serve_tier}); one server serves every tier of the "
+                   "run, where the finals start one per tier"})
     run.summary["client"] = run.client_line
     run.summary["harness"] = {"server_args": run.hargs, "env": {"VLLM_LOGGING_LEVEL": "INFO", **(
         {"TRITON_CACHE_DIR": run.triton_cache} if run.triton_cache else {})}}

@@ -84,6 +84,9 @@ def preemptions(host: str, port: int, timeout: float = 5.0) -> float | None:
 def apply_to_harness(h: dict, args) -> dict:
     """harness.yaml's settings as this invocation runs them: with --round final the finals' client in
     place of `client_args`, and the sizing options in place of `side_by_side`'s values."""
+    if args.finals_servers and args.round != "final":
+        raise ForgeError("--finals-servers: the final round's servers are measured with its client",
+                         hint="add --round final")
     if getattr(args, "round", "preliminary") == "final":
         if args.fixed_output:
             raise ForgeError("--fixed-output and --round final: the final round fixes the output length itself "
@@ -108,6 +111,11 @@ def register_options(p) -> None:
                    help="final: the finals' client (--concurrency requests at once, --request-rate inf, "
                         f"{FINAL_OUTPUT_LEN} output tokens each, end-of-text ignored) over the official prompt "
                         "lengths; the preliminary (default): one request at a time, each its official output length")
+    p.add_argument("--finals-servers", action="store_true",
+                   help="with --round final: render every profile as the finals' start script does (its topology: "
+                        "TP2 or DP2 on two GPUs, the finals' baseline for a profile that sets none, e.g. upstream; "
+                        "its cards checked before anything starts); one server serves every tier, with the "
+                        "settings of the first tier run. Without it: the preliminary's one-card server (TP1)")
     p.add_argument("--concurrency", type=int, metavar="N",
                    help=f"with --round final: requests at once in every tier (default {FINAL_CONCURRENCY}, the "
                         "finals' baseline)")

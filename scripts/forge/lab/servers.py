@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import paths, proc, ui
-from ..contest import profiles
 from ..errors import ForgeError
 from ..run import runs, serve, synth
 from . import prefill_profile
@@ -79,7 +78,7 @@ def plan(run: Run, model: Path, name: str) -> dict:
     left up is reused only when it matches this exactly."""
     hargs, extra_env = _launch_parts(run, name)
     port = port_of(run, name)
-    rendered = profiles.render(run.profiles[name], str(model), run.contest)
+    rendered = serve.render(run.profiles[name], model, run.contest, run.rnd, run.serve_tier, cards=False)
     launch = serve.launch_command(rendered, image=None, vllm_cmd=run.vllm_cmd, port=port, container="",
                                   shm_size="") + hargs
     return {"profile": name, "port": port, "launch": launch, "env": {**rendered["env"], **extra_env},
@@ -93,7 +92,7 @@ def _launch(run: Run, model: Path, name: str) -> dict | None:
     st = guarded(run, name, functools.partial(
         serve.start_server, prof, model, contest=run.contest, port=port_of(run, name), run_id=name,
         vllm_cmd=run.vllm_cmd, wait=False, run_dir=run.run_dir(name), process_env=run.child_env,
-        state_file=state_file, harness_args=hargs, extra_env=extra_env))
+        state_file=state_file, harness_args=hargs, extra_env=extra_env, rnd=run.rnd, tier=run.serve_tier))
     if st is not None:
         st["t_start"] = time.monotonic()
         # the state file also says what the server runs, for an invocation that may reuse it

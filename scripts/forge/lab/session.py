@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from .. import paths, ui
-from ..contest import profiles
+from ..contest import profiles, rounds
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..run import runs
@@ -37,7 +37,12 @@ class Run:
         if self.ref not in self.names:
             raise ForgeError(f"the reference profile {self.ref} is not among the profiles {self.names}",
                              hint="add it to --profiles")
-        self.profiles = {n: profiles.load_profile(n, self.contest) for n in self.names}
+        # --finals-servers: every profile rendered as the final round's start script renders it (its
+        # topology, on as many GPUs as that needs; one server for every tier, with the settings of the
+        # first tier run); otherwise the preliminary's one-card server, under the finals' client or not
+        self.rnd = rounds.load_round(self.contest, "final") if args.finals_servers else None
+        self.serve_tier = ((args.tier_order or [None])[0] or self.rnd.tier_order[0]) if self.rnd else None
+        self.profiles = {n: profiles.load_profile(n, self.contest, rnd=self.rnd) for n in self.names}
         known = contest_mod.tier_names(self.contest)
         unknown = [t for t in (args.tier_order or []) if t not in known]
         if unknown:
