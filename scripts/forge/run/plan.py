@@ -52,14 +52,20 @@ def plan(round_name: str = "preliminary", tiers: list[str] | None = None, kv_dty
                 r = cap_mod.topology_fit(shape, tp, dp, prompts, client.output_len, conc, kv_dtype=dt, card_name=card,
                                          utilization=util, max_num_batched_tokens=mnbt)
                 rows.append({"tier": tier, "kv_dtype": dt, "concurrency": conc, "output_len": client.output_len, **r})
-    gpu = {}
-    for dt in kv_dtypes or list(KV_DTYPES):
-        c = cap_mod.capacity(shape, tp=1, kv_dtype=dt, card_name="dcu", utilization=util, max_num_batched_tokens=mnbt)
-        gpu[dt] = {"kv_cache_memory_bytes": c.kv_memory_for(), "dcu_reported_tokens": c.reported_tokens,
-                   "dcu_num_blocks": c.num_blocks}
+    gpu: dict = {}
+    for tp in sorted({tp for tp, _ in TOPOLOGIES[round_name]}):
+        for dt in kv_dtypes or list(KV_DTYPES):
+            c = cap_mod.capacity(shape, tp=tp, kv_dtype=dt, card_name="dcu", utilization=util,
+                                 max_num_batched_tokens=mnbt)
+            entry = {"kv_cache_memory_bytes": c.kv_memory_for(), "dcu_reported_tokens": c.reported_tokens,
+                     "dcu_num_blocks": c.num_blocks, "tp": tp}
+            if tp == 1:
+                gpu[dt] = entry                    # per rank; TP1's under the dtype alone, as before
+            else:
+                gpu[f"{dt}-tp{tp}"] = entry
     return {"round": round_name, "card": card, "card_note": cap_mod.CARDS[card].note, "gpu_memory_utilization": util,
             "max_num_batched_tokens": mnbt, "rows": rows, "dcu_on_another_card": gpu,
-            "fixed_overhead_bytes": cap_mod.fitted_fixed_overhead(shape),
+            "fixed_overhead_bytes": cap_mod.fitted_fixed_overhead(shape, card),
             "source": "configs/models/qwen3.5-27b/config.json; configs/workload.yaml prompts; vLLM 0.18.1 page math"}
 
 
@@ -77,8 +83,10 @@ def render(res: dict) -> list[str]:
     L.append("resident: requests of the tier's largest / median prompt + output that fit at once (blocks; the "
              "reported tokens understate it: the GDN groups take one block per request)")
     for dt, g in res["dcu_on_another_card"].items():
-        L.append(f"GPU run, {dt} KV: --kv-cache-memory-bytes {g['kv_cache_memory_bytes']} gives the DCU card's "
-                 f"{g['dcu_num_blocks']} blocks at TP1 ({g['dcu_reported_tokens']:,} tokens reported)")
+        tp = g.get("tp", 1)
+        L.append(f"GPU run, {dt.split('-')[0]} KV: --kv-cache-memory-bytes {g['kv_cache_memory_bytes']} gives the DCU "
+                 f"card's {g['dcu_num_blocks']} blocks at TP{tp}{' per rank' if tp > 1 else ''} "
+                 f"({g['dcu_reported_tokens']:,} tokens reported)")
     return L
 
 
