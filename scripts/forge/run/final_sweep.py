@@ -18,11 +18,10 @@ winner per tier goes to the tier-environment file (final_pick)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Callable
-
-import yaml
 
 from .. import paths, ui
 from ..contest import rounds
@@ -68,8 +67,9 @@ def _profile_text(base: str, rnd: rounds.Round, values: dict, kv: str | None, wh
     if kv:
         opts["--kv-cache-dtype"] = {"value": kv, "effect": f"{what}: the KV cache stored as {kv}"}
     return ("# Written by forge sweep --round final: one configuration of the search.\n"
-            + yaml.safe_dump({"description": f"{what} ({base} with the configuration's values)", "round": rnd.name,
-                              "extends": base, "options": opts}, sort_keys=False))
+            # JSON is YAML: no YAML writer needed where the tool runs (the container's Python has none)
+            + json.dumps({"description": f"{what} ({base} with the configuration's values)", "round": rnd.name,
+                          "extends": base, "options": opts}, indent=2) + "\n")
 
 
 def _write_profile(sdir: Path, name: str, text: str) -> Path:
