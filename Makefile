@@ -109,7 +109,7 @@ import-throughput: ## the organizers' run_throughput.sh results as a run folder 
 compare: ## per-tier deltas between runs A and B, with a noise band (A=<run> B=<run>; REFERENCE=<run>: score both against it)
 	@$(FORGE) compare $(if $(A),--a $(A)) $(if $(B),--b $(B)) $(if $(REFERENCE),--reference $(REFERENCE))
 
-plan: ## the KV cache vLLM will report and the requests resident per tier and topology, preemption yes/no (ROUND=final, TIER=, KV_DTYPE=bf16,int8, CARD=dcu|h200, UTIL=0.95, OUT=<folder>, FORCE=1)
+plan: ## the KV cache and requests resident per tier and topology (capacity planner): vLLM's reported tokens, preemption yes/no (ROUND=final, TIER=, KV_DTYPE=bf16,int8, CARD=dcu|h200, UTIL=0.95, OUT=<folder>, FORCE=1)
 	@$(FORGE) plan $(if $(ROUND),--round $(ROUND)) $(if $(TIER),--tier $(TIER)) $(if $(KV_DTYPE),--kv-dtype $(KV_DTYPE)) $(if $(CARD),--card $(CARD)) $(if $(UTIL),--gpu-memory-utilization $(UTIL)) $(if $(OUT),--out $(OUT)) $(if $(filter 1,$(FORCE)),--force)
 
 sweep: ## serve, bench all tiers, score and stop for each profile in turn (PROFILES="a b"); ROUND=final: the search per tier (BASELINE=<final-round run>, TIER_ENV=, FORCE=1 replaces a recorded winner; more with forge sweep --help)
