@@ -45,6 +45,7 @@ def profile_names(round_name: str | None = rounds.DEFAULT_ROUND) -> list[str]:
             out.append(p.stem)
     return sorted(out)
 
+
 def _path(name: str) -> Path:
     p = Path(name)
     if p.suffix == ".yaml" and p.is_file():
