@@ -29,6 +29,28 @@ LINEAR = [  # (layer, N, K): the bf16 linear layers a decode step runs (o_proj a
     ("qkv_gate", 14336, 5120), ("o_proj/out_proj", 5120, 6144), ("in_proj_qkvz", 16384, 5120),
     ("in_proj_ba", 96, 5120), ("gate_up", 34816, 5120), ("down", 5120, 17408), ("lm_head", 248320, 5120),
 ]
+# how each layer is split over tensor-parallel ranks: column-parallel layers split N, row-parallel ones K
+ROW_PARALLEL = ("o_proj/out_proj", "down")
+
+
+def linear(tp: int = 1) -> list[tuple[str, int, int]]:
+    """LINEAR on one rank at tensor-parallel degree `tp`: column-parallel layers split N (the fused
+    q + gate + K + V projection keeps one KV head per rank once tp exceeds the KV heads, as vLLM's
+    QKVParallelLinear copies it), row-parallel ones split K."""
+    hq, hkv = rank_heads(tp)
+    out = []
+    for layer, n, k in LINEAR:
+        if layer == "qkv_gate":
+            out.append((layer, 2 * hq * D + 2 * hkv * D, k))
+        elif layer in ROW_PARALLEL:
+            out.append((layer, n, k // tp))
+        else:
+            if n % tp:
+                raise ValueError(f"tensor-parallel degree {tp} does not divide {layer}'s {n} outputs")
+            out.append((layer, n // tp, k))
+    return out
+
+
 CALLS_PER_TOKEN = {"qkv_gate": 16, "o_proj/out_proj": 64, "in_proj_qkvz": 48, "in_proj_ba": 48,
                    "gate_up": 64, "down": 64, "lm_head": 1}
 # the organizers' server prefills in chunks of --max-num-batched-tokens 4096; each tier's median

@@ -119,7 +119,8 @@ def run(torch, args, emit) -> dict:
     ms = (1, 2, 8) if args.quick else tuple(range(1, 17))
     skinny_variants = [(0, 0)] + SKINNY_VARIANTS["hip" if torch.version.hip else "cuda"][: 2 if args.quick else None]
     skinny_fused = [(0, 0)] + SKINNY_FUSED_VARIANTS[: 2 if args.quick else None]
-    shapes = C.LINEAR[:3] if args.quick else C.LINEAR
+    per_rank = C.linear(getattr(args, "tp", 1))          # --tp: one rank's shapes
+    shapes = per_rank[:3] if args.quick else per_rank
     g = torch.Generator(device="cuda").manual_seed(args.seed)
     L = args.ledger
     total = len(shapes) * len(ms)

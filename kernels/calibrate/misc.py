@@ -86,7 +86,8 @@ def gemm(torch, args, emit) -> dict:
     if tun is None:
         return {"records": [], "notes": ["skipped: this torch has no torch.cuda.tunable"]}
     m = C.CHUNK
-    shapes = C.LINEAR[:2] if args.quick else [s for s in C.LINEAR if s[0] != "lm_head"]
+    per_rank = C.linear(getattr(args, "tp", 1))          # --tp: one rank's shapes
+    shapes = per_rank[:2] if args.quick else [s for s in per_rank if s[0] != "lm_head"]
     results = os.path.join(args.workdir, "tunableop_results.csv")
     L, notes = args.ledger, ["lm_head runs once per prefill (the last token only): not a prefill GEMM"]
     g = torch.Generator(device="cuda").manual_seed(args.seed + 3)

@@ -40,3 +40,24 @@ def test_the_cli_refuses_a_bad_degree_in_one_line(tmp_path, arg, msg):
     r = run("--tp", arg, "--smoke", "--out", str(tmp_path / "cal"))
     assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert not (tmp_path / "cal").exists()
+
+
+def test_the_gemv_calibration_measures_one_ranks_linear_shapes():
+    """kernels/calibrate's per-rank linear shapes (what `calibrate --tp N` times and writes into the
+    table's gemv section) against the benchmark's, derived on its own from the model's config.json."""
+    import importlib.util
+    import json
+    sys.path.insert(0, str(ROOT / "kernels"))
+    from calibrate import common as C
+    spec = importlib.util.spec_from_file_location("bench_skinny", ROOT / "kernels" / "bench" / "bench_skinny.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    config = json.loads((ROOT / "configs" / "models" / "qwen3.5-27b" / "config.json").read_text())
+    for tp in (1, 2, 4):
+        ours = {(n, k) for _, n, k in C.linear(tp)}
+        theirs = {(n, k) for _, n, k in bench.shapes(config, tp)}
+        assert ours == theirs, tp
+    # the public per-rank shapes at TP2 (contest-facts, "The final round")
+    tp2 = dict((layer, (n, k)) for layer, n, k in C.linear(2))
+    assert tp2["gate_up"] == (17408, 5120) and tp2["down"] == (5120, 8704) and tp2["lm_head"] == (124160, 5120)
+    assert tp2["in_proj_qkvz"] == (8192, 5120) and tp2["o_proj/out_proj"] == (5120, 3072)
