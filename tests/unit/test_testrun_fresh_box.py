@@ -69,3 +69,12 @@ def test_toolchain_check_alone_still_needs_the_linker(fresh_box):
     with pytest.raises(ForgeError) as e:
         toolchain.preflight()
     assert "no ld.lld" in e.value.message
+
+
+def test_the_toolchain_venv_builds_in_the_background_without_a_linker(monkeypatch, fresh_box):
+    """`make test` starts `forge toolchain-check --venv-only` as a child while the rehearsal runs: on a box
+    without ld.lld that child must build the venv (it links nothing), not stop the run."""
+    built = []
+    monkeypatch.setattr(toolchain, "ensure_venv", lambda exe, version, *a, **k: built.append((exe, version)))
+    assert toolchain.cmd_toolchain_check(types.SimpleNamespace(venv_only=True)) == 0
+    assert built == [("/usr/bin/python3.10", (3, 10, 12))]
