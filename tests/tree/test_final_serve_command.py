@@ -3,8 +3,6 @@ capacity values changed through the environment) are accepted by the patched vLL
 argument parser and land on the values the round gives them: the topology, the capacity options,
 --max-model-len 32768 and, for DP2, vLLM's data-parallel front end with the mp backend."""
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,33 +10,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests" / "tree" / "helpers"))
+
+from serve_parse import parse_serve  # noqa: E402
 
 from forge.contest import profiles, rounds  # noqa: E402
 from forge.contest import rules as contest  # noqa: E402
 
-PARSE = r"""
-import json, sys
-from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-out = []
-for argv in json.loads(sys.argv[1]):
-    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
-    try:
-        ns = parser.parse_args(argv)
-    except SystemExit as e:
-        out.append({"error": f"exit {e.code}"})
-        continue
-    validate_parsed_serve_args(ns)
-    ns.model = ns.model_tag
-    ea = AsyncEngineArgs.from_cli_args(ns)
-    out.append({k: getattr(ea, k) for k in ("tensor_parallel_size", "data_parallel_size", "data_parallel_backend",
-                                            "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
-                                            "max_model_len", "dtype")}
-               | {"port": ns.port, "data_parallel_external_lb": ea.data_parallel_external_lb,
-                  "data_parallel_hybrid_lb": ea.data_parallel_hybrid_lb})
-print(json.dumps(out))
-"""
+FIELDS = ["tensor_parallel_size", "data_parallel_size", "data_parallel_backend", "max_num_seqs",
+          "max_num_batched_tokens", "gpu_memory_utilization", "max_model_len", "dtype", "port",
+          "data_parallel_external_lb", "data_parallel_hybrid_lb"]
 
 ENV = {"MAX_NUM_SEQS_16_32K": "24", "MAX_NUM_BATCHED_TOKENS": "8192", "GPU_MEMORY_UTILIZATION": "0.9"}
 CASES = [(name, tier, {}) for name in ("final-tp2", "final-dp2") for tier in ("4-8K", "8-16K", "16-32K")] + \
@@ -55,10 +36,7 @@ def rendered(name, tier, environ):
 @pytest.fixture(scope="module")
 def parsed(vllm_python):
     argvs = [rendered(*case)["argv"][2:] for case in CASES] + [["/m", "--data-parallel-size", "two"]]
-    res = subprocess.run([str(vllm_python), "-c", PARSE, json.dumps(argvs)], capture_output=True, text=True,
-                         env={"VLLM_LOGGING_LEVEL": "ERROR", "PATH": "/usr/bin:/bin"}, timeout=300, cwd=ROOT)
-    assert res.returncode == 0, res.stderr[-4000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return parse_serve(vllm_python, argvs, FIELDS)[0]
 
 
 @pytest.mark.parametrize("i", range(len(CASES)), ids=[f"{n}-{t}{'-env' if e else ''}" for n, t, e in CASES])

@@ -2,7 +2,6 @@
 argument parser (make_arg_parser + FlexibleArgumentParser, then vLLM's own validation and engine
 arguments), and lands on the values of the organizers' start script."""
 
-import json
 import sys
 from pathlib import Path
 
@@ -10,38 +9,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests" / "tree" / "helpers"))
+
+from serve_parse import parse_serve  # noqa: E402
 
 from forge.contest import profiles  # noqa: E402
 from forge.contest import rules as contest  # noqa: E402
 
-PARSE = r"""
-import json, sys
-from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-out = []
-for argv in json.loads(sys.argv[1]):
-    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
-    try:
-        ns = parser.parse_args(argv)
-    except SystemExit as e:
-        out.append({"error": f"exit {e.code}"})
-        continue
-    validate_parsed_serve_args(ns)
-    ns.model = ns.model_tag
-    ea = AsyncEngineArgs.from_cli_args(ns)
-    out.append({"model": ea.model, "port": ns.port, "host": ns.host, "max_model_len": ea.max_model_len,
-                "served_model_name": ea.served_model_name, "kv_cache_dtype": ea.kv_cache_dtype,
-                "max_num_seqs": ea.max_num_seqs, "max_num_batched_tokens": ea.max_num_batched_tokens,
-                "speculative_config": ea.speculative_config, "quantization": ea.quantization,
-                "dtype": ea.dtype, "tensor_parallel_size": ea.tensor_parallel_size,
-                "gpu_memory_utilization": ea.gpu_memory_utilization, "trust_remote_code": ea.trust_remote_code,
-                "compilation_default": repr(ea.compilation_config) == repr(type(ea.compilation_config)()),
-                "reasoning_parser": ea.reasoning_parser, "enable_auto_tool_choice": ns.enable_auto_tool_choice,
-                "tool_call_parser": ns.tool_call_parser,
-                "default_chat_template_kwargs": ns.default_chat_template_kwargs})
-print(json.dumps(out))
-"""
+FIELDS = ["model", "port", "host", "max_model_len", "served_model_name", "kv_cache_dtype", "max_num_seqs",
+          "max_num_batched_tokens", "speculative_config", "quantization", "dtype", "tensor_parallel_size",
+          "gpu_memory_utilization", "trust_remote_code", "reasoning_parser", "enable_auto_tool_choice",
+          "tool_call_parser", "default_chat_template_kwargs"]
 
 
 NAMES = profiles.profile_names()
@@ -57,14 +35,9 @@ def rendered(name):
 @pytest.fixture(scope="module")
 def parsed(vllm_python):
     """vLLM's verdict on every profile's command (and on one bogus command), in one interpreter."""
-    import subprocess
     argvs = [rendered(n)[1]["argv"][2:] for n in NAMES] + [BOGUS]
-    env = {"VLLM_LOGGING_LEVEL": "ERROR", "PATH": "/usr/bin:/bin"}
-    res = subprocess.run([str(vllm_python), "-c", PARSE, json.dumps(argvs)], capture_output=True, text=True,
-                         env=env, timeout=300, cwd=ROOT)
-    assert res.returncode == 0, res.stderr[-4000:]
-    out = json.loads(res.stdout.strip().splitlines()[-1])
-    return dict(zip(NAMES + ["<bogus>"], out)), res.stderr
+    out, stderr = parse_serve(vllm_python, argvs, FIELDS)
+    return dict(zip(NAMES + ["<bogus>"], out)), stderr
 
 
 @pytest.mark.parametrize("name", NAMES)
