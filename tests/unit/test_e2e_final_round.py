@@ -107,13 +107,14 @@ def test_the_summary_names_the_clients_concurrency():
     assert concurrency_words("vllm bench serve --max-concurrency 1 --request-rate 1") == "concurrency 1"
 
 
-def _plan_run(names, finals):
+def _plan_run(names, finals, capacity=None):
     from pathlib import Path
 
     from forge.contest import profiles, rounds
     c = contest.load_contest()
     rnd = rounds.load_round(c, "final") if finals else None
     return types.SimpleNamespace(
+        capacity=final_round.capacity_changes(c, capacity, names, "final" if capacity else "preliminary"),
         args=types.SimpleNamespace(first_port=8001, profile_prefill=None), names=names, contest=c, rnd=rnd,
         serve_tier="8-16K" if finals else None, hargs=["--load-format", "dummy"], triton_cache=None,
         vllm_cmd="python3 -m vllm.entrypoints.cli.main", child_env={}, identity={},
@@ -135,3 +136,44 @@ def test_the_finals_servers_render_their_topology_and_upstream_the_finals_baseli
     assert one[one.index("--tensor-parallel-size") + 1] == "1" and "--data-parallel-size" not in one
     with pytest.raises(ForgeError, match="final round"):
         _plan_run(["final-tp2"], finals=False)
+
+
+NAMES = ["contest", "upstream"]
+
+
+def test_capacity_gives_one_profile_its_own_value_checked_within_the_rounds_bounds():
+    ch = final_round.capacity_changes(contest.load_contest(), ["contest:max-num-seqs=4,max-num-batched-tokens=8192"],
+                                      NAMES, "final")
+    assert final_round.capacity_args(ch, "contest") == ["--max-num-seqs", "4", "--max-num-batched-tokens", "8192"]
+    assert final_round.capacity_args(ch, "upstream") == []
+    assert all("contest's server alone" in c["why"] for c in ch["contest"])
+    assert final_round.capacity_changes(contest.load_contest(), None, NAMES, "preliminary") == {}
+
+
+def test_capacity_reaches_only_its_profiles_server_after_the_organizers_value(tmp_path):
+    from forge.lab import servers
+    (tmp_path / "config.json").write_text("{}")
+    run, _ = _plan_run(NAMES, finals=False, capacity=["contest:max-num-seqs=4"])
+    ours = servers.plan(run, tmp_path, "contest")["launch"]
+    # the one-card command keeps the organizers' 128; the later value is the one vLLM's parser keeps
+    assert ours[-2:] == ["--max-num-seqs", "4"] and ours.count("--max-num-seqs") == 2
+    up = servers.plan(run, tmp_path, "upstream")["launch"]
+    assert up[up.index("--max-num-seqs") + 1] == "128" and up.count("--max-num-seqs") == 1
+
+
+@pytest.mark.parametrize("specs, rnd, words", [
+    (["contest:max-num-seqs=4"], "preliminary", "only in the final round"),
+    (["contest"], "final", "PROFILE:OPTION=VALUE"),
+    (["contest:"], "final", "PROFILE:OPTION=VALUE"),
+    (["fast:max-num-seqs=4"], "final", "not among this run's profiles"),
+    (["contest:max-model-len=4096"], "final", "is not one of"),
+    (["contest:gpu-memory-utilization=0.5"], "final", "is not one of"),
+    (["contest:max-num-seqs"], "final", "is not one of"),
+    (["contest:max-num-seqs=0"], "final", "out of bounds"),
+    (["contest:max-num-seqs=1_000"], "final", "max-num-seqs"),
+    (["contest:max-num-seqs=4.5"], "final", "max-num-seqs"),
+    (["contest:max-num-seqs=4", "contest:max-num-seqs=5"], "final", "given twice"),
+])
+def test_bad_capacity_is_refused(specs, rnd, words):
+    with pytest.raises(ForgeError, match=words):
+        final_round.capacity_changes(contest.load_contest(), specs, NAMES, rnd)

@@ -111,10 +111,13 @@ def cmd_e2e(args) -> int:
     run.child_env = site_env(site)
     extra = [*(args.server_arg or []), *shlex.split(args.server_args or "")]
     run.hargs = harness_args(run.h, extra)
-    run.identity = {"bundle_wheel_sha256": wheel_sha, "server_args": run.hargs, "device": device_name()}
+    run.identity = {"bundle_wheel_sha256": wheel_sha, "server_args": run.hargs, "device": device_name(),
+                    **({"capacity": {n: final_round.capacity_args(run.capacity, n) for n in run.capacity}}
+                       if run.capacity else {})}
     _client(run, model)
     run.summary["differences"] = differences(run.h, extra, args.fixed_output, args.profile_prefill,
                                              ports={n: port_of(run, n) for n in names})
+    run.summary["differences"] += [{"side": "server", **c} for n in names for c in run.capacity.get(n, [])]
     if run.rnd is not None:
         run.summary["differences"].append({
             "side": "server", "args": [f"<the {run.rnd.name} round's start script, tier {run.serve_tier}'s settings>"],

@@ -18,12 +18,16 @@ import re
 import urllib.error
 import urllib.request
 
+from ..contest import rounds
 from ..errors import ForgeError
 from ..run import synth
 
 ROUNDS = ("preliminary", "final")
 FINAL_OUTPUT_LEN = 1024            # the finals' --custom-output-len (a forced length: --ignore-eos)
 FINAL_CONCURRENCY = 10             # the finals' baseline client concurrency, every tier
+# what --capacity may set for one profile's server: the final round's unlocked capacity options that a
+# server of the side-by-side harness can take alone (--gpu-memory-utilization is the harness's, for all)
+CAPACITY_OPTIONS = ("--max-num-seqs", "--max-num-batched-tokens")
 PREEMPT_METRIC = re.compile(r"^vllm:num_preemptions(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+]+)\s*$", re.M)
 
 
@@ -67,6 +71,48 @@ def sizing_changes(kv_cache_memory_bytes: int | None, gpu_memory_utilization: fl
         out.append({"args": ["--gpu-memory-utilization", f"{gpu_memory_utilization:g}"],
                     "why": "this run's share of the GPU for each server (--gpu-memory-utilization)"})
     return out
+
+
+def capacity_changes(contest: dict, specs: list[str] | None, names: list[str], round_name: str) -> dict[str, list[dict]]:
+    """--capacity PROFILE:OPTION=VALUE[,OPTION=VALUE]: one profile's server with its own value of a capacity
+    option the final round leaves to the team per tier (e.g. the product's --max-num-seqs at which the
+    capacity planner says the tier's requests stay resident), each checked within the round's bounds;
+    returns {profile: [{"args", "why"}]}."""
+    if not specs:
+        return {}
+    if round_name != "final":
+        raise ForgeError("--capacity: the capacity options are the team's only in the final round",
+                         hint="add --round final")
+    rnd = rounds.load_round(contest, "final")
+    out: dict[str, list[dict]] = {}
+    for spec in specs:
+        name, sep, rest = spec.partition(":")
+        if not sep or not rest.strip():
+            raise ForgeError(f"--capacity {spec!r}: expected PROFILE:OPTION=VALUE[,OPTION=VALUE]",
+                             hint="e.g. --capacity contest:max-num-seqs=4")
+        if name not in names:
+            raise ForgeError(f"--capacity {spec!r}: {name!r} is not among this run's profiles ({', '.join(names)})",
+                             hint="name a profile given to --profiles")
+        for item in rest.split(","):
+            key, eq, val = item.partition("=")
+            opt = "--" + key.strip().lstrip("-")
+            if not eq or opt not in CAPACITY_OPTIONS:
+                raise ForgeError(f"--capacity {spec!r}: {item.strip() or '(empty)'!r} is not one of "
+                                 f"{', '.join(o[2:] + '=N' for o in CAPACITY_OPTIONS)}",
+                                 hint="--gpu-memory-utilization and --kv-cache-memory-bytes size every server alike")
+            if any(c["args"][0] == opt for c in out.get(name, [])):
+                raise ForgeError(f"--capacity: {opt} given twice for {name}", hint="give each option once per profile")
+            v = rounds.check_value(rnd, opt, val.strip(), f"--capacity {spec}")
+            out.setdefault(name, []).append({
+                "args": [opt, str(v)],
+                "why": f"{name}'s server alone (--capacity): the final round leaves {opt} to the team per tier; "
+                       "this run gives it that value"})
+    return out
+
+
+def capacity_args(changes: dict[str, list[dict]], name: str) -> list[str]:
+    """The server arguments --capacity adds to one profile's server (after the harness's, so they win)."""
+    return [x for c in changes.get(name, []) for x in c["args"]]
 
 
 def preemptions(host: str, port: int, timeout: float = 5.0) -> float | None:
@@ -123,5 +169,9 @@ def register_options(p) -> None:
                    help="every server's KV cache in bytes, in place of harness.yaml's side-by-side 5 GiB (`forge plan` "
                         "prints what a DCU card holds at a topology and KV dtype)")
     p.add_argument("--kv-why", metavar="TEXT", help="why the KV cache has that size, for the run's record")
+    p.add_argument("--capacity", action="append", metavar="PROFILE:OPTION=VALUE",
+                   help="with --round final: one profile's server with its own max-num-seqs or "
+                        "max-num-batched-tokens (repeatable; e.g. contest:max-num-seqs=4, the planner's resident "
+                        "requests of the tier), checked within the final round's bounds and recorded as a difference")
     p.add_argument("--gpu-memory-utilization", type=float, metavar="F",
                    help="every server's share of the GPU, in place of harness.yaml's side-by-side 0.44")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from .. import paths, proc, ui
 from ..errors import ForgeError
 from ..run import runs, serve, synth
-from . import prefill_profile
+from . import final_round, prefill_profile
 from .client import complete
 from .serverlog import log_facts
 
@@ -67,7 +67,7 @@ def _launch_parts(run: Run, name: str) -> tuple[list[str], dict[str, str]]:
     extra_env = {"VLLM_LOGGING_LEVEL": "INFO"}
     if run.triton_cache:
         extra_env["TRITON_CACHE_DIR"] = run.triton_cache
-    hargs = run.hargs
+    hargs = run.hargs + final_round.capacity_args(run.capacity, name)
     if run.args.profile_prefill:          # not part of the tiers' identity: the profiler idles until asked
         hargs = hargs + prefill_profile.server_args(run.out, name)
     return hargs, extra_env

@@ -43,6 +43,8 @@ class Run:
         self.rnd = rounds.load_round(self.contest, "final") if args.finals_servers else None
         self.serve_tier = ((args.tier_order or [None])[0] or self.rnd.tier_order[0]) if self.rnd else None
         self.profiles = {n: profiles.load_profile(n, self.contest, rnd=self.rnd) for n in self.names}
+        self.capacity = final_round.capacity_changes(self.contest, getattr(args, "capacity", None), self.names,
+                                                     args.round)
         known = contest_mod.tier_names(self.contest)
         unknown = [t for t in (args.tier_order or []) if t not in known]
         if unknown:
