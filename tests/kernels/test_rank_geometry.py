@@ -254,16 +254,20 @@ def test_int8_write_at_rank_heads(wr, dev, hkv, bs):
     cache = torch.full((nb, 2, bs, hkv, D + 4), -77, dtype=torch.int8, device=dev)
     before = cache.clone()
     kd, vd, ks, vs = wr.int8_kv_views(cache, hkv, D)
-    # slots across the whole cache, the last slot of a block and the first of the next included
-    slots = torch.randperm(nb * bs, generator=torch.Generator().manual_seed(seed % 1000))[:T]
-    slots[0], slots[1] = bs - 1, bs
-    slots[::7] = -1
+    # distinct slots across the whole cache, the last slot of a block and the first of the next first
+    # (drawn apart from the permutation: a slot written twice has no single expected value), every 7th
+    # token after them skipped (-1)
+    perm = torch.randperm(nb * bs, generator=torch.Generator().manual_seed(seed % 1000))
+    perm = perm[(perm != bs - 1) & (perm != bs)]
+    slots = torch.cat([torch.tensor([bs - 1, bs]), perm[:T - 2]])
+    slots[2::7] = -1
     slots = slots.to(dev)
     wr.int8_kv_write(key, value, kd, vd, ks, vs, slots)
     if ON_GPU:
         torch.cuda.synchronize()
     ok = slots >= 0
     sv = slots[ok].long()
+    assert sv.unique().numel() == sv.numel(), "the test's slots repeat: a slot written twice has no single value"
     blk, off = sv // bs, sv % bs
     for x, dd, ss in ((key, kd, ks), (value, vd, vs)):
         q_ref, s_ref = quantize_ref(x[ok])
