@@ -177,3 +177,19 @@ def test_capacity_reaches_only_its_profiles_server_after_the_organizers_value(tm
 def test_bad_capacity_is_refused(specs, rnd, words):
     with pytest.raises(ForgeError, match=words):
         final_round.capacity_changes(contest.load_contest(), specs, NAMES, rnd)
+
+
+def test_a_tiers_time_guess_counts_the_requests_in_flight():
+    # 12 requests of ~22K prompt tokens and 1024 outputs, two warm-ups: at concurrency 10 capped by
+    # --max-num-seqs 4 the guess is the serial time over 4 (times the batch slowdown), not the serial time
+    reqs = [[22000, 1024]] * 12
+    serial = tiers.guess_s(reqs, 2)
+    four = tiers.guess_s(reqs, 2, tiers.inflight(["--max-concurrency", "10"], ["--max-num-seqs", "128",
+                                                                               "--max-num-seqs", "4"]))
+    one = reqs[0][0] / tiers.GUESS_PREFILL_TOKENS_S + 1024 * tiers.GUESS_TPOT_S
+    assert four == pytest.approx(tiers.CLIENT_TURN_S + 2 * one + 12 * one / 4 * tiers.GUESS_BATCH_SLOWDOWN)
+    assert four < serial / 2
+    # the preliminary's client (one at a time) and a missing --max-num-seqs change nothing
+    assert tiers.inflight(["--max-concurrency", "1"], ["--max-num-seqs", "128"]) == 1
+    assert tiers.inflight(["--max-concurrency", "10"], []) == 10
+    assert tiers.guess_s(reqs, 2, 1) == serial

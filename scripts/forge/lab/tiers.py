@@ -21,7 +21,7 @@ from ..run import bench, runs, score, synth
 from ..run.serve import LOCKED_PORT
 from . import final_round
 from .client import client_runner
-from .servers import guarded
+from .servers import guarded, plan
 
 if TYPE_CHECKING:
     from .session import Run
@@ -33,6 +33,9 @@ DEFAULT_TIER_ORDER = ["16-32K", "8-16K", "4-8K"]   # the largest expected change
 # compilation config: ~15 ms per output token, prefill well above 4000 tokens/s)
 GUESS_TPOT_S = 0.025
 GUESS_PREFILL_TOKENS_S = 4000.0
+# at N requests in flight (the final round's client) a decode step serves N requests at once but reads
+# more KV and multiplies larger GEMMs: the tier's requests take their serial time over N, times this
+GUESS_BATCH_SLOWDOWN = 1.5
 # the options the tool fills in per tier (contest.yaml client.per_tier) and where the result goes
 FILLED_IN = ("--dataset-path", "--num-prompts", "--model", "--served-model-name", "--tokenizer", "--host",
              "--port", "--result-dir", "--result-filename")
@@ -225,11 +228,29 @@ def tiers_reserve(args, summary: dict, live: list[str]) -> float:
     return args.reserve_s + (FAULT_NEED_S if pending else 0.0)
 
 
-def guess_s(requests: list[list[int]], warmups: int) -> float:
-    """A (tier, profile)'s time before it was ever measured: its requests and the client's warm-ups
-    (the first request again) at the guessed rates."""
+def guess_s(requests: list[list[int]], warmups: int, inflight: int = 1) -> float:
+    """A (tier, profile)'s time before it was ever measured: its requests at the guessed rates, `inflight`
+    of them at once (GUESS_BATCH_SLOWDOWN), and the client's warm-ups (the first request again, one at a
+    time). A server that preempts takes longer: the first measured tier's time over its guess scales
+    the later tiers' guesses."""
     one = [i / GUESS_PREFILL_TOKENS_S + o * GUESS_TPOT_S for i, o in requests]
-    return CLIENT_TURN_S + sum(one) + warmups * (one[0] if one else 0.0)
+    n = max(1, min(inflight, len(one)))
+    body = sum(one) if n == 1 else sum(one) / n * GUESS_BATCH_SLOWDOWN
+    return CLIENT_TURN_S + body + warmups * (one[0] if one else 0.0)
+
+
+def _last_int(argv: list[str], option: str) -> int | None:
+    """The value vLLM's parser keeps for `option` in argv (its last occurrence), or None."""
+    vals = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == option]
+    return int(vals[-1]) if vals and vals[-1].isdigit() else None
+
+
+def inflight(client_argv: list[str], server_argv: list[str]) -> int:
+    """Requests a tier keeps in flight: the client's --max-concurrency, capped by the server's
+    --max-num-seqs (each as the last occurrence the parsers keep)."""
+    conc = _last_int(client_argv, "--max-concurrency") or 1
+    seqs = _last_int(server_argv, "--max-num-seqs")
+    return min(conc, seqs) if seqs else conc
 
 
 def _warmups(contest_h: dict) -> int:
@@ -251,6 +272,7 @@ def bench_tiers(run: Run, names: list[str], model: Path, datasets: dict[str, Pat
     done: dict[str, dict[str, Path]] = {n: {} for n in names}
     reserve = tiers_reserve(run.args, run.summary, names)
     warmups = _warmups(contest_h)
+    client_argv = [x for o in contest_h["client"]["options"] for x in o]
     scale = None                  # measured time over the guess, the largest of this invocation's tiers
     for tname in order:
         ident = tier_identity(run, datasets[tname])
@@ -270,8 +292,9 @@ def bench_tiers(run: Run, names: list[str], model: Path, datasets: dict[str, Pat
                 todo.append((name, rdir))
         if not todo:
             continue
-        first = guess_s(run.summary["datasets"][tname]["requests"], warmups)
-        guess = (est or first * (scale or 1.0)) * len(todo)
+        firsts = {name: guess_s(run.summary["datasets"][tname]["requests"], warmups,
+                                inflight(client_argv, plan(run, model, name)["launch"])) for name, _ in todo}
+        guess = sum(est or firsts[name] * (scale or 1.0) for name, _ in todo)
         if run.left() - reserve < guess:
             run.summary["skipped"].append(f"tier {tname} ({', '.join(n for n, _ in todo)}): "
                                           f"{run.left():.0f}s left, needs ~{guess:.0f}s + {reserve:.0f}s reserve")
@@ -293,7 +316,7 @@ def bench_tiers(run: Run, names: list[str], model: Path, datasets: dict[str, Pat
             took = time.monotonic() - t
             if status is None:
                 continue
-            scale = max(scale or 0.0, took / first)
+            scale = max(scale or 0.0, took / firsts[name])
             res = runs.read_json(runs.result_path(rdir, tname))
             done[name][tname] = runs.result_path(rdir, tname)
             pre1 = final_round.preemptions(st["host"], st["port"])
