@@ -64,7 +64,7 @@ def _run(names: list[str], first_port: int = 8001, extra: list[str] | None = Non
     return types.SimpleNamespace(
         args=args, names=names, contest=c, h=h, hargs=tiers.harness_args(h, extra or []), triton_cache=None,
         profiles={n: profiles.load_profile(n, c) for n in names}, vllm_cmd="python3 -m vllm.entrypoints.cli.main",
-        child_env={}, identity={}, out=Path("/nonexistent"), rnd=None, serve_tier=None)
+        child_env={}, identity={}, out=Path("/nonexistent"), rnd=None, serve_tier=None, capacity={})
 
 
 def _changes(diffs: list[dict], side: str) -> dict:
