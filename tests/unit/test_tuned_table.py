@@ -226,8 +226,10 @@ def test_every_committed_table_is_valid_and_describes_its_routes():
         assert T.shipping_problems(t) == [], p
         assert t["provenance"].get("report"), f"{p.name}: provenance names the calibration report"
         lines = T.describe(t)
+        # one line per GEMV shape, prefill cache kind, (KV heads, batch) of the decode segments, decode launch
+        segs = T.decode_segment_table(t)
         assert len(lines) == sum(len(s) for s in t.get("gemv", {}).values()) + len(t.get("prefill", {})) + \
-            len(t.get("decode", {}).get("segments", {})) + len(t.get("decode", {}).get("launch", {}))
+            sum(len(b) for b in segs.values()) + len(t.get("decode", {}).get("launch", {})), p.name
 
 
 def test_the_submission_preflight_reads_its_tables_with_the_loader_it_ships(tmp_path):
