@@ -153,3 +153,47 @@ def test_the_h200_card_matches_vllms_report_at_a_point_it_was_not_fitted_to():
     assert abs(check.reported_tokens / 656_496 - 1) <= 0.02
     # the harness serves the text model alone: the vision tower is not part of the H200's weights
     assert check.weights_bytes < cap_mod.capacity(SHAPE, tp=1, card_name="dcu").weights_bytes
+
+
+def test_the_planned_max_num_seqs_is_the_resident_count_where_the_tier_preempts(tmp_path):
+    """The planned --max-num-seqs of a row: how many of the tier's largest requests one replica's cache
+    holds at once (they fit; one more does not), where the concurrency per replica would preempt; none
+    where nothing preempts. On the DCU card at TP1 bf16 the 16-32K tier's largest holds 33 blocks of 145:
+    4 fit, and the finals' concurrency 10 preempts."""
+    r = forge(tmp_path, "plan", "--round", "final", "--out", str(tmp_path / "p"))
+    assert r.returncode == 0, r.stderr
+    assert "planned seqs" in r.stdout.splitlines()[1]
+    row = next(x.split() for x in r.stdout.splitlines() if x.split()[:3] == ["16-32K", "TP1/DP1", "bf16"])
+    assert row[7:10] == ["4", "/", "4"] and row[-2:] == ["yes", "4"]          # resident 4 / 4 ... preempt, planned 4
+    rows = json.loads((tmp_path / "p" / "plan.json").read_text())["rows"]
+    for x in rows:
+        f, per = x["fit"], x["per_replica_concurrency"]
+        n = f["planned_max_num_seqs"]
+        if f["preempt"] == "no":
+            assert n is None, x
+            continue
+        assert f["preempt"] == "yes" and n == f["resident_largest"] < per, x
+        assert n * f["blocks_largest"] <= f["usable_blocks"] < (n + 1) * f["blocks_largest"], x
+    planned = {(x["tier"], x["tp"], x["dp"], x["kv_dtype"]): x["fit"]["planned_max_num_seqs"] for x in rows}
+    assert planned[("16-32K", 1, 1, "bf16")] == 4 and planned[("16-32K", 1, 2, "bf16")] == 4
+    assert planned[("16-32K", 1, 1, "int8")] == 7 and planned[("8-16K", 1, 1, "bf16")] == 5
+    assert all(v is None for (t, tp, dp, dt), v in planned.items() if t == "4-8K" or tp == 2)
+    # 16-32K DP2 int8 holds 7 per card, the client sends 5 to each: no cap needed
+    assert planned[("16-32K", 1, 2, "int8")] is None
+    r = forge(tmp_path, "plan", "--help")
+    assert "planned seqs" in r.stdout and "preempts by recompute" in r.stdout
+
+
+def test_no_cap_where_even_one_request_never_fits_or_the_concurrency_fits():
+    c = cap_mod.capacity(SHAPE, tp=1)
+    assert cap_mod.tier_fit(c, [22_401] * 8, 1024, 8)["planned_max_num_seqs"] == 4
+    assert cap_mod.tier_fit(c, [22_401] * 8, 1024, 4)["planned_max_num_seqs"] is None       # 4 fit: no cap
+    assert cap_mod.tier_fit(c, [4_000] * 4 + [22_401] * 4, 1024, 6)["planned_max_num_seqs"] == 4   # "possible"
+    big = cap_mod.capacity(SHAPE, tp=1, utilization=0.82)
+    assert cap_mod.tier_fit(big, [31_000], 1024, 2)["planned_max_num_seqs"] is None          # never fits
+    # one configuration: DP2 splits the concurrency, the planner counts one replica
+    prompts = [22_401] * 8
+    assert cap_mod.planned_seqs(SHAPE, 1, 2, prompts, 1024, 10) == 4
+    assert cap_mod.planned_seqs(SHAPE, 1, 2, prompts, 1024, 8) is None
+    assert cap_mod.planned_seqs(SHAPE, 2, 1, prompts, 1024, 10) is None
+    assert cap_mod.planned_seqs(SHAPE, 1, 1, prompts, 1024, 10, kv_dtype="int8") == 7

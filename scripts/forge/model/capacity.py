@@ -1,6 +1,7 @@
 """The capacity planner: the KV cache vLLM 0.18.1 will report for a topology, KV dtype, card and
---gpu-memory-utilization, how many of a tier's requests (prompt + output) stay resident at once, and
-whether the tier's concurrency will preempt.
+--gpu-memory-utilization, how many of a tier's requests (prompt + output) stay resident at once,
+whether the tier's concurrency will preempt, and the planned --max-num-seqs that keeps them resident
+where it would (`planned_max_num_seqs`, `planned_seqs`).
 
 Memory, as vLLM's worker and engine core compute it (v1/worker/gpu_worker.py determine_available_memory,
 v1/core/kv_cache_utils.py get_kv_cache_config_from_groups and _report_kv_cache_config):
@@ -185,10 +186,21 @@ def tier_fit(cap: Capacity, prompts: list[int], output_len: int, concurrency: in
     per = {"largest": cap.usable_blocks // cap.blocks_for(largest), "median": cap.usable_blocks // cap.blocks_for(median)}
     preempt = "no" if worst <= cap.usable_blocks else ("yes" if best > cap.usable_blocks else "possible")
     fits_one = cap.blocks_for(largest) <= cap.usable_blocks
-    return {"concurrency": concurrency, "largest_tokens": largest, "median_tokens": median,
-            "blocks_largest": cap.blocks_for(largest), "resident_largest": per["largest"],
-            "resident_median": per["median"], "blocks_needed_worst": worst, "blocks_needed_best": best,
-            "usable_blocks": cap.usable_blocks, "preempt": preempt if fits_one else "never fits"}
+    fit = {"concurrency": concurrency, "largest_tokens": largest, "median_tokens": median,
+           "blocks_largest": cap.blocks_for(largest), "resident_largest": per["largest"],
+           "resident_median": per["median"], "blocks_needed_worst": worst, "blocks_needed_best": best,
+           "usable_blocks": cap.usable_blocks, "preempt": preempt if fits_one else "never fits"}
+    return {**fit, "planned_max_num_seqs": planned_max_num_seqs(fit)}
+
+
+def planned_max_num_seqs(fit: dict) -> int | None:
+    """The --max-num-seqs that keeps a tier's requests resident, from `tier_fit`'s counts: the number
+    of its largest requests that fit the cache at once, where the concurrency would preempt (vLLM
+    admits up to max-num-seqs requests and, when their blocks run out, preempts by recompute: a cap at
+    the resident count runs fewer at once and none is dropped); None where nothing preempts (no cap
+    needed) or where even one request never fits (no cap helps)."""
+    r = fit["resident_largest"]
+    return r if fit["preempt"] in ("yes", "possible") and 1 <= r < fit["concurrency"] else None
 
 
 def topology_fit(shape: Shape, tp: int, dp: int, prompts: list[int], output_len: int, concurrency: int,
@@ -199,3 +211,12 @@ def topology_fit(shape: Shape, tp: int, dp: int, prompts: list[int], output_len:
     per = math.ceil(concurrency / dp)
     return {"tp": tp, "dp": dp, "capacity": cap.as_dict(), "per_replica_concurrency": per,
             "fit": tier_fit(cap, prompts, output_len, per)}
+
+
+def planned_seqs(shape: Shape, tp: int, dp: int, prompts: list[int], output_len: int, concurrency: int,
+                 **kw) -> int | None:
+    """The planned --max-num-seqs of one configuration (tp, dp; `kw`: kv_dtype, card_name,
+    utilization, max_num_batched_tokens as `capacity` takes them) for a tier's prompts at the client's
+    `concurrency`: `planned_max_num_seqs` of one replica (each DP replica is its own scheduler with its
+    own cache and --max-num-seqs); None when no cap is needed."""
+    return topology_fit(shape, tp, dp, prompts, output_len, concurrency, **kw)["fit"]["planned_max_num_seqs"]

@@ -5,6 +5,13 @@ largest and its median), and whether the tier's concurrency will preempt (no: th
 largest requests fit together; yes: even its smallest do not; possible: in between). DP2 is two TP1
 servers, each with half the concurrency. The prompts are the official run's (configs/workload.yaml).
 
+"planned seqs" is the --max-num-seqs that keeps a tier's requests resident where its concurrency would
+preempt: the resident count of its largest request (one replica; DP2 sets it per replica), shown where
+that is below the concurrency per replica, "-" where nothing preempts (no cap needed). vLLM admits up to
+--max-num-seqs requests and, when their blocks run out, preempts by recompute (a DCU card's cache holds 4
+of the 16-32K tier's largest at TP1 bf16); `forge predict --round final` and `forge sweep --round final`
+try this value beside their own.
+
 The reported tokens divide the block pool by its 4 groups as if each held attention tokens; the 3 GDN
 groups hold one block per request, so residency is counted in blocks. Also printed: the
 `--kv-cache-memory-bytes` that makes a server on another card (the GPU machine) allocate exactly the
@@ -73,15 +80,17 @@ def render(res: dict) -> list[str]:
     L = [f"{res['round']} round, card {res['card']}, --gpu-memory-utilization {res['gpu_memory_utilization']}, "
          f"--max-num-batched-tokens {res['max_num_batched_tokens']}",
          f"{'tier':>7} {'topology':>9} {'KV':>5} {'reported tokens':>16} {'blocks':>7} {'block':>6} "
-         f"{'req blocks':>10} {'resident':>13} {'conc/replica':>12} {'preempt':>10}"]
+         f"{'req blocks':>10} {'resident':>13} {'conc/replica':>12} {'preempt':>10} {'planned seqs':>12}"]
     for r in res["rows"]:
         c, f = r["capacity"], r["fit"]
         L.append(f"{r['tier']:>7} {'TP%d/DP%d' % (r['tp'], r['dp']):>9} {r['kv_dtype']:>5} {c['reported_tokens']:>16,} "
                  f"{c['usable_blocks']:>7} {c['block_size']:>6} {f['blocks_largest']:>10} "
                  f"{'%d / %d' % (f['resident_largest'], f['resident_median']):>13} {r['per_replica_concurrency']:>12} "
-                 f"{f['preempt']:>10}")
+                 f"{f['preempt']:>10} {f['planned_max_num_seqs'] or '-':>12}")
     L.append("resident: requests of the tier's largest / median prompt + output that fit at once (blocks; the "
              "reported tokens understate it: the GDN groups take one block per request)")
+    L.append("planned seqs: the --max-num-seqs that keeps them resident where the concurrency would preempt (the "
+             "largest's resident count, per replica); -: no cap needed")
     for dt, g in res["dcu_on_another_card"].items():
         tp = g.get("tp", 1)
         L.append(f"GPU run, {dt.split('-')[0]} KV: --kv-cache-memory-bytes {g['kv_cache_memory_bytes']} gives the DCU "
