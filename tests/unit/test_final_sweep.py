@@ -240,3 +240,65 @@ def test_a_harness_sweep_runs_to_the_output_length_and_pairs_only_with_a_harness
     r = _sweep(tmp_path, model, "--baseline", str(base), *SPACE, "--force", "--tier-env", str(tmp_path / "other.json"),
                top="1")
     assert r.returncode == 2 and "harness run" in r.stderr and len(list((tmp_path / "runs").iterdir())) == 2
+
+
+def test_the_search_tries_the_planners_max_num_seqs_per_tier():
+    """Per tier, beside each point whose concurrency would preempt, the candidate at the capacity
+    planner's max-num-seqs (forge plan's planned seqs): 16-32K on DP2 bf16 sends 5 requests to a card
+    whose cache holds 4 of the tier's largest; 4-8K needs no cap. The model ranks it like the others; its
+    key is the server's values (a checked name); the winner's environment carries the number."""
+    c = rules.load_contest()
+    rnd = rounds.load_round(c, "final")
+    from forge.run import final_pick, final_sweep
+    cands = final_space.space(rnd, max_num_seqs="32,128", max_num_batched_tokens="4096",
+                              gpu_memory_utilization="0.95", concurrency="10")
+    long = final_space.with_planned(rnd, cands, final_sweep.model_planner(c, rnd, "16-32K"))
+    assert long[:len(cands)] == cands
+    (capped,) = long[len(cands):]
+    assert capped.key == "tp1dp2-bf16-s4-b4096-u0.95-c10" and capped.planned
+    assert capped.label == capped.key + " (planned)"
+    assert final_space.Candidate(**capped.as_dict()) == capped                       # the sweep record's round trip
+    assert final_space.with_planned(rnd, cands, final_sweep.model_planner(c, rnd, "4-8K")) == cands
+    ranked = final_space.rank(final_sweep.model_ranker(c, rnd), "16-32K", long)
+    pred = {r.candidate: r.predicted for r in ranked}
+    assert pred[capped]["preemptions"] == 0 and pred[capped]["tok_s"] > 0
+    # a value the space holds already is the same configuration (one key, one run folder), marked planned
+    given = final_space.space(rnd, topologies="dp2", kv_dtypes="bf16", max_num_seqs="4,128",
+                              max_num_batched_tokens="4096", gpu_memory_utilization="0.95", concurrency="10")
+    marked = final_space.with_planned(rnd, given, final_sweep.model_planner(c, rnd, "16-32K"))
+    assert [(x.key, x.planned) for x in marked] == [(capped.key, True), ("tp1dp2-bf16-s128-b4096-u0.95-c10", False)]
+    res = {"tok_s": 30.0, "lift": 0.2, "contribution": 50.0, "baseline": "base-run"}
+    e = final_pick.entry(rnd, "16-32K", capped, "run-1", "sweep-1", res, "contest + " + capped.key)
+    assert e["environment"]["MAX_NUM_SEQS"] == "4" and e["max_num_seqs_planned"] is True
+    assert e["environment"]["CONCURRENCY_16_32K"] == "10"
+
+
+def test_a_sweep_serves_the_planned_candidate_and_its_winner_carries_the_number(tmp_path, model):
+    """16-32K on DP2 bf16 at concurrency 10: the space holds max-num-seqs 64 alone; the sweep adds the
+    planner's 4, the model ranks it first (no preemption), it is served with --max-num-seqs 4 in its own
+    run folder, labelled planned in the record, its winner's environment says MAX_NUM_SEQS=4 for the
+    tier, and a resume finds the same run."""
+    args = ["sweep", "--round", "final", "--tiers", "16-32K", "--model", str(model), "--vllm", FAKE, "--client", BENCH,
+            "--port", str(free_port()), "--num-prompts", "2", "--timeout", "30", "--top", "1",
+            "--tier-env", str(tmp_path / "tier-env.json"), "--baseline-profile", "upstream", "--topologies", "dp2",
+            "--kv-dtypes", "bf16", "--max-num-seqs", "64", "--max-num-batched-tokens", "4096",
+            "--gpu-memory-utilization", "0.95", "--concurrency", "10"]
+    env = dict(CUDA_VISIBLE_DEVICES="0,1", FAKE_TTFT_MS="100", FAKE_TOKEN_MS="2")
+    r = forge(tmp_path, *args, timeout=300, **env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    (sdir,) = (tmp_path / "sweeps").iterdir()
+    ranking = json.loads((sdir / "sweep.json").read_text())["tiers"]["16-32K"]["ranking"]
+    key = "tp1dp2-bf16-s4-b4096-u0.95-c10"
+    assert [x["key"] for x in ranking] == [key, "tp1dp2-bf16-s64-b4096-u0.95-c10"]
+    assert ranking[0]["candidate"]["planned"] is True and ranking[0]["label"] == key + " (planned)"
+    assert ranking[0]["predicted"]["preemptions"] == 0 < ranking[1]["predicted"]["preemptions"]
+    run = tmp_path / "runs" / f"{sdir.name}-16-32K-{key}"
+    assert "--data-parallel-size 2 --max-num-seqs 4 --max-num-batched-tokens 4096" in (run / "server.log").read_text()
+    assert f"{key} (planned)" in r.stdout
+    win = json.loads((tmp_path / "tier-env.json").read_text())["tiers"]["16-32K"]
+    assert win["run"] == run.name and win["max_num_seqs_planned"] is True
+    assert win["environment"]["MAX_NUM_SEQS"] == "4" and win["environment"]["CONCURRENCY_16_32K"] == "10"
+    r = forge(tmp_path, *args, "--sweep-id", sdir.name, timeout=300, **env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "already measured in run " + run.name in r.stdout + r.stderr
+    assert sorted(d.name for d in (tmp_path / "runs").iterdir()) == sorted([f"{sdir.name}-16-32K-baseline", run.name])

@@ -182,7 +182,14 @@ def test_predict_round_final_picks_per_tier(tmp_path):
     data = json.loads((out / "predict-final.json").read_text())
     assert set(data["tiers"]) == {"4-8K", "8-16K", "16-32K"}
     for t in data["tiers"].values():
-        assert len(t["ranked"]) == 4 and t["pick"]["reason"]
+        assert t["pick"]["reason"]
+    # 2 topologies x 2 KV dtypes at max-num-seqs 128; at 16-32K one more: DP2 bf16 sends 5 requests to each card,
+    # whose cache holds 4 of the tier's largest (forge plan's planned seqs), so the planner's cap is tried too
+    assert [len(data["tiers"][t]["ranked"]) for t in ("4-8K", "8-16K", "16-32K")] == [4, 4, 5]
+    (capped,) = [p for p in data["tiers"]["16-32K"]["ranked"] if p["config"]["planned"]]
+    assert capped["label"] == "TP1/DP2 bf16 seqs 4 (planned) batched 4096 util 0.95 c10"
+    assert capped["config"]["max_num_seqs"] == 4 and capped["preemptions"] == 0
+    assert "TP1/DP2 bf16 seqs 4 (planned)" in r.stdout                      # --top 5 shows all five
     assert data["provenance"]["command"].startswith("forge predict --round final")
 
 
@@ -214,3 +221,44 @@ def test_pick_keeps_headroom_and_breaks_ties_by_the_sla_used():
     assert finals.pick([over], limits)["pick_rule"].startswith("fastest")
     with pytest.raises(ForgeError):
         finals.pick([], limits)
+
+
+def test_the_planned_cap_keeps_a_long_tier_resident():
+    """16-32K on one DCU card (TP1 bf16) at the finals' concurrency 10: the cache holds 4 of the tier's
+    largest requests, vLLM admits 10 and preempts by recompute (the thrash measured on a GPU machine with
+    the card's cache: reports/e2e/2026-12-04-h200-final-dcu-kv-partial); at the planner's max-num-seqs
+    none is preempted and more tokens come out per second."""
+    reqs = finals.tier_requests(PAIRS["16-32K"], 12, "forced")
+    prompts = [p for p, _ in PAIRS["16-32K"]]
+    for build in (UPSTREAM, BEST_PUBLIC_BUILD):
+        cfg = finals.Config(1, 1, 128, 4096, 0.95, 10)
+        capped = finals.planned_config(cfg, prompts, shape=SHAPE)
+        assert capped == dataclasses.replace(cfg, max_num_seqs=4, planned=True)
+        assert "seqs 4 (planned)" in capped.label()
+        free = finals.simulate_tier(cfg, reqs, build, shape=SHAPE)
+        held = finals.simulate_tier(capped, reqs, build, shape=SHAPE)
+        assert free["preemptions"] > 10 and held["preemptions"] == 0, (free["preemptions"], held["preemptions"])
+        assert held["tok_s"] > 1.5 * free["tok_s"] and held["output_tokens"] == free["output_tokens"] == 12 * 1024
+    # no cap where nothing preempts: TP2's cache holds 41 of them, DP2 int8's 7 per card with 5 sent to each
+    assert finals.planned_config(finals.Config(2, 1, 128, 4096, 0.95, 10), prompts, shape=SHAPE) is None
+    assert finals.planned_config(finals.Config(1, 2, 128, 4096, 0.95, 10, "int8"), prompts, shape=SHAPE) is None
+
+
+def test_with_planned_adds_one_configuration_per_point_that_preempts():
+    prompts = [p for p, _ in PAIRS["16-32K"]]
+    space = {"topology": [(2, 1), (1, 2)], "kv_dtype": ["bf16", "int8"], "max_num_seqs": [32, 128],
+             "concurrency": [8, 10, 16]}
+    base = finals.expand_space(space)
+    out = finals.with_planned(space, prompts, shape=SHAPE)
+    assert out[:len(base)] == base
+    added = {(c.tp, c.dp, c.kv_dtype, c.concurrency, c.max_num_seqs) for c in out[len(base):]}
+    # DP2: 5 and 8 requests per card at c10 / c16 against 4 (bf16) and 7 (int8) resident; 4 per card at c8 fit
+    assert added == {(1, 2, "bf16", 10, 4), (1, 2, "bf16", 16, 4), (1, 2, "int8", 16, 7)}
+    assert all(c.planned for c in out[len(base):]) and not any(c.planned for c in base)
+    # a value the space holds already is marked planned, not repeated
+    again = finals.with_planned({**space, "max_num_seqs": [4, 128]}, prompts, shape=SHAPE)
+    fours = [c for c in again if (c.tp, c.dp, c.kv_dtype, c.concurrency, c.max_num_seqs) == (1, 2, "bf16", 10, 4)]
+    assert len(fours) == 1 and fours[0].planned
+    ranked = finals.rank_configurations("16-32K", out, finals.tier_requests(PAIRS["16-32K"], 12, "forced"),
+                                        BEST_PUBLIC_BUILD, {"ttft_p99_ms": 1e9, "tpot_p99_ms": 1e9}, shape=SHAPE)
+    assert sum(c.planned for c, _ in ranked) == 3 and len(ranked) == len(out)

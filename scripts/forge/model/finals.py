@@ -24,6 +24,14 @@ x the baseline's, nothing failed) first, then by output tok/s, highest first; ea
 `sla_ok` and `why` (the limit it breaks). The contest formula grows with tok/s, so within the SLA this
 order is the score's order; the score itself is the caller's (run/score.py's formula).
 
+    with_planned(space, prompts, output_len) -> list[Config]
+
+adds to a space, per (topology, KV dtype, batched tokens, utilization, concurrency) where the tier's
+concurrency would preempt, the configuration at the capacity planner's --max-num-seqs (`planned`:
+how many of the tier's largest requests one replica's cache holds at once; labelled "seqs N
+(planned)"): vLLM admits up to max-num-seqs requests and preempts by recompute when their blocks run
+out, so a search over 16..128 alone never finds the cap that keeps a long tier resident.
+
     pick(predictions, limits) -> prediction
 
 takes the one to serve: the highest tok/s with PICK_MARGIN headroom under both SLA limits (else inside
@@ -32,13 +40,14 @@ them, else the fastest), and within PICK_TIE of that tok/s the one using the lea
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import asdict, dataclass
 from typing import Iterable, Mapping
 
 from ..errors import ForgeError
-from .capacity import capacity
+from .capacity import capacity, planned_seqs
 from .costs import LINKS, UPSTREAM, Build, StepCost
 from .sched import Engine, serve
 from .shape import Shape, load_shape
@@ -58,9 +67,11 @@ class Config:
     gpu_memory_utilization: float
     concurrency: int
     kv_dtype: str = "bf16"
+    planned: bool = False           # max_num_seqs is the capacity planner's (`with_planned`)
 
     def label(self) -> str:
-        return (f"TP{self.tp}/DP{self.dp} {self.kv_dtype} seqs {self.max_num_seqs} batched "
+        seqs = f"{self.max_num_seqs}{' (planned)' if self.planned else ''}"
+        return (f"TP{self.tp}/DP{self.dp} {self.kv_dtype} seqs {seqs} batched "
                 f"{self.max_num_batched_tokens} util {self.gpu_memory_utilization:g} c{self.concurrency}")
 
     def as_dict(self) -> dict:
@@ -158,6 +169,33 @@ def expand_space(space: Iterable[Config] | Mapping[str, list]) -> list[Config]:
     return [Config(tp=int(t[0]), dp=int(t[1]), kv_dtype=k, max_num_seqs=s, max_num_batched_tokens=b,
                    gpu_memory_utilization=u, concurrency=c)
             for t, k, s, b, u, c in itertools.product(*vals)]
+
+
+def planned_config(cfg: Config, prompts: list[int], output_len: int = OUTPUT_LEN, *, shape: Shape | None = None,
+                   card: str = "dcu") -> Config | None:
+    """`cfg` with the capacity planner's --max-num-seqs (capacity.planned_seqs: the tier's largest
+    requests one replica's cache holds at once, where the concurrency per replica would preempt), marked
+    planned; None where no cap is needed."""
+    n = planned_seqs(shape or load_shape(), cfg.tp, cfg.dp, list(prompts), output_len, cfg.concurrency,
+                     kv_dtype=cfg.kv_dtype, card_name=card, utilization=cfg.gpu_memory_utilization,
+                     max_num_batched_tokens=cfg.max_num_batched_tokens)
+    return None if n is None else dataclasses.replace(cfg, max_num_seqs=n, planned=True)
+
+
+def with_planned(space: Iterable[Config] | Mapping[str, list], prompts: list[int], output_len: int = OUTPUT_LEN, *,
+                 shape: Shape | None = None, card: str = "dcu") -> list[Config]:
+    """The space's configurations and, per (topology, KV dtype, batched tokens, utilization,
+    concurrency), one more at the planner's --max-num-seqs where the concurrency would preempt (vLLM
+    admits up to max-num-seqs requests; one card's cache holds few long ones, and the rest are
+    preempted by recompute). A configuration of the space with that value already is marked planned
+    instead of repeated."""
+    shape = shape or load_shape()
+    out = {dataclasses.replace(c, planned=False): c for c in expand_space(space)}
+    for c in list(out.values()):
+        p = planned_config(c, prompts, output_len, shape=shape, card=card)
+        if p is not None:
+            out[dataclasses.replace(p, planned=False)] = p
+    return list(out.values())
 
 
 def sla_check(pred: dict, baseline: Mapping, ratio: float = SLA_RATIO) -> list[str]:

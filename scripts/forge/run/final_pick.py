@@ -12,7 +12,7 @@ checked by `forge score --round final` over the three tiers), or when completion
 The tier-environment file (default reports/final-round/tier-environment.json; `forge report` and
 `forge submission --round final --tier-env FILE` list it): {"round", "tiers": {tier: {"environment":
 the start script's variables and the tier's CONCURRENCY_<tier>, "engine_options": what the profile adds
-(--kv-cache-dtype), "settings", "profile", "run", "sweep", "tok_s", "lift", "score", "baseline"}}}.
+(--kv-cache-dtype), "settings", "max_num_seqs_planned" (the max-num-seqs is the capacity planner's), "profile", "run", "sweep", "tok_s", "lift", "score", "baseline"}}}.
 Written atomically; a tier recorded there by another sweep is replaced only with --force."""
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ def entry(rnd: rounds.Round, tier: str, cand: Candidate, run_id: str, sweep_id: 
     kv = KV_DTYPES[cand.kv_dtype]
     return {"environment": rounds.tier_env(rnd, tier, settings),
             "engine_options": {"--kv-cache-dtype": kv} if kv else {},
-            "kv_dtype": cand.kv_dtype, "settings": settings.as_dict(), "profile": profile, "run": run_id,
+            "kv_dtype": cand.kv_dtype, "settings": settings.as_dict(), "max_num_seqs_planned": cand.planned,
+            "profile": profile, "run": run_id,
             "sweep": sweep_id, "tok_s": res["tok_s"], "lift": res["lift"], "score": res["contribution"],
             "baseline": res["baseline"]}
 

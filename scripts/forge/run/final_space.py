@@ -1,7 +1,9 @@
 """The final round's search space (`forge sweep --round final`): topology x KV dtype x max-num-seqs x
 max-num-batched-tokens x gpu-memory-utilization x client concurrency, one `Candidate` per point,
 each checked against the round's bounds (forge.contest.rounds.check_settings: a point vLLM or the
-rules refuse never reaches the ranking); and the one interface a model ranks them through.
+rules refuse never reaches the ranking); per tier, beside each point whose concurrency would preempt,
+the candidate at the capacity planner's max-num-seqs (`with_planned`); and the one interface a model
+ranks them through.
 
 The ranking interface (`Ranker`): a callable `rank(tier, candidates) -> list[Ranked]`, best first,
 each `Ranked` holding the candidate, what the model predicts for it (`predicted`: any of tok_s,
@@ -11,9 +13,10 @@ time model (forge.model) to it; a test or another model passes its own callable.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
+from .. import paths
 from ..contest import rounds
 from ..errors import ForgeError
 
@@ -32,6 +35,7 @@ class Candidate:
     max_num_batched_tokens: int
     gpu_memory_utilization: float
     concurrency: int
+    planned: bool = False        # max_num_seqs is the capacity planner's for the tier (`with_planned`)
 
     @property
     def topology(self) -> str:
@@ -39,9 +43,16 @@ class Candidate:
 
     @property
     def key(self) -> str:
-        """A name for the candidate's run folder: tp2dp1-bf16-s128-b4096-u0.95-c10."""
-        return (f"{self.topology}-{self.kv_dtype}-s{self.max_num_seqs}-b{self.max_num_batched_tokens}"
-                f"-u{self.gpu_memory_utilization:g}-c{self.concurrency}")
+        """A name for the candidate's run folder: tp2dp1-bf16-s128-b4096-u0.95-c10 (the server's values
+        alone: a planned max-num-seqs names the same configuration, and run folder, as the same value
+        given in --max-num-seqs)."""
+        return paths.plain_name(f"{self.topology}-{self.kv_dtype}-s{self.max_num_seqs}-b{self.max_num_batched_tokens}"
+                                f"-u{self.gpu_memory_utilization:g}-c{self.concurrency}", "candidate")
+
+    @property
+    def label(self) -> str:
+        """The key, with " (planned)" where max-num-seqs is the capacity planner's."""
+        return self.key + (" (planned)" if self.planned else "")
 
     def settings_values(self) -> dict:
         """The round's settings (forge.contest.rounds.Settings fields) of this candidate."""
@@ -50,7 +61,7 @@ class Candidate:
                 "gpu_memory_utilization": self.gpu_memory_utilization, "concurrency": self.concurrency}
 
     def as_dict(self) -> dict:
-        return {"kv_dtype": self.kv_dtype, **self.settings_values()}
+        return {"kv_dtype": self.kv_dtype, **self.settings_values(), "planned": self.planned}
 
 
 @dataclass(frozen=True)
@@ -132,6 +143,24 @@ def space(rnd: rounds.Round, *, topologies: str | None = None, kv_dtypes: str | 
         raise ForgeError("the search space is empty (every --max-num-batched-tokens is below every --max-num-seqs)",
                          hint="give --max-num-batched-tokens values at least as large as --max-num-seqs")
     return out
+
+
+def with_planned(rnd: rounds.Round, candidates: list[Candidate],
+                 planner: Callable[[Candidate], int | None]) -> list[Candidate]:
+    """The candidates and, per (topology, KV dtype, batched tokens, utilization, concurrency), one
+    more at `planner`'s max-num-seqs for it (the capacity planner's for a tier: how many of its largest
+    requests one replica's cache holds, where the concurrency would preempt; None: no cap needed),
+    marked planned and checked against the round like the others. A candidate of the space with that
+    value already is marked planned instead of repeated (one key, one run folder)."""
+    out = {c.key: c for c in candidates}
+    for c in candidates:
+        n = planner(c)
+        if n is None or c.max_num_batched_tokens < n:
+            continue                 # no cap needed, or one vLLM refuses (fewer batched tokens than sequences)
+        p = replace(c, max_num_seqs=int(n), planned=True)
+        rounds.check_settings(rnd, p.settings_values(), where=f"candidate {p.label}")
+        out[p.key] = p
+    return list(out.values())
 
 
 def rank(ranker: Ranker, tier: str, candidates: list[Candidate]) -> list[Ranked]:

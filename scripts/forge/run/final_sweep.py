@@ -1,8 +1,11 @@
 """`forge sweep --round final`: a search over the final round's configurations, per tier.
 
 For each tier: every candidate of the space (final_space: topology x KV dtype x max-num-seqs x
-max-num-batched-tokens x gpu-memory-utilization x client concurrency) is ranked by the finals' time
-model (forge.model.finals.rank_configurations, through final_space's Ranker interface); the best
+max-num-batched-tokens x gpu-memory-utilization x client concurrency), and beside each point whose
+concurrency would preempt the candidate at the capacity planner's max-num-seqs for the tier (how many
+of its largest requests one replica's KV cache holds at once: one card's cache holds few 16-32K
+requests, and vLLM admits the concurrency and preempts by recompute otherwise), is ranked by the
+finals' time model (forge.model.finals.rank_configurations, through final_space's Ranker interface); the best
 --top N are served one after the other (forge serve --round final with a profile the sweep writes for
 the candidate: --base-profile plus the candidate's values), benchmarked with the finals' client at the
 candidate's concurrency and scored against the baseline tier with the SLA (final_pick); the server is
@@ -27,7 +30,8 @@ from .. import paths, ui
 from ..contest import rounds
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from ..model import costs, finals
+from ..model import capacity, costs, finals
+from ..model.shape import load_shape
 from . import bench, final_pick, final_space, runs, serve, synth
 from .final_space import Candidate, Ranked
 
@@ -53,12 +57,27 @@ def model_ranker(contest: dict, rnd: rounds.Round, build: str = "best-public", l
         pairs = [tuple(x) for x in workload["tiers"][tier]["requests"]]
         reqs = finals.tier_requests(pairs, tc.num_prompts or len(pairs), outputs="eos", output_len=tc.output_len)
         by_cfg = {finals.Config(c.tensor_parallel_size, c.data_parallel_size, c.max_num_seqs, c.max_num_batched_tokens,
-                                c.gpu_memory_utilization, c.concurrency, c.kv_dtype): c for c in cands}
+                                c.gpu_memory_utilization, c.concurrency, c.kv_dtype, c.planned): c for c in cands}
         ranked = finals.rank_configurations(tier, list(by_cfg), reqs, BUILDS[build], link=link)
         keep = ("tok_s", "ttft_p99_ms", "tpot_p99_ms", "preemptions", "failed", "sla_ok", "lift")
         return [Ranked(by_cfg[cfg], {k: p.get(k) for k in keep}, "; ".join(p.get("why") or []) or "within the SLA")
                 for cfg, p in ranked]
     return rank
+
+
+def model_planner(contest: dict, rnd: rounds.Round, tier: str, card: str = "dcu") -> Callable[[Candidate], int | None]:
+    """The capacity planner's max-num-seqs for a candidate on `tier` (capacity.planned_seqs: the tier's
+    prompts + the round's output length, the candidate's topology, KV dtype, utilization and batched
+    tokens on `card`); None where its concurrency would not preempt."""
+    prompts = [p for p, _ in synth.load_workload(contest)["tiers"][tier]["requests"]]
+    output_len, shape = rnd.client(tier).output_len, load_shape()
+
+    def planned(c: Candidate) -> int | None:
+        return capacity.planned_seqs(shape, c.tensor_parallel_size, c.data_parallel_size, prompts, output_len,
+                                     c.concurrency, kv_dtype=c.kv_dtype, card_name=card,
+                                     utilization=c.gpu_memory_utilization,
+                                     max_num_batched_tokens=c.max_num_batched_tokens)
+    return planned
 
 
 def _profile_text(base: str, rnd: rounds.Round, values: dict, kv: str | None, what: str) -> str:
@@ -189,10 +208,13 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
     for tier in tiers:
         ts = st["tiers"].setdefault(tier, {})
         if "ranking" not in ts:
-            with ui.step(f"tier {tier}: ranking {len(cands)} configurations with the finals' time model"):
-                ranked = final_space.rank(rank, tier, cands)
+            tier_cands = final_space.with_planned(rnd, cands, model_planner(contest, rnd, tier))
+            with ui.step(f"tier {tier}: ranking {len(tier_cands)} configurations with the finals' time model "
+                         f"({sum(c.planned for c in tier_cands)} at the planner's max-num-seqs)"):
+                ranked = final_space.rank(rank, tier, tier_cands)
             distinct, same = final_space.distinct(ranked)
-            ts["ranking"] = [{"key": r.candidate.key, "candidate": r.candidate.as_dict(), "predicted": r.predicted,
+            ts["ranking"] = [{"key": r.candidate.key, "label": r.candidate.label, "candidate": r.candidate.as_dict(),
+                              "predicted": r.predicted,
                               "why": r.why, "same_prediction": same[r.candidate.key]}
                              for r in distinct[:max(top, 10)]]
             save()
@@ -217,12 +239,12 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
             rdir = runs.run_dir(run_id, create=False)
             res_file = rdir / final_pick.TIER_SCORE
             if r.get("outcome", "").startswith("failed to start"):
-                ui.info(f"tier {tier} {i}/{top}: {cand.key}: {r['outcome']} (recorded; not retried)")
+                ui.info(f"tier {tier} {i}/{top}: {cand.label}: {r['outcome']} (recorded; not retried)")
                 continue
             if not res_file.is_file():
                 prof = _write_profile(sdir, f"{tier}-{cand.key}", _profile_text(
                     base_profile, rnd, cand.settings_values(), final_space.KV_DTYPES[cand.kv_dtype], "a sweep candidate"))
-                with ui.step(f"tier {tier} {i}/{top}: {cand.key} (predicted {r['predicted'].get('tok_s') or 0:.1f} tok/s)"):
+                with ui.step(f"tier {tier} {i}/{top}: {cand.label} (predicted {r['predicted'].get('tok_s') or 0:.1f} tok/s)"):
                     r["run"] = run_id
                     r["outcome"] = _measure(prof, tier, run_id, cand.concurrency, kw, contest)
                     save()
@@ -232,7 +254,7 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
                         continue
                     runs.write_json(res_file, final_pick.tier_score(contest, rdir, tier, base_metrics[tier]))
             else:
-                ui.info(f"tier {tier} {i}/{top}: {cand.key}: already measured in run {run_id}; kept")
+                ui.info(f"tier {tier} {i}/{top}: {cand.label}: already measured in run {run_id}; kept")
             res = runs.read_json(res_file)
             r.update(run=run_id, outcome="measured", tok_s=res["tok_s"], score=res["contribution"],
                      zeroed_by=res["zeroed_by"])
@@ -275,7 +297,10 @@ def add_arguments(s) -> None:
     for opt, default in (("--topologies", "tp2,dp2"), ("--kv-dtypes", "bf16,int8"), ("--max-num-seqs", "16,32,64,128"),
                          ("--max-num-batched-tokens", "2048,4096,8192,16384"),
                          ("--gpu-memory-utilization", "0.9,0.95"), ("--concurrency", "8,10,12,16")):
-        s.add_argument(opt, help=f"final: comma-separated values of the search space (default {default})")
+        more = ("; beside them, per tier, the capacity planner's where the concurrency would preempt (how many of "
+                "the tier's largest requests one replica's KV cache holds: forge plan's 'planned seqs')"
+                if opt == "--max-num-seqs" else "")
+        s.add_argument(opt, help=f"final: comma-separated values of the search space (default {default}){more}")
     s.add_argument("--model-build", default="best-public",
                    help=f"final: the build the time model prices the candidates with ({', '.join(BUILDS)}; default "
                         "best-public)")
@@ -315,7 +340,7 @@ def cmd_final(args) -> int:
                      model_build=args.model_build, tier_env=args.tier_env, force=args.force, image=args.image,
                      vllm_cmd=args.vllm, data_dir=args.data_dir, num_prompts=args.num_prompts, client=args.client,
                      port=args.port, timeout=args.timeout, shm_size=args.shm_size, harness=args.harness)
-    print(f"{'tier':<8} {'configuration':<40} {'run':<64} {'tok/s':>8} {'score':>7}  verdict")
+    print(f"{'tier':<8} {'configuration':<50} {'run':<64} {'tok/s':>8} {'score':>7}  verdict")
     for tier, ts in st["tiers"].items():
         win = (ts.get("winner") or {}).get("key")
         for r in ts["ranking"][:st["top"]]:
@@ -323,6 +348,7 @@ def cmd_final(args) -> int:
                        (r.get("outcome") if r.get("outcome") != "measured" else "within the SLA"))
             tok = f"{r['tok_s']:.2f}" if r.get("tok_s") is not None else "-"
             sc = f"{r['score']:.2f}" if r.get("score") is not None else "-"
-            print(f"{tier:<8} {r['key']:<40} {r.get('run') or '-':<64} {tok:>8} {sc:>7}  {verdict}")
+            conf = r["key"] + (" (planned)" if r["candidate"].get("planned") else "")
+            print(f"{tier:<8} {conf:<50} {r.get('run') or '-':<64} {tok:>8} {sc:>7}  {verdict}")
     print(f"sweep {st['sweep']}; winners: {st['tier_env_file']}")
     return 0

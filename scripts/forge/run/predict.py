@@ -304,8 +304,9 @@ def register(sub) -> None:
                    help="replace a prediction recorded in --out (files git tracks; also FORCE=1)")
     f = p.add_argument_group("the final round (--round final: the finals' time model, scripts/forge/run/predict_final.py)")
     f.add_argument("--round", choices=("preliminary", "final"), default="preliminary",
-                   help="final: per tier and configuration (topology, KV dtype, batching, concurrency) the finals' "
-                        "time model for the product (--calibration or --speedup), the pick per tier and why")
+                   help="final: per tier and configuration (topology, KV dtype, batching, concurrency; max-num-seqs "
+                        "128 and, where the concurrency would preempt, the capacity planner's: 'seqs N (planned)') "
+                        "the finals' time model for the product (--calibration or --speedup), the pick per tier and why")
     f.add_argument("--validate", action="store_true",
                    help="with --round final: the model against the public DP2 / DP1 / TP2 figures and the planner "
                         "against the public KV tokens (validation.md/json in --out)")

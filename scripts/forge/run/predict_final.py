@@ -13,6 +13,9 @@ is the lift's base, its TTFT P99 (per tier) and TPOT P99 (the largest tier's, fo
 the SLA's. The client: the round's requests per tier (80 / 70 / 60) from the official run's
 (prompt, output) pairs in order, repeated; outputs at each request's own end-of-text (`--outputs eos`,
 as the preliminary's client with --custom-output-len 1024 ran) or 1024 forced (`--outputs forced`).
+The space: the round's topologies x KV dtypes x --max-num-batched-tokens x concurrency at the
+baseline's --max-num-seqs (128), and beside each point whose concurrency would preempt, the same at
+the capacity planner's --max-num-seqs (finals.with_planned; labelled "seqs N (planned)").
 
 `--validate` instead holds the model against the public DP2 / DP1 / TP2 figures and the planner's KV
 tokens against the public DCU figures (model/validation.py) and writes that report.
@@ -79,8 +82,12 @@ def predict_final(args, contest: dict, workload: dict, speedups: dict | None) ->
         reqs = finals.tier_requests(workload["tiers"][tier]["requests"], client.num_prompts or 50, args.outputs,
                                     client.output_len)
         base = finals.simulate_tier(finals.FINALS_BASELINE, reqs, UPSTREAM, shape=shape, link=args.link)
-        ui.info(f"{tier}: {len(finals.expand_space(space))} configurations, {len(reqs)} requests ({args.outputs} outputs)")
-        ranked = finals.rank_configurations(tier, space, reqs, builds[tier], base, shape=shape, link=args.link)
+        configs = finals.with_planned(space, [p for p, _ in workload["tiers"][tier]["requests"]], client.output_len,
+                                      shape=shape)
+        planned = sum(c.planned for c in configs)
+        ui.info(f"{tier}: {len(configs)} configurations ({planned} at the planner's max-num-seqs), {len(reqs)} requests "
+                f"({args.outputs} outputs)")
+        ranked = finals.rank_configurations(tier, configs, reqs, builds[tier], base, shape=shape, link=args.link)
         tiers[tier] = {"baseline": base, "ranked": [p for _, p in ranked], "requests": len(reqs)}
     pooled_base = max(t["baseline"]["tpot_p99_ms"] for t in tiers.values())
     for t in tiers.values():          # the SLA's TPOT limit is pooled: the baseline's largest tier P99
@@ -132,13 +139,13 @@ def score_picks(contest: dict, tiers: dict) -> dict:
 
 def render(res: dict, top: int) -> list[str]:
     L = [f"finals' time model: outputs {res['outputs']}, link {res['link']}, product {next(iter(res['tiers'].values()))['pick']['build']}"]
-    hdr = f"  {'#':>2} {'configuration':<52} {'tok/s':>7} {'TTFT P99 s':>10} {'TPOT P99 ms':>11} {'preempt':>7} {'SLA':>4}"
+    hdr = f"  {'#':>2} {'configuration':<58} {'tok/s':>7} {'TTFT P99 s':>10} {'TPOT P99 ms':>11} {'preempt':>7} {'SLA':>4}"
     for tier, t in res["tiers"].items():
         b = t["baseline"]
         L += [f"{tier} ({t['requests']} requests); baseline {b['label']}: {b['tok_s']:.1f} tok/s, TTFT P99 "
               f"{b['ttft_p99_ms'] / 1000:.1f} s, TPOT P99 {b['tpot_p99_ms']:.0f} ms", hdr]
         for i, p in enumerate(t["ranked"][:top], 1):
-            L.append(f"  {i:>2} {p['label']:<52} {p['tok_s']:>7.1f} {p['ttft_p99_ms'] / 1000:>10.1f} "
+            L.append(f"  {i:>2} {p['label']:<58} {p['tok_s']:>7.1f} {p['ttft_p99_ms'] / 1000:>10.1f} "
                      f"{p['tpot_p99_ms']:>11.0f} {p['preemptions']:>7} {'ok' if p['sla_ok'] else 'no':>4}")
         L.append(f"  pick: {t['pick']['label']}: {t['pick']['reason']}")
     s = res["score"]
