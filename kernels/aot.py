@@ -5,9 +5,9 @@
 
 Compiles representative specializations (head_dim 256, 24 q / 4 kv heads; bf16 cache with
 blocks of 784 and 16 tokens, int8 cache with blocks of 1552 and 16 tokens, the LSE reduce, the
-quantize-on-write) with ``triton.compile(ASTSource(...), target=GPUTarget(...))`` using the
+quantize-on-write, the skinny GEMM's built-in launch at four per-rank shapes) with ``triton.compile(ASTSource(...), target=GPUTarget(...))`` using the
 launch configuration the launchers pick for that backend, and records per kernel/target:
-shared memory (LDS) bytes, registers, spills. Exit code 1, with a message naming kernel and
+shared memory (LDS) bytes, registers, spills, matrix-unit instructions (MFMA / wgmma / mma). Exit code 1, with a message naming kernel and
 target, when shared memory exceeds 65536 bytes or the code spills registers.
 """
 
@@ -194,6 +194,18 @@ def _widen_spec(pre, block_size: int):
     return pre._widen_prefix_kernel, args, const, 4, 1, {}
 
 
+def _skinny_spec(sk, N: int, K: int, fused: bool, is_hip: bool, num_cus: int):
+    """The skinny GEMM's built-in launch at one (N, K) per rank (M = 16; the tile does not depend on M)."""
+    cfg = sk.launch_config(16, N, K, num_cus, fused=fused, is_hip=is_hip)
+    n_out = N // 2 if fused else N
+    args = dict(x_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", p_ptr="*fp32" if cfg.split_k > 1 else "*bf16",
+                M=16, N_OUT=n_out, K=K, k_per_split=K // cfg.split_k,
+                sx_m=K, sx_k=1, sw_n=K, sw_k=1, sy_m=n_out, sy_n=1)
+    const = dict(BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, FUSED=fused,
+                 IEEE=False)
+    return sk._skinny_gemm_kernel, args, const, cfg.num_warps, cfg.num_stages, dict(launch=list(cfg))
+
+
 def specs(target: GPUTarget):
     wr, dec, pre = load_kernels()
     hip = target.backend == "hip"
@@ -212,6 +224,11 @@ def specs(target: GPUTarget):
     for kv, bs in (("bf16", 784), ("int8", 1552), ("int8-widened", 1552)):
         out.append((f"prefill_attention[{kv},bs={bs}]", _prefill_spec(pre, kv, bs, hip)))
     out.append(("widen_prefix[int8,bs=1552]", _widen_spec(pre, 1552)))
+    sk = forge_triton.fresh("skinny_gemm")
+    cus = 80 if hip else 132        # gfx936 / H200: split-K on and off among the shapes below
+    for layer, n, k, fused in (("qkv_gate", 14336, 5120, False), ("down", 5120, 17408, False),
+                               ("lm_head", 248320, 5120, False), ("gate_up", 34816, 5120, True)):
+        out.append((f"skinny_gemm[{layer},{n}x{k}]", _skinny_spec(sk, n, k, fused, hip, cus)))
     return out
 
 
@@ -292,6 +309,8 @@ def compile_one(name, spec, target: GPUTarget) -> dict:
         compiled = triton.compile(src, target=target,
                                   options={"num_warps": warps, "num_stages": stages})
         rec["shared_bytes"] = int(compiled.metadata.shared)
+        code = compiled.asm.get("amdgcn" if target.backend == "hip" else "ptx", "")
+        rec["matrix_ops"] = len(re.findall(r"v_mfma_|wgmma\.mma_async|mma\.sync", code))
         if target.backend == "hip":
             rec.update(_amd_stats(compiled.asm.get("amdgcn", "")))
         else:

@@ -12,7 +12,7 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODULES = ("int8_kv_write", "split_kv_decode", "prefill_attention")
+MODULES = ("int8_kv_write", "split_kv_decode", "prefill_attention", "skinny_gemm")
 
 
 def fresh(module: str):
