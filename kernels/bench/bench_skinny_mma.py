@@ -46,7 +46,7 @@ SMOKE_SHAPES = [("smoke", 200, 360), ("gate_up", 192, 256)]
 # launch overrides timed besides the built-in launch (merged into it; duplicates of it are dropped)
 SWEEP = [dict(block_n=64, split_k=1), dict(block_n=128, split_k=1), dict(block_n=64, split_k=2),
          dict(block_n=64, split_k=4), dict(block_n=128, split_k=2), dict(block_k=64), dict(block_k=256, block_n=64),
-         dict(num_warps=8), dict(num_stages=4), dict(num_stages=1)]
+         dict(block_k=128), dict(num_warps=8), dict(num_stages=4), dict(num_stages=1)]
 QUICK_MS = [1, 4, 5, 8, 12, 16]
 
 

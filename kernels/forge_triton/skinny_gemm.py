@@ -30,10 +30,12 @@ Built-in launch (:func:`launch_config`): the widest BLOCK_N in (128, 64) that gi
 ``WAVES * CUs`` programs, else BLOCK_N 64 and the smallest power-of-two SPLIT_K that does (at most
 16, and at least 2 K tiles per split). BLOCK_K 128 (smaller K: the next power of two, >= 16),
 4 warps, 3 stages on CUDA and 2 on HIP. LDS / shared memory of the compiled kernel (kernels/aot.py;
-HIP's 2-stage pipeline keeps one LDS buffer, prefetching the next tile into registers): BLOCK_N 128
-36 KiB on gfx90a/gfx942, 108 KiB on sm_90 at 3 stages; the fused kernel loads two weight tiles, so it
-stays at BLOCK_N 64 on HIP (36 KiB; 128 would need 68 KiB, past gfx9's 64 KiB). Both targets use
-the matrix units (v_mfma_f32_16x16x16 bf16 on gfx90a/gfx942, wgmma on sm_90) and 16-byte weight loads.
+HIP's 2-stage pipeline keeps one LDS buffer and prefetches the next tile into registers): weight tile
+plus the 16-row x tile, 20 KiB at BLOCK_N 64 x BLOCK_K 128 and 36 KiB at 128 x 128 on gfx90a/gfx942;
+108 KiB on sm_90 at 128 x 128 and 3 stages. On HIP the built-in launch keeps the weight tiles of one
+step at 16 KiB (HIP_TILE_ELEMS: BLOCK_K 64 at BLOCK_N 128 or fused), so three programs share a
+compute unit's 64 KiB of LDS. Both targets use the matrix units (v_mfma_f32_16x16x16 bf16 on
+gfx90a/gfx942, wgmma on sm_90) and 16-byte weight loads.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ WAVES = 2
 MAX_SPLIT_K = 16
 MIN_TILES_PER_SPLIT = 2
 REDUCE_BLOCK = 256
+# HIP: weight-tile elements per K step (one LDS buffer at 2 stages): 8192 bf16 = 16 KiB + the 4 KiB x tile,
+# so 3 programs fit in gfx9's 64 KiB of LDS per compute unit
+HIP_TILE_ELEMS = 64 * 128
 
 
 def _interpreting() -> bool:
@@ -163,7 +168,8 @@ def launch_config(M: int, N: int, K: int, num_cus: int, *, fused: bool = False,
     ``WAVES * num_cus`` programs where the shape allows it (module docstring). ``M`` does not change
     the tile (the rows are padded to 16 either way); it is an argument so a tuned table can key on it.
     Examples at K 5120, 132 SMs: N 14336 -> BLOCK_N 64, SPLIT_K 2 (448 programs); N 248320 -> 128, 1;
-    at 80 CUs: N 14336 -> 64, 1 (224); down 5120 x 17408 -> 64, 2 (160)."""
+    at 80 CUs (HIP): N 14336 -> 64, 1 (224); down 5120 x 17408 -> 64, 2 (160); N 248320 -> 128 with
+    BLOCK_K 64."""
     if not 1 <= M <= MAX_M:
         raise ValueError(f"skinny_gemm: M={M} rows; the kernel takes 1-{MAX_M}")
     if is_hip is None:
@@ -173,6 +179,8 @@ def launch_config(M: int, N: int, K: int, num_cus: int, *, fused: bool = False,
     block_k = _block_k(K)
     widths = (64,) if (fused and is_hip) else (128, 64)
     block_n = next((b for b in widths if triton.cdiv(n_out, b) >= want), widths[-1])
+    if is_hip and block_n * (2 if fused else 1) * block_k > HIP_TILE_ELEMS:
+        block_k = HIP_TILE_ELEMS // (block_n * (2 if fused else 1))
     blocks = triton.cdiv(n_out, block_n)
     split_k = 1
     max_split = max(1, min(MAX_SPLIT_K, triton.cdiv(K, block_k) // MIN_TILES_PER_SPLIT))

@@ -156,7 +156,8 @@ def test_rows_outside_1_to_16_are_refused():
 @pytest.mark.parametrize("cus,hip", [(132, False), (80, True)])
 def test_builtin_launch_fills_the_device(tp, cus, hip):
     """At the real per-rank shapes: at least 2 programs per SM/CU wherever BLOCK_N 64 and the split-K cap
-    allow it, K ranges of whole BLOCK_K tiles, and the fused kernel's two weight tiles within gfx9's LDS."""
+    allow it, K ranges of whole BLOCK_K tiles, and on HIP one step's tiles within a third of gfx9's 64 KiB
+    of LDS per compute unit (three programs per CU)."""
     for layer, N, K in CAL.linear(tp):
         for fused in ((False, True) if layer == "gate_up" else (False,)):
             c = SK.launch_config(16, N, K, cus, fused=fused, is_hip=hip)
@@ -166,7 +167,7 @@ def test_builtin_launch_fills_the_device(tp, cus, hip):
             assert programs >= min(2 * cus, reachable), (layer, tp, cus, c, programs)
             assert K % c.block_k == 0 and (K // c.block_k) >= c.split_k * SK.MIN_TILES_PER_SPLIT, (layer, c)
             lds = (2 if fused else 1) * c.block_n * c.block_k * 2 + c.block_k * 16 * 2
-            assert not hip or lds <= 65536, (layer, c, lds)
+            assert not hip or lds <= 65536 // 3, (layer, c, lds)
 
 
 # ---- GPU: the real per-rank shapes -----------------------------------------------------------------------
