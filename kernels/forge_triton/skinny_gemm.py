@@ -35,7 +35,9 @@ plus the 16-row x tile, 20 KiB at BLOCK_N 64 x BLOCK_K 128 and 36 KiB at 128 x 1
 108 KiB on sm_90 at 128 x 128 and 3 stages. On HIP the built-in launch keeps the weight tiles of one
 step at 16 KiB (HIP_TILE_ELEMS: BLOCK_K 64 at BLOCK_N 128 or fused), so three programs share a
 compute unit's 64 KiB of LDS. Both targets use the matrix units (v_mfma_f32_16x16x16 bf16 on
-gfx90a/gfx942, wgmma on sm_90) and 16-byte weight loads.
+gfx90a/gfx942, wgmma on sm_90) and 16-byte weight loads. gfx936 is reached only through its vendor's
+Triton, which lowers ``tl.dot`` to the card's own matrix instructions (upstream Triton cannot target it;
+gfx90a/gfx942 are the off-card stand-ins): the kernel tests on the card are the check there.
 """
 
 from __future__ import annotations
