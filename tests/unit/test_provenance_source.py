@@ -72,3 +72,18 @@ def test_a_record_shows_no_machine_path(checkout):
     assert provenance.shown_command(["calibrate", "--out", "/tmp/pipe/cal", "--python=/usr/bin/python3",
                                      "--kernels", "installed"]) == \
         "calibrate --out .../cal --python=.../python3 --kernels installed"
+
+
+def test_a_copy_without_git_or_manifest_is_warned_of_before_the_work(checkout, tmp_path, monkeypatch):
+    assert provenance.unnamed_commit_warning("the records") is None          # a git checkout names its commit
+    copy = tmp_path / "bare"
+    shutil.copytree(checkout, copy, ignore=shutil.ignore_patterns(".git"))
+    monkeypatch.setattr(provenance, "ROOT", copy)
+    why = provenance.unnamed_commit_warning("the records")
+    assert why and "the records will name no commit" in why and provenance.SOURCE_MANIFEST_ENV in why
+    mf = tmp_path / "source.json"
+    monkeypatch.setattr(provenance, "ROOT", checkout)
+    mf.write_text(json.dumps(provenance.source_manifest()))
+    monkeypatch.setattr(provenance, "ROOT", copy)
+    monkeypatch.setenv(provenance.SOURCE_MANIFEST_ENV, str(mf))
+    assert provenance.unnamed_commit_warning("the records") is None          # the bundle's manifest names it

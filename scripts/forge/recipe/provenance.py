@@ -126,6 +126,16 @@ def forge_commit() -> dict:
     return {"commit": sha, "dirty": dirty}
 
 
+def unnamed_commit_warning(what: str) -> str | None:
+    """Why `what`'s records would name no project commit (a copy of the checkout without its git folder and
+    no source manifest), to be said before the work starts; None when the commit is known."""
+    if forge_commit().get("commit"):
+        return None
+    return (f"this copy of the project has no git folder and {SOURCE_MANIFEST_ENV} is not set: {what} will "
+            f"name no commit (set {SOURCE_MANIFEST_ENV} to the bundle's build/source-manifest.json, or run from a "
+            "git checkout)")
+
+
 def forge_diff_hash() -> str | None:
     """sha256 of the uncommitted change to tracked files (`git diff HEAD`), for a record made from a dirty
     checkout: what it was made from is then named, not only "dirty"."""

@@ -323,6 +323,10 @@ def cmd_calibrate(args) -> int:
     dk, do = default_kernels()
     args.kernels = args.kernels or dk
     args.ops = args.ops or do
+    why = None if args.smoke else provenance.unnamed_commit_warning("the calibration's records (and `--install` "
+                                                                     "refuses a table without a commit)")
+    if why:
+        ui.warn(why)
     res = calibrate(args, force)
     doc, out = res["doc"], res["out"]
     sel_ = doc["selection"]
