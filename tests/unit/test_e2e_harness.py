@@ -568,3 +568,24 @@ def test_a_profile_added_later_is_measured_beside_the_kept_reference_without_res
     for name in ("fast-int8", "contest", "upstream"):
         m = json.loads((out / "runs" / name / "manifest.json").read_text())
         assert m["tiers"] == ["4-8K"] and m["model"] and "4-8K" in m["client_commands"]
+
+
+def test_a_final_round_run_gives_one_profile_its_capacity(tmp_path):
+    """--round final --capacity: only fast-int8's server gets --max-num-seqs 4 (after the organizers' 128),
+    the run records it as a difference and in its identity, and the 16-32K tier is measured (its time is
+    guessed with the requests in flight, not one at a time)."""
+    r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--round", "final", "--tier-order", "16-32K",
+                        "--capacity", "fast-int8:max-num-seqs=4")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert not s["skipped"], s["skipped"]
+    ours = json.loads((out / "runs" / "fast-int8" / "serve.json").read_text())
+    up = json.loads((out / "runs" / "upstream" / "serve.json").read_text())
+    assert ours["harness_args"][-2:] == ["--max-num-seqs", "4"]
+    assert "--max-num-seqs" not in up["harness_args"]
+    caps = [d for d in s["differences"] if d["args"] == ["--max-num-seqs", "4"]]
+    assert len(caps) == 1 and "fast-int8's server alone" in caps[0]["why"]
+    ident = json.loads((out / "runs" / "fast-int8" / "16-32K.identity.json").read_text())
+    assert ident["capacity"] == {"fast-int8": ["--max-num-seqs", "4"]}
+    calls = [json.loads(x) for x in (tmp_path / "replay.log").read_text().splitlines()]
+    assert len(calls) == 2 and all(c["argv"][c["argv"].index("--max-concurrency") + 1] == "10" for c in calls)
