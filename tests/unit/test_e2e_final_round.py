@@ -175,8 +175,10 @@ def test_capacity_reaches_only_its_profiles_server_after_the_organizers_value(tm
     (["contest:max-num-seqs=4", "contest:max-num-seqs=5"], "final", "given twice"),
 ])
 def test_bad_capacity_is_refused(specs, rnd, words):
-    with pytest.raises(ForgeError, match=words):
+    with pytest.raises(ForgeError, match=words) as e:
         final_round.capacity_changes(contest.load_contest(), specs, NAMES, rnd)
+    # the fix names the option given, not the start script's environment variable
+    assert "MAX_NUM_SEQS" not in (e.value.hint or "")
 
 
 def test_a_tiers_time_guess_counts_the_requests_in_flight():

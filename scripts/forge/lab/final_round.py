@@ -102,7 +102,11 @@ def capacity_changes(contest: dict, specs: list[str] | None, names: list[str], r
                                  hint="--gpu-memory-utilization and --kv-cache-memory-bytes size every server alike")
             if any(c["args"][0] == opt for c in out.get(name, [])):
                 raise ForgeError(f"--capacity: {opt} given twice for {name}", hint="give each option once per profile")
-            v = rounds.check_value(rnd, opt, val.strip(), f"--capacity {spec}")
+            try:
+                v = rounds.check_value(rnd, opt, val.strip(), f"--capacity {spec}")
+            except ForgeError as e:       # the round's hint names the start script's variable, not this option
+                raise ForgeError(e.message, hint=f"give {opt[2:]} a value within the round's bounds in --capacity "
+                                                 f"(e.g. {name}:{opt[2:]}=4)") from None
             out.setdefault(name, []).append({
                 "args": [opt, str(v)],
                 "why": f"{name}'s server alone (--capacity): the final round leaves {opt} to the team per tier; "
