@@ -165,12 +165,14 @@ def _built(M: int, block: int, rows: int, silu: bool, on_amd: bool) -> bool:
     return nv <= 16 or (not on_amd and block <= 256 and nv <= 32)
 
 
-@pytest.mark.parametrize("silu", [False, True])
-def test_every_built_config(ext, gen, silu):
-    K, N = 17408, 640   # K / 8 = 2176: uneven chunk counts for every block size
+def _sweep_built_configs(ext, gen, silu, ms):
+    """Every (block, rows) of the menu at each M in `ms`: the built ones against float64, the others
+    refused without writing their output. K = 17408: uneven chunk counts for every block size.
+    Returns (built, refused)."""
+    K, N = 17408, 640   # K / 8 = 2176
     w = rand((N, K), gen, K ** -0.5)
     built = refused = 0
-    for M in (1, 2, 3, 4):
+    for M in ms:
         x = rand((M, K), gen)
         ref = ref_gemv(x, w)
         if silu:
@@ -183,18 +185,22 @@ def test_every_built_config(ext, gen, silu):
                 y = poisoned(M, N // 2 if silu else N)
                 fn = ext.forge_gemv_silu_mul if silu else ext.forge_gemv
                 if not _built(M, block, rows, silu, torch.version.hip is not None):
-                    if ext.unsafe_refusals:
-                        refused += 1
-                        continue
-                    with pytest.raises(RuntimeError, match="is not built"):
-                        fn(y, x, w, block, rows)
-                    assert torch.isnan(y).all(), f"{what}: a refused call wrote its output"
                     refused += 1
+                    if not ext.unsafe_refusals:
+                        with pytest.raises(RuntimeError, match="is not built"):
+                            fn(y, x, w, block, rows)
+                        assert torch.isnan(y).all(), f"{what}: a refused call wrote its output"
                     continue
                 fn(y, x, w, block, rows)
                 torch.cuda.synchronize()
                 built += 1
                 check(y, ref, what, gen)
+    return built, refused
+
+
+@pytest.mark.parametrize("silu", [False, True])
+def test_every_built_config(ext, gen, silu):
+    built, refused = _sweep_built_configs(ext, gen, silu, (1, 2, 3, 4))
     assert built >= 40
     assert refused >= 4   # the rule leaves some out: the sweep covers both sides of it
 
@@ -282,33 +288,8 @@ def test_fused_gate_up_silu_1_to_16(ext, gen, I, K):
 
 @pytest.mark.parametrize("silu", [False, True])
 def test_every_built_config_5_to_16(ext, gen, silu):
-    """Every (block, rows) of the menu at M = 5, 8, 9, 16 (both sides of the MT = 8 / 16 switch): the built
-    ones against float64, the others refused. K = 17408: uneven chunk counts for every block size."""
-    K, N = 17408, 640
-    w = rand((N, K), gen, K ** -0.5)
-    built = refused = 0
-    for M in (5, 8, 9, 16):
-        x = rand((M, K), gen)
-        ref = ref_gemv(x, w)
-        if silu:
-            ref = F.silu(ref[:, : N // 2]) * ref[:, N // 2:]
-        for block in (64, 128, 256, 512, 640, 768):
-            for rows in (1, 2, 4, 8):
-                what = f"silu={silu} M={M} block={block} rows={rows}"
-                print(f"config {what}", flush=True)
-                y = poisoned(M, N // 2 if silu else N)
-                fn = ext.forge_gemv_silu_mul if silu else ext.forge_gemv
-                if not _built(M, block, rows, silu, torch.version.hip is not None):
-                    refused += 1
-                    if not ext.unsafe_refusals:
-                        with pytest.raises(RuntimeError, match="is not built"):
-                            fn(y, x, w, block, rows)
-                        assert torch.isnan(y).all(), f"{what}: a refused call wrote its output"
-                    continue
-                fn(y, x, w, block, rows)
-                torch.cuda.synchronize()
-                built += 1
-                check(y, ref, what, gen)
+    """M = 5, 8, 9, 16: both sides of the MT = 8 / 16 switch."""
+    built, refused = _sweep_built_configs(ext, gen, silu, (5, 8, 9, 16))
     assert built >= 10 and refused >= 20   # AMD builds the fewest: 12 fused launches at these M
 
 
