@@ -21,15 +21,18 @@ import shutil
 import sys
 
 from . import options, proc, ui
-from .builder import rehearsal, toolchain
+from .builder import image, rehearsal, toolchain
 from .errors import ForgeError
 from .paths import BUILD, ROOT, rel
 
 # What a fresh `make test` writes, measured on a fresh clone: the rehearsal venv (torch with its CUDA
 # libraries, vLLM's dependencies) about 6.5 GB, the toolchain venv (torch 2.10 with the CUDA libraries it
-# loads, Triton 3.4.0) 6.1 GB, the image rehearsal with buildah's vfs driver up to about 11.6 GB while it
-# builds (3.8 GB kept).
-NEED_GB = {"rehearsal": 7.0, "toolchain": 6.5, "image": 12.0}
+# loads, Triton 3.4.0) 6.1 GB; the image rehearsal's need depends on buildah's storage driver
+# (image.NEED_GB).
+# The tests' temporary trees at once (pytest removes a passed test's tmp_path as it ends): at most about
+# 1.5 GB on two workers.
+NEED_GB = {"rehearsal": 7.0, "toolchain": 6.5, "tests": 2.0}
+MARGIN_GB = 1.0
 # `make test` keeps its rehearsal reports out of the tracked reports/ (what `make rehearsal` and
 # `make image-rehearsal` record), so a test run leaves the working tree as it found it.
 TEST_REPORTS = BUILD / "test-reports"
@@ -57,8 +60,8 @@ def disk_preflight(with_image: bool, with_toolchain: bool = True) -> None:
         need += NEED_GB["toolchain"]
     where = {str(BUILD): need}
     if with_image:
-        root = "/var/lib/containers" if os.geteuid() == 0 else os.path.expanduser("~/.local/share/containers")
-        where[root] = where.get(root, 0) + NEED_GB["image"]
+        root = _containers_root()
+        where[root] = where.get(root, 0) + image.NEED_GB[image.storage_driver()]
     by_fs: dict[int, tuple[str, float]] = {}    # one file system holding both needs both
     for path, gb in where.items():
         dev = os.stat(_existing(path)).st_dev
@@ -67,9 +70,33 @@ def disk_preflight(with_image: bool, with_toolchain: bool = True) -> None:
     for path, gb in by_fs.values():
         have = free_gb(path)
         if have < gb:
+            images = (f" and `buildah --storage-driver {image.storage_driver()} rmi --prune` (untagged images)"
+                      if with_image else "")
             ui.warn(f"{path}: {have:.1f} GB free, this run needs about {gb:.1f} GB; it may stop with "
-                    "'No space left on device'. Free space with `make clean` (build outputs) and "
-                    "`buildah --storage-driver vfs rmi --prune` (untagged images)")
+                    f"'No space left on device'. Free space with `make clean` (build outputs){images}")
+
+
+def _containers_root() -> str:
+    return "/var/lib/containers" if os.geteuid() == 0 else os.path.expanduser("~/.local/share/containers")
+
+
+def make_room(with_image: bool) -> bool:
+    """After the toolchain check: where the disk cannot also hold the image rehearsal and the tests'
+    temporary trees, remove the toolchain venv (6 GB, its check done; the next `make test` rebuilds it)
+    and say so. True when it removed it."""
+    venv = toolchain.VENV
+    if not venv.is_dir():
+        return False
+    need = NEED_GB["tests"]
+    if with_image and os.stat(_existing(_containers_root())).st_dev == os.stat(_existing(BUILD)).st_dev:
+        need += image.NEED_GB[image.storage_driver()]
+    have = free_gb(BUILD)
+    if have >= need + MARGIN_GB:
+        return False
+    shutil.rmtree(venv, ignore_errors=True)
+    ui.warn(f"{have:.1f} GB free, and the image rehearsal and the tests need about {need:.1f} GB: removed "
+            f"{rel(venv)} ({free_gb(BUILD) - have:.1f} GB; its check is done, the next `make test` rebuilds it)")
+    return True
 
 
 def default_workers() -> int:
@@ -132,6 +159,7 @@ def cmd_test(args) -> int:
             rehearsal.rehearse(report_dir=TEST_REPORTS)
             if pre is not None:
                 toolchain.finish(pre, child)
+                make_room(with_image=not args.no_image and bool(shutil.which("buildah")))
             else:
                 ui.warn("container toolchain check skipped (--no-toolchain): the kernels were not checked "
                         "under Triton 3.4.0 nor the tool under Python 3.10")

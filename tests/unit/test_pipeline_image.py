@@ -56,12 +56,45 @@ def test_hadolint_clean():
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_build_commands():
+def test_build_commands(monkeypatch):
     cmd, env = image.build_command("docker", "t:1", {"BASE_IMAGE": "b@sha256:" + "0" * 64})
     assert cmd[:2] == ["docker", "build"] and env == {"DOCKER_BUILDKIT": "1"}
     assert "--target" in cmd and "runtime" in cmd and f"BASE_IMAGE=b@sha256:{'0' * 64}" in cmd
+    monkeypatch.setenv("BUILDAH_STORAGE", "vfs")
     cmd, env = image.build_command("buildah", "t:1", {})
-    assert cmd[0] == "buildah" and "chroot" in cmd
+    assert cmd[0] == "buildah" and "chroot" in cmd and cmd[cmd.index("--storage-driver") + 1] == "vfs"
+
+
+FAKE_BUILDAH = """#!/bin/sh
+echo "$*" >> "$BUILDAH_LOG"
+case "$3" in
+  from) echo working-container-7 ;;
+  mount) [ "$MOUNT_RC" = 0 ] && echo /var/lib/containers/storage/overlay/x/merged; exit "$MOUNT_RC" ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("mount_rc,want", [(0, "overlay"), (32, "vfs")])
+def test_buildah_takes_overlay_only_where_an_overlay_container_mounts(monkeypatch, tmp_path, mount_rc, want):
+    fake = tmp_path / "bin" / "buildah"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_BUILDAH)
+    fake.chmod(0o755)
+    log = tmp_path / "calls"
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    monkeypatch.setenv("BUILDAH_LOG", str(log))
+    monkeypatch.setenv("MOUNT_RC", str(mount_rc))
+    monkeypatch.delenv("BUILDAH_STORAGE", raising=False)
+    monkeypatch.setattr(image, "_DRIVER", [])
+    assert image.storage_driver() == want
+    assert image.storage_driver() == want                          # probed once per run
+    calls = log.read_text().splitlines()
+    assert calls[0] == "--storage-driver overlay from scratch" and len(calls) == (4 if mount_rc == 0 else 3)
+    assert calls[-1] == "--storage-driver overlay rm working-container-7"   # the probe leaves nothing behind
+    assert image._builder_cmd("buildah")[1:] == ["--storage-driver", want]
+    monkeypatch.setenv("BUILDAH_STORAGE", "vfs")                  # the user's choice wins, unprobed
+    assert image.storage_driver() == "vfs"
+    assert len(log.read_text().splitlines()) == len(calls)
 
 
 def test_unpinned_base_refused(monkeypatch):

@@ -28,11 +28,13 @@ def test_make_test_writes_the_rehearsal_reports_under_build(monkeypatch, tmp_pat
     monkeypatch.setattr(toolchain, "start_venv", lambda pre: calls.setdefault("venv", "child"))
     monkeypatch.setattr(toolchain, "finish", lambda pre, child: calls.setdefault("toolchain", child))
     monkeypatch.setattr(toolchain, "stop_venv", lambda child: calls.setdefault("stopped", child))
+    monkeypatch.setattr(testrun, "make_room", lambda with_image: calls.setdefault("room", with_image))
     monkeypatch.setattr(testrun, "lint", lambda: 0)
     args = types.SimpleNamespace(no_rehearsal=False, no_image=False, no_toolchain=False, pytest_args=["--version"],
                                  workers=1)
     assert testrun.cmd_test(args) == 0
     assert calls["toolchain"] == "child", "make test runs the container toolchain check on the venv it started"
+    assert calls["room"] is True, "after the check, room is made for the image rehearsal beside the tests"
     out = calls["rehearsal"]["report_dir"]
     assert out == testrun.TEST_REPORTS and REPORTS not in (out, *out.parents)
     # the image rehearsal runs as its own verb beside the tests, its report beside the rehearsal's
@@ -182,6 +184,26 @@ def test_the_disk_preflight_counts_the_toolchain_venv_until_it_exists(monkeypatc
     toolchain.VENV.mkdir(parents=True)
     testrun.disk_preflight(with_image=False, with_toolchain=True)
     assert not warned
+
+
+@pytest.mark.parametrize("free,removed", [(2.5, True), (3.5, False)])
+def test_a_short_disk_gives_the_checked_toolchain_venv_back_before_the_tests(monkeypatch, tmp_path, capsys,
+                                                                             free, removed):
+    monkeypatch.setattr(testrun, "BUILD", tmp_path)
+    monkeypatch.setattr(toolchain, "VENV", tmp_path / "toolchain" / "venv")
+    (toolchain.VENV / "bin").mkdir(parents=True)
+    monkeypatch.setattr(testrun, "free_gb", lambda path: free)
+    # the tests' 2 GB and a 1 GB margin; without an image rehearsal in the run
+    assert testrun.make_room(with_image=False) is removed
+    assert toolchain.VENV.is_dir() is not removed
+    if removed:
+        err = capsys.readouterr().err
+        assert "removed" in err and "venv" in err and "the next `make test` rebuilds it" in err
+    assert testrun.make_room(with_image=False) is False, "nothing left to give back"
+    toolchain.VENV.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setattr(testrun.image, "storage_driver", lambda: "vfs")
+    monkeypatch.setattr(testrun, "_containers_root", lambda: str(tmp_path))
+    assert testrun.make_room(with_image=True) is True, "the image rehearsal's 12 GB with vfs do not fit"
 
 
 def test_a_failed_rehearsal_stops_the_background_venv_build(monkeypatch):

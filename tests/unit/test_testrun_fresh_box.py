@@ -31,6 +31,7 @@ def fresh_box(monkeypatch, tmp_path):
     monkeypatch.setattr(toolchain, "start_venv", lambda pre: None)
     monkeypatch.setattr(toolchain, "stop_venv", lambda child: None)
     monkeypatch.setattr(toolchain, "finish", lambda pre, child: seen["checked"].append(("toolchain", pre["ld_lld"])))
+    monkeypatch.setattr(testrun, "make_room", lambda with_image: None)
     monkeypatch.setattr(testrun, "pytest_runs", lambda runs, workers: seen["checked"].append("pytest") or 0)
     monkeypatch.setattr(testrun.ui, "warn", seen["warn"].append)
     monkeypatch.setattr(toolchain.ui, "warn", seen["warn"].append)

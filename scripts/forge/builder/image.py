@@ -75,7 +75,7 @@ def build_command(builder: str, tag: str, args: dict[str, str]) -> tuple[list[st
     if builder == "docker":
         return ["docker", "build", "-f", str(DOCKERFILE), "--target", "runtime", "-t", tag, *ba, str(ROOT)], \
             {"DOCKER_BUILDKIT": "1"}
-    return ["buildah", "--storage-driver", os.environ.get("BUILDAH_STORAGE", "vfs"), "build",
+    return ["buildah", "--storage-driver", storage_driver(), "build",
             "--isolation", "chroot", "-f", str(DOCKERFILE), "--target", "runtime", "-t", tag, *ba,
             str(ROOT)], {}
 
@@ -233,10 +233,11 @@ def make_standin(builder: str, torch_wheel: Path) -> str:
             ctr = proc.output([*_builder_cmd(builder), "from", "scratch"], what="buildah from scratch")
             try:
                 proc.run([*_builder_cmd(builder), "add", ctr, tarball, "/"], what="buildah add rootfs")
+                tarball.unlink()       # in the container now: not a third copy on disk during the commit
                 proc.run([*_builder_cmd(builder), "commit", "-q", ctr, STANDIN_TAG], what="buildah commit")
             finally:
                 proc.run([*_builder_cmd(builder), "rm", ctr], capture=True, check=False)
-    tarball.unlink()
+    tarball.unlink(missing_ok=True)
     write_atomic(stamp, key)   # last: a stand-in interrupted before this is rebuilt
     return STANDIN_TAG
 
@@ -254,8 +255,8 @@ def _refuse_mounts(path: Path) -> None:
 def prune_rehearsal_leftovers(builder: str) -> dict:
     """Remove what earlier rehearsals left behind: working containers of our two images or of an
     untagged one (an interrupted build), then untagged images. Each rebuild moves the tag and leaves the
-    old image untagged; with buildah's vfs driver every one is a full copy of the root filesystem
-    (1.3 GB here), so without this the disk fills after a few runs."""
+    old image untagged, a full copy of the root filesystem with buildah's vfs driver (1.3 GB here), so
+    without this the disk fills after a few runs."""
     if builder != "buildah":
         out = proc.run(["docker", "image", "prune", "-f", "--filter",
                         "label=org.opencontainers.image.title=dcu-forge vLLM"], capture=True, check=False)
@@ -281,8 +282,50 @@ def prune_rehearsal_leftovers(builder: str) -> dict:
 
 def _builder_cmd(builder: str) -> list[str]:
     if builder == "buildah":
-        return ["buildah", "--storage-driver", os.environ.get("BUILDAH_STORAGE", "vfs")]
+        return ["buildah", "--storage-driver", storage_driver()]
     return ["docker"]
+
+
+# buildah's storage driver, decided once per run (see storage_driver)
+_DRIVER: list[str] = []
+# What the image rehearsal needs free while it builds, by driver (measured on a fresh machine: with vfs
+# every layer is a full copy of the root filesystem, 11.1 GB at the build's peak and 3.8 GB kept; with
+# overlay 5.4 GB at the stand-in's import, before the stand-in's tarball was removed ahead of its
+# commit, and 1.3 GB kept).
+NEED_GB = {"overlay": 4.0, "vfs": 12.0}
+
+
+def storage_driver() -> str:
+    """buildah's storage driver: BUILDAH_STORAGE when set; else overlay where this machine can mount an
+    overlay container (root with overlayfs), else vfs, which works everywhere but copies the whole root
+    filesystem for every layer."""
+    env = os.environ.get("BUILDAH_STORAGE")
+    if env:
+        return env
+    if not _DRIVER:
+        _DRIVER.append("overlay" if _overlay_mounts() else "vfs")
+        if _DRIVER[0] == "vfs":
+            ui.info(f"buildah: overlay storage does not mount here; using vfs (every layer a full copy: "
+                    f"about {NEED_GB['vfs']:.0f} GB free needed while the image builds)")
+    return _DRIVER[0]
+
+
+def _overlay_mounts() -> bool:
+    """Create, mount and remove an empty overlay container: what every RUN step of a build does."""
+    if not shutil.which("buildah"):
+        return False
+    cmd = ["buildah", "--storage-driver", "overlay"]
+    made = proc.run([*cmd, "from", "scratch"], capture=True, check=False)
+    if made.returncode != 0 or not made.stdout.strip():
+        return False
+    ctr = made.stdout.strip().splitlines()[-1]
+    try:
+        ok = proc.run([*cmd, "mount", ctr], capture=True, check=False).returncode == 0
+        if ok:
+            proc.run([*cmd, "umount", ctr], capture=True, check=False)
+    finally:
+        proc.run([*cmd, "rm", ctr], capture=True, check=False)
+    return ok
 
 
 def cmd_image_rehearsal(args) -> int:
