@@ -21,14 +21,14 @@ import shutil
 import sys
 
 from . import options, proc, ui
-from .builder import image, rehearsal, toolchain
+from .builder import buildah, rehearsal, toolchain
 from .errors import ForgeError
 from .paths import BUILD, ROOT, rel
 
 # What a fresh `make test` writes, measured on a fresh clone: the rehearsal venv (torch with its CUDA
 # libraries, vLLM's dependencies) about 6.5 GB, the toolchain venv (torch 2.10 with the CUDA libraries it
 # loads, Triton 3.4.0) 6.1 GB; the image rehearsal's need depends on buildah's storage driver
-# (image.NEED_GB).
+# (buildah.NEED_GB).
 # The tests' temporary trees at once (pytest removes a passed test's tmp_path as it ends): at most about
 # 1.5 GB on two workers.
 NEED_GB = {"rehearsal": 7.0, "toolchain": 6.5, "tests": 2.0}
@@ -61,7 +61,7 @@ def disk_preflight(with_image: bool, with_toolchain: bool = True) -> None:
     where = {str(BUILD): need}
     if with_image:
         root = _containers_root()
-        where[root] = where.get(root, 0) + image.NEED_GB[image.storage_driver()]
+        where[root] = where.get(root, 0) + buildah.NEED_GB[buildah.storage_driver()]
     by_fs: dict[int, tuple[str, float]] = {}    # one file system holding both needs both
     for path, gb in where.items():
         dev = os.stat(_existing(path)).st_dev
@@ -70,7 +70,7 @@ def disk_preflight(with_image: bool, with_toolchain: bool = True) -> None:
     for path, gb in by_fs.values():
         have = free_gb(path)
         if have < gb:
-            images = (f" and `buildah --storage-driver {image.storage_driver()} rmi --prune` (untagged images)"
+            images = (f" and `buildah --storage-driver {buildah.storage_driver()} rmi --prune` (untagged images)"
                       if with_image else "")
             ui.warn(f"{path}: {have:.1f} GB free, this run needs about {gb:.1f} GB; it may stop with "
                     f"'No space left on device'. Free space with `make clean` (build outputs){images}")
@@ -89,7 +89,7 @@ def make_room(with_image: bool) -> bool:
         return False
     need = NEED_GB["tests"]
     if with_image and os.stat(_existing(_containers_root())).st_dev == os.stat(_existing(BUILD)).st_dev:
-        need += image.NEED_GB[image.storage_driver()]
+        need += buildah.NEED_GB[buildah.storage_driver()]
     have = free_gb(BUILD)
     if have >= need + MARGIN_GB:
         return False

@@ -73,10 +73,10 @@ def test_rehearsal_records_are_not_tracked(clone):
     """What `make rehearsal` and `make image-rehearsal` record about their run (times, machine,
     commit) goes to ignored files: a rerun cannot leave the tree dirty or the record stale."""
     code = (
-        "from forge.builder import image, rehearsal\n"
+        "from forge.builder import imagerehearsal, rehearsal\n"
         "rehearsal.write_report({'started': 'x', 'ok': False, 'stages': [{'stage': 's', 'ok': False, "
         "'seconds': 1, 'error': 'e'}]}, rehearsal.REPORTS)\n"
-        "image._write_image_report({'started': 'x', 'ok': False, 'forge': {}, 'seconds': 1})\n")
+        "imagerehearsal._write_image_report({'started': 'x', 'ok': False, 'forge': {}, 'seconds': 1})\n")
     subprocess.run([sys.executable, "-c", code], check=True, env={**_env(clone), "PYTHONPATH": str(clone / "scripts")})
     assert (clone / "reports" / "rehearsal.md").is_file() and (clone / "reports" / "image-rehearsal.json").is_file()
     assert _status(clone) == ""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from forge.builder import image
+from forge.builder import buildah, image
 from forge.errors import ForgeError
 from forge.paths import ROOT
 
@@ -85,15 +85,15 @@ def test_buildah_takes_overlay_only_where_an_overlay_container_mounts(monkeypatc
     monkeypatch.setenv("BUILDAH_LOG", str(log))
     monkeypatch.setenv("MOUNT_RC", str(mount_rc))
     monkeypatch.delenv("BUILDAH_STORAGE", raising=False)
-    monkeypatch.setattr(image, "_DRIVER", [])
-    assert image.storage_driver() == want
-    assert image.storage_driver() == want                          # probed once per run
+    monkeypatch.setattr(buildah, "_DRIVER", [])
+    assert buildah.storage_driver() == want
+    assert buildah.storage_driver() == want                          # probed once per run
     calls = log.read_text().splitlines()
     assert calls[0] == "--storage-driver overlay from scratch" and len(calls) == (4 if mount_rc == 0 else 3)
     assert calls[-1] == "--storage-driver overlay rm working-container-7"   # the probe leaves nothing behind
-    assert image._builder_cmd("buildah")[1:] == ["--storage-driver", want]
+    assert buildah.builder_cmd("buildah")[1:] == ["--storage-driver", want]
     monkeypatch.setenv("BUILDAH_STORAGE", "vfs")                  # the user's choice wins, unprobed
-    assert image.storage_driver() == "vfs"
+    assert buildah.storage_driver() == "vfs"
     assert len(log.read_text().splitlines()) == len(calls)
 
 

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"
 from helpers import ROOT  # noqa: E402
 
 from forge import testrun  # noqa: E402
-from forge.builder import image, rehearsal, toolchain  # noqa: E402
+from forge.builder import imagerehearsal, rehearsal, toolchain  # noqa: E402
 from forge.paths import REPORTS  # noqa: E402
 
 
@@ -103,7 +103,7 @@ def test_the_image_report_goes_where_it_is_told(tmp_path):
     rec = {"started": "2026-01-01T00:00:00+00:00", "ok": True, "seconds": 1.0, "forge": {"commit": "abc"},
            "stages": [{"stage": "build", "seconds": 1.0}]}
     before = {p: p.stat().st_mtime_ns for p in REPORTS.glob("image-rehearsal.*")}
-    image._write_image_report(rec, tmp_path)
+    imagerehearsal._write_image_report(rec, tmp_path)
     assert (tmp_path / "image-rehearsal.json").is_file()
     assert "PASS" in (tmp_path / "image-rehearsal.md").read_text()
     assert {p: p.stat().st_mtime_ns for p in REPORTS.glob("image-rehearsal.*")} == before
@@ -201,7 +201,7 @@ def test_a_short_disk_gives_the_checked_toolchain_venv_back_before_the_tests(mon
         assert "removed" in err and "venv" in err and "the next `make test` rebuilds it" in err
     assert testrun.make_room(with_image=False) is False, "nothing left to give back"
     toolchain.VENV.mkdir(parents=True, exist_ok=True)
-    monkeypatch.setattr(testrun.image, "storage_driver", lambda: "vfs")
+    monkeypatch.setattr(testrun.buildah, "storage_driver", lambda: "vfs")
     monkeypatch.setattr(testrun, "_containers_root", lambda: str(tmp_path))
     assert testrun.make_room(with_image=True) is True, "the image rehearsal's 12 GB with vfs do not fit"
 
