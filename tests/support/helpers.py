@@ -115,6 +115,8 @@ def e2e_fake(tmp: Path, *extra: str, env_extra: dict | None = None, timeout: flo
            f"{sys.executable} {SUPPORT / 'fakeserver.py'}", "--client", f"{sys.executable} {SUPPORT / 'replayclient.py'}",
            "--first-port", str(port), "--out", str(tmp / "out"), "--pack", str(tmp / "pack" / "e2e.tgz"),
            *([] if "--num-prompts" in extra else ["--num-prompts", "1"]),
+           # a fake server starts in about a second, not a GPU server's minutes
+           *([] if "--start-guess-s" in extra else ["--start-guess-s", "0"]),
            *([] if "--profiles" in extra else ["--profiles", "fast-int8,upstream"]), *extra]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     return r, port, tmp / "out"

@@ -10,7 +10,7 @@ import pytest
 
 from forge.contest import rules as contest
 from forge.errors import ForgeError
-from forge.lab import final_round, gpu_bundle, tiers
+from forge.lab import final_round, gpu_bundle, tierguess, tiers
 
 
 def _args(**kw):
@@ -185,13 +185,13 @@ def test_a_tiers_time_guess_counts_the_requests_in_flight():
     # 12 requests of ~22K prompt tokens and 1024 outputs, two warm-ups: at concurrency 10 capped by
     # --max-num-seqs 4 the guess is the serial time over 4 (times the batch slowdown), not the serial time
     reqs = [[22000, 1024]] * 12
-    serial = tiers.guess_s(reqs, 2)
-    four = tiers.guess_s(reqs, 2, tiers.inflight(["--max-concurrency", "10"], ["--max-num-seqs", "128",
+    serial = tierguess.guess_s(reqs, 2)
+    four = tierguess.guess_s(reqs, 2, tierguess.inflight(["--max-concurrency", "10"], ["--max-num-seqs", "128",
                                                                                "--max-num-seqs", "4"]))
-    one = reqs[0][0] / tiers.GUESS_PREFILL_TOKENS_S + 1024 * tiers.GUESS_TPOT_S
-    assert four == pytest.approx(tiers.CLIENT_TURN_S + 2 * one + 12 * one / 4 * tiers.GUESS_BATCH_SLOWDOWN)
+    one = reqs[0][0] / tierguess.GUESS_PREFILL_TOKENS_S + 1024 * tierguess.GUESS_TPOT_S
+    assert four == pytest.approx(tierguess.CLIENT_TURN_S + 2 * one + 12 * one / 4 * tierguess.GUESS_BATCH_SLOWDOWN)
     assert four < serial / 2
     # the preliminary's client (one at a time) and a missing --max-num-seqs change nothing
-    assert tiers.inflight(["--max-concurrency", "1"], ["--max-num-seqs", "128"]) == 1
-    assert tiers.inflight(["--max-concurrency", "10"], []) == 10
-    assert tiers.guess_s(reqs, 2, 1) == serial
+    assert tierguess.inflight(["--max-concurrency", "1"], ["--max-num-seqs", "128"]) == 1
+    assert tierguess.inflight(["--max-concurrency", "10"], []) == 10
+    assert tierguess.guess_s(reqs, 2, 1) == serial

@@ -18,7 +18,7 @@ from helpers import FIXTURE_RUNS, ROOT, SUPPORT, e2e_fake, forge_env, free_port_
 
 from forge.contest import rules as contest  # noqa: E402
 from forge.errors import ForgeError  # noqa: E402
-from forge.lab import gpu_bundle, packing, plumbing, serverlog, tiers  # noqa: E402
+from forge.lab import gpu_bundle, packing, plumbing, serverlog, tierguess, tiers  # noqa: E402
 
 FAKE = f"{sys.executable} {SUPPORT / 'fakeserver.py'}"
 REPLAY = f"{sys.executable} {SUPPORT / 'replayclient.py'}"
@@ -203,12 +203,45 @@ def test_e2e_plumbing_failure_is_reported_and_fails_the_run(tmp_path):
     assert "Plumbing check" in (tmp_path / "out" / "summary.md").read_text()
 
 
+def test_e2e_refuses_a_deadline_that_holds_no_tier_before_any_server_starts(tmp_path):
+    """At --deadline-s 30 the servers' guessed start (--start-guess-s, 345 s by default) leaves no time
+    for a tier: refused before anything starts; with no start counted, the first tier's own guess
+    (16-32K for both profiles, ~80 s) still does not fit."""
+    for extra in (("--start-guess-s", "345"), ("--start-guess-s", "0")):
+        r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--deadline-s", "30", "--reserve-s", "0", *extra)
+        assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+        assert "no tier would be measured" in r.stderr and "tier 16-32K for fast-int8, upstream" in r.stderr
+        assert "--keep-servers" in r.stderr and "Traceback" not in r.stderr
+        assert not health(port) and not (tmp_path / "replay.log").exists()      # nothing started, nothing run
+
+
+@pytest.mark.parametrize("extra,words", [
+    (("--deadline-s", "0"), "--deadline-s 0: seconds cannot be zero"),
+    (("--reserve-s", "-1"), "--reserve-s -1: seconds cannot be negative"),
+    (("--start-guess-s", "-5"), "--start-guess-s -5: seconds cannot be negative"),
+    (("--bundle", "no-bundle"), "no-bundle: no manifest.json; not a GPU bundle"),
+])
+def test_e2e_refuses_bad_seconds_or_a_folder_that_is_no_bundle_before_writing_anything(tmp_path, extra, words):
+    r, port, out = _e2e(tmp_path, "--no-fault", *extra)
+    assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert not out.exists() and not health(port)
+
+
 def test_e2e_deadline_leaves_tiers_out_and_says_so(tmp_path):
-    r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--deadline-s", "30", "--reserve-s", "0")
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    s = json.loads((out / "summary.json").read_text())
-    assert s["skipped"] and all("left, needs" in x for x in s["skipped"])
-    assert "Left out" in (out / "summary.md").read_text()
+    """With --keep-servers the servers start all the same (for the next invocation), and every tier
+    the deadline leaves out is named."""
+    r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--deadline-s", "30", "--reserve-s", "0",
+                        "--keep-servers")
+    try:
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert "may measure no tier" in r.stderr and health(port)
+        s = json.loads((out / "summary.json").read_text())
+        assert s["skipped"] and all("left, needs" in x for x in s["skipped"])
+        assert "Left out" in (out / "summary.md").read_text()
+    finally:
+        subprocess.run([sys.executable, "-m", "forge", "e2e-gpu", "--stop-servers", "--out", str(out)], cwd=ROOT,
+                       env=forge_env(tmp_path), capture_output=True, timeout=120)
+    assert not health(port)
 
 
 def test_e2e_refuses_a_tier_or_profile_it_does_not_know_before_starting_anything(tmp_path):
@@ -417,7 +450,7 @@ def test_a_resumed_run_estimates_a_tier_from_its_kept_profile(tmp_path):
     steps = [x["step"] for x in s["steps"]]
     assert "tier 4-8K fast-int8: kept from an earlier invocation" in steps
     assert any(x.startswith("tier 4-8K upstream:") and "kept" not in x for x in steps)
-    assert tiers.guess_s([[8192, 1024]] * 2, 2) > 75            # what it would have refused without the kept one
+    assert tierguess.guess_s([[8192, 1024]] * 2, 2) > 75            # what it would have refused without the kept one
 
 
 # --- the tier runs on the H200 (reports/e2e/2026-11-30-h200-*: see reports/e2e/README.md) -----------

@@ -60,13 +60,18 @@ from .tiers import (
     client_line,
     differences,
     finish_runs,
+    first_tier_need,
     fully_kept,
     harness_args,
     harness_contest,
     scores,
+    tiers_reserve,
 )
 
 FIRST_PORT = serve.LOCKED_PORT
+# the servers' start and warm-up side by side on one GPU, before any tier (measured on an H200 with an
+# empty Triton cache: two servers ready in 253 s and warm at 344 s)
+GUESS_START_S = 345.0
 MAX_PROFILE_DECODE = 512             # decode steps in one profiled request (a trace grows ~1 MiB per 10 steps)
 
 
@@ -77,6 +82,29 @@ def _client(run: Run, model: Path) -> None:
     argv = bench.client_args(run.contest_h, dataset=Path("<tier>.jsonl"), num_prompts=0, model=str(model),
                              host="", port=0, result_dir=Path(), result_name="")
     run.client_line = client_line(argv)
+
+
+def first_tier_fits(run: Run, model: Path, names: list[str], datasets: dict[str, Path], to_start: list[str]) -> None:
+    """Before servers start: refuse a run whose deadline cannot hold their start and the first tier
+    still to measure (they would start, every tier be skipped, and they be stopped again); with
+    --keep-servers they are started all the same, for the next invocation to reuse."""
+    first = first_tier_need(run, model, names, datasets)
+    if first is None:
+        return
+    tname, todo, guess = first
+    reserve = tiers_reserve(run.args, run.summary, names)
+    need = run.args.start_guess_s + guess + reserve
+    if run.left() >= need:
+        return
+    why = (f"{run.left():.0f} s left of --deadline-s {run.args.deadline_s:g}, and starting "
+           f"{', '.join(to_start)} (~{run.args.start_guess_s:.0f} s) then tier {tname} for {', '.join(todo)} (~{guess:.0f} s, "
+           f"guessed) with the {reserve:.0f} s reserve need ~{need:.0f} s")
+    if run.args.keep_servers:
+        ui.warn(f"{why}: the servers start for the next invocation (--keep-servers), and this one may measure no tier")
+        return
+    raise ForgeError(f"{why}: no tier would be measured",
+                     hint="raise --deadline-s, lower --num-prompts, put a shorter tier first (--tier-order), or "
+                          "add --keep-servers to start the servers now for the next invocation to reuse")
 
 
 def cmd_e2e(args) -> int:
@@ -160,6 +188,8 @@ def cmd_e2e(args) -> int:
         if kept:
             run.step("every tier kept from an earlier invocation: no server started", profiles=kept)
         to_start = [n for n in names if n not in kept and n not in adopted]
+        if to_start:
+            first_tier_fits(run, model, names, datasets, to_start)
         started = start_all(run, model, to_start) if to_start else []
         live = [n for n in names if n in adopted or n in started]
         if to_start and not started and not adopted:
@@ -274,6 +304,11 @@ def register(sub) -> None:
     p.add_argument("--deadline-s", type=float, default=560.0,
                    help="start no (tier, profile) that would not end before this many seconds (default 560); "
                         "what is left runs in the next invocation of the same --out")
+    p.add_argument("--start-guess-s", type=float, default=GUESS_START_S,
+                   help=f"the servers' start and warm-up as guessed before any tier (default {GUESS_START_S:.0f}: "
+                        "two side by side on an H200, empty Triton cache): a deadline that cannot hold it, the "
+                        "first tier still to measure and the reserve is refused before any server starts "
+                        "(with --keep-servers they start all the same, for the next invocation)")
     p.add_argument("--reserve-s", type=float, default=15.0,
                    help="seconds kept after the tiers for stopping the servers and writing the reports "
                         f"(default 15; {FAULT_NEED_S:.0f} s more while the fault check is still to run)")

@@ -276,11 +276,16 @@ def build_bundle(out: Path = BUNDLE) -> dict:
     return manifest
 
 
-def verify_bundle(bundle: Path) -> dict:
+def bundle_manifest(bundle: Path) -> Path:
+    """The bundle's manifest.json; refused, naming the folder, where there is none."""
     mpath = bundle / "manifest.json"
     if not mpath.is_file():
         raise ForgeError(f"{bundle}: no manifest.json; not a GPU bundle", hint="build it with `make gpu-bundle`")
-    man = records.read_json(mpath)
+    return mpath
+
+
+def verify_bundle(bundle: Path) -> dict:
+    man = records.read_json(bundle_manifest(bundle))
     bad = []
     for name, e in man["files"].items():
         p = bundle / name

@@ -50,6 +50,13 @@ class Run:
         if unknown:
             raise ForgeError(f"--tier-order {','.join(args.tier_order)}: no tier named {', '.join(unknown)} "
                              "in configs/contest.yaml", hint=f"name tiers from: {', '.join(known)}")
+        for opt, v in (("--deadline-s", args.deadline_s), ("--reserve-s", args.reserve_s),
+                       ("--start-guess-s", getattr(args, "start_guess_s", 0.0))):
+            if v < 0 or (opt == "--deadline-s" and v == 0):
+                raise ForgeError(f"{opt} {v:g}: seconds cannot be {'negative' if v < 0 else 'zero'}",
+                                 hint=f"give {opt} {'more than 0' if opt == '--deadline-s' else '0 or more'} seconds")
+        if args.bundle:
+            gpu_bundle.bundle_manifest(Path(args.bundle))
         self.out = Path(args.out) if args.out else default_out()
         earlier = sorted(self.out.glob("runs/*/rounds"))
         if earlier:

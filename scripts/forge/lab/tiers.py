@@ -21,21 +21,14 @@ from ..run import bench, runs, score, synth
 from ..run.serve import LOCKED_PORT
 from . import final_round
 from .client import client_runner
-from .servers import guarded, plan
+from .servers import guarded
+from .tierguess import kept_estimate, profile_guesses
 
 if TYPE_CHECKING:
     from .session import Run
 
-CLIENT_TURN_S = 5.0       # a tier's client overhead over the requests themselves (start, dataset, JSON)
 FAULT_NEED_S = 40.0       # client start, a request cut after a few seconds, two failed tiers
 DEFAULT_TIER_ORDER = ["16-32K", "8-16K", "4-8K"]   # the largest expected change first
-# before a tier's first measurement: a request's time at these rates (the H200 under the default
-# compilation config: ~15 ms per output token, prefill well above 4000 tokens/s)
-GUESS_TPOT_S = 0.025
-GUESS_PREFILL_TOKENS_S = 4000.0
-# at N requests in flight (the final round's client) a decode step serves N requests at once but reads
-# more KV and multiplies larger GEMMs: the tier's requests take their serial time over N, times this
-GUESS_BATCH_SLOWDOWN = 1.5
 # the options the tool fills in per tier (contest.yaml client.per_tier) and where the result goes
 FILLED_IN = ("--dataset-path", "--num-prompts", "--model", "--served-model-name", "--tokenizer", "--host",
              "--port", "--result-dir", "--result-filename")
@@ -228,34 +221,16 @@ def tiers_reserve(args, summary: dict, live: list[str]) -> float:
     return args.reserve_s + (FAULT_NEED_S if pending else 0.0)
 
 
-def guess_s(requests: list[list[int]], warmups: int, inflight: int = 1) -> float:
-    """A (tier, profile)'s time before it was ever measured: its requests at the guessed rates, `inflight`
-    of them at once (GUESS_BATCH_SLOWDOWN), and the client's warm-ups (the first request again, one at a
-    time). A server that preempts takes longer: the first measured tier's time over its guess scales
-    the later tiers' guesses."""
-    one = [i / GUESS_PREFILL_TOKENS_S + o * GUESS_TPOT_S for i, o in requests]
-    n = max(1, min(inflight, len(one)))
-    body = sum(one) if n == 1 else sum(one) / n * GUESS_BATCH_SLOWDOWN
-    return CLIENT_TURN_S + body + warmups * (one[0] if one else 0.0)
-
-
-def _last_int(argv: list[str], option: str) -> int | None:
-    """The value vLLM's parser keeps for `option` in argv (its last occurrence), or None."""
-    vals = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == option]
-    return int(vals[-1]) if vals and vals[-1].isdigit() else None
-
-
-def inflight(client_argv: list[str], server_argv: list[str]) -> int:
-    """Requests a tier keeps in flight: the client's --max-concurrency, capped by the server's
-    --max-num-seqs (each as the last occurrence the parsers keep)."""
-    conc = _last_int(client_argv, "--max-concurrency") or 1
-    seqs = _last_int(server_argv, "--max-num-seqs")
-    return min(conc, seqs) if seqs else conc
-
-
-def _warmups(contest_h: dict) -> int:
-    opts = {o[0]: o[1:] for o in contest_h["client"]["options"]}
-    return int((opts.get("--num-warmups") or ["0"])[0])
+def first_tier_need(run: Run, model: Path, names: list[str], datasets: dict[str, Path]) -> tuple[str, list[str], float] | None:
+    """The first tier in order with profiles still to measure, those profiles and its guessed seconds
+    (as bench_tiers guesses it before measuring anything)."""
+    for tname in tier_order(run, datasets):
+        ident = tier_identity(run, datasets[tname])
+        todo = [n for n in names if not kept_tier(run, run.run_dir(n, create=False), tname, ident)]
+        if todo:
+            est = kept_estimate(run, tname, [n for n in names if n not in todo])
+            return tname, todo, sum(est or g for g in profile_guesses(run, model, tname, todo).values())
+    return None
 
 
 # --- the tiers ------------------------------------------------------------------------------------------
@@ -271,29 +246,23 @@ def bench_tiers(run: Run, names: list[str], model: Path, datasets: dict[str, Pat
     runner = client_runner(run)
     done: dict[str, dict[str, Path]] = {n: {} for n in names}
     reserve = tiers_reserve(run.args, run.summary, names)
-    warmups = _warmups(contest_h)
-    client_argv = [x for o in contest_h["client"]["options"] for x in o]
     scale = None                  # measured time over the guess, the largest of this invocation's tiers
     for tname in order:
         ident = tier_identity(run, datasets[tname])
         n = run.summary["datasets"][tname]["num_prompts"]
-        est = None
         todo = []
         for name in names:
             rdir = run.run_dir(name)
             if kept_tier(run, rdir, tname, ident):
                 done[name][tname] = runs.result_path(rdir, tname)
-                kept = runs.read_json(done[name][tname])
-                # what a served (tier, profile) took then is the best guess for the other profile's
-                if kept.get("completed") and isinstance(kept.get("duration"), (int, float)):
-                    est = max(est or 0.0, kept["duration"] * (n + warmups) / n + CLIENT_TURN_S)
                 run.step(f"tier {tname} {name}: kept from an earlier invocation")
             else:
                 todo.append((name, rdir))
         if not todo:
             continue
-        firsts = {name: guess_s(run.summary["datasets"][tname]["requests"], warmups,
-                                inflight(client_argv, plan(run, model, name)["launch"])) for name, _ in todo}
+        # what a served (tier, profile) took then is the best guess for the other profile's
+        est = kept_estimate(run, tname, [name for name in names if tname in done[name]])
+        firsts = profile_guesses(run, model, tname, [name for name, _ in todo])
         guess = sum(est or firsts[name] * (scale or 1.0) for name, _ in todo)
         if run.left() - reserve < guess:
             run.summary["skipped"].append(f"tier {tname} ({', '.join(n for n, _ in todo)}): "
