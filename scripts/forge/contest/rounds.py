@@ -15,7 +15,8 @@ Contract (kept backward compatible):
 - `check_settings(rnd, values, where=..., visible=None) -> Settings`: refuses a bad value (out of
   bounds, a topology the round does not allow, a value the round does not unlock, more cards than
   `visible` holds, two ranks on one device) with a one-line ForgeError citing the rule.
-- `check_value(rnd, option, value, where)`: one unlocked option's value within its bounds.
+- `check_value(rnd, option, value, where, name=None)`: one unlocked option's value within its bounds (`name`: what
+  the fix says to set; default the start script's variable). A variable's value is refused naming the variable.
 - `tier_settings(rnd, tier, profile_values=None, environ=None) -> (Settings, sources)`: one tier's
   values, each from (first found) the variable `<ENV>_<TIER>` (e.g. MAX_NUM_SEQS_8_16K), `<ENV>`,
   the profile, the round's baseline; checked.
@@ -116,6 +117,10 @@ def _parse(contest: dict, name: str, d: dict) -> Round:
     argv = shlex.split(d["start_script"]["command"])
     unlocked = []
     for i, u in enumerate(d["unlocked"]):
+        for f in ("key", "option", "env"):
+            if any(x[f] == u[f] for x in d["unlocked"][:i]):
+                raise ForgeError(f"{FILE}: key '{key}.unlocked[{i}].{f}': {u[f]!r} is unlocked twice",
+                                 hint="give each setting, option and variable one entry")
         if u["key"] not in SETTING_KEYS[:-1]:
             raise ForgeError(f"{FILE}: key '{key}.unlocked[{i}].key': {u['key']!r} is not a server setting",
                              hint=f"settings: {', '.join(SETTING_KEYS[:-1])}")
@@ -125,6 +130,9 @@ def _parse(contest: dict, name: str, d: dict) -> Round:
                              f"{u['option']} ${u['env']}", hint="the start script takes each unlocked value from its variable")
         if (u["choices"] is None) == (u["min"] is None or u["max"] is None):
             raise ForgeError(f"{FILE}: key '{key}.unlocked[{i}]': give either choices or min and max")
+        if u["choices"] is not None and not (u["choices"] and all(_is_number(c, u["type"]) for c in u["choices"])):
+            raise ForgeError(f"{FILE}: key '{key}.unlocked[{i}].choices': {u['choices']!r} is not a list of "
+                             f"{'whole numbers' if u['type'] == 'int' else 'numbers'}", hint="e.g. choices: [1, 2]")
         unlocked.append(Unlocked(u["key"], u["option"], u["env"], u["type"],
                                  tuple(u["choices"]) if u["choices"] is not None else None,
                                  u["min"], u["max"], u["rule"], u["names_ours"]))
@@ -143,12 +151,32 @@ def _parse(contest: dict, name: str, d: dict) -> Round:
         rate = math.nan
     if not rate > 0:
         raise ForgeError(f"{FILE}: key '{key}.client.request_rate': expected a positive number or inf")
+    cb = c["concurrency"]
+    for where, v, lo in ((f"{key}.client.output_len", c["output_len"], 1), (f"{key}.client.warmups", c["warmups"], 0),
+                         *((f"{key}.client.tiers.{t}.num_prompts", v["num_prompts"], 1) for t, v in c["tiers"].items()),
+                         *((f"{key}.client.tiers.{t}.concurrency", v["concurrency"], cb["min"])
+                           for t, v in c["tiers"].items())):
+        hi = cb["max"] if where.endswith(".concurrency") else None
+        if v < lo or (hi is not None and v > hi):
+            rng = f"from {lo} to {hi}" if hi is not None else f"of at least {lo}"
+            raise ForgeError(f"{FILE}: key '{where}': {v} is out of range", hint=f"give a whole number {rng}")
+    taken = {u.env for u in unlocked}
+    for t, v in c["tiers"].items():
+        where = f"{FILE}: key '{key}.client.tiers.{t}.concurrency_env'"
+        contest_mod.check_env_name(v["concurrency_env"], where)
+        if v["concurrency_env"] in taken:
+            raise ForgeError(f"{where}: {v['concurrency_env']!r} is already the variable of another setting",
+                             hint="one variable per tier's concurrency (CONCURRENCY_4_8K, ...)")
+        taken.add(v["concurrency_env"])
     clients = {t: TierClient(t, v["concurrency"], rate, c["output_len"], v["num_prompts"], c["warmups"],
                              v["concurrency_env"]) for t, v in c["tiers"].items()}
-    cb = c["concurrency"]
     missing = [k for k in SETTING_KEYS if k not in d["baseline"]]
     if missing or set(d["baseline"]) - set(SETTING_KEYS):
         raise ForgeError(f"{FILE}: key '{key}.baseline': needs exactly {', '.join(SETTING_KEYS)}")
+    for k in SETTING_KEYS:
+        if not _is_number(d["baseline"][k], "float" if k == "gpu_memory_utilization" else "int"):
+            raise ForgeError(f"{FILE}: key '{key}.baseline.{k}': {d['baseline'][k]!r} is not a number",
+                             hint="write the value as a plain number, unquoted")
     rnd = Round(name, d["source"], d["cards"], d["start_script"]["command"], d["start_script"]["model_placeholder"],
                 d["organizers_rule"], tuple(unlocked), tuple(topo), tuple(d["allowed_options"]), clients,
                 Settings(**{k: d["baseline"][k] for k in SETTING_KEYS}), tuple(d["tier_order"]),
@@ -167,6 +195,11 @@ def _rules(rnd: Round) -> Mapping:
 # a number as a user types it: ASCII digits, an optional sign, point and exponent (float() would also
 # take "1_000", other scripts' digits and surrounding blanks)
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_WHOLE = re.compile(r"[+-]?[0-9]{1,30}")
+
+
+def _is_number(v: Any, typ: str) -> bool:
+    return not isinstance(v, bool) and (isinstance(v, int) or (typ == "float" and isinstance(v, float)))
 
 
 def _coerce(raw: Any, typ: str, what: str, where: str, hint: str) -> float | int:
@@ -174,6 +207,12 @@ def _coerce(raw: Any, typ: str, what: str, where: str, hint: str) -> float | int
         raise ForgeError(f"{where}: {what} {raw!r} is not a number", hint=hint)
     if not isinstance(raw, (int, float)) and not (isinstance(raw, str) and _NUMBER.fullmatch(raw)):
         raise ForgeError(f"{where}: {what} {raw!r} is not a number in plain digits", hint=hint)
+    if typ == "int" and isinstance(raw, str):
+        # the start script and the client pass the text as is, and vLLM reads it with int(): "1e3" and
+        # "4.0" are refused there, so they are here
+        if not _WHOLE.fullmatch(raw):
+            raise ForgeError(f"{where}: {what} {raw!r} is not a whole number in plain digits", hint=hint)
+        return int(raw)
     v = float(raw) if isinstance(raw, str) else raw
     if not math.isfinite(v):
         raise ForgeError(f"{where}: {what} {raw!r} is not a finite number", hint=hint)
@@ -203,7 +242,9 @@ def check_settings(rnd: Round, values: Mapping[str, Any], where: str = "settings
             continue
         typ = u.type if u else ("float" if isinstance(base, float) else "int")
         what = u.option if u else ("concurrency" if k == "concurrency" else "--" + k.replace("_", "-"))
-        v = _coerce(values[k], typ, what, where, f"the {rnd.name} round's bounds: " + (u.bounds() if u else "locked"))
+        bounds = (u.bounds() if u else f"{rnd.concurrency_bounds[0]}..{rnd.concurrency_bounds[1]}"
+                  if k == "concurrency" and rnd.concurrency_bounds is not None else "locked")
+        v = _coerce(values[k], typ, what, where, f"the {rnd.name} round's bounds: {bounds}")
         if k == "concurrency" and rnd.concurrency_bounds is not None:
             lo, hi, rule = rnd.concurrency_bounds
             if not lo <= v <= hi:
@@ -234,23 +275,24 @@ def check_settings(rnd: Round, values: Mapping[str, Any], where: str = "settings
     return s
 
 
-def _in_bounds(u: Unlocked, v: float | int, where: str, rules: Mapping) -> None:
+def _in_bounds(u: Unlocked, v: float | int, where: str, rules: Mapping, name: str | None = None) -> None:
     if u.choices is not None and v not in u.choices:
         raise ForgeError(f"{where}: {u.option} {_num(v)} is not allowed ({u.bounds()}): {_cite(u.rule, rules)}",
-                         hint=f"set {u.env} to {u.bounds()}")
+                         hint=f"set {name or u.env} to {u.bounds()}")
     if u.choices is None and not u.min <= v <= u.max:
         raise ForgeError(f"{where}: {u.option} {_num(v)} is out of bounds ({u.bounds()}): {_cite(u.rule, rules)}",
-                         hint=f"set {u.env} within {u.bounds()}")
+                         hint=f"set {name or u.env} within {u.bounds()}")
 
 
-def check_value(rnd: Round, option: str, value: Any, where: str) -> float | int:
+def check_value(rnd: Round, option: str, value: Any, where: str, name: str | None = None) -> float | int:
     """One unlocked option's value (a number, or its text) within the round's bounds, as the number the
-    command gets; the topology and the cross-checks wait for the whole tier (`check_settings`)."""
+    command gets; the topology and the cross-checks wait for the whole tier (`check_settings`). `name`:
+    what the fix tells the user to set (default: the start script's variable; an option of ours names itself)."""
     u = rnd.unlocked_option(option)
     if u is None:
         raise ForgeError(f"{where}: {option} is not unlocked in the {rnd.name} round")
     v = _coerce(value, u.type, u.option, where, f"the {rnd.name} round's bounds: {u.bounds()}")
-    _in_bounds(u, v, where, _rules(rnd))
+    _in_bounds(u, v, where, _rules(rnd), name)
     return v
 
 
@@ -281,13 +323,31 @@ def tier_settings(rnd: Round, tier: str, profile_values: Mapping[str, Any] | Non
         for u in rnd.unlocked:
             for var in (f"{u.env}_{_tier_suffix(tier)}", u.env):
                 if environ.get(var, "") != "":
-                    values[u.key], sources[u.key] = environ[var].strip(), f"env {var}"
+                    values[u.key] = _env_value(rnd, u, var, environ[var], where or f"the {rnd.name} round, tier {tier}")
+                    sources[u.key] = f"env {var}"
                     break
         var = rnd.client(tier).concurrency_env
         if var and environ.get(var, "") != "":
-            values["concurrency"], sources["concurrency"] = environ[var].strip(), f"env {var}"
+            values["concurrency"] = _env_value(rnd, None, var, environ[var], where or f"the {rnd.name} round, tier {tier}")
+            sources["concurrency"] = f"env {var}"
     s = check_settings(rnd, values, where=where or f"the {rnd.name} round, tier {tier}")
     return s, {k: sources.get(k, "baseline") for k in SETTING_KEYS}
+
+
+def _env_value(rnd: Round, u: Unlocked | None, var: str, raw: str, where: str) -> float | int:
+    """One variable's value (`u`'s, or the tier's concurrency for None) within the round's bounds; a
+    refusal names the variable and how to set it."""
+    w = f"{var}={raw!r} (environment), {where}"
+    try:
+        if u is not None:
+            return check_value(rnd, u.option, raw.strip(), w)
+        return check_settings(rnd, {"concurrency": raw.strip()}, where=w).concurrency
+    except ForgeError as e:
+        lo, hi, _ = rnd.concurrency_bounds or (None, None, None)
+        raise ForgeError(e.message, hint=f"set {var} to " + (
+            u.bounds() if u is not None and u.choices is not None else
+            f"{'a whole number' if u is None or u.type == 'int' else 'a number'} within "
+            f"{u.bounds() if u is not None else f'{lo}..{hi}'}") + ", or unset it") from None
 
 
 def tier_env(rnd: Round, tier: str, settings: Settings) -> dict[str, str]:

@@ -105,12 +105,19 @@ def capacity_changes(contest: dict, specs: list[str] | None, names: list[str], r
             try:
                 v = rounds.check_value(rnd, opt, val.strip(), f"--capacity {spec}")
             except ForgeError as e:       # the round's hint names the start script's variable, not this option
+                u = rnd.unlocked_option(opt)
+                example = int(min(max(4, u.min), u.max)) if u and u.min is not None else 4
                 raise ForgeError(e.message, hint=f"give {opt[2:]} a value within the round's bounds in --capacity "
-                                                 f"(e.g. {name}:{opt[2:]}=4)") from None
+                                                 f"(e.g. {name}:{opt[2:]}={example})") from None
             out.setdefault(name, []).append({
                 "args": [opt, str(v)],
                 "why": f"{name}'s server alone (--capacity): the final round leaves {opt} to the team per tier; "
                        "this run gives it that value"})
+    for name, changes in out.items():
+        # together (vLLM refuses fewer batched tokens than sequences); the one not given is the baseline's
+        got = {c["args"][0][2:].replace("-", "_"): int(c["args"][1]) for c in changes}
+        rounds.check_settings(rnd, got, where=f"--capacity {name} (with the round's baseline for the option not given)"
+                              if len(got) == 1 else f"--capacity {name}")
     return out
 
 

@@ -16,7 +16,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
-from .. import paths
+from .. import options, paths
 from ..contest import rounds
 from ..errors import ForgeError
 
@@ -94,18 +94,25 @@ def _list(text: str | None, option: str, conv, default: Iterable) -> list:
         try:
             out.append(conv(x))
         except ValueError:
-            raise ForgeError(f"{option}: {x!r} is not a number", hint=f"a comma-separated list, e.g. {option} "
-                                                                    f"{','.join(str(v) for v in default)}") from None
+            raise ForgeError(f"{option}: {x!r} is not a {'whole ' if conv is _whole else ''}number in plain digits",
+                             hint=f"a comma-separated list, e.g. {option} {','.join(str(v) for v in default)}") from None
     if not out:
         raise ForgeError(f"{option}: empty list")
     return list(dict.fromkeys(out))
 
 
 def _whole(x: str) -> int:
-    v = float(x)
-    if not v.is_integer():
+    v = options.parse_whole(x)
+    if v is None:
         raise ValueError(x)
-    return int(v)
+    return v
+
+
+def _number(x: str) -> float:
+    v = options.parse_number(x)
+    if v is None:
+        raise ValueError(x)
+    return v
 
 
 def space(rnd: rounds.Round, *, topologies: str | None = None, kv_dtypes: str | None = None,
@@ -124,12 +131,13 @@ def space(rnd: rounds.Round, *, topologies: str | None = None, kv_dtypes: str | 
         raise ForgeError(f"--kv-dtypes: {bad[0]!r} is not a KV dtype of the sweep", hint=f"KV dtypes: {', '.join(KV_DTYPES)}")
     lists = [_list(max_num_seqs, "--max-num-seqs", _whole, DEFAULTS["max_num_seqs"]),
              _list(max_num_batched_tokens, "--max-num-batched-tokens", _whole, DEFAULTS["max_num_batched_tokens"]),
-             _list(gpu_memory_utilization, "--gpu-memory-utilization", float, DEFAULTS["gpu_memory_utilization"]),
+             _list(gpu_memory_utilization, "--gpu-memory-utilization", _number, DEFAULTS["gpu_memory_utilization"]),
              _list(concurrency, "--concurrency", _whole, DEFAULTS["concurrency"])]
     # each value alone first, so a bad one is refused by its own option's name and rule
     for key, values in zip(("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"), lists):
         for v in values:
-            rounds.check_value(rnd, "--" + key.replace("_", "-"), v, where=f"--{key.replace('_', '-')}")
+            opt = "--" + key.replace("_", "-")
+            rounds.check_value(rnd, opt, v, where=opt, name=f"each value of {opt}")
     for v in lists[3]:
         rounds.check_settings(rnd, {"concurrency": v}, where="--concurrency")
     out = []

@@ -169,6 +169,9 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
     if bad or not tiers:
         raise ForgeError(f"--tiers: {', '.join(bad) or 'none'} not a tier of the final round",
                          hint=f"tiers: {', '.join(rnd.tier_order)}")
+    twice = sorted({t for t in tiers if tiers.count(t) > 1})
+    if twice:
+        raise ForgeError(f"--tiers: {', '.join(twice)} given twice", hint="name each tier once")
     if top < 1:
         raise ForgeError(f"--top {top}: at least one configuration per tier is served", hint="--top 3")
     if bool(baseline) == bool(baseline_profile):

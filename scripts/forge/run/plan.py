@@ -21,7 +21,6 @@ DCU card's blocks at TP1 (vLLM then skips its memory profile and takes that many
 from __future__ import annotations
 
 import argparse
-import math
 import shlex
 import sys
 
@@ -47,6 +46,12 @@ def plan(round_name: str = "preliminary", tiers: list[str] | None = None, kv_dty
     for t in tiers or []:
         if t not in names:
             raise ForgeError(f"--tier {t!r}: not a tier of the {round_name} round", hint=f"tiers: {', '.join(names)}")
+    if rnd.unlocked:                  # a round that leaves them to the team bounds them, citing its rule
+        for opt, v in (("--gpu-memory-utilization", utilization), ("--max-num-batched-tokens", max_num_batched_tokens)):
+            if v is not None:
+                rounds.check_value(rnd, opt, v, where=opt, name=opt)
+        if concurrency is not None:
+            rounds.check_settings(rnd, {"concurrency": concurrency}, where="--concurrency")
     util = rnd.baseline.gpu_memory_utilization if utilization is None else utilization
     mnbt = rnd.baseline.max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
     rows = []
@@ -103,11 +108,8 @@ def number(text: str | None, what: str, lo: float, hi: float, example: str) -> f
     """An option's number in (lo, hi], or None when not given."""
     if text is None:
         return None
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not (math.isfinite(v) and lo < v <= hi):
+    v = options.parse_number(text)
+    if v is None or not lo < v <= hi:
         raise ForgeError(f"{what} {text!r}: expected a number > {lo:g} and <= {hi:g}", hint=f"e.g. {what} {example}")
     return v
 
@@ -116,9 +118,10 @@ def whole(text: str | None, what: str, example: str) -> int | None:
     """An option's whole number >= 1, or None when not given."""
     if text is None:
         return None
-    if not text.strip().isdigit() or int(text) < 1:
+    v = options.parse_whole(text)
+    if v is None or v < 1:
         raise ForgeError(f"{what} {text!r}: expected a whole number >= 1", hint=f"e.g. {what} {example}")
-    return int(text)
+    return v
 
 
 def cmd_plan(args) -> int:

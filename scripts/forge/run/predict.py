@@ -317,5 +317,5 @@ def register(sub) -> None:
     f.add_argument("--max-num-batched-tokens",
                    help=f"token budgets to consider (default {predict_final.DEFAULT_BATCHED})")
     f.add_argument("--link", default="pcie", help="the cards' link for TP2's collectives: pcie (default) or oneshot")
-    f.add_argument("--top", type=int, default=5, help="configurations shown per tier (default 5)")
+    f.add_argument("--top", type=opts.count, default=5, help="configurations shown per tier (default 5)")
     p.set_defaults(func=cmd_predict)

@@ -40,10 +40,16 @@ DEFAULT_CONCURRENCY = "8,10,12,16,24,32"
 DEFAULT_BATCHED = "4096,8192"
 
 
-def _ints(text: str, what: str) -> list[int]:
-    vals = [int(x) if x.strip().isdigit() else None for x in text.split(",")]
+def _ints(text: str, what: str, rnd: rounds.Round) -> list[int]:
+    """A comma-separated list of whole numbers in plain digits, each within the round's bounds."""
+    vals = [options.parse_whole(x.strip()) for x in text.split(",")]
     if not vals or any(v is None or v < 1 for v in vals):
         raise ForgeError(f"{what} {text!r}: whole numbers >= 1, comma-separated", hint=f"e.g. {what} 8,10,12")
+    for v in vals:
+        if what == "--concurrency":
+            rounds.check_settings(rnd, {"concurrency": v}, where=what)
+        else:
+            rounds.check_value(rnd, what, v, where=what, name=f"each value of {what}")
     return vals
 
 
@@ -72,8 +78,9 @@ def predict_final(args, contest: dict, workload: dict, speedups: dict | None) ->
         if k not in KV_DTYPES:
             raise ForgeError(f"--kv-dtype {k!r}: not a KV cache dtype the model knows", hint="bf16, int8 or bf16,int8")
     space = {"topology": [tuple(t) for t in rnd.topologies], "kv_dtype": kv,
-             "concurrency": _ints(args.concurrency or DEFAULT_CONCURRENCY, "--concurrency"),
-             "max_num_batched_tokens": _ints(args.max_num_batched_tokens or DEFAULT_BATCHED, "--max-num-batched-tokens"),
+             "concurrency": _ints(args.concurrency or DEFAULT_CONCURRENCY, "--concurrency", rnd),
+             "max_num_batched_tokens": _ints(args.max_num_batched_tokens or DEFAULT_BATCHED, "--max-num-batched-tokens",
+                                             rnd),
              "max_num_seqs": [rnd.baseline.max_num_seqs],
              "gpu_memory_utilization": [rnd.baseline.gpu_memory_utilization]}
     tiers = {}

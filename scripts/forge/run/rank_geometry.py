@@ -9,12 +9,11 @@ divide the query or GDN heads is not one vLLM can run."""
 from __future__ import annotations
 
 import argparse
-import json
 
-from .. import paths
+from .. import paths, tunedtable
 from ..errors import ForgeError
 
-MODEL_CONFIG = paths.CONFIGS / "models" / "qwen3.5-27b" / "config.json"
+MODEL_CONFIG = tunedtable.MODEL_CONFIG
 MAX_TP = 64
 
 
@@ -26,30 +25,16 @@ def parse_tp(text: str) -> int:
     return v
 
 
-def model_config() -> dict:
-    try:
-        cfg = json.loads(MODEL_CONFIG.read_text())
-    except (OSError, ValueError) as e:
-        raise ForgeError(f"{paths.rel(MODEL_CONFIG)}: cannot read the model's config ({e})",
-                         hint="restore it from git (the per-rank shapes are derived from it)") from None
-    return cfg.get("text_config", cfg)
+model_config = tunedtable.model_config
 
 
 def rank_heads(tp: int, cfg: dict | None = None) -> tuple[int, int]:
-    """(query heads, KV heads) of one rank at tensor-parallel degree `tp`."""
-    cfg = cfg or model_config()
-    try:
-        hq, hkv = int(cfg["num_attention_heads"]), int(cfg["num_key_value_heads"])
-        gdn = (int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"]))
-    except (KeyError, TypeError, ValueError) as e:
-        raise ForgeError(f"{paths.rel(MODEL_CONFIG)}: key {e} missing or not a number",
-                         hint="restore the model's config from git") from None
-    bad = [f"{n} {name}" for n, name in ((hq, "query heads"), (gdn[0], "GDN key heads"), (gdn[1], "GDN value heads"))
-           if n % tp]
+    """(query heads, KV heads) of one rank at tensor-parallel degree `tp` (tunedtable.split_heads)."""
+    heads, bad = tunedtable.split_heads(tp, cfg)
     if bad:
         raise ForgeError(f"--tp {tp}: does not divide the model's {', '.join(bad)} ({paths.rel(MODEL_CONFIG)})",
                          hint="give a degree that divides every head count (1, 2, 4 or 8 for Qwen3.5-27B)")
-    return hq // tp, max(1, hkv // tp)
+    return heads
 
 
 def validators(tp: int) -> dict:

@@ -1,0 +1,181 @@
+"""The final round's inputs, as a user types them or a file holds them: one profile's --capacity in
+`forge e2e-gpu`, the numbers of `forge plan` / `predict --round final` / `sweep --round final`, the start
+script's and the client's variables (MAX_NUM_SEQS, CONCURRENCY_4_8K, ...), configs/contest.yaml's
+`rounds.final` section, and a tuned table's degree and heads. Each bad value is refused before anything is
+written or started: exit code 2, one error line naming the option, variable, file or key (a value the
+round bounds cites its rule) and a `fix:` line, `git status` as it was."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+from checkout_copy import forge_in, make_checkout, status
+from helpers import ROOT, forge, free_port
+from project import make_project
+from project import run as run_in
+from test_bad_inputs import refused, writes_nothing
+
+RULE = "(rule 'final_unlocked')"
+
+
+def fix_line(r: subprocess.CompletedProcess) -> str:
+    return next((x for x in r.stderr.splitlines() if x.startswith("  fix: ")), "")
+
+
+# --- e2e-gpu --capacity: the values one profile's server gets are ones vLLM and the round accept -----------
+
+@pytest.mark.parametrize("spec,words,fix", [
+    # each value within its bounds, together one vLLM refuses (fewer batched tokens than sequences)
+    ("contest:max-num-seqs=1024,max-num-batched-tokens=256",
+     ["--capacity contest", "--max-num-batched-tokens 256 is below --max-num-seqs 1024", RULE], "at least"),
+    # the fix's example is a value the round accepts (it offered max-num-batched-tokens=4, below 256)
+    ("contest:max-num-batched-tokens=100", ["--max-num-batched-tokens 100 is out of bounds (256..32768)", RULE],
+     "contest:max-num-batched-tokens=256"),
+])
+def test_capacity_values_are_ones_the_server_accepts(tmp_path, spec, words, fix):
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "e2e-gpu", "--bundle", "", "--model", str(tmp_path / "model"), "--round", "final",
+                  "--profiles", "contest,upstream", "--out", str(tmp_path / "out"), "--capacity", spec)
+    refused(r, *words)
+    assert fix in fix_line(r), r.stderr
+
+
+# --- the start script's and the client's variables ------------------------------------------------------------
+
+@pytest.mark.parametrize("var,value,words", [
+    # the start script hands the text to vLLM, which reads it with int(): "1e3" fails there
+    ("MAX_NUM_SEQS_16_32K", "1e3", ["MAX_NUM_SEQS_16_32K='1e3'", "whole number in plain digits"]),
+    # the refusal names the variable that was set, and its fix sets that one (it named MAX_NUM_SEQS)
+    ("MAX_NUM_SEQS_16_32K", "0", ["MAX_NUM_SEQS_16_32K='0'", "out of bounds (1..1024)", RULE]),
+    ("GPU_MEMORY_UTILIZATION", "\uff10.\uff19", ["GPU_MEMORY_UTILIZATION=", "plain digits"]),   # full-width 0.9
+    ("CONCURRENCY_16_32K", "1e1", ["CONCURRENCY_16_32K='1e1'", "whole number in plain digits"]),
+])
+def test_a_variable_of_the_finals_is_named_when_refused(tmp_path, var, value, words):
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "serve", "--round", "final", "--tier", "16-32K", "--dry-run", "--model", "/m",
+                  **{var: value})
+    refused(r, *words)
+    assert f"set {var} " in fix_line(r), r.stderr
+
+
+def test_the_clients_concurrency_variable_is_read_as_the_client_reads_it(tmp_path):
+    """CONCURRENCY_4_8K=1e1 was taken as 10; the finals' client passes it to --max-concurrency as is."""
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "bench-all-tiers", "--round", "final", "--tiers", "4-8K", "--port", str(free_port()),
+                  "--model", "/m", CONCURRENCY_4_8K="1e1")
+    refused(r, "CONCURRENCY_4_8K", "'1e1'", "whole number")
+    assert "1..256" in fix_line(r) and "locked" not in r.stderr, r.stderr
+
+
+# --- plan, predict --round final, sweep --round final: plain digits, the round's bounds ------------------------
+
+@pytest.mark.parametrize("args,words", [
+    (["plan", "--gpu-memory-utilization", "\uff10.\uff19\uff15"], ["--gpu-memory-utilization"]),      # full-width
+    (["plan", "--round", "final", "--concurrency", "300"], ["--concurrency", "out of bounds (1..256)", RULE]),
+    (["plan", "--round", "final", "--max-num-batched-tokens", "100"], ["--max-num-batched-tokens 100", RULE]),
+    # no configuration fits at all: it ended in a traceback after the model had run
+    (["predict", "--round", "final", "--speedup", "gemv=1.2", "--max-num-batched-tokens", "99999999"],
+     ["--max-num-batched-tokens 99999999 is out of bounds (256..32768)", RULE]),
+    (["predict", "--round", "final", "--speedup", "gemv=1.2", "--concurrency", "\uff18,10"], ["--concurrency"]),
+    (["predict", "--round", "final", "--speedup", "gemv=1.2", "--top", "0"], ["--top", "'0'"]),
+])
+def test_plan_and_predict_numbers_are_plain_digits_in_the_rounds_bounds(tmp_path, args, words):
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *args, "--out", str(tmp_path / "out"))
+    refused(r, *words)
+
+
+SWEEP = ["sweep", "--round", "final", "--baseline-profile", "upstream", "--top", "1", "--tiers", "4-8K",
+         "--kv-dtypes", "bf16", "--topologies", "tp2", "--max-num-batched-tokens", "4096"]
+
+
+@pytest.mark.parametrize("args,words,fix", [
+    (["--max-num-seqs", "\uff14"], ["--max-num-seqs", "whole number in plain digits"], "--max-num-seqs"),
+    (["--gpu-memory-utilization", "\uff10.\uff19"], ["--gpu-memory-utilization", "plain digits"], ""),
+    # the fix names the option given, not the start script's variable
+    (["--max-num-seqs", "0"], ["--max-num-seqs 0 is out of bounds", RULE], "--max-num-seqs within 1..1024"),
+    (["--tiers", "4-8K,8-16K,4-8K"], ["--tiers", "4-8K given twice"], "once"),
+])
+def test_a_sweep_value_is_refused_before_the_sweep_is_written(tmp_path, args, words, fix):
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *SWEEP, "--model", str(tmp_path / "model"), *args)
+    refused(r, *words)
+    assert fix in fix_line(r) and "MAX_NUM_SEQS" not in r.stderr, r.stderr
+
+
+# --- configs/contest.yaml's final round: a mistyped or missing value is named on load ---------------------------
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory):
+    return make_checkout(tmp_path_factory.mktemp("final-round") / "checkout")
+
+
+@pytest.mark.parametrize("old,new,words", [
+    ("choices: [1, 2], rule: final_topology, names_ours: true}\n      - {key: data",
+     "choices: ['1', '2'], rule: final_topology, names_ours: true}\n      - {key: data",
+     ["rounds.final.unlocked[0].choices", "not a list of whole numbers"]),
+    ("key: data_parallel_size, option: --data-parallel-size",
+     "key: tensor_parallel_size, option: --data-parallel-size", ["rounds.final.unlocked[1].key", "unlocked twice"]),
+    ("concurrency_env: CONCURRENCY_8_16K", "concurrency_env: CONCURRENCY_4_8K",
+     ["rounds.final.client.tiers.8-16K.concurrency_env", "CONCURRENCY_4_8K"]),
+    ("concurrency_env: CONCURRENCY_8_16K", "concurrency_env: 'CONCURRENCY 8-16K'",
+     ["rounds.final.client.tiers.8-16K.concurrency_env", "not a valid environment variable name"]),
+    ("{concurrency: 10, concurrency_env: CONCURRENCY_4_8K, num_prompts: 80}",
+     "{concurrency: 999, concurrency_env: CONCURRENCY_4_8K, num_prompts: 80}",
+     ["rounds.final.client.tiers.4-8K.concurrency", "999"]),
+    ("baseline: {tensor_parallel_size: 2,", "baseline: {tensor_parallel_size: '2',",
+     ["rounds.final.baseline.tensor_parallel_size", "not a number"]),
+])
+def test_a_mistyped_final_round_config_is_named_on_load(tmp_path, checkout, old, new, words):
+    cfg = checkout / "configs" / "contest.yaml"
+    good = cfg.read_text()
+    assert good.count(old) == 1, old
+    try:
+        cfg.write_text(good.replace(old, new))
+        with writes_nothing(tmp_path):
+            r = forge_in(checkout, tmp_path, "plan", "--round", "final", "--tier", "4-8K")
+        refused(r, "configs/contest.yaml", *words)
+    finally:
+        cfg.write_text(good)
+    assert status(checkout) == ""
+
+
+# --- a tuned table's degree and heads are one rank of the served model ------------------------------------------
+
+@pytest.fixture(scope="module")
+def proj(tmp_path_factory):
+    p = make_project(tmp_path_factory.mktemp("final-round-tree") / "proj", n_modules=10, n_patches=2)
+    shutil.copytree(ROOT / "kernels" / "forge_tuned", p["root"] / "kernels" / "forge_tuned", dirs_exist_ok=True)
+    overlay = p["root"] / "kernels" / "overlay.yaml"
+    overlay.write_text(overlay.read_text() + "  - src: configs/kernels/tuned/*.json\n    dst: vllm/forge_tuned/\n")
+    r = run_in(p, "tree")
+    assert r.returncode == 0, r.stderr
+    return p
+
+
+@pytest.mark.parametrize("tp,heads,words", [
+    (1, [12, 2], ["key 'validators.heads'", "[12, 2]", "at tp 1", "[24, 4]"]),     # TP2's heads named TP1
+    (3, [8, 2], ["key 'validators.tp'", "3 does not divide", "GDN key heads"]),      # a degree vLLM cannot run
+])
+def test_a_tuned_table_of_another_geometry_never_enters_the_tree(proj, tp, heads, words):
+    table = json.loads((ROOT / "configs" / "kernels" / "tuned" / "nvidia-h200-sm_90-132cu-tp2.json").read_text())
+    table["validators"].update(tp=tp, heads=heads)
+    table["decode"]["segments"] = {str(heads[1]): v for v in table["decode"]["segments"].values()}
+    bad = proj["root"] / "configs" / "kernels" / "tuned" / "bw-gfx936-80cu-tp2.json"
+    bad.parent.mkdir(parents=True, exist_ok=True)
+    tree = proj["root"] / "build" / "vllm"
+    head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    try:
+        bad.write_text(json.dumps(table))
+        r = run_in(proj, "tree")
+        line = refused(r, "configs/kernels/tuned/bw-gfx936-80cu-tp2.json", *words)
+        assert re.search(r"configs/models/qwen3\.5-27b/config\.json", line), line
+        assert subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True,
+                              text=True).stdout == head          # the tree was not touched
+    finally:
+        bad.unlink(missing_ok=True)
+    assert run_in(proj, "tree").returncode == 0
