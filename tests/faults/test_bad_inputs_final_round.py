@@ -107,6 +107,36 @@ def test_a_sweep_value_is_refused_before_the_sweep_is_written(tmp_path, args, wo
     assert fix in fix_line(r) and "MAX_NUM_SEQS" not in r.stderr, r.stderr
 
 
+def _sweep_record(tmp_path, edit) -> None:
+    """sweeps/s1/sweep.json as the SWEEP command line above records it (its ranking of one configuration),
+    changed by `edit`: a record a resume reads back."""
+    cand = {"kv_dtype": "bf16", "tensor_parallel_size": 2, "data_parallel_size": 1, "max_num_seqs": 128,
+            "max_num_batched_tokens": 4096, "gpu_memory_utilization": 0.95, "concurrency": 10, "planned": False}
+    rec = {"sweep": "s1", "round": "final",
+           "space": {"topologies": "tp2", "kv_dtypes": "bf16", "max_num_seqs": None, "max_num_batched_tokens": "4096",
+                     "gpu_memory_utilization": None, "concurrency": None},
+           "top": 1, "base_profile": "contest", "baseline": None, "baseline_profile": "upstream", "num_prompts": None,
+           "model_build": "best-public", "harness": False, "created": "2026-12-04T00:00:00+00:00",
+           "tiers": {"4-8K": {"ranking": [{"key": "tp2dp1-bf16-s128-b4096-u0.95-c10", "candidate": cand,
+                                           "predicted": {"tok_s": 100.0}, "why": "within the SLA"}]}}}
+    edit(rec["tiers"]["4-8K"]["ranking"][0])
+    (tmp_path / "sweeps" / "s1").mkdir(parents=True)
+    (tmp_path / "sweeps" / "s1" / "sweep.json").write_text(json.dumps(rec))
+
+
+@pytest.mark.parametrize("edit,words", [
+    # an edited record would serve a configuration the round refuses
+    (lambda r: r["candidate"].update(max_num_seqs=5000), ["ranking[0].candidate", "--max-num-seqs 5000", RULE]),
+    (lambda r: r["candidate"].update(bogus=1), ["ranking[0].candidate", "not a configuration"]),
+    (lambda r: r.update(outcome=5), ["key 'tiers.4-8K.ranking[0]'", "not a ranked configuration"]),
+])
+def test_a_resumed_sweep_reads_its_record_strictly(tmp_path, edit, words):
+    _sweep_record(tmp_path, edit)
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *SWEEP, "--model", str(tmp_path / "model"), "--sweep-id", "s1")
+    refused(r, "sweeps/s1/sweep.json", *words)
+
+
 # --- configs/contest.yaml's final round: a mistyped or missing value is named on load ---------------------------
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ time model (forge.model) to it; a test or another model passes its own callable.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable, Iterable
 
 from .. import options, paths
@@ -62,6 +62,27 @@ class Candidate:
 
     def as_dict(self) -> dict:
         return {"kv_dtype": self.kv_dtype, **self.settings_values(), "planned": self.planned}
+
+
+def from_record(rnd: rounds.Round, data, where: str) -> Candidate:
+    """A candidate as a record holds it (`Candidate.as_dict`), checked as the space checks one: every
+    field, of its type, within the round; a damaged or edited record is refused naming `where`."""
+    names = [f.name for f in fields(Candidate)]
+    if not isinstance(data, dict) or sorted(data) != sorted(names):
+        raise ForgeError(f"{where}: not a configuration (expected {', '.join(names)})",
+                         hint="restore the record, or start a new sweep (omit --sweep-id)")
+    ints = [n for n in names if n not in ("kv_dtype", "gpu_memory_utilization", "planned")]
+    if data["kv_dtype"] not in KV_DTYPES or not isinstance(data["planned"], bool) or \
+            any(isinstance(data[n], bool) or not isinstance(data[n], int) for n in ints) or \
+            isinstance(data["gpu_memory_utilization"], bool) or not isinstance(data["gpu_memory_utilization"], (int, float)):
+        raise ForgeError(f"{where}: a value of the configuration is not of its type ({data!r:.160})",
+                         hint="restore the record, or start a new sweep (omit --sweep-id)")
+    cand = Candidate(**data)
+    try:
+        rounds.check_settings(rnd, cand.settings_values(), where=where)
+    except ForgeError as e:
+        raise ForgeError(e.message, hint="restore the record, or start a new sweep (omit --sweep-id)") from None
+    return cand
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,7 @@ def _measure(prof: Path, tier: str, run_id: str, concurrency: int, kw: dict, con
     return "measured"
 
 
-def _state(sdir: Path, sweep_id: str, record: dict) -> dict:
+def _state(sdir: Path, sweep_id: str, record: dict, rnd: rounds.Round) -> dict:
     """The sweep's record: a new one, or the recorded one when it was started with the same space and
     settings (a resume); another space under the same id is refused."""
     sj = sdir / "sweep.json"
@@ -150,7 +150,31 @@ def _state(sdir: Path, sweep_id: str, record: dict) -> dict:
     if diff:
         raise ForgeError(f"sweep {sweep_id} was started with other {', '.join(diff)} ({paths.rel(sj)})",
                          hint="resume it with the same options, or start a new sweep (omit --sweep-id)")
+    _check_tiers(st, sj, rnd)
     return st
+
+
+def _check_tiers(st: dict, sj: Path, rnd: rounds.Round) -> None:
+    """A resumed record's tiers as the sweep reads them: a damaged or edited one is named, never a traceback,
+    and a configuration it holds is served only as the round allows."""
+    def bad(key: str, what: str) -> ForgeError:
+        return ForgeError(f"{paths.rel(sj)}: key '{key}': {what}", hint="restore it, or start a new sweep (omit --sweep-id)")
+    if not isinstance(st.get("tiers"), dict):
+        raise bad("tiers", "expected an object, tier -> its record")
+    for tier, ts in st["tiers"].items():
+        if tier not in rnd.tier_order or not isinstance(ts, dict) or not isinstance(ts.get("ranking", []), list) \
+                or not isinstance(ts.get("winner") or {}, dict):
+            raise bad(f"tiers.{tier}", "not a tier of the final round with its ranking (a list) and winner")
+        for i, r in enumerate(ts.get("ranking", [])):
+            key = f"tiers.{tier}.ranking[{i}]"
+            nums = [r.get(k) for k in ("tok_s", "score")] + [(r.get("predicted") or {}).get("tok_s")] \
+                if isinstance(r, dict) and isinstance(r.get("predicted", {}), dict) else ["x"]
+            if any(v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))) for v in nums) \
+                    or not isinstance(r.get("outcome", ""), str):
+                raise bad(key, "not a ranked configuration (candidate, predicted, outcome, tok/s, score)")
+            cand = final_space.from_record(rnd, r.get("candidate"), f"{paths.rel(sj)}: key '{key}.candidate'")
+            if r.get("key") != cand.key:
+                raise bad(f"{key}.key", f"{r.get('key')!r} is not its configuration's name ({cand.key})")
 
 
 def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, sweep_id: str | None = None,
@@ -200,7 +224,7 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
               "base_profile": base_profile, "baseline": str(base_run) if base_run else None,
               "baseline_profile": baseline_profile, "num_prompts": num_prompts, "model_build": model_build,
               "harness": harness}
-    st = _state(sdir, sweep_id, record)
+    st = _state(sdir, sweep_id, record, rnd)
     rank = ranker or model_ranker(contest, rnd, model_build)
     kw = dict(model=model, image=image, vllm_cmd=vllm_cmd, port=port, timeout=timeout, shm_size=shm_size,
               data_dir=data_dir, num_prompts=num_prompts, client=client, harness=harness)
