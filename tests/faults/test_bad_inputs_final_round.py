@@ -107,6 +107,14 @@ def test_a_sweep_value_is_refused_before_the_sweep_is_written(tmp_path, args, wo
     assert fix in fix_line(r) and "MAX_NUM_SEQS" not in r.stderr, r.stderr
 
 
+def test_a_tier_environment_file_that_cannot_be_written_is_refused_first(tmp_path):
+    """--tier-env naming a folder was found when the winners were written, after every tier was served."""
+    (tmp_path / "winners").mkdir()
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *SWEEP, "--model", str(tmp_path / "model"), "--tier-env", str(tmp_path / "winners"))
+    refused(r, "--tier-env", "is a folder")
+
+
 def _sweep_record(tmp_path, edit) -> None:
     """sweeps/s1/sweep.json as the SWEEP command line above records it (its ranking of one configuration),
     changed by `edit`: a record a resume reads back."""

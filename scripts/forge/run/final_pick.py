@@ -124,7 +124,14 @@ def read_tier_env(path: Path) -> dict:
 
 
 def refuse_recorded(path: Path, tiers: list[str], sweep_id: str, force: bool) -> None:
-    """Refuse (before anything runs) to replace a tier another sweep recorded in `path`, unless force."""
+    """Refuse (before anything runs) to replace a tier another sweep recorded in `path`, unless force, and
+    a `path` the winners cannot be written to (a folder, or below a file): found at the end of a sweep,
+    it would have cost every measurement's results file."""
+    above = next((a for a in (path, *path.parents) if a.exists()), None)
+    if (path.exists() and not path.is_file()) or (above not in (None, path) and not above.is_dir()):
+        raise ForgeError(f"--tier-env {path}: the winners are written to a JSON file there, and "
+                         f"{above} is {'a folder' if above == path else 'not a folder'}",
+                         hint="give a file's path, e.g. --tier-env reports/final-round/tier-environment.json")
     if force or not path.is_file():
         return
     d = read_tier_env(path)
