@@ -115,6 +115,22 @@ def test_a_tier_environment_file_that_cannot_be_written_is_refused_first(tmp_pat
     refused(r, "--tier-env", "is a folder")
 
 
+@pytest.mark.parametrize("var,value,words", [
+    ("MAX_NUM_SEQS", "1e3", ["tiers.4-8K.environment", "MAX_NUM_SEQS='1e3'", "whole number"]),   # vLLM's int()
+    ("LD_PRELOAD", "/tmp/x.so", ["tiers.4-8K.environment", "LD_PRELOAD"]),       # not a variable of the finals
+])
+def test_a_tier_environment_file_ships_only_what_the_finals_take(tmp_path, var, value, words):
+    """The submission's ENVIRONMENT.md lists the file's values as the team's per tier; an edited one was
+    shipped as it was."""
+    env = {"TENSOR_PARALLEL_SIZE": "2", "DATA_PARALLEL_SIZE": "1", "MAX_NUM_SEQS": "64", "MAX_NUM_BATCHED_TOKENS": "4096",
+           "GPU_MEMORY_UTILIZATION": "0.95", "CONCURRENCY_4_8K": "10", var: value}
+    f = tmp_path / "tier-environment.json"
+    f.write_text(json.dumps({"round": "final", "tiers": {"4-8K": {"environment": env, "sweep": "s1", "run": "r"}}}))
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "report", "--round", "final", "--tier-env", str(f), "--out", str(tmp_path / "report"))
+    refused(r, "tier-environment.json", *words)
+
+
 def _sweep_record(tmp_path, edit) -> None:
     """sweeps/s1/sweep.json as the SWEEP command line above records it (its ranking of one configuration),
     changed by `edit`: a record a resume reads back."""

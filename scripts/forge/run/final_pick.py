@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .. import paths, records
 from ..contest import rounds
+from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from . import results, runs, score
 from .final_space import KV_DTYPES, Candidate
@@ -120,6 +121,26 @@ def read_tier_env(path: Path) -> dict:
         raise ForgeError(f"{paths.rel(path)}: not a tier-environment file ({{\"round\", \"tiers\": {{tier: "
                          "{\"environment\": {VAR: value}}}}})",
                          hint="give the file forge sweep --round final wrote, or restore it")
+    # what the submission ships as the team's environment per tier is what the finals' script and client take
+    rnd = rounds.load_round(contest_mod.load_contest(), "final")
+    kv = sorted(v for v in KV_DTYPES.values() if v)
+    for tier, e in d["tiers"].items():
+        where = f"{paths.rel(path)}: key 'tiers.{tier}"
+        if tier not in rnd.tier_order:
+            raise ForgeError(f"{where}': not a tier of the final round", hint=f"tiers: {', '.join(rnd.tier_order)}")
+        want = sorted({u.env for u in rnd.unlocked} | {rnd.client(tier).concurrency_env})
+        if sorted(e["environment"]) != want:
+            raise ForgeError(f"{where}.environment': sets {', '.join(sorted(e['environment'])) or 'nothing'}; the finals' "
+                             f"start script and client read {', '.join(want)}", hint="give each of them, and no other")
+        try:
+            rounds.tier_settings(rnd, tier, environ=e["environment"], where=f"{where}.environment'")
+        except ForgeError as err:
+            raise ForgeError(err.message, hint="forge sweep --round final writes values within the round's bounds; "
+                                               "restore the file, or run the sweep again") from None
+        opts = e.get("engine_options") or {}
+        if not isinstance(opts, dict) or any(k != "--kv-cache-dtype" or v not in kv for k, v in opts.items()):
+            raise ForgeError(f"{where}.engine_options': {opts!r:.120} is not an option the sweep adds",
+                             hint=f"the sweep adds only --kv-cache-dtype ({', '.join(kv)}); restore the file")
     return d
 
 
