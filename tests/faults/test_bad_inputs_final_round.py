@@ -62,6 +62,14 @@ def test_a_variable_of_the_finals_is_named_when_refused(tmp_path, var, value, wo
     assert f"set {var} " in fix_line(r), r.stderr
 
 
+def test_a_tier_without_the_final_round_is_not_dropped(tmp_path):
+    """make serve TIER=4-8K without ROUND=final served the preliminary's server and said nothing."""
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "serve", "--dry-run", "--model", "/m", TIER="4-8K")
+    refused(r, "--tier 4-8K", "preliminary")
+    assert "--round final" in fix_line(r), r.stderr
+
+
 def test_the_clients_concurrency_variable_is_read_as_the_client_reads_it(tmp_path):
     """CONCURRENCY_4_8K=1e1 was taken as 10; the finals' client passes it to --max-concurrency as is."""
     with writes_nothing(tmp_path):

@@ -256,6 +256,9 @@ def render_checked(prof: dict, model_path, contest: dict, rnd: rounds.Round | No
     a round's multi-card server is refused before anything runs when its cards are not all visible, one
     per rank, to a process with this environment plus the profile's and `env` (`cards`)."""
     if rnd is None or rnd.name == rounds.DEFAULT_ROUND:
+        if tier is not None:           # the tier's values would be silently dropped
+            raise ForgeError(f"--tier {tier}: the preliminary round's one server serves every tier; a server per tier "
+                             "is the final round's", hint="add --round final (make serve ROUND=final), or drop --tier")
         return render(prof, str(model_path), contest)
     rendered = render_round(prof, str(model_path), contest, rnd, tier)
     if cards:
