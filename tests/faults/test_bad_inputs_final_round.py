@@ -88,7 +88,6 @@ def test_the_clients_concurrency_variable_is_read_as_the_client_reads_it(tmp_pat
     # no configuration fits at all: it ended in a traceback after the model had run
     (["predict", "--round", "final", "--speedup", "gemv=1.2", "--max-num-batched-tokens", "99999999"],
      ["--max-num-batched-tokens 99999999 is out of bounds (256..32768)", RULE]),
-    (["predict", "--round", "final", "--speedup", "gemv=1.2", "--concurrency", "\uff18,10"], ["--concurrency"]),
     (["predict", "--round", "final", "--speedup", "gemv=1.2", "--top", "0"], ["--top", "'0'"]),
 ])
 def test_plan_and_predict_numbers_are_plain_digits_in_the_rounds_bounds(tmp_path, args, words):
@@ -103,7 +102,6 @@ SWEEP = ["sweep", "--round", "final", "--baseline-profile", "upstream", "--top",
 
 @pytest.mark.parametrize("args,words,fix", [
     (["--max-num-seqs", "\uff14"], ["--max-num-seqs", "whole number in plain digits"], "--max-num-seqs"),
-    (["--gpu-memory-utilization", "\uff10.\uff19"], ["--gpu-memory-utilization", "plain digits"], ""),
     # the fix names the option given, not the start script's variable
     (["--max-num-seqs", "0"], ["--max-num-seqs 0 is out of bounds", RULE], "--max-num-seqs within 1..1024"),
     (["--tiers", "4-8K,8-16K,4-8K"], ["--tiers", "4-8K given twice"], "once"),
@@ -159,7 +157,6 @@ def _sweep_record(tmp_path, edit) -> None:
 @pytest.mark.parametrize("edit,words", [
     # an edited record would serve a configuration the round refuses
     (lambda r: r["candidate"].update(max_num_seqs=5000), ["ranking[0].candidate", "--max-num-seqs 5000", RULE]),
-    (lambda r: r["candidate"].update(bogus=1), ["ranking[0].candidate", "not a configuration"]),
     (lambda r: r.update(outcome=5), ["key 'tiers.4-8K.ranking[0]'", "not a ranked configuration"]),
 ])
 def test_a_resumed_sweep_reads_its_record_strictly(tmp_path, edit, words):
@@ -184,8 +181,6 @@ def checkout(tmp_path_factory):
      "key: tensor_parallel_size, option: --data-parallel-size", ["rounds.final.unlocked[1].key", "unlocked twice"]),
     ("concurrency_env: CONCURRENCY_8_16K", "concurrency_env: CONCURRENCY_4_8K",
      ["rounds.final.client.tiers.8-16K.concurrency_env", "CONCURRENCY_4_8K"]),
-    ("concurrency_env: CONCURRENCY_8_16K", "concurrency_env: 'CONCURRENCY 8-16K'",
-     ["rounds.final.client.tiers.8-16K.concurrency_env", "not a valid environment variable name"]),
     ("{concurrency: 10, concurrency_env: CONCURRENCY_4_8K, num_prompts: 80}",
      "{concurrency: 999, concurrency_env: CONCURRENCY_4_8K, num_prompts: 80}",
      ["rounds.final.client.tiers.4-8K.concurrency", "999"]),
