@@ -44,6 +44,15 @@ def test_capacity_values_are_ones_the_server_accepts(tmp_path, spec, words, fix)
     assert fix in fix_line(r), r.stderr
 
 
+def test_a_profile_given_twice_is_refused(tmp_path):
+    """--profiles contest,contest gave both the same port and run folder (a --capacity of 'contest' both)."""
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "e2e-gpu", "--bundle", "", "--model", str(tmp_path / "model"), "--round", "final",
+                  "--profiles", "contest,upstream,contest", "--out", str(tmp_path / "out"),
+                  "--capacity", "contest:max-num-seqs=4")
+    refused(r, "--profiles", "contest given twice")
+
+
 # --- the start script's and the client's variables ------------------------------------------------------------
 
 @pytest.mark.parametrize("var,value,words", [

@@ -33,6 +33,10 @@ class Run:
             gpu_bundle.harness_config(Path(args.harness) if args.harness else None), args)
         # what the arguments name is checked before anything is created, installed or started
         self.names = args.profiles.split(",") if args.profiles else list(self.h["profiles"])
+        twice = sorted({n for n in self.names if self.names.count(n) > 1})
+        if twice:                         # one server, port and run folder per name: a second would share them
+            raise ForgeError(f"--profiles {','.join(self.names)}: {', '.join(twice)} given twice",
+                             hint="name each profile once")
         self.ref = args.reference or ("upstream" if "upstream" in self.names else self.names[-1])
         if self.ref not in self.names:
             raise ForgeError(f"the reference profile {self.ref} is not among the profiles {self.names}",
