@@ -148,11 +148,13 @@ def tracked_files(folder: Path) -> list[str]:
 
 def target_folder(value: str, what: str, *, outside_checkout: bool = False) -> Path:
     """A folder given as a path that the tool writes into (--to, --into, --out): refused, naming
-    `what`, when it is empty; with `outside_checkout`, also when it is this checkout or lies inside it
+    `what`, when it is empty or an existing file; with `outside_checkout`, also when it is this checkout or lies inside it
     (the tool would overwrite its own tracked files)."""
     if value is None or not str(value).strip():
         raise ForgeError(f"{what} {value!r}: empty", hint=f"give a folder for {what}, or leave the option out")
     p = Path(value).expanduser()
+    if p.exists() and not p.is_dir():          # found only when the verb's work was done (a calibration's too)
+        raise ForgeError(f"{what} {value}: a file, not a folder", hint=f"give a folder for {what}")
     if outside_checkout:
         real = p.resolve()
         if real == ROOT or ROOT in real.parents:

@@ -105,6 +105,15 @@ def test_plan_and_predict_numbers_are_plain_digits_in_the_rounds_bounds(tmp_path
     refused(r, *words)
 
 
+def test_an_out_that_is_a_file_is_refused_before_the_model_runs(tmp_path):
+    """predict --round final ran the finals' model over every configuration before its --out was found a file."""
+    (tmp_path / "out").write_text("a file\n")
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "predict", "--round", "final", "--speedup", "gemv=1.2", "--out", str(tmp_path / "out"))
+    refused(r, "--out", "a file, not a folder")
+    assert "configurations" not in r.stderr, r.stderr
+
+
 SWEEP = ["sweep", "--round", "final", "--baseline-profile", "upstream", "--top", "1", "--tiers", "4-8K",
          "--kv-dtypes", "bf16", "--topologies", "tp2", "--max-num-batched-tokens", "4096"]
 
