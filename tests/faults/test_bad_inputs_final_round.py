@@ -53,6 +53,14 @@ def test_a_profile_given_twice_is_refused(tmp_path):
     refused(r, "--profiles", "contest given twice")
 
 
+def test_a_model_folder_that_is_not_there_is_refused_before_the_results_folder(tmp_path):
+    """It was found when the prompts were made, after the results folder and its summary were written."""
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "e2e-gpu", "--bundle", "", "--model", str(tmp_path / "model"), "--round", "final",
+                  "--profiles", "contest,upstream", "--out", str(tmp_path / "out"), "--capacity", "contest:max-num-seqs=4")
+    refused(r, "--model", "no such folder")
+
+
 # --- the start script's and the client's variables ------------------------------------------------------------
 
 @pytest.mark.parametrize("var,value,words", [

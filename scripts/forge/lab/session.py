@@ -61,6 +61,9 @@ class Run:
                                  hint=f"give {opt} {'more than 0' if opt == '--deadline-s' else '0 or more'} seconds")
         if args.bundle:
             gpu_bundle.bundle_manifest(Path(args.bundle))
+        if args.model and not Path(args.model).is_dir():      # found when the prompts were made, the folder written
+            raise ForgeError(f"--model {args.model}: no such folder", hint="pass --model (or MODEL=) with the served "
+                                                                         "model's directory")
         self.out = Path(args.out) if args.out else default_out()
         earlier = sorted(self.out.glob("runs/*/rounds"))
         if earlier:
