@@ -131,6 +131,8 @@ SWEEP = ["sweep", "--round", "final", "--baseline-profile", "upstream", "--top",
     # the fix names the option given, not the start script's variable
     (["--max-num-seqs", "0"], ["--max-num-seqs 0 is out of bounds", RULE], "--max-num-seqs within 1..1024"),
     (["--tiers", "4-8K,8-16K,4-8K"], ["--tiers", "4-8K given twice"], "once"),
+    # every option good, the model folder not there: it was found at the first server, the record written
+    ([], ["--model", "no such folder"], "--model DIR"),
 ])
 def test_a_sweep_value_is_refused_before_the_sweep_is_written(tmp_path, args, words, fix):
     with writes_nothing(tmp_path):

@@ -225,6 +225,8 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
               "baseline_profile": baseline_profile, "num_prompts": num_prompts, "model_build": model_build,
               "harness": harness}
     st = _state(sdir, sweep_id, record, rnd)
+    if not Path(model).is_dir():                # found at the first server, after the sweep's record was written
+        raise ForgeError(f"--model {model}: no such folder", hint="pass --model DIR (make sweep MODEL=DIR)")
     rank = ranker or model_ranker(contest, rnd, model_build)
     kw = dict(model=model, image=image, vllm_cmd=vllm_cmd, port=port, timeout=timeout, shm_size=shm_size,
               data_dir=data_dir, num_prompts=num_prompts, client=client, harness=harness)
