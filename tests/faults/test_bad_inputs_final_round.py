@@ -100,6 +100,7 @@ def test_the_clients_concurrency_variable_is_read_as_the_client_reads_it(tmp_pat
 
 @pytest.mark.parametrize("args,words", [
     (["plan", "--gpu-memory-utilization", "\uff10.\uff19\uff15"], ["--gpu-memory-utilization"]),      # full-width
+    (["plan", "--round", "final", "--kv-dtype", "bf16,int8,bf16"], ["--kv-dtype", "given twice"]),
     (["plan", "--round", "final", "--concurrency", "300"], ["--concurrency", "out of bounds (1..256)", RULE]),
     (["plan", "--round", "final", "--max-num-batched-tokens", "100"], ["--max-num-batched-tokens 100", RULE]),
     # no configuration fits at all: it ended in a traceback after the model had run

@@ -129,6 +129,9 @@ def cmd_plan(args) -> int:
     for k in kv or []:
         if k not in KV_DTYPES:
             raise ForgeError(f"--kv-dtype {k!r}: not a KV cache dtype the planner knows", hint="bf16, int8 or bf16,int8")
+    if kv and len(set(kv)) < len(kv):
+        raise ForgeError(f"--kv-dtype {args.kv_dtype}: a dtype given twice (its rows would be printed twice)",
+                         hint="bf16, int8 or bf16,int8")
     out = paths.target_folder(args.out, "--out") if args.out is not None else None
     if out is not None and (out / "plan.json").exists() and not options.forced(args.force):
         raise ForgeError(f"{paths.rel(out / 'plan.json')}: a plan is recorded there",
