@@ -142,11 +142,25 @@ def ensure_venv(python: str, version: tuple[int, ...], venv: Path = VENV) -> Pat
             f"{rel(REQUIREMENTS)} (a few minutes; log: {rel(log)})")
     proc.run([python, "-m", "venv", venv], log=log, what="venv creation",
              hint=f"see {rel(log)}; Debian: apt-get install python3-venv")
-    proc.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--no-cache-dir", "-r", REQUIREMENTS], log=log,
-             what=f"pip install -r {rel(REQUIREMENTS)}",
-             hint=f"see {rel(log)}; pip's configured index must serve every pin in {rel(REQUIREMENTS)}")
+    for group in install_groups(pinned()):
+        proc.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--no-cache-dir", *group], log=log,
+                 what=f"pip install {' '.join(group)} (from {rel(REQUIREMENTS)})",
+                 hint=f"see {rel(log)}; pip's configured index must serve every pin in {rel(REQUIREMENTS)}")
     write_atomic(marker, want)
     return py
+
+
+# the pins whose wheels are large (torch, its NVIDIA libraries, Triton), each installed by a pip of its own
+LARGE = re.compile(r"^(torch|triton|nvidia-.*)$")
+
+
+def install_groups(pins: dict[str, str]) -> list[list[str]]:
+    """The pins in pip invocations: each large wheel alone, the small ones together. pip downloads every
+    wheel of an invocation before it installs any, so one invocation for all of them held the 3.7 GB of
+    downloads on disk beside the 6.1 GB they unpack to."""
+    specs = [f"{n}=={v}" for n, v in pins.items()]
+    small = [s for s in specs if not LARGE.match(s.split("==")[0])]
+    return [[s] for s in specs if LARGE.match(s.split("==")[0])] + ([small] if small else [])
 
 
 _VERSIONS = r"""
