@@ -183,6 +183,16 @@ def _sweep_record(tmp_path, edit) -> None:
     (tmp_path / "sweeps" / "s1" / "sweep.json").write_text(json.dumps(rec))
 
 
+def test_a_sweep_id_whose_folder_holds_other_files_is_refused(tmp_path):
+    """A folder without a sweep record was taken as a new sweep's, and its files of the same names replaced."""
+    (tmp_path / "sweeps" / "s1" / "profiles").mkdir(parents=True)
+    (tmp_path / "sweeps" / "s1" / "profiles" / "4-8K-baseline.yaml").write_text("description: mine\n")
+    (tmp_path / "model").mkdir()
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *SWEEP, "--model", str(tmp_path / "model"), "--sweep-id", "s1")
+    refused(r, "sweeps/s1", "no sweep record")
+
+
 @pytest.mark.parametrize("edit,words", [
     # an edited record would serve a configuration the round refuses
     (lambda r: r["candidate"].update(max_num_seqs=5000), ["ranking[0].candidate", "--max-num-seqs 5000", RULE]),

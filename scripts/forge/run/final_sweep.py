@@ -142,6 +142,9 @@ def _state(sdir: Path, sweep_id: str, record: dict, rnd: rounds.Round) -> dict:
     settings (a resume); another space under the same id is refused."""
     sj = sdir / "sweep.json"
     if not sj.is_file():
+        if sdir.exists() and (not sdir.is_dir() or any(sdir.iterdir())):      # its files would be replaced
+            raise ForgeError(f"{paths.rel(sdir)}: holds files but no sweep record (sweep.json)",
+                             hint="give another --sweep-id (or omit it for a new one), or move that folder away")
         return {"sweep": sweep_id, **record, "tiers": {}, "created": runs.now_iso()}
     st = runs.read_json(sj)
     if not isinstance(st, dict):
