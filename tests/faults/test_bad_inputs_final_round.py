@@ -68,7 +68,6 @@ def test_a_model_folder_that_is_not_there_is_refused_before_the_results_folder(t
     ("MAX_NUM_SEQS_16_32K", "1e3", ["MAX_NUM_SEQS_16_32K='1e3'", "whole number in plain digits"]),
     # the refusal names the variable that was set, and its fix sets that one (it named MAX_NUM_SEQS)
     ("MAX_NUM_SEQS_16_32K", "0", ["MAX_NUM_SEQS_16_32K='0'", "out of bounds (1..1024)", RULE]),
-    ("GPU_MEMORY_UTILIZATION", "\uff10.\uff19", ["GPU_MEMORY_UTILIZATION=", "plain digits"]),   # full-width 0.9
     ("CONCURRENCY_16_32K", "1e1", ["CONCURRENCY_16_32K='1e1'", "whole number in plain digits"]),
 ])
 def test_a_variable_of_the_finals_is_named_when_refused(tmp_path, var, value, words):
@@ -152,7 +151,6 @@ def test_a_tier_environment_file_that_cannot_be_written_is_refused_first(tmp_pat
 
 @pytest.mark.parametrize("var,value,words", [
     ("MAX_NUM_SEQS", "1e3", ["tiers.4-8K.environment", "MAX_NUM_SEQS='1e3'", "whole number"]),   # vLLM's int()
-    ("LD_PRELOAD", "/tmp/x.so", ["tiers.4-8K.environment", "LD_PRELOAD"]),       # not a variable of the finals
 ])
 def test_a_tier_environment_file_ships_only_what_the_finals_take(tmp_path, var, value, words):
     """The submission's ENVIRONMENT.md lists the file's values as the team's per tier; an edited one was
@@ -196,7 +194,6 @@ def test_a_sweep_id_whose_folder_holds_other_files_is_refused(tmp_path):
 @pytest.mark.parametrize("edit,words", [
     # an edited record would serve a configuration the round refuses
     (lambda r: r["candidate"].update(max_num_seqs=5000), ["ranking[0].candidate", "--max-num-seqs 5000", RULE]),
-    (lambda r: r.update(outcome=5), ["key 'tiers.4-8K.ranking[0]'", "not a ranked configuration"]),
 ])
 def test_a_resumed_sweep_reads_its_record_strictly(tmp_path, edit, words):
     _sweep_record(tmp_path, edit)
