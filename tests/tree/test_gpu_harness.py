@@ -377,7 +377,8 @@ def test_e2e_with_the_real_client_and_a_server_killed_mid_tier(tmp_path, client)
     fake = f"{sys.executable} {ROOT / 'tests' / 'support' / 'fakeserver.py'}"
     r = subprocess.run([sys.executable, "-m", "forge", "e2e-gpu", "--bundle", "", "--model", str(model),
                         "--vllm", fake, "--client", client, "--first-port", str(p), "--out", str(tmp_path / "out"),
-                        "--num-prompts", "1", "--fault-delay-s", "1", "--fixed-output", "1024"],
+                        "--num-prompts", "1", "--fault-delay-s", "1", "--fixed-output", "1024",
+                        "--start-guess-s", "0"],                 # a fake server starts in about a second
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = json.loads((tmp_path / "out" / "summary.json").read_text())

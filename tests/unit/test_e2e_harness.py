@@ -192,7 +192,7 @@ def test_e2e_plumbing_failure_is_reported_and_fails_the_run(tmp_path):
     gpu_bundle.write_model_dir(gpu_bundle.harness_config(), model)
     r = subprocess.run([sys.executable, "-m", "forge", "e2e-gpu", "--bundle", "", "--model", str(model),
                         "--vllm", FAKE, "--client", REPLAY, "--first-port", str(p), "--out", str(tmp_path / "out"),
-                        "--num-prompts", "1", "--no-fault", "--tier-order", "4-8K"],
+                        "--num-prompts", "1", "--no-fault", "--tier-order", "4-8K", "--start-guess-s", "0"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -205,12 +205,13 @@ def test_e2e_plumbing_failure_is_reported_and_fails_the_run(tmp_path):
 
 def test_e2e_refuses_a_deadline_that_holds_no_tier_before_any_server_starts(tmp_path):
     """At --deadline-s 30 the servers' guessed start (--start-guess-s, 345 s by default) leaves no time
-    for a tier: refused before anything starts; with no start counted, the first tier's own guess
-    (16-32K for both profiles, ~80 s) still does not fit."""
+    for a tier: refused before anything starts; with no start counted, even the shortest tier's own
+    guess (4-8K for both profiles) still does not fit."""
     for extra in (("--start-guess-s", "345"), ("--start-guess-s", "0")):
         r, port, out = _e2e(tmp_path, "--no-fault", "--no-plumbing", "--deadline-s", "30", "--reserve-s", "0", *extra)
         assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
-        assert "no tier would be measured" in r.stderr and "tier 16-32K for fast-int8, upstream" in r.stderr
+        assert "no tier would be measured" in r.stderr and "the shortest tier left, 4-8K, for fast-int8, upstream" \
+            in r.stderr
         assert "--keep-servers" in r.stderr and "Traceback" not in r.stderr
         assert not health(port) and not (tmp_path / "replay.log").exists()      # nothing started, nothing run
 

@@ -60,11 +60,11 @@ from .tiers import (
     client_line,
     differences,
     finish_runs,
-    first_tier_need,
     fully_kept,
     harness_args,
     harness_contest,
     scores,
+    shortest_tier_need,
     tiers_reserve,
 )
 
@@ -84,27 +84,27 @@ def _client(run: Run, model: Path) -> None:
     run.client_line = client_line(argv)
 
 
-def first_tier_fits(run: Run, model: Path, names: list[str], datasets: dict[str, Path], to_start: list[str]) -> None:
-    """Before servers start: refuse a run whose deadline cannot hold their start and the first tier
-    still to measure (they would start, every tier be skipped, and they be stopped again); with
+def some_tier_fits(run: Run, model: Path, names: list[str], datasets: dict[str, Path], to_start: list[str]) -> None:
+    """Before servers start: refuse a run whose deadline cannot hold their start and even the shortest
+    tier still to measure (they would start, every tier be skipped, and they be stopped again); with
     --keep-servers they are started all the same, for the next invocation to reuse."""
-    first = first_tier_need(run, model, names, datasets)
-    if first is None:
+    shortest = shortest_tier_need(run, model, names, datasets)
+    if shortest is None:
         return
-    tname, todo, guess = first
+    tname, todo, guess = shortest
     reserve = tiers_reserve(run.args, run.summary, names)
     need = run.args.start_guess_s + guess + reserve
     if run.left() >= need:
         return
-    why = (f"{run.left():.0f} s left of --deadline-s {run.args.deadline_s:g}, and starting "
-           f"{', '.join(to_start)} (~{run.args.start_guess_s:.0f} s) then tier {tname} for {', '.join(todo)} (~{guess:.0f} s, "
-           f"guessed) with the {reserve:.0f} s reserve need ~{need:.0f} s")
+    why = (f"{run.left():.0f} s left of --deadline-s {run.args.deadline_s:g}, and starting {', '.join(to_start)} "
+           f"(~{run.args.start_guess_s:.0f} s) then the shortest tier left, {tname}, for {', '.join(todo)} "
+           f"(~{guess:.0f} s, guessed) with the {reserve:.0f} s reserve need ~{need:.0f} s")
     if run.args.keep_servers:
         ui.warn(f"{why}: the servers start for the next invocation (--keep-servers), and this one may measure no tier")
         return
     raise ForgeError(f"{why}: no tier would be measured",
-                     hint="raise --deadline-s, lower --num-prompts, put a shorter tier first (--tier-order), or "
-                          "add --keep-servers to start the servers now for the next invocation to reuse")
+                     hint="raise --deadline-s or lower --num-prompts, or add --keep-servers to start the servers "
+                          "now for the next invocation to reuse")
 
 
 def cmd_e2e(args) -> int:
@@ -189,7 +189,7 @@ def cmd_e2e(args) -> int:
             run.step("every tier kept from an earlier invocation: no server started", profiles=kept)
         to_start = [n for n in names if n not in kept and n not in adopted]
         if to_start:
-            first_tier_fits(run, model, names, datasets, to_start)
+            some_tier_fits(run, model, names, datasets, to_start)
         started = start_all(run, model, to_start) if to_start else []
         live = [n for n in names if n in adopted or n in started]
         if to_start and not started and not adopted:
@@ -307,7 +307,7 @@ def register(sub) -> None:
     p.add_argument("--start-guess-s", type=float, default=GUESS_START_S,
                    help=f"the servers' start and warm-up as guessed before any tier (default {GUESS_START_S:.0f}: "
                         "two side by side on an H200, empty Triton cache): a deadline that cannot hold it, the "
-                        "first tier still to measure and the reserve is refused before any server starts "
+                        "shortest tier still to measure and the reserve is refused before any server starts "
                         "(with --keep-servers they start all the same, for the next invocation)")
     p.add_argument("--reserve-s", type=float, default=15.0,
                    help="seconds kept after the tiers for stopping the servers and writing the reports "

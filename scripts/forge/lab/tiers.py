@@ -221,16 +221,20 @@ def tiers_reserve(args, summary: dict, live: list[str]) -> float:
     return args.reserve_s + (FAULT_NEED_S if pending else 0.0)
 
 
-def first_tier_need(run: Run, model: Path, names: list[str], datasets: dict[str, Path]) -> tuple[str, list[str], float] | None:
-    """The first tier in order with profiles still to measure, those profiles and its guessed seconds
-    (as bench_tiers guesses it before measuring anything)."""
+def shortest_tier_need(run: Run, model: Path, names: list[str], datasets: dict[str, Path]) -> tuple[str, list[str], float] | None:
+    """Of the tiers with profiles still to measure, the one guessed shortest (bench_tiers skips a tier
+    that does not fit and tries the next): its name, those profiles and its guessed seconds, as
+    bench_tiers guesses them before measuring anything."""
+    best = None
     for tname in tier_order(run, datasets):
         ident = tier_identity(run, datasets[tname])
         todo = [n for n in names if not kept_tier(run, run.run_dir(n, create=False), tname, ident)]
         if todo:
             est = kept_estimate(run, tname, [n for n in names if n not in todo])
-            return tname, todo, sum(est or g for g in profile_guesses(run, model, tname, todo).values())
-    return None
+            guess = sum(est or g for g in profile_guesses(run, model, tname, todo).values())
+            if best is None or guess < best[2]:
+                best = (tname, todo, guess)
+    return best
 
 
 # --- the tiers ------------------------------------------------------------------------------------------
