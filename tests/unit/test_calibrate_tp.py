@@ -9,6 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
+from forge import tunedtable  # noqa: E402
 from forge.errors import ForgeError  # noqa: E402
 from forge.run import rank_geometry as R  # noqa: E402
 
@@ -19,7 +20,7 @@ def test_rank_heads_follow_the_model_config():
     assert R.worker_args(1) == [] and R.worker_args(8) == ["--tp", "8", "--heads", "3,1"]
     assert R.suffix(1) == "" and R.suffix(2) == "-tp2" and R.options(1) == {} and R.options(4) == {"tp": 4}
     # from whatever config is given: a model with 8 KV heads splits them to 2 at TP4
-    cfg = dict(R.model_config(), num_key_value_heads=8)
+    cfg = dict(tunedtable.model_config(), num_key_value_heads=8)
     assert R.rank_heads(4, cfg) == (6, 2)
 
 

@@ -136,6 +136,16 @@ def _number(x: str) -> float:
     return v
 
 
+def check_each(rnd: rounds.Round, option: str, values: Iterable, name: str | None = None) -> None:
+    """Each value of an unlocked option (or of the client's --concurrency) within the round's bounds,
+    refused naming `option` and its rule; the fix says to set `name` (default: each value of `option`)."""
+    for v in values:
+        if option == "--concurrency":
+            rounds.check_settings(rnd, {"concurrency": v}, where=option)
+        else:
+            rounds.check_value(rnd, option, v, where=option, name=name or f"each value of {option}")
+
+
 def space(rnd: rounds.Round, *, topologies: str | None = None, kv_dtypes: str | None = None,
           max_num_seqs: str | None = None, max_num_batched_tokens: str | None = None,
           gpu_memory_utilization: str | None = None, concurrency: str | None = None) -> list[Candidate]:
@@ -155,12 +165,9 @@ def space(rnd: rounds.Round, *, topologies: str | None = None, kv_dtypes: str | 
              _list(gpu_memory_utilization, "--gpu-memory-utilization", _number, DEFAULTS["gpu_memory_utilization"]),
              _list(concurrency, "--concurrency", _whole, DEFAULTS["concurrency"])]
     # each value alone first, so a bad one is refused by its own option's name and rule
-    for key, values in zip(("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"), lists):
-        for v in values:
-            opt = "--" + key.replace("_", "-")
-            rounds.check_value(rnd, opt, v, where=opt, name=f"each value of {opt}")
-    for v in lists[3]:
-        rounds.check_settings(rnd, {"concurrency": v}, where="--concurrency")
+    for opt, values in zip(("--max-num-seqs", "--max-num-batched-tokens", "--gpu-memory-utilization", "--concurrency"),
+                           lists):
+        check_each(rnd, opt, values)
     out = []
     for (tp, dp), kv, s, b, u, c in itertools.product(topos, kvs, *lists):
         if b < s:

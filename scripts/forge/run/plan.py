@@ -30,7 +30,7 @@ from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..model import capacity as cap_mod
 from ..model.shape import KV_DTYPES, load_shape
-from . import runs, synth
+from . import final_space, runs, synth
 
 TOPOLOGIES = {"preliminary": [(1, 1)], "final": [(1, 1), (1, 2), (2, 1)]}
 
@@ -47,11 +47,9 @@ def plan(round_name: str = "preliminary", tiers: list[str] | None = None, kv_dty
         if t not in names:
             raise ForgeError(f"--tier {t!r}: not a tier of the {round_name} round", hint=f"tiers: {', '.join(names)}")
     if rnd.unlocked:                  # a round that leaves them to the team bounds them, citing its rule
-        for opt, v in (("--gpu-memory-utilization", utilization), ("--max-num-batched-tokens", max_num_batched_tokens)):
-            if v is not None:
-                rounds.check_value(rnd, opt, v, where=opt, name=opt)
-        if concurrency is not None:
-            rounds.check_settings(rnd, {"concurrency": concurrency}, where="--concurrency")
+        for opt, v in (("--gpu-memory-utilization", utilization), ("--max-num-batched-tokens", max_num_batched_tokens),
+                       ("--concurrency", concurrency)):
+            final_space.check_each(rnd, opt, [] if v is None else [v], name=opt)
     util = rnd.baseline.gpu_memory_utilization if utilization is None else utilization
     mnbt = rnd.baseline.max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
     rows = []

@@ -33,7 +33,7 @@ from ..errors import ForgeError
 from ..model import finals, validation
 from ..model.costs import LINKS, UPSTREAM, Build
 from ..model.shape import KV_DTYPES, load_shape
-from . import predict_calibration, runs, score
+from . import final_space, predict_calibration, runs, score
 
 INT8 = {"int8_decode_attn": 37 / 47, "int8_prefill_attn": 21.3 / 19.6}
 DEFAULT_CONCURRENCY = "8,10,12,16,24,32"
@@ -45,11 +45,7 @@ def _ints(text: str, what: str, rnd: rounds.Round) -> list[int]:
     vals = [options.parse_whole(x.strip()) for x in text.split(",")]
     if not vals or any(v is None or v < 1 for v in vals):
         raise ForgeError(f"{what} {text!r}: whole numbers >= 1, comma-separated", hint=f"e.g. {what} 8,10,12")
-    for v in vals:
-        if what == "--concurrency":
-            rounds.check_settings(rnd, {"concurrency": v}, where=what)
-        else:
-            rounds.check_value(rnd, what, v, where=what, name=f"each value of {what}")
+    final_space.check_each(rnd, what, vals)
     return vals
 
 

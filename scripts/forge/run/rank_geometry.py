@@ -13,7 +13,6 @@ import argparse
 from .. import paths, tunedtable
 from ..errors import ForgeError
 
-MODEL_CONFIG = tunedtable.MODEL_CONFIG
 MAX_TP = 64
 
 
@@ -25,14 +24,12 @@ def parse_tp(text: str) -> int:
     return v
 
 
-model_config = tunedtable.model_config
-
-
 def rank_heads(tp: int, cfg: dict | None = None) -> tuple[int, int]:
     """(query heads, KV heads) of one rank at tensor-parallel degree `tp` (tunedtable.split_heads)."""
     heads, bad = tunedtable.split_heads(tp, cfg)
     if bad:
-        raise ForgeError(f"--tp {tp}: does not divide the model's {', '.join(bad)} ({paths.rel(MODEL_CONFIG)})",
+        raise ForgeError(f"--tp {tp}: does not divide the model's {', '.join(bad)} "
+                         f"({paths.rel(tunedtable.MODEL_CONFIG)})",
                          hint="give a degree that divides every head count (1, 2, 4 or 8 for Qwen3.5-27B)")
     return heads
 
