@@ -32,7 +32,7 @@ def _sweep(tmp_path, model, *extra, top="2", env=None):
     return forge(tmp_path, "sweep", "--round", "final", "--tiers", "4-8K", "--model", str(model), "--vllm", FAKE,
                  "--client", BENCH, "--port", str(free_port()), "--num-prompts", "2", "--timeout", "30",
                  "--top", top, "--tier-env", str(tmp_path / "tier-env.json"), *extra, timeout=300,
-                 CUDA_VISIBLE_DEVICES="0,1", FAKE_TTFT_MS="100", FAKE_TOKEN_MS="2", **(env or {}))
+                 CUDA_VISIBLE_DEVICES="0,1", FAKE_TTFT_MS="400", FAKE_TOKEN_MS="2", **(env or {}))
 
 
 def _formula(tok, base, weight=20):
@@ -305,3 +305,18 @@ def test_a_sweep_serves_the_planned_candidate_and_its_winner_carries_the_number(
     assert r.returncode == 0, r.stderr[-3000:]
     assert "already measured in run " + run.name in r.stdout + r.stderr
     assert sorted(d.name for d in (tmp_path / "runs").iterdir()) == sorted([f"{sdir.name}-16-32K-baseline", run.name])
+
+
+def test_a_sweep_on_a_machine_without_the_cards_is_refused_before_it_writes_anything(tmp_path, model):
+    # one visible card: every final-round start needs two, so the first server would refuse; the sweep
+    # refuses first, before its ranking or any folder is written (a rerun on the right machine starts clean)
+    r = forge(tmp_path, "sweep", "--round", "final", "--tiers", "4-8K", "--model", str(model), "--vllm", FAKE,
+              "--client", BENCH, "--num-prompts", "2", "--baseline-profile", "upstream",
+              "--tier-env", str(tmp_path / "tier-env.json"), *SPACE, CUDA_VISIBLE_DEVICES="0")
+    assert r.returncode != 0 and "needs 2 cards, 1 visible (CUDA_VISIBLE_DEVICES=0)" in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "sweeps").exists()
+    assert not (tmp_path / "tier-env.json").exists()
+    r = forge(tmp_path, "sweep", "--round", "final", "--tiers", "4-8K", "--model", str(model), "--vllm", FAKE,
+              "--client", BENCH, "--num-prompts", "2", "--baseline-profile", "upstream",
+              "--tier-env", str(tmp_path / "tier-env.json"), *SPACE, CUDA_VISIBLE_DEVICES="3,3")
+    assert r.returncode != 0 and "two ranks on device 3" in r.stderr, r.stderr[-2000:]

@@ -108,6 +108,16 @@ def _refuse_env_overrides(rnd: rounds.Round, tiers: list[str]) -> None:
                                  f"{u.option}", hint=f"unset {var} for the sweep (the sweep sets it per configuration)")
 
 
+def _refuse_short_cards(rnd: rounds.Round, cands: list[Candidate], baseline_profile: str | None) -> None:
+    """The card check every server start makes (rounds.check_cards), made once for the widest start of the
+    sweep before its record is written: a machine without the cards is refused before any ranking or folder."""
+    starts = [rounds.Settings(**c.settings_values()) for c in cands]
+    if baseline_profile:
+        starts.append(rnd.baseline)
+    widest = max(starts, key=lambda st: st.cards)
+    rounds.check_cards(rnd, widest, rounds.visible_cards(os.environ), where="sweep")
+
+
 def _measure(prof: Path, tier: str, run_id: str, concurrency: int, kw: dict, contest: dict) -> str:
     """Serve `prof` for `tier`, run the tier with the finals' client, stop the server: the outcome."""
     rdir = runs.run_dir(run_id, create=False)
@@ -222,6 +232,7 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
         raise ForgeError(f"baseline run {base_run.name} is {'' if not harness else 'not '}a harness run (random "
                          f"weights); this sweep is {'' if harness else 'not '}one: a run is scored only against a "
                          "baseline measured like it", hint="give a baseline run measured like the sweep (--harness)")
+    _refuse_short_cards(rnd, cands, baseline_profile)
     sdir = sweeps_root() / sweep_id
     record = {"round": "final", "space": {k: (space_args or {}).get(k) for k in SPACE_OPTIONS}, "top": top,
               "base_profile": base_profile, "baseline": str(base_run) if base_run else None,
