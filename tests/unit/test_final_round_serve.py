@@ -279,6 +279,20 @@ def test_serve_with_no_round_stays_the_preliminary(tmp_path, model):
     r = forge(tmp_path, "serve", "--profile", "contest", "--model", str(model), "--dry-run", env=env)
     assert r.returncode == 0, r.stderr
     assert "the final round" not in r.stdout and "--tensor-parallel-size 1" in r.stdout and "--max-model-len" not in r.stdout
+    assert "variables" not in r.stderr
+
+
+def test_a_preliminary_serve_says_the_final_rounds_variables_it_does_not_read(tmp_path, model):
+    # a team that exported its per-tier environment and forgot --round final would otherwise serve the
+    # preliminary's command thinking its values were taken
+    env = clean_env(tmp_path, MAX_NUM_SEQS_16_32K="4", TENSOR_PARALLEL_SIZE="2", CONCURRENCY_8_16K="6", MAX_NUM_SEQS="")
+    r = forge(tmp_path, "serve", "--profile", "contest", "--model", str(model), "--dry-run", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "CONCURRENCY_8_16K, MAX_NUM_SEQS_16_32K, TENSOR_PARALLEL_SIZE set: the final round's variables" in r.stderr
+    assert "--max-num-seqs 4" not in r.stdout
+    r = forge(tmp_path, "serve", "--round", "final", "--tier", "16-32K", "--profile", "final-tp2", "--model",
+              str(model), "--dry-run", env={**env, "HIP_VISIBLE_DEVICES": "0,1"})
+    assert r.returncode == 0 and "variables" not in r.stderr, r.stderr
 
 
 def test_the_all_reduce_backend_switch_is_reviewed_for_the_final_only(tmp_path, c, final):

@@ -152,6 +152,7 @@ def serve_profile(profile: str, model: str | None = None, *, image: str | None =
     if not model:
         raise ForgeError("no model directory given", hint="pass --model DIR (make serve MODEL=DIR)")
     render(prof, Path(model), contest, rnd, tier)     # a round's values and its cards, before anything else
+    _say_unread(contest, rnd)
     port = port or LOCKED_PORT
     run_id = runs.check_run_id(run_id) if run_id is not None else runs.new_run_id(prof["name"])
     if vllm_cmd is not None:
@@ -195,6 +196,13 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def _say_unread(contest: dict, rnd: rounds.Round) -> None:
+    unread = rounds.unread_variables(contest) if rnd.name == rounds.DEFAULT_ROUND else []
+    if unread:
+        ui.warn(f"{', '.join(unread)} set: the final round's variables; the {rnd.name} round's server reads none of "
+                "them (add --round final --tier T, make serve ROUND=final TIER=T, to serve a final-round tier)")
+
+
 def _print_or_exec(args) -> int:
     """--dry-run prints the checked command; --foreground (inside the image) becomes the server."""
     contest = contest_mod.load_contest()
@@ -212,6 +220,7 @@ def _print_or_exec(args) -> int:
     cmd = launch_command(rendered, image=image, vllm_cmd=args.vllm, port=port,
                          container=container, shm_size=args.shm_size)
     env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in rendered["env"].items())
+    _say_unread(contest, rnd)
     if args.dry_run:
         print(f"# profile {prof['name']} ({' -> '.join(prof['chain'])}): checked against configs/contest.yaml")
         if "round" in rendered:
