@@ -293,3 +293,30 @@ def test_the_scheduler_reproduces_the_preemptions_measured_on_a_gpu_machine():
         counts[seqs] = eng.preemptions
     assert abs(counts[128] - measured) <= 0.05 * measured, (counts, measured)
     assert counts.get(4) == 0, counts
+
+
+def test_the_scheduler_preempts_none_where_a_server_at_the_planned_seqs_preempted_none():
+    """reports/e2e/2026-12-05-h200-final-16-32k-eqcap: both TP1 servers with a DCU card's KV cache (146 blocks, the
+    planner's estimate) at --max-num-seqs 4, the finals' client over 12 prompts of 16-32K, preempted none (vLLM's
+    counter). The model over the same requests and cache at 4 seqs preempts none too; at the finals' 128 it does."""
+    import tarfile
+
+    from helpers import ROOT
+    with tarfile.open(ROOT / "reports" / "e2e" / "2026-12-05-h200-final-16-32k-eqcap" / "raw.tgz") as tf:
+        s = json.load(tf.extractfile("summary.json"))
+    assert s["preemptions"] == {"contest": {"16-32K": 0.0}, "upstream": {"16-32K": 0.0}}
+    args = s["harness"]["server_args"]
+    kv_bytes = int(args[args.index("--kv-cache-memory-bytes") + 1])
+    requests = [tuple(r) for r in s["datasets"]["16-32K"]["requests"]]
+    conc = int(s["client"].split("--max-concurrency")[1].split()[0])
+    shape = finals.load_shape()
+    cap = cap_mod.capacity(shape, tp=1, kv_dtype="bf16", card_name="h200", kv_cache_memory_bytes=kv_bytes)
+    assert (cap.num_blocks, cap.reported_tokens, len(requests), conc) == (146, 28224, 12, 10)
+    cost = StepCost(UPSTREAM, shape, tp=1, kv_dtype="bf16", link=LINKS["pcie"])
+    counts = {}
+    for seqs in (4, 128):
+        eng = Engine(cap, seqs, 4096, cost)
+        done = serve(eng, requests, conc, cost.arrival_delay())
+        assert len(done) == 12 and not any(r.failed for r in done)
+        counts[seqs] = eng.preemptions
+    assert counts[4] == 0 and counts[128] > 100, counts
