@@ -21,6 +21,8 @@ import math
 import os
 import sys
 
+import forge_tuned
+
 from . import common as C
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -101,6 +103,18 @@ def activation(torch, F):
     return bench_gemv.silu_and_mul_fn(torch, F)
 
 
+def launches(M: int, fused: bool, on_amd: bool, quick: bool = False) -> list[tuple[int, int]]:
+    """The (block, rows) launches of our kernel measured at M tokens: the built-in choice (0, 0) and the
+    variants of the platform and token range (--quick: the first two), less those forge_gemv.cu does not
+    build at M (forge_tuned.gemv_launch_problem: they would only be recorded as failures)."""
+    if M <= 4:
+        menu = FUSED_VARIANTS if fused else VARIANTS["hip" if on_amd else "cuda"]
+    else:
+        menu = SKINNY_FUSED_VARIANTS if fused else SKINNY_VARIANTS["hip" if on_amd else "cuda"]
+    cands = [(0, 0)] + menu[: 2 if quick else None]
+    return [(b, r) for b, r in cands if forge_tuned.gemv_launch_problem(b, r, M, fused, on_amd) is None]
+
+
 def run(torch, args, emit) -> dict:
     import torch.nn.functional as F
     notes = []
@@ -113,12 +127,8 @@ def run(torch, args, emit) -> dict:
     if torch.version.hip and not vendors:
         notes.append("vLLM's skinny kernels (wvSplitK / LLMM1) are not in the installed vLLM (no _rocm_C): not timed")
     act, act_name = activation(torch, F)
-    variants = [(0, 0)] + VARIANTS["hip" if torch.version.hip else "cuda"][: 2 if args.quick else None]
-    fused_variants = [(0, 0)] + FUSED_VARIANTS[: 2 if args.quick else None]
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20) or (64 << 20)
     ms = (1, 2, 8) if args.quick else tuple(range(1, 17))
-    skinny_variants = [(0, 0)] + SKINNY_VARIANTS["hip" if torch.version.hip else "cuda"][: 2 if args.quick else None]
-    skinny_fused = [(0, 0)] + SKINNY_FUSED_VARIANTS[: 2 if args.quick else None]
     per_rank = C.linear(getattr(args, "tp", 1))          # --tp: one rank's shapes
     shapes = per_rank[:3] if args.quick else per_rank
     g = torch.Generator(device="cuda").manual_seed(args.seed)
@@ -172,7 +182,7 @@ def run(torch, args, emit) -> dict:
             for vname, vfn in vendors.items():
                 candidate(vname, "vendor", lambda w, f=vfn: f(x, w), selectable=False)
             y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-            for block, rows in (variants if M <= 4 else skinny_variants):
+            for block, rows in launches(M, False, bool(torch.version.hip), args.quick):
                 def ours(w, b=block, r=rows):
                     ext.forge_gemv(y, x, w, b, r)
                     return y
@@ -191,7 +201,7 @@ def run(torch, args, emit) -> dict:
                 candidate(f"{base_name} + {act_name}", "upstream", unfused, decision=fdec, reference=fref,
                           shape_out=(M, half), poison=ya)
                 ys = torch.empty(M, half, device="cuda", dtype=torch.bfloat16)
-                for block, rows in (fused_variants if M <= 4 else skinny_fused):
+                for block, rows in launches(M, True, bool(torch.version.hip), args.quick):
                     def fused(w, b=block, r=rows):
                         ext.forge_gemv_silu_mul(ys, x, w, b, r)
                         return ys
