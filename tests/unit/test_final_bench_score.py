@@ -52,6 +52,7 @@ def test_final_round_client_per_tier_and_its_record(tmp_path, model, data_dir):
     with fake_server(model) as (port, _):
         r = _bench(tmp_path, port, model, data_dir, "--round", "final", CONCURRENCY_8_16K="12")
     assert r.returncode == 0, r.stderr[-2000:]
+    assert "variables" not in r.stderr
     calls = {c["tier"]: c["argv"] for c in _calls(tmp_path)}
     assert set(calls) == set(TIERS)
     for t, argv in calls.items():
@@ -87,6 +88,8 @@ def test_the_preliminary_client_is_unchanged_by_default(tmp_path, model, data_di
         assert _opt(c["argv"], "--max-concurrency") == "1" and _opt(c["argv"], "--request-rate") == "1"
         assert _opt(c["argv"], "--num-prompts") == "3"
     assert json.loads((tmp_path / "runs" / "f1" / "manifest.json").read_text())["round"] == "preliminary"
+    # the variable it did not read is named, so a team that forgot --round final sees it
+    assert "CONCURRENCY_4_8K set: the final round's variables; the preliminary round's client reads none" in r.stderr
 
 
 @pytest.mark.parametrize("first,then", [(["--round", "final"], []), ([], ["--round", "final"])])

@@ -372,6 +372,17 @@ def unread_variables(contest: dict, environ: Mapping[str, str] | None = None) ->
     return sorted(n for n in names if n and environ.get(n, "") != "")
 
 
+def unread_note(contest: dict, round_name: str | None, who: str, how: str) -> str | None:
+    """What a preliminary `who` (its server, its client) says of the final round's variables set in the
+    environment, which it does not read (None: none set, or not the preliminary); `how`: the option that
+    reads them."""
+    if (round_name or DEFAULT_ROUND) != DEFAULT_ROUND:
+        return None
+    unread = unread_variables(contest)
+    return (f"{', '.join(unread)} set: the final round's variables; the {DEFAULT_ROUND} round's {who} reads none of "
+            f"them ({how})") if unread else None
+
+
 def start_argv(rnd: Round, settings: Settings, model: str) -> list[str]:
     """The round's start script with `model` and the settings' values filled in."""
     subst = {f"${u.env}": _num(getattr(settings, u.key)) for u in rnd.unlocked}

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from .. import options, paths, proc, ui
+from ..contest import rounds
 from ..contest import rules as contest_mod
 from ..contest.profiles import loopback_env
 from ..errors import ForgeError
@@ -237,6 +238,10 @@ def run_tiers(*, profile: str | None = None, run_id: str | None = None, model: s
 
 def cmd_bench(args) -> int:
     tiers = [x.strip() for x in args.tiers.split(",") if x.strip()] if args.tiers is not None else None
+    note = rounds.unread_note(contest_mod.load_contest(), args.round, "client", "add --round final, make "
+                              "bench-all-tiers ROUND=final, to run the final round's client")
+    if note:
+        ui.warn(note)
     rdir = run_tiers(profile=args.profile, run_id=args.run_id, model=args.model, data_dir=args.data_dir,
                      tiers=tiers, num_prompts=args.num_prompts, client=args.client, port=args.port,
                      progress_every=args.progress_every, keep_failed=args.keep_failed, harness=args.harness,

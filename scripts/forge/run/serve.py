@@ -197,10 +197,10 @@ def cmd_serve(args) -> int:
 
 
 def _say_unread(contest: dict, rnd: rounds.Round) -> None:
-    unread = rounds.unread_variables(contest) if rnd.name == rounds.DEFAULT_ROUND else []
-    if unread:
-        ui.warn(f"{', '.join(unread)} set: the final round's variables; the {rnd.name} round's server reads none of "
-                "them (add --round final --tier T, make serve ROUND=final TIER=T, to serve a final-round tier)")
+    note = rounds.unread_note(contest, rnd.name, "server", "add --round final --tier T, make serve ROUND=final "
+                              "TIER=T, to serve a final-round tier")
+    if note:
+        ui.warn(note)
 
 
 def _print_or_exec(args) -> int:
