@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from .. import options, paths, proc, ui
-from ..contest import rounds
 from ..contest import rules as contest_mod
+from ..contest import unread
 from ..contest.profiles import loopback_env
 from ..errors import ForgeError
 from . import bench_data, final_client, runs, serve
@@ -238,7 +238,7 @@ def run_tiers(*, profile: str | None = None, run_id: str | None = None, model: s
 
 def cmd_bench(args) -> int:
     tiers = [x.strip() for x in args.tiers.split(",") if x.strip()] if args.tiers is not None else None
-    note = rounds.unread_note(contest_mod.load_contest(), args.round, "client", "add --round final, make "
+    note = unread.unread_note(contest_mod.load_contest(), args.round, "client", "add --round final, make "
                               "bench-all-tiers ROUND=final, to run the final round's client")
     if note:
         ui.warn(note)

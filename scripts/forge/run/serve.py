@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from .. import options, paths, proc, ui
-from ..contest import profiles, rounds
+from ..contest import profiles, rounds, unread
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from . import runs, serverlog
@@ -197,7 +197,7 @@ def cmd_serve(args) -> int:
 
 
 def _say_unread(contest: dict, rnd: rounds.Round) -> None:
-    note = rounds.unread_note(contest, rnd.name, "server", "add --round final --tier T, make serve ROUND=final "
+    note = unread.unread_note(contest, rnd.name, "server", "add --round final --tier T, make serve ROUND=final "
                               "TIER=T, to serve a final-round tier")
     if note:
         ui.warn(note)
