@@ -32,7 +32,6 @@ it after every step, so a run cut short still returns what it finished.
 
 from __future__ import annotations
 
-import shlex
 import signal
 import sys
 import threading
@@ -137,7 +136,7 @@ def cmd_e2e(args) -> int:
             raise ForgeError("--model is needed when no --bundle is given")
         model = Path(args.model)
     run.child_env = site_env(site)
-    extra = [*(args.server_arg or []), *shlex.split(args.server_args or "")]
+    extra = run.extra
     run.hargs = harness_args(run.h, extra)
     run.identity = {"bundle_wheel_sha256": wheel_sha, "server_args": run.hargs, "device": device_name(),
                     **({"capacity": {n: final_round.capacity_args(run.capacity, n) for n in run.capacity}}
@@ -290,12 +289,12 @@ def register(sub) -> None:
     p.add_argument("--site", default="/tmp/forge-e2e-site", help="where the bundle's wheels are installed")
     p.add_argument("--harness", help="harness settings (default: harness/gpu/harness.yaml)")
     p.add_argument("--model", help="model directory (default: the bundle's)")
-    p.add_argument("--profiles", help="comma-separated profiles (default: harness/gpu/harness.yaml profiles)")
+    p.add_argument("--profiles", type=options.nonempty("--profiles"), help="comma-separated profiles (default: harness/gpu/harness.yaml profiles)")
     p.add_argument("--reference", help="the profile scored as 60.0 (default: upstream)")
-    p.add_argument("--num-prompts", type=int, default=6,
+    p.add_argument("--num-prompts", type=options.count, default=6,
                    help="prompts per tier (default 6), all in one client invocation per (tier, profile): requests "
                         "of the contest workload (configs/workload.yaml) evenly spaced by output length")
-    p.add_argument("--fixed-output", type=int, metavar="N",
+    p.add_argument("--fixed-output", type=options.count, metavar="N",
                    help="instead of the contest workload, prompts across each tier's range with N output tokens "
                         "each (the earlier runs used 1024)")
     p.add_argument("--tier-order", type=lambda s: s.split(","),
@@ -312,25 +311,25 @@ def register(sub) -> None:
     p.add_argument("--reserve-s", type=float, default=15.0,
                    help="seconds kept after the tiers for stopping the servers and writing the reports "
                         f"(default 15; {FAULT_NEED_S:.0f} s more while the fault check is still to run)")
-    p.add_argument("--out", help="results folder (default: reports/e2e/<date>-<device>/)")
-    p.add_argument("--pack", help="also keep a .tar.gz of the results here, rewritten after every step")
+    p.add_argument("--out", type=options.nonempty("--out"), help="results folder (default: reports/e2e/<date>-<device>/)")
+    p.add_argument("--pack", type=options.nonempty("--pack"), help="also keep a .tar.gz of the results here, rewritten after every step")
     p.add_argument("--vllm", help="how to start vLLM (default: this Python's vllm.entrypoints.cli.main)")
     p.add_argument("--client", help="command that runs vLLM's CLI for `bench serve` (default: as forge bench-all-tiers)")
     p.add_argument("--server-arg", action="append", help="one more server argument (repeatable; "
                                                             "write --server-arg=--opt for options)")
     p.add_argument("--server-args", help="more server arguments as one shell-quoted string, e.g. "
                                          "--server-args='--tensor-parallel-size 2 --disable-custom-all-reduce'")
-    p.add_argument("--triton-cache", help="TRITON_CACHE_DIR shared by the servers (default /tmp/forge-triton "
+    p.add_argument("--triton-cache", type=options.nonempty("--triton-cache"), help="TRITON_CACHE_DIR shared by the servers (default /tmp/forge-triton "
                                           "when --triton-cache-from or --triton-cache-pack is given)")
-    p.add_argument("--triton-cache-from", metavar="DIR",
+    p.add_argument("--triton-cache-from", metavar="DIR", type=options.nonempty("--triton-cache-from"),
                    help="seed the Triton cache from the parts an earlier run wrote with --triton-cache-pack "
                         "(DIR/triton-cache.json and its parts): a fresh machine then skips the kernel compiles "
                         "that run made")
-    p.add_argument("--triton-cache-pack", metavar="DIR",
+    p.add_argument("--triton-cache-pack", metavar="DIR", type=options.nonempty("--triton-cache-pack"),
                    help="at the end, write the Triton cache to DIR/triton-cache.tgz.NN in parts of at most "
                         f"{TRITON_PART_MIB} MiB plus DIR/{TRITON_MANIFEST}, for --triton-cache-from on the "
                         "next machine")
-    p.add_argument("--first-port", type=int, default=FIRST_PORT,
+    p.add_argument("--first-port", type=options.port, default=FIRST_PORT,
                    help=f"port of the first profile's server; the others follow (default {FIRST_PORT})")
     p.add_argument("--fault-delay-s", type=float, default=3.0, help="seconds into the request before the kill")
     p.add_argument("--client-per-tier", action="store_true",

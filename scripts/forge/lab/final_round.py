@@ -59,6 +59,9 @@ def sizing_changes(kv_cache_memory_bytes: int | None, gpu_memory_utilization: fl
                    why: str | None) -> list[dict]:
     """This invocation's server sizing in place of harness.yaml's side-by-side values."""
     out = []
+    if why is not None and kv_cache_memory_bytes is None:
+        raise ForgeError("--kv-why: it records why the KV cache has the size --kv-cache-memory-bytes gives, and "
+                         "none is given", hint="add --kv-cache-memory-bytes BYTES, or leave out --kv-why")
     if kv_cache_memory_bytes is not None:
         if kv_cache_memory_bytes < 1 << 28:
             raise ForgeError(f"--kv-cache-memory-bytes {kv_cache_memory_bytes}: under 256 MiB holds no request "

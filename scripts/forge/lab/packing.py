@@ -75,17 +75,22 @@ class _JoinedParts(io.RawIOBase):
         super().close()
 
 
-def seed_triton_cache(src: Path, cache: Path) -> dict:
-    """Unpack the parts `pack_triton_cache` wrote (checked against their manifest) into the cache
-    directory. Kernels are keyed by source, options and device, so a cache from another machine of the
-    same kind is reused and anything else is compiled again. A damaged or incomplete set is skipped with
-    a warning (the cache only saves time); a folder without parts is an error (a wrong path)."""
+def check_triton_source(src: Path) -> Path:
+    """The manifest of a folder --triton-cache-from names; a folder without one is a wrong path."""
     man_path = src / TRITON_MANIFEST
     if not man_path.is_file():
         raise ForgeError(f"--triton-cache-from {src}: no {TRITON_MANIFEST} there",
                          hint="give the folder an earlier run's --triton-cache-pack wrote (its parts and "
                               f"{TRITON_MANIFEST}), or leave the option out")
-    man = runs.read_json(man_path)
+    return man_path
+
+
+def seed_triton_cache(src: Path, cache: Path) -> dict:
+    """Unpack the parts `pack_triton_cache` wrote (checked against their manifest) into the cache
+    directory. Kernels are keyed by source, options and device, so a cache from another machine of the
+    same kind is reused and anything else is compiled again. A damaged or incomplete set is skipped with
+    a warning (the cache only saves time); a folder without parts is an error (a wrong path)."""
+    man = runs.read_json(check_triton_source(src))
     parts = [src / x["name"] for x in man.get("parts", [])]
     bad = [p.name for p, x in zip(parts, man.get("parts", []))
            if not p.is_file() or p.stat().st_size != x.get("bytes") or sha256_file(p) != x.get("sha256")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import shlex
 import sys
 import threading
 import time
@@ -16,7 +17,7 @@ from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..run import runs
 from . import final_round, gpu_bundle
-from .packing import pack
+from .packing import check_triton_source, pack
 from .summary import render_summary
 
 
@@ -64,6 +65,7 @@ class Run:
         if args.model and not Path(args.model).is_dir():      # found when the prompts were made, the folder written
             raise ForgeError(f"--model {args.model}: no such folder", hint="pass --model (or MODEL=) with the served "
                                                                          "model's directory")
+        self.extra = check_values(args, self.names)   # the extra server arguments, split as a shell does
         self.out = Path(args.out) if args.out else default_out()
         earlier = sorted(self.out.glob("runs/*/rounds"))
         if earlier:
@@ -132,6 +134,38 @@ class Run:
                     pack(self.out, Path(self.args.pack), self.servers)
                 except OSError as e:
                     ui.warn(f"pack not written: {e}")
+
+
+def check_values(args, names: list[str]) -> list[str]:
+    """The options that name ports, tiers, files and folders, checked before the results folder is made
+    (each found only after it before: a server on port 70000, a tier measured twice, a pack that is a
+    folder, a Triton cache that is a file); returns the extra server arguments (--server-arg, then
+    --server-args split as a shell does)."""
+    twice = sorted({t for t in (args.tier_order or []) if args.tier_order.count(t) > 1})
+    if twice:
+        raise ForgeError(f"--tier-order {','.join(args.tier_order)}: {', '.join(twice)} given twice",
+                         hint="name each tier once (a finished tier is kept, not measured again)")
+    last = args.first_port + len(names) - 1
+    if last > 65535:
+        raise ForgeError(f"--first-port {args.first_port}: the {len(names)} profiles' servers take ports "
+                         f"{args.first_port}-{last}, past 65535", hint=f"give --first-port {65536 - len(names)} or lower")
+    try:
+        extra = [*(args.server_arg or []), *shlex.split(args.server_args or "")]
+    except ValueError as e:
+        raise ForgeError(f"--server-args {args.server_args!r}: {e} (it is split as a shell splits it)",
+                         hint="close the quote, or give each argument as its own --server-arg=...") from None
+    if args.pack:
+        pk = Path(args.pack)
+        if pk.is_dir():
+            raise ForgeError(f"--pack {args.pack}: a folder, where the results' archive is written as one file",
+                             hint=f"give a file name, e.g. --pack {pk / 'e2e.tgz'}")
+        paths.target_folder(str(pk.parent), "--pack's folder")
+    for opt in ("triton_cache", "triton_cache_pack", "triton_cache_from"):
+        if getattr(args, opt) is not None:
+            paths.target_folder(getattr(args, opt), "--" + opt.replace("_", "-"))
+    if args.triton_cache_from:
+        check_triton_source(Path(args.triton_cache_from))
+    return extra
 
 
 def default_out() -> Path:

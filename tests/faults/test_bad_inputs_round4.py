@@ -1,0 +1,64 @@
+"""The inputs of `forge e2e-gpu` (ports, prompt counts, tiers, the extra server arguments, the pack and
+the Triton cache folders, the KV cache's reason), `forge calibrate` (--redo, --seed, --install of a smoke
+calibration) and `forge pack-run` / `forge unpack-run` (several folders, --to inside the checkout). Each
+bad value is refused before anything is written, packed or started: exit code 2, one error line naming
+the option or folder and a `fix:` line, `git status` as it was."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import forge
+from test_bad_inputs import refused, writes_nothing
+
+from forge.lab import gpu_bundle
+
+# --- e2e-gpu: every value checked before the results folder, the pack or a server -------------------------
+
+
+def _model(tmp_path: Path) -> Path:
+    model = tmp_path / "model"
+    gpu_bundle.write_model_dir({"model": {"config": "configs/models/qwen3.5-27b/config.json",
+                                          "vocab_size": 248320, "eos_token_id": 248044}}, model)
+    return model
+
+
+@pytest.mark.parametrize("args,words", [
+    # refused only once the results folder and its summary were written
+    (["--num-prompts", "0"], ["--num-prompts", "'0'", "1 or more"]),
+    # reached the client as --custom-output-len 0 / -5
+    (["--fixed-output", "0"], ["--fixed-output", "'0'"]),
+    (["--fixed-output", "-5"], ["--fixed-output", "'-5'"]),
+    # servers started on port 70000 and 0
+    (["--first-port", "70000"], ["--first-port", "TCP port"]),
+    (["--first-port", "0"], ["--first-port", "TCP port"]),
+    # the second profile's server on port 65536
+    (["--first-port", "65535"], ["--first-port 65535", "65535-65536", "past 65535"]),
+    # a traceback (shlex's ValueError) after the results folder was made
+    (["--server-args", '--max-model-len "4096'], ["--server-args", "No closing quotation"]),
+    # the run went on, warning at every step that the pack could not be written
+    (["--pack", "{tmp}"], ["--pack", "a folder"]),
+    # refused only after the results folder was made
+    (["--triton-cache-from", "{tmp}/nothing"], ["--triton-cache-from", "triton-cache.json"]),
+    # the tier measured twice (the second invocation's client over the first's results)
+    (["--tier-order", "4-8K,4-8K"], ["--tier-order 4-8K,4-8K", "4-8K given twice"]),
+    # servers started with a TRITON_CACHE_DIR that is a file; the pack failed at the end
+    (["--triton-cache", "{tmp}/afile"], ["--triton-cache", "a file, not a folder"]),
+    (["--triton-cache-pack", "{tmp}/afile"], ["--triton-cache-pack", "a file, not a folder"]),
+    # a reason recorded for nothing: silently dropped
+    (["--kv-why", "a DCU card's"], ["--kv-why", "--kv-cache-memory-bytes"]),
+    # empty values taken as omitted: every profile of harness.yaml, the results under reports/e2e/
+    (["--profiles", ""], ["--profiles", "empty value"]),
+    (["--out", ""], ["--out", "empty value"]),
+    (["--pack", ""], ["--pack", "empty value"]),
+])
+def test_e2e_gpu_values_are_checked_before_the_results_folder(tmp_path, args, words):
+    model = _model(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    out = [] if "--out" in args else ["--out", str(tmp_path / "out")]
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "e2e-gpu", "--bundle", "", "--model", str(model), "--vllm", "false", "--client", "false",
+                  "--no-plumbing", "--no-fault", "--start-guess-s", "0", *out, *args, timeout=60)
+    refused(r, *words)
