@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import forge
+from helpers import ROOT, forge
 from test_bad_inputs import refused, writes_nothing
+from test_bad_inputs_records import CAL_ARGS
 
 from forge.lab import gpu_bundle
 
@@ -61,4 +62,21 @@ def test_e2e_gpu_values_are_checked_before_the_results_folder(tmp_path, args, wo
     with writes_nothing(tmp_path):
         r = forge(tmp_path, "e2e-gpu", "--bundle", "", "--model", str(model), "--vllm", "false", "--client", "false",
                   "--no-plumbing", "--no-fault", "--start-guess-s", "0", *out, *args, timeout=60)
+    refused(r, *words)
+
+
+# --- calibrate: a family, a seed and an install that mean what they say ----------------------------------
+
+@pytest.mark.parametrize("args,words", [
+    # the redo of a family not measured was silently ignored
+    (["--families", "gemv", "--redo", "decode"], ["--redo decode", "not among --families gemv"]),
+    # int() read 1_0 as seed 10
+    (["--seed", "1_0"], ["--seed", "'1_0'", "plain digits"]),
+    # a table of the interpreter on a CPU (no decision) installed as configs/kernels/tuned/cpu-cpu-0cu.json
+    (["--smoke", "--install"], ["--install with --smoke", "measures nothing real"]),
+    (["--smoke", "--quick", "--install-vllm"], ["--install-vllm with --smoke"]),
+])
+def test_calibrate_options_are_refused_before_anything_runs(tmp_path, args, words):
+    with writes_nothing(tmp_path, ROOT / "configs" / "kernels"):
+        r = forge(tmp_path, "calibrate", "--out", str(tmp_path / "cal"), *CAL_ARGS, *args, timeout=120)
     refused(r, *words)

@@ -42,12 +42,12 @@ from ..errors import ForgeError
 from ..hashing import combine, sha256_file
 from ..recipe import patchfile, provenance
 from ..records import guard_recorded, read_json, tracked_changes
-from . import calibrate_report, rank_geometry
+from . import calibrate_options, calibrate_report, rank_geometry
 from . import calibration as sel
 from . import calibration_docs as cd
 
 FAMILIES = cd.FAMILIES
-SEED_MAX = 2**31 - 1      # the families seed torch generators with seed + 0..3
+SEED_MAX = calibrate_options.SEED_MAX
 FAMILY_TIMEOUT_S = {"gemv": 600, "prefill": 600, "decode": 300, "write": 120, "gemm": 300}
 MAX_RESTARTS = 5          # candidates that may kill a family's process before the family is given up
 TUNED = paths.CONFIGS / "kernels" / "tuned"
@@ -306,12 +306,7 @@ def _vllm_tables() -> Path:
 
 
 def cmd_calibrate(args) -> int:
-    bad = [f for f in args.families if f not in FAMILIES]
-    if bad:
-        raise ForgeError(f"--families: unknown {', '.join(bad)}", hint=f"families: {', '.join(FAMILIES)}")
-    for f in args.redo or []:
-        if f not in FAMILIES:
-            raise ForgeError(f"--redo: unknown family {f!r}", hint=f"families: {', '.join(FAMILIES)}")
+    calibrate_options.check_options(args)
     if args.out is not None:
         args.out = str(paths.target_folder(args.out, "--out"))
     if args.python is not None and not (os.path.isfile(args.python) and os.access(args.python, os.X_OK)):
@@ -355,29 +350,11 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
-def _families(text: str) -> list[str]:
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError(f"{text!r} names no family (families: {', '.join(FAMILIES)}; leave the "
-                                         "option out for all)")
-    return names
-
-
-def _seed(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if not 0 <= v <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a seed (a whole number, 0 to {SEED_MAX})")
-    return v
-
-
 def register(sub) -> None:
     p = sub.add_parser("calibrate", help="check and time every kernel candidate on this device; write its table",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", help="output folder (default build/calibration/<device>)")
-    p.add_argument("--families", type=_families, default=list(FAMILIES),
+    p.add_argument("--families", type=calibrate_options.families, default=list(FAMILIES),
                    help=f"comma-separated subset of {','.join(FAMILIES)} (default all)")
     p.add_argument("--redo", action="append", metavar="FAMILY", help="measure this family again (repeatable)")
     p.add_argument("--force", action="store_true",
@@ -390,7 +367,7 @@ def register(sub) -> None:
     p.add_argument("--quick", action="store_true", help="fewer shapes and candidates: a first look, minutes")
     p.add_argument("--smoke", action="store_true",
                    help="tiny shapes under Triton's interpreter on a CPU: checks the tool, measures nothing real")
-    p.add_argument("--seed", type=_seed, default=1234,
+    p.add_argument("--seed", type=calibrate_options.seed, default=1234,
                    help=f"seed of the random inputs, 0 to {SEED_MAX} (default 1234)")
     rank_geometry.add_option(p)
     p.add_argument("--python", help="the Python that runs the families (default: this one)")

@@ -1,0 +1,50 @@
+"""`forge calibrate`'s options, read and checked before anything is measured or written: the families
+(--families, --redo), the seed, and what a smoke calibration may not be used for."""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import options as opts
+from ..errors import ForgeError
+from . import calibration_docs as cd
+
+FAMILIES = cd.FAMILIES
+SEED_MAX = 2**31 - 1      # the families seed torch generators with seed + 0..3
+
+
+def families(text: str) -> list[str]:
+    """--families: a comma-separated list (argparse type; each name is checked by check_options)."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r} names no family (families: {', '.join(FAMILIES)}; leave the "
+                                         "option out for all)")
+    return names
+
+
+def seed(text: str) -> int:
+    """--seed: plain digits, 0 to SEED_MAX (argparse type)."""
+    v = opts.parse_whole(text)
+    if v is None or not 0 <= v <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a seed (a whole number in plain digits, 0 to {SEED_MAX})")
+    return v
+
+
+def check_options(args) -> None:
+    """Refuse an unknown family, a --redo of a family this calibration does not measure, and --install
+    of a smoke calibration's table (tiny shapes under Triton's interpreter: nothing real is measured)."""
+    bad = [f for f in args.families if f not in FAMILIES]
+    if bad:
+        raise ForgeError(f"--families: unknown {', '.join(bad)}", hint=f"families: {', '.join(FAMILIES)}")
+    for f in args.redo or []:
+        if f not in FAMILIES:
+            raise ForgeError(f"--redo: unknown family {f!r}", hint=f"families: {', '.join(FAMILIES)}")
+        if f not in args.families:
+            raise ForgeError(f"--redo {f}: not among --families {','.join(args.families)}, so it would not be "
+                             "measured again", hint=f"add {f} to --families, or leave out --redo {f}")
+    installs = [o for o, given in (("--install", args.install), ("--install-vllm", args.install_vllm)) if given]
+    if args.smoke and installs:
+        raise ForgeError(f"{' and '.join(installs)} with --smoke: a smoke calibration runs tiny shapes under "
+                         "Triton's interpreter and measures nothing real; its table is not one to install",
+                         hint="calibrate on the card (or a GPU machine) without --smoke to install a table, or "
+                              f"leave out {' and '.join(installs)}")
