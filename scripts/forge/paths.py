@@ -146,7 +146,7 @@ def tracked_files(folder: Path) -> list[str]:
     return [x for x in out.split("\0") if x]
 
 
-def target_folder(value: str, what: str, *, outside_checkout: bool = False) -> Path:
+def target_folder(value: str, what: str, *, outside_checkout: bool = False, hint: str | None = None) -> Path:
     """A folder given as a path that the tool writes into (--to, --into, --out): refused, naming
     `what`, when it is empty or an existing file; with `outside_checkout`, also when it is this checkout or lies inside it
     (the tool would overwrite its own tracked files)."""
@@ -159,8 +159,8 @@ def target_folder(value: str, what: str, *, outside_checkout: bool = False) -> P
         real = p.resolve()
         if real == ROOT or ROOT in real.parents:
             raise ForgeError(f"{what} {value}: inside this checkout ({ROOT}); writing there would overwrite "
-                             "the tool's own files", hint="give a folder outside the checkout, e.g. a checkout of "
-                                                         "your scoring repository")
+                             "the tool's own files", hint=hint or "give a folder outside the checkout, e.g. a "
+                                                                 "checkout of your scoring repository")
     return p
 
 

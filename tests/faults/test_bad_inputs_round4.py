@@ -6,10 +6,11 @@ the option or folder and a `fix:` line, `git status` as it was."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, forge
+from helpers import FIXTURE_RUNS, ROOT, forge
 from test_bad_inputs import refused, writes_nothing
 from test_bad_inputs_records import CAL_ARGS
 
@@ -80,3 +81,25 @@ def test_calibrate_options_are_refused_before_anything_runs(tmp_path, args, word
     with writes_nothing(tmp_path, ROOT / "configs" / "kernels"):
         r = forge(tmp_path, "calibrate", "--out", str(tmp_path / "cal"), *CAL_ARGS, *args, timeout=120)
     refused(r, *words)
+
+
+# --- pack-run / unpack-run: every folder checked first; nothing unpacked into the checkout ----------------
+
+def test_pack_run_checks_every_folder_before_packing_one(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE_RUNS / "fast", run)
+    (tmp_path / "afile").write_text("x")
+    for bad in ("missing", "afile"):           # the first folder was packed, then the second refused
+        with writes_nothing(tmp_path):
+            refused(forge(tmp_path, "pack-run", str(run), str(tmp_path / bad)), bad, "not a folder")
+
+
+@pytest.mark.parametrize("into", ["scripts/forge/unpacked-run", "reports/e2e/unpacked-run", "."])
+def test_unpack_run_to_a_folder_inside_the_checkout_is_refused(tmp_path, into):
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE_RUNS / "fast", run)
+    assert forge(tmp_path, "pack-run", str(run)).returncode == 0
+    with writes_nothing(tmp_path):             # files of a record went into the tool's own tree
+        r = forge(tmp_path, "unpack-run", str(run), "--to", into)
+    refused(r, "--to", "inside this checkout")
+    assert "fix: leave --to out to unpack in place" in r.stderr and "--to /tmp/run" in r.stderr

@@ -71,13 +71,33 @@ def pack_run(folder: Path, remove: bool = True) -> dict:
     {archive, members, removed}. A folder already packed (raw.tgz and no raw file left) is left as it is;
     an unpacked one (every member back in the folder) is packed again."""
     folder = Path(folder)
+    dest = folder / ARCHIVE
+    if check_packable(folder):
+        return {"archive": dest, "members": None, "removed": []}
+    raw = raw_files(folder)
+    members = folder_files(folder)
+    write_archive(folder, members, dest)
+    removed = []
+    if remove:
+        for rel in raw:
+            (folder / rel).unlink()
+            removed.append(rel)
+        for d in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            if not any(d.iterdir()):
+                d.rmdir()
+    return {"archive": dest, "members": members, "removed": removed}
+
+
+def check_packable(folder: Path) -> bool:
+    """Refuse (naming it) a folder `pack_run` cannot pack; True when it is packed already. Every folder of
+    one `forge pack-run` is checked before the first is packed."""
     if not folder.is_dir():
         raise ForgeError(f"{folder}: not a folder", hint="give a run folder, e.g. reports/e2e/<date>-<device>")
     dest = folder / ARCHIVE
     raw = raw_files(folder)
     if dest.exists():
         if not raw:
-            return {"archive": dest, "members": None, "removed": []}
+            return True
         # raw files beside the archive: packed again only when the folder holds every member (an
         # unpacked folder, documents perhaps redone), so rewriting the archive loses nothing
         present = {p.as_posix() for p in folder_files(folder)}
@@ -92,17 +112,7 @@ def pack_run(folder: Path, remove: bool = True) -> dict:
         raise ForgeError(f"{paths.rel(folder)}: no raw files to pack (only documents)",
                          hint="a run folder holds runs/, logs/ or per-tier results next to its summary")
     refuse_links_out(folder)
-    members = folder_files(folder)
-    write_archive(folder, members, dest)
-    removed = []
-    if remove:
-        for rel in raw:
-            (folder / rel).unlink()
-            removed.append(rel)
-        for d in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-            if not any(d.iterdir()):
-                d.rmdir()
-    return {"archive": dest, "members": members, "removed": removed}
+    return False
 
 
 def refuse_links_out(folder: Path) -> None:
@@ -147,7 +157,11 @@ def unpack_run(folder: Path, to: Path | None = None, force: bool = False) -> lis
     src = folder / ARCHIVE
     if not src.is_file():
         raise ForgeError(f"{paths.rel(src)} not found", hint="give a run folder that holds raw.tgz")
-    dest = paths.target_folder(str(to), "--to") if to is not None else folder
+    dest = folder
+    if to is not None and Path(to).resolve() != folder.resolve():
+        dest = paths.target_folder(str(to), "--to", outside_checkout=True,
+                                   hint=f"leave --to out to unpack in place, or give a folder outside the checkout, "
+                                        f"e.g. --to /tmp/{folder.name}")
     with _opened(src) as tf:
         members = tf.getmembers()           # reads the whole archive: a damaged one fails here
         paths.check_members(members, paths.rel(src))
@@ -191,6 +205,8 @@ def read_hint(folder: Path, hint: str) -> str:
 
 
 def cmd_pack_run(args) -> int:
+    for folder in args.folders:
+        check_packable(Path(folder))
     for folder in args.folders:
         r = pack_run(Path(folder), remove=not args.keep_raw)
         if r["members"] is None:
