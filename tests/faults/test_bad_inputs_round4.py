@@ -54,6 +54,17 @@ def _model(tmp_path: Path) -> Path:
     (["--profiles", ""], ["--profiles", "empty value"]),
     (["--out", ""], ["--out", "empty value"]),
     (["--pack", ""], ["--pack", "empty value"]),
+    (["--client", ""], ["--client", "empty value"]),
+    (["--model", ""], ["--model", "empty value"]),
+    # 0 was taken as no profiling, -1 profiled a prompt of -1 tokens; a negative delay reached the fault check
+    (["--profile-prefill", "0"], ["--profile-prefill", "'0'"]),
+    (["--profile-prefill", "-1"], ["--profile-prefill", "'-1'"]),
+    (["--fault-delay-s", "-1"], ["--fault-delay-s", "'-1'"]),
+    # an extra server argument after the harness's own wins in vLLM: the server on port 9, the harness
+    # waiting on --first-port; a KV cache other than the one the summary records
+    (["--server-arg=--port", "--server-arg=9"], ["--server-arg/--server-args --port", "--first-port"]),
+    (["--server-arg=--host=0.0.0.0"], ["--server-arg/--server-args --host=0.0.0.0"]),
+    (["--server-args=--seed 7 --kv_cache_memory_bytes=5"], ["--kv_cache_memory_bytes=5", "the harness sets it"]),
 ])
 def test_e2e_gpu_values_are_checked_before_the_results_folder(tmp_path, args, words):
     model = _model(tmp_path)
@@ -64,6 +75,12 @@ def test_e2e_gpu_values_are_checked_before_the_results_folder(tmp_path, args, wo
         r = forge(tmp_path, "e2e-gpu", "--bundle", "", "--model", str(model), "--vllm", "false", "--client", "false",
                   "--no-plumbing", "--no-fault", "--start-guess-s", "0", *out, *args, timeout=60)
     refused(r, *words)
+
+
+def test_e2e_gpu_without_a_model_or_bundle_is_refused_before_the_results_folder(tmp_path):
+    with writes_nothing(tmp_path):             # refused only after the results folder was made
+        r = forge(tmp_path, "e2e-gpu", "--bundle", "", "--vllm", "false", "--out", str(tmp_path / "out"), timeout=60)
+    refused(r, "--model is needed")
 
 
 # --- calibrate: a family, a seed and an install that mean what they say ----------------------------------

@@ -286,9 +286,9 @@ def register(sub) -> None:
                        description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("--bundle", default=str(gpu_bundle.BUNDLE),
                    help="the bundle from `make gpu-bundle` (default build/gpu-bundle); '' uses the installed vLLM")
-    p.add_argument("--site", default="/tmp/forge-e2e-site", help="where the bundle's wheels are installed")
-    p.add_argument("--harness", help="harness settings (default: harness/gpu/harness.yaml)")
-    p.add_argument("--model", help="model directory (default: the bundle's)")
+    p.add_argument("--site", type=options.nonempty("--site"), default="/tmp/forge-e2e-site", help="where the bundle's wheels are installed")
+    p.add_argument("--harness", type=options.nonempty("--harness"), help="harness settings (default: harness/gpu/harness.yaml)")
+    p.add_argument("--model", type=options.nonempty("--model"), help="model directory (default: the bundle's)")
     p.add_argument("--profiles", type=options.nonempty("--profiles"), help="comma-separated profiles (default: harness/gpu/harness.yaml profiles)")
     p.add_argument("--reference", help="the profile scored as 60.0 (default: upstream)")
     p.add_argument("--num-prompts", type=options.count, default=6,
@@ -313,8 +313,8 @@ def register(sub) -> None:
                         f"(default 15; {FAULT_NEED_S:.0f} s more while the fault check is still to run)")
     p.add_argument("--out", type=options.nonempty("--out"), help="results folder (default: reports/e2e/<date>-<device>/)")
     p.add_argument("--pack", type=options.nonempty("--pack"), help="also keep a .tar.gz of the results here, rewritten after every step")
-    p.add_argument("--vllm", help="how to start vLLM (default: this Python's vllm.entrypoints.cli.main)")
-    p.add_argument("--client", help="command that runs vLLM's CLI for `bench serve` (default: as forge bench-all-tiers)")
+    p.add_argument("--vllm", type=options.nonempty("--vllm"), help="how to start vLLM (default: this Python's vllm.entrypoints.cli.main)")
+    p.add_argument("--client", type=options.nonempty("--client"), help="command that runs vLLM's CLI for `bench serve` (default: as forge bench-all-tiers)")
     p.add_argument("--server-arg", action="append", help="one more server argument (repeatable; "
                                                             "write --server-arg=--opt for options)")
     p.add_argument("--server-args", help="more server arguments as one shell-quoted string, e.g. "
@@ -331,13 +331,13 @@ def register(sub) -> None:
                         "next machine")
     p.add_argument("--first-port", type=options.port, default=FIRST_PORT,
                    help=f"port of the first profile's server; the others follow (default {FIRST_PORT})")
-    p.add_argument("--fault-delay-s", type=float, default=3.0, help="seconds into the request before the kill")
+    p.add_argument("--fault-delay-s", type=options.number_in(0, 600, "seconds", "3"), default=3.0, help="seconds into the request before the kill")
     p.add_argument("--client-per-tier", action="store_true",
                    help="start a fresh `vllm bench serve` per tier instead of one client process for all")
-    p.add_argument("--kernel-bench", default=str(e2e_decode.DEFAULT_BENCH), metavar="FILE",
+    p.add_argument("--kernel-bench", type=options.nonempty("--kernel-bench"), default=str(e2e_decode.DEFAULT_BENCH), metavar="FILE",
                    help="kernel benchmark JSON for decode.md's predicted saving (default "
                         f"{paths.rel(e2e_decode.DEFAULT_BENCH)}; no decode.md when the file is missing)")
-    p.add_argument("--profile-prefill", type=int, metavar="TOKENS",
+    p.add_argument("--profile-prefill", type=options.count, metavar="TOKENS",
                    help="after the tiers, profile one TOKENS-token prefill on each server with the torch "
                         "profiler (servers get --profiler-config; the trace's kernels are summed by name per "
                         "forward step into prefill-profile/<profile>.json; render with `forge prefill-profile`)")

@@ -136,6 +136,20 @@ class Run:
                     ui.warn(f"pack not written: {e}")
 
 
+# server options the harness gives each server itself: an extra one would win over it (the last one given
+# wins in vLLM) and the harness would then wait on, measure or record another server than it started
+HARNESS_OWNED = {
+    "--port": ("the first profile's on --first-port, the others after it", "give --first-port instead"),
+    "--host": ("the client reaches them on this machine", "leave it out"),
+    "--served-model-name": ("the organizers' command names the model", "leave it out"),
+    "--model": ("--model, or the bundle's model", "give e2e-gpu's --model instead"),
+    "--gpu-memory-utilization": ("harness.yaml's side-by-side share, recorded as a difference",
+                                 "give e2e-gpu's --gpu-memory-utilization instead"),
+    "--kv-cache-memory-bytes": ("harness.yaml's side-by-side size, recorded as a difference",
+                                "give e2e-gpu's --kv-cache-memory-bytes (and --kv-why) instead"),
+}
+
+
 def check_values(args, names: list[str]) -> list[str]:
     """The options that name ports, tiers, files and folders, checked before the results folder is made
     (each found only after it before: a server on port 70000, a tier measured twice, a pack that is a
@@ -149,11 +163,20 @@ def check_values(args, names: list[str]) -> list[str]:
     if last > 65535:
         raise ForgeError(f"--first-port {args.first_port}: the {len(names)} profiles' servers take ports "
                          f"{args.first_port}-{last}, past 65535", hint=f"give --first-port {65536 - len(names)} or lower")
+    if not args.bundle and not args.model:
+        raise ForgeError("--model is needed when no --bundle is given",
+                         hint="pass --model with the served model's directory, or --bundle with the one `make "
+                              "gpu-bundle` built")
     try:
         extra = [*(args.server_arg or []), *shlex.split(args.server_args or "")]
     except ValueError as e:
         raise ForgeError(f"--server-args {args.server_args!r}: {e} (it is split as a shell splits it)",
                          hint="close the quote, or give each argument as its own --server-arg=...") from None
+    for a in extra:
+        owner = HARNESS_OWNED.get(a.split("=", 1)[0].replace("_", "-"))
+        if a.startswith("--") and owner:       # after the harness's own: the last one given wins in vLLM
+            raise ForgeError(f"--server-arg/--server-args {a}: the harness sets it for each server ({owner[0]})",
+                             hint=owner[1])
     if args.pack:
         pk = Path(args.pack)
         if pk.is_dir():
