@@ -120,3 +120,23 @@ def test_unpack_run_to_a_folder_inside_the_checkout_is_refused(tmp_path, into):
         r = forge(tmp_path, "unpack-run", str(run), "--to", into)
     refused(r, "--to", "inside this checkout")
     assert "fix: leave --to out to unpack in place" in r.stderr and "--to /tmp/run" in r.stderr
+
+
+# --- e2e-decode: the reference is a profile's folder under runs/, the files are named -------------------
+
+@pytest.mark.parametrize("args,words", [
+    # read runs/../x/serve.json: a record outside the results folder's runs/
+    (["--reference", "../x"], ["--reference '../x'", "not a plain name"]),
+    # looked for runs//serve.json
+    (["--reference", ""], ["--reference ''", "empty"]),
+    # an empty file name read as the current folder ("kernel benchmark not found: .")
+    (["--bench", ""], ["--bench", "empty value"]),
+    (["--config", ""], ["--config", "empty value"]),
+])
+def test_e2e_decode_names_are_checked(tmp_path, args, words):
+    folder = tmp_path / "e2e"
+    (folder / "runs" / "upstream").mkdir(parents=True)
+    (folder / "runs" / "upstream" / "serve.json").write_text('{"command": ["vllm", "serve", "m"], "env": {}}')
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "e2e-decode", str(folder), *args)
+    refused(r, *words)

@@ -343,6 +343,7 @@ def cmd_e2e_decode(args) -> int:
     folder = Path(args.folder)
     if not folder.is_dir():
         raise ForgeError(f"{folder}: not a folder", hint="give a results folder of forge e2e-gpu")
+    paths.plain_name(args.reference, "--reference")      # a profile's folder under runs/, never a path
     res = write(folder, Path(args.bench), Path(args.config), args.reference, Path(args.gemv_bench),
                 force=options.forced(args.force))
     for name, p in res["profiles"].items():
@@ -359,13 +360,13 @@ def register(sub) -> None:
     p = sub.add_parser("e2e-decode", help="measured TPOT saving of an e2e-gpu run against the kernel benchmark",
                        description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("folder", help="results folder of forge e2e-gpu (reports/e2e/<date>-<device>)")
-    p.add_argument("--bench", default=str(DEFAULT_BENCH),
+    p.add_argument("--bench", type=options.nonempty("--bench"), default=str(DEFAULT_BENCH),
                    help=f"kernel benchmark JSON (default {paths.rel(DEFAULT_BENCH)}, "
                         "a copy of reports/kernels/bench.json)")
-    p.add_argument("--gemv-bench", default=str(DEFAULT_GEMV_BENCH),
+    p.add_argument("--gemv-bench", type=options.nonempty("--gemv-bench"), default=str(DEFAULT_GEMV_BENCH),
                    help=f"GEMV benchmark JSON, for servers with VLLM_FORGE_GEMV=1 (default "
                         f"{paths.rel(DEFAULT_GEMV_BENCH)}, a copy of reports/kernels/gemv/bench_gemv.json)")
-    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="model config.json (default: Qwen3.5-27B's)")
+    p.add_argument("--config", type=options.nonempty("--config"), default=str(DEFAULT_CONFIG), help="model config.json (default: Qwen3.5-27B's)")
     p.add_argument("--reference", default="upstream", help="the reference profile (default upstream)")
     p.add_argument("--force", action="store_true",
                    help="replace the run's recorded decode.md (a file git tracks; also FORCE=1)")
