@@ -93,6 +93,10 @@ def test_e2e_gpu_without_a_model_or_bundle_is_refused_before_the_results_folder(
     # a table of the interpreter on a CPU (no decision) installed as configs/kernels/tuned/cpu-cpu-0cu.json
     (["--smoke", "--install"], ["--install with --smoke", "measures nothing real"]),
     (["--smoke", "--quick", "--install-vllm"], ["--install-vllm with --smoke"]),
+    # the calibration's records, logs and report written among the tool's sources
+    (["--smoke", "--families", "gemv", "--out", "scripts/forge/calibration"], ["--out scripts/forge/calibration",
+                                                                            "inside this checkout"]),
+    (["--smoke", "--families", "gemv", "--out", "."], ["--out .", "outside build/ and reports/"]),
 ])
 def test_calibrate_options_are_refused_before_anything_runs(tmp_path, args, words):
     with writes_nothing(tmp_path, ROOT / "configs" / "kernels"):

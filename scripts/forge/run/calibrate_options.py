@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from .. import options as opts
+from .. import paths
 from ..errors import ForgeError
 from . import calibration_docs as cd
 
@@ -31,8 +32,9 @@ def seed(text: str) -> int:
 
 
 def check_options(args) -> None:
-    """Refuse an unknown family, a --redo of a family this calibration does not measure, and --install
-    of a smoke calibration's table (tiny shapes under Triton's interpreter: nothing real is measured)."""
+    """Refuse an unknown family, a --redo of a family this calibration does not measure, an --out among
+    the checkout's own files (build/ and reports/ take calibrations), and --install of a smoke
+    calibration's table (tiny shapes under Triton's interpreter: nothing real is measured)."""
     bad = [f for f in args.families if f not in FAMILIES]
     if bad:
         raise ForgeError(f"--families: unknown {', '.join(bad)}", hint=f"families: {', '.join(FAMILIES)}")
@@ -42,6 +44,14 @@ def check_options(args) -> None:
         if f not in args.families:
             raise ForgeError(f"--redo {f}: not among --families {','.join(args.families)}, so it would not be "
                              "measured again", hint=f"add {f} to --families, or leave out --redo {f}")
+    if args.out is not None:
+        real = paths.target_folder(args.out, "--out").resolve()
+        if (real == paths.ROOT or paths.ROOT in real.parents) and not any(
+                real == paths.ROOT / d or paths.ROOT / d in real.parents for d in ("build", "reports")):
+            raise ForgeError(f"--out {args.out}: inside this checkout, outside build/ and reports/; the "
+                             "calibration's files would land among the tool's own",
+                             hint="leave --out out (build/calibration/<device>), or give a folder under reports/ "
+                                  "or outside the checkout, e.g. /tmp/cal")
     installs = [o for o, given in (("--install", args.install), ("--install-vllm", args.install_vllm)) if given]
     if args.smoke and installs:
         raise ForgeError(f"{' and '.join(installs)} with --smoke: a smoke calibration runs tiny shapes under "
