@@ -164,6 +164,19 @@ def target_folder(value: str, what: str, *, outside_checkout: bool = False, hint
     return p
 
 
+def outside_sources(value: str, what: str) -> Path:
+    """A path the tool writes its results to (--out, --pack): refused, naming `what`, when it lies inside
+    this checkout but outside build/ and reports/ (the results would land among the tool's own files)."""
+    p = Path(value).expanduser()
+    real = p.resolve()
+    if (real == ROOT or ROOT in real.parents) and not any(
+            real == ROOT / d or ROOT / d in real.parents for d in ("build", "reports")):
+        raise ForgeError(f"{what} {value}: inside this checkout, outside build/ and reports/; the results would "
+                         "land among the tool's own files", hint=f"give {what} a path under reports/ or build/, "
+                                                                 "or outside the checkout")
+    return p
+
+
 @contextlib.contextmanager
 def staged_folder(dest: Path):
     """A temporary folder to fill for `dest`, beside it: when the block ends without an error its

@@ -54,6 +54,10 @@ def _model(tmp_path: Path) -> Path:
     (["--profiles", ""], ["--profiles", "empty value"]),
     (["--out", ""], ["--out", "empty value"]),
     (["--pack", ""], ["--pack", "empty value"]),
+    # the results folder, the pack or the Triton cache's parts written among the tool's sources
+    (["--out", "scripts/forge/e2e"], ["--out scripts/forge/e2e", "inside this checkout"]),
+    (["--pack", "scripts/e2e.tgz"], ["--pack scripts/e2e.tgz", "outside build/ and reports/"]),
+    (["--triton-cache-pack", "."], ["--triton-cache-pack .", "inside this checkout"]),
     (["--client", ""], ["--client", "empty value"]),
     (["--model", ""], ["--model", "empty value"]),
     # 0 was taken as no profiling, -1 profiled a prompt of -1 tokens; a negative delay reached the fault check

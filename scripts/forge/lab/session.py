@@ -177,6 +177,9 @@ def check_values(args, names: list[str]) -> list[str]:
         if a.startswith("--") and owner:       # after the harness's own: the last one given wins in vLLM
             raise ForgeError(f"--server-arg/--server-args {a}: the harness sets it for each server ({owner[0]})",
                              hint=owner[1])
+    for opt in ("out", "pack", "triton_cache_pack"):
+        if getattr(args, opt):
+            paths.outside_sources(getattr(args, opt), "--" + opt.replace("_", "-"))
     if args.pack:
         pk = Path(args.pack)
         if pk.is_dir():

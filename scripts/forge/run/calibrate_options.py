@@ -45,13 +45,7 @@ def check_options(args) -> None:
             raise ForgeError(f"--redo {f}: not among --families {','.join(args.families)}, so it would not be "
                              "measured again", hint=f"add {f} to --families, or leave out --redo {f}")
     if args.out is not None:
-        real = paths.target_folder(args.out, "--out").resolve()
-        if (real == paths.ROOT or paths.ROOT in real.parents) and not any(
-                real == paths.ROOT / d or paths.ROOT / d in real.parents for d in ("build", "reports")):
-            raise ForgeError(f"--out {args.out}: inside this checkout, outside build/ and reports/; the "
-                             "calibration's files would land among the tool's own",
-                             hint="leave --out out (build/calibration/<device>), or give a folder under reports/ "
-                                  "or outside the checkout, e.g. /tmp/cal")
+        paths.outside_sources(str(paths.target_folder(args.out, "--out")), "--out")
     installs = [o for o, given in (("--install", args.install), ("--install-vllm", args.install_vllm)) if given]
     if args.smoke and installs:
         raise ForgeError(f"{' and '.join(installs)} with --smoke: a smoke calibration runs tiny shapes under "
