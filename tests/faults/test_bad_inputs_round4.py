@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from checkout_copy import forge_in, make_checkout, status
 from helpers import FIXTURE_RUNS, ROOT, forge
 from test_bad_inputs import refused, writes_nothing
 from test_bad_inputs_records import CAL_ARGS
@@ -117,6 +118,24 @@ def test_pack_run_checks_every_folder_before_packing_one(tmp_path):
     for bad in ("missing", "afile"):           # the first folder was packed, then the second refused
         with writes_nothing(tmp_path):
             refused(forge(tmp_path, "pack-run", str(run), str(tmp_path / bad)), bad, "not a folder")
+
+
+@pytest.mark.parametrize("folder,words", [
+    # packed the tool's sources into scripts/forge/lab/raw.tgz and removed them; "." took .git too
+    ("scripts/forge/lab", ["scripts/forge/lab", "outside reports/ and build/"]),
+    ("reports", ["reports", "outside reports/ and build/"]),
+    (".", ["this checkout or a folder holding it"]),
+    ("..", ["this checkout or a folder holding it"]),
+])
+def test_pack_run_of_the_checkouts_own_folders_is_refused(tmp_path_factory, tmp_path, folder, words):
+    checkout = make_checkout(tmp_path_factory.mktemp("round4-pack") / "checkout")
+    (checkout / "reports").mkdir()
+    (checkout / "reports" / "notes.txt").write_text("a record\n")
+    before = status(checkout)
+    with writes_nothing(tmp_path):
+        r = forge_in(checkout, tmp_path, "pack-run", folder)
+    refused(r, *words)
+    assert status(checkout) == before and (checkout / "scripts" / "forge" / "lab" / "e2e.py").is_file()
 
 
 @pytest.mark.parametrize("into", ["scripts/forge/unpacked-run", "reports/e2e/unpacked-run", "."])

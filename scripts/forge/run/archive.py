@@ -93,6 +93,13 @@ def check_packable(folder: Path) -> bool:
     one `forge pack-run` is checked before the first is packed."""
     if not folder.is_dir():
         raise ForgeError(f"{folder}: not a folder", hint="give a run folder, e.g. reports/e2e/<date>-<device>")
+    real, root = folder.resolve(), paths.ROOT
+    if real == root or real in root.parents or (root in real.parents and not any(
+            root / d in real.parents for d in ("reports", "build"))):
+        where = ("a folder of this checkout outside reports/ and build/" if root in real.parents else
+                 "this checkout or a folder holding it")
+        raise ForgeError(f"{folder}: {where}; packing removes every file of the folder but its documents, so the "
+                         "tool's own files would go", hint="give a run folder, e.g. reports/e2e/<date>-<device>")
     dest = folder / ARCHIVE
     raw = raw_files(folder)
     if dest.exists():
