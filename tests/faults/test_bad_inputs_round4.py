@@ -60,6 +60,8 @@ def _model(tmp_path: Path) -> Path:
     (["--pack", "scripts/e2e.tgz"], ["--pack scripts/e2e.tgz", "outside build/ and reports/"]),
     (["--triton-cache-pack", "."], ["--triton-cache-pack .", "inside this checkout"]),
     (["--client", ""], ["--client", "empty value"]),
+    (["--reference", ""], ["--reference", "empty value"]),
+    (["--server-arg="], ["--server-arg", "empty value"]),     # an empty argument given to every server
     (["--model", ""], ["--model", "empty value"]),
     # 0 was taken as no profiling, -1 profiled a prompt of -1 tokens; a negative delay reached the fault check
     (["--profile-prefill", "0"], ["--profile-prefill", "'0'"]),

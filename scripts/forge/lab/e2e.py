@@ -290,7 +290,7 @@ def register(sub) -> None:
     p.add_argument("--harness", type=options.nonempty("--harness"), help="harness settings (default: harness/gpu/harness.yaml)")
     p.add_argument("--model", type=options.nonempty("--model"), help="model directory (default: the bundle's)")
     p.add_argument("--profiles", type=options.nonempty("--profiles"), help="comma-separated profiles (default: harness/gpu/harness.yaml profiles)")
-    p.add_argument("--reference", help="the profile scored as 60.0 (default: upstream)")
+    p.add_argument("--reference", type=options.nonempty("--reference"), help="the profile scored as 60.0 (default: upstream)")
     p.add_argument("--num-prompts", type=options.count, default=6,
                    help="prompts per tier (default 6), all in one client invocation per (tier, profile): requests "
                         "of the contest workload (configs/workload.yaml) evenly spaced by output length")
@@ -315,8 +315,8 @@ def register(sub) -> None:
     p.add_argument("--pack", type=options.nonempty("--pack"), help="also keep a .tar.gz of the results here, rewritten after every step")
     p.add_argument("--vllm", type=options.nonempty("--vllm"), help="how to start vLLM (default: this Python's vllm.entrypoints.cli.main)")
     p.add_argument("--client", type=options.nonempty("--client"), help="command that runs vLLM's CLI for `bench serve` (default: as forge bench-all-tiers)")
-    p.add_argument("--server-arg", action="append", help="one more server argument (repeatable; "
-                                                            "write --server-arg=--opt for options)")
+    p.add_argument("--server-arg", action="append", type=options.nonempty("--server-arg"),
+                   help="one more server argument (repeatable; write --server-arg=--opt for options)")
     p.add_argument("--server-args", help="more server arguments as one shell-quoted string, e.g. "
                                          "--server-args='--tensor-parallel-size 2 --disable-custom-all-reduce'")
     p.add_argument("--triton-cache", type=options.nonempty("--triton-cache"), help="TRITON_CACHE_DIR shared by the servers (default /tmp/forge-triton "
