@@ -6,6 +6,7 @@ the option or folder and a `fix:` line, `git status` as it was."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from checkout_copy import forge_in, make_checkout, status
 from helpers import FIXTURE_RUNS, ROOT, forge
 from test_bad_inputs import refused, writes_nothing
-from test_bad_inputs_records import CAL_ARGS
+from test_bad_inputs_records import CAL_ARGS, family_doc, measured_folder
 
 from forge.lab import gpu_bundle
 
@@ -109,6 +110,20 @@ def test_calibrate_options_are_refused_before_anything_runs(tmp_path, args, word
     with writes_nothing(tmp_path, ROOT / "configs" / "kernels"):
         r = forge(tmp_path, "calibrate", "--out", str(tmp_path / "cal"), *CAL_ARGS, *args, timeout=120)
     refused(r, *words)
+
+
+@pytest.mark.parametrize("family", ["gemm", "decode"])
+def test_calibrate_installs_no_table_of_an_unfinished_calibration(tmp_path_factory, tmp_path, family):
+    checkout = make_checkout(tmp_path_factory.mktemp("round4-cal") / "checkout")
+    cal = measured_folder(tmp_path / "cal")
+    doc = family_doc(family, [])
+    doc["failed"] = "timed out after 1800 s"        # the family's process was stopped
+    (cal / f"{family}.json").write_text(json.dumps(doc))
+    before = status(checkout)
+    r = forge_in(checkout, tmp_path, "calibrate", "--out", str(cal), "--install", *CAL_ARGS)
+    # the table without that family's decisions went into configs/kernels/tuned/ as the device's
+    refused(r, "--install", "not finished", f"{family} failed (timed out after 1800 s)")
+    assert status(checkout) == before
 
 
 # --- pack-run / unpack-run: every folder checked first; nothing unpacked into the checkout ----------------

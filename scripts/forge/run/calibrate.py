@@ -324,6 +324,7 @@ def cmd_calibrate(args) -> int:
         ui.warn(why)
     res = calibrate(args, force)
     doc, out = res["doc"], res["out"]
+    calibrate_options.check_install(args, doc, paths.rel(out))
     sel_ = doc["selection"]
     failed = sum(len(d["failed"]) for d in sel_.values())
     ui.info(f"calibration: {len(sel_)} decisions, {failed} failing candidate(s) left out; "

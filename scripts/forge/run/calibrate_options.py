@@ -52,3 +52,16 @@ def check_options(args) -> None:
                          "Triton's interpreter and measures nothing real; its table is not one to install",
                          hint="calibrate on the card (or a GPU machine) without --smoke to install a table, or "
                               f"leave out {' and '.join(installs)}")
+
+
+def check_install(args, doc: dict, out: str) -> None:
+    """Refuse --install / --install-vllm of a calibration a family of which failed (a timeout, a crash):
+    its table would ship without that family's decisions, as if the device had been calibrated."""
+    installs = [o for o, given in (("--install", args.install), ("--install-vllm", args.install_vllm)) if given]
+    failed = {f: info.get("failed") for f, info in doc.get("families", {}).items() if info.get("failed")}
+    if installs and failed:
+        raise ForgeError(f"{' and '.join(installs)}: the calibration in {out} is not finished: family "
+                         + "; ".join(f"{f} failed ({why})" for f, why in failed.items())
+                         + "; its table would ship without their decisions, so nothing was installed",
+                         hint=f"calibrate again into --out {out} (the failed families run again, the others are "
+                              "kept), then install")
