@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from checkout_copy import forge_in, make_checkout, status
 from helpers import FIXTURE_RUNS, ROOT, forge
-from test_bad_inputs import refused, writes_nothing
+from test_bad_inputs import member, refused, tgz, writes_nothing
 from test_bad_inputs_records import CAL_ARGS, family_doc, measured_folder
 
 from forge.lab import gpu_bundle
@@ -184,3 +184,13 @@ def test_e2e_decode_names_are_checked(tmp_path, args, words):
     with writes_nothing(tmp_path):
         r = forge(tmp_path, "e2e-decode", str(folder), *args)
     refused(r, *words)
+
+
+@pytest.mark.parametrize("name,force", [("raw.tgz", []), ("./raw.tgz", ["--force"])])
+def test_unpack_run_refuses_a_member_that_would_replace_the_archive(tmp_path, name, force):
+    run = tmp_path / "run"
+    run.mkdir()
+    tgz(run / "raw.tgz", [(member("summary.json", body=b"{}")), member(name, body=b"not an archive")])
+    with writes_nothing(tmp_path):             # with --force the record's archive became the member's bytes
+        r = forge(tmp_path, "unpack-run", str(run), *force)
+    refused(r, "raw.tgz", "would replace the archive itself")

@@ -17,7 +17,7 @@ import os
 import tarfile
 import tempfile
 import zlib
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from .. import options, paths, records, ui
 from ..errors import ForgeError
@@ -172,6 +172,10 @@ def unpack_run(folder: Path, to: Path | None = None, force: bool = False) -> lis
     with _opened(src) as tf:
         members = tf.getmembers()           # reads the whole archive: a damaged one fails here
         paths.check_members(members, paths.rel(src))
+        own = [m.name for m in members if PurePosixPath(m.name) == PurePosixPath(ARCHIVE)]
+        if own:                             # unpacked in place it would replace the archive being read
+            raise ForgeError(f"{paths.rel(src)}: member {own[0]!r} would replace the archive itself; nothing was "
+                             "extracted", hint="the archive is damaged or not one of ours; take it again")
         there = {dest / m.name: m for m in members if m.isfile() and (dest / m.name).exists()}
         edited = records.changed_files({p: tf.extractfile(m).read() for p, m in there.items()})
         records.guard_recorded(paths.rel(dest), f"files that differ from {ARCHIVE}'s ({records.listed(edited)})"
