@@ -85,6 +85,20 @@ def test_e2e_gpu_values_are_checked_before_the_results_folder(tmp_path, args, wo
     refused(r, *words)
 
 
+def test_e2e_gpu_into_a_packed_record_is_refused(tmp_path):
+    model = _model(tmp_path)
+    out = tmp_path / "e2e"
+    (out / "runs" / "upstream").mkdir(parents=True)
+    (out / "runs" / "upstream" / "serve.json").write_text("{}")
+    (out / "summary.json").write_text("{}")
+    assert forge(tmp_path, "pack-run", str(out)).returncode == 0
+    with writes_nothing(tmp_path):             # a new summary.json and runs/ beside raw.tgz, the record's unread
+        r = forge(tmp_path, "e2e-gpu", "--bundle", "", "--model", str(model), "--vllm", "false", "--client", "false",
+                  "--no-plumbing", "--no-fault", "--start-guess-s", "0", "--out", str(out), timeout=60)
+    refused(r, "--out", "a packed record")
+    assert "forge unpack-run" in r.stderr
+
+
 def test_e2e_gpu_without_a_model_or_bundle_is_refused_before_the_results_folder(tmp_path):
     with writes_nothing(tmp_path):             # refused only after the results folder was made
         r = forge(tmp_path, "e2e-gpu", "--bundle", "", "--vllm", "false", "--out", str(tmp_path / "out"), timeout=60)
