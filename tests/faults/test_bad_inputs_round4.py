@@ -60,6 +60,7 @@ def _model(tmp_path: Path) -> Path:
     (["--out", "scripts/forge/e2e"], ["--out scripts/forge/e2e", "inside this checkout"]),
     (["--pack", "scripts/e2e.tgz"], ["--pack scripts/e2e.tgz", "outside build/ and reports/"]),
     (["--triton-cache-pack", "."], ["--triton-cache-pack .", "inside this checkout"]),
+    (["--triton-cache", "scripts/triton"], ["--triton-cache scripts/triton", "inside this checkout"]),
     (["--client", ""], ["--client", "empty value"]),
     (["--reference", ""], ["--reference", "empty value"]),
     (["--server-arg="], ["--server-arg", "empty value"]),     # an empty argument given to every server

@@ -181,7 +181,7 @@ def check_values(args, names: list[str]) -> list[str]:
         raise ForgeError(f"--out {args.out}: a packed record (its files are in {archive.ARCHIVE}); this run would "
                          "start afresh beside the archive", hint=f"forge unpack-run {args.out} to resume it, or give "
                                                                   "a new --out folder")
-    for opt in ("out", "pack", "triton_cache_pack"):
+    for opt in ("out", "pack", "triton_cache", "triton_cache_pack"):
         if getattr(args, opt):
             paths.outside_sources(getattr(args, opt), "--" + opt.replace("_", "-"))
     if args.pack:
