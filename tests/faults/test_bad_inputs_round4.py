@@ -100,6 +100,15 @@ def test_e2e_gpu_into_a_packed_record_is_refused(tmp_path):
     assert "forge unpack-run" in r.stderr
 
 
+def test_e2e_gpu_with_a_model_folder_without_a_tokenizer_is_refused_first(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    with writes_nothing(tmp_path):             # refused once the results folder and its summary were written
+        r = forge(tmp_path, "e2e-gpu", "--bundle", "", "--model", str(tmp_path / "model"), "--vllm", "false",
+                  "--out", str(tmp_path / "out"), timeout=60)
+    refused(r, "--model", "no tokenizer")
+
+
 def test_e2e_gpu_without_a_model_or_bundle_is_refused_before_the_results_folder(tmp_path):
     with writes_nothing(tmp_path):             # refused only after the results folder was made
         r = forge(tmp_path, "e2e-gpu", "--bundle", "", "--vllm", "false", "--out", str(tmp_path / "out"), timeout=60)

@@ -15,7 +15,7 @@ from .. import paths, ui
 from ..contest import profiles, rounds
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from ..run import archive, runs
+from ..run import archive, runs, synth
 from . import final_round, gpu_bundle
 from .packing import check_triton_source, pack
 from .summary import render_summary
@@ -177,6 +177,10 @@ def check_values(args, names: list[str]) -> list[str]:
         if a.startswith("--") and owner:       # after the harness's own: the last one given wins in vLLM
             raise ForgeError(f"--server-arg/--server-args {a}: the harness sets it for each server ({owner[0]})",
                              hint=owner[1])
+    if args.model and not any((Path(args.model) / f).is_file() for f in ("tokenizer.json", *synth.Tok.OTHER_FILES)):
+        raise ForgeError(f"--model {args.model}: no tokenizer (tokenizer.json is missing, and so are "
+                         f"{', '.join(synth.Tok.OTHER_FILES)}); the tiers' prompts are made with it",
+                         hint="pass --model with the served model's directory, which holds tokenizer.json")
     if args.out and archive.is_packed(Path(args.out)):      # resuming it would write beside its raw.tgz
         raise ForgeError(f"--out {args.out}: a packed record (its files are in {archive.ARCHIVE}); this run would "
                          "start afresh beside the archive", hint=f"forge unpack-run {args.out} to resume it, or give "
