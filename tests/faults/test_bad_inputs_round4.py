@@ -61,6 +61,8 @@ def _model(tmp_path: Path) -> Path:
     (["--pack", "scripts/e2e.tgz"], ["--pack scripts/e2e.tgz", "outside build/ and reports/"]),
     (["--triton-cache-pack", "."], ["--triton-cache-pack .", "inside this checkout"]),
     (["--triton-cache", "scripts/triton"], ["--triton-cache scripts/triton", "inside this checkout"]),
+    # a profile file's path: refused as a "run id" once the results folder and the prompts were written
+    (["--profiles", "configs/serve/fast.yaml,upstream"], ["--profiles", "'configs/serve/fast.yaml'", "not a plain name"]),
     (["--client", ""], ["--client", "empty value"]),
     (["--reference", ""], ["--reference", "empty value"]),
     (["--server-arg="], ["--server-arg", "empty value"]),     # an empty argument given to every server

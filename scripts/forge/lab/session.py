@@ -38,6 +38,10 @@ class Run:
         if twice:                         # one server, port and run folder per name: a second would share them
             raise ForgeError(f"--profiles {','.join(self.names)}: {', '.join(twice)} given twice",
                              hint="name each profile once")
+        for n in self.names:                # each becomes the folder runs/<name> of the results
+            if paths.name_problem(n):
+                raise ForgeError(f"--profiles {args.profiles}: {n!r} is {paths.name_problem(n)}",
+                                 hint="name profiles of configs/serve/ by their names, e.g. fast-int8,upstream")
         self.ref = args.reference or ("upstream" if "upstream" in self.names else self.names[-1])
         if self.ref not in self.names:
             raise ForgeError(f"the reference profile {self.ref} is not among the profiles {self.names}",
