@@ -232,7 +232,6 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
         raise ForgeError(f"baseline run {base_run.name} is {'' if not harness else 'not '}a harness run (random "
                          f"weights); this sweep is {'' if harness else 'not '}one: a run is scored only against a "
                          "baseline measured like it", hint="give a baseline run measured like the sweep (--harness)")
-    _refuse_short_cards(rnd, cands, baseline_profile)
     sdir = sweeps_root() / sweep_id
     record = {"round": "final", "space": {k: (space_args or {}).get(k) for k in SPACE_OPTIONS}, "top": top,
               "base_profile": base_profile, "baseline": str(base_run) if base_run else None,
@@ -241,6 +240,7 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
     st = _state(sdir, sweep_id, record, rnd)
     if not Path(model).is_dir():                # found at the first server, after the sweep's record was written
         raise ForgeError(f"--model {model}: no such folder", hint="pass --model DIR (make sweep MODEL=DIR)")
+    _refuse_short_cards(rnd, cands, baseline_profile)     # the machine last: the inputs' own refusals first
     rank = ranker or model_ranker(contest, rnd, model_build)
     kw = dict(model=model, image=image, vllm_cmd=vllm_cmd, port=port, timeout=timeout, shm_size=shm_size,
               data_dir=data_dir, num_prompts=num_prompts, client=client, harness=harness)
