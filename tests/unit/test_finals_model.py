@@ -264,33 +264,41 @@ def test_with_planned_adds_one_configuration_per_point_that_preempts():
     assert sum(c.planned for c, _ in ranked) == 3 and len(ranked) == len(out)
 
 
-def test_the_scheduler_reproduces_the_preemptions_measured_on_a_gpu_machine():
-    """reports/e2e/2026-12-04-h200-final-dcu-kv-partial: a TP1 server with a DCU card's KV cache (144 blocks),
-    the finals' client at concurrency 10 over 12 prompts of 16-32K (1024 outputs), preempted 635 times
-    (vLLM's counter). The model steps vLLM v1's scheduler over the same requests and cache: within 5 % of
-    that count; capped at the planner's resident count (4) it preempts none."""
+def _recorded_16_32k(run: str):
+    """A final-round e2e record of reports/e2e/<run>: its summary, its servers' KV cache as the planner
+    sizes it (TP1, bf16), the tier's 12 requests, the client's concurrency, and the upstream step cost."""
     import tarfile
 
     from helpers import ROOT
-    rec = ROOT / "reports" / "e2e" / "2026-12-04-h200-final-dcu-kv-partial" / "raw.tgz"
-    with tarfile.open(rec) as tf:
+    with tarfile.open(ROOT / "reports" / "e2e" / run / "raw.tgz") as tf:
         s = json.load(tf.extractfile("summary.json"))
-    measured = s["preemptions"]["contest"]["16-32K"]
     args = s["harness"]["server_args"]
     kv_bytes = int(args[args.index("--kv-cache-memory-bytes") + 1])
     requests = [tuple(r) for r in s["datasets"]["16-32K"]["requests"]]
     conc = int(s["client"].split("--max-concurrency")[1].split()[0])
     shape = finals.load_shape()
     cap = cap_mod.capacity(shape, tp=1, kv_dtype="bf16", card_name="h200", kv_cache_memory_bytes=kv_bytes)
+    return s, shape, cap, requests, conc, StepCost(UPSTREAM, shape, tp=1, kv_dtype="bf16", link=LINKS["pcie"])
+
+
+def _preemptions(cap, seqs: int, requests, conc: int, cost) -> int:
+    eng = Engine(cap, seqs, 4096, cost)
+    done = serve(eng, requests, conc, cost.arrival_delay())
+    assert len(done) == len(requests) and not any(r.failed for r in done)
+    return eng.preemptions
+
+
+def test_the_scheduler_reproduces_the_preemptions_measured_on_a_gpu_machine():
+    """reports/e2e/2026-12-04-h200-final-dcu-kv-partial: a TP1 server with a DCU card's KV cache (144 blocks),
+    the finals' client at concurrency 10 over 12 prompts of 16-32K (1024 outputs), preempted 635 times
+    (vLLM's counter). The model steps vLLM v1's scheduler over the same requests and cache: within 5 % of
+    that count; capped at the planner's resident count (4) it preempts none."""
+    s, shape, cap, requests, conc, cost = _recorded_16_32k("2026-12-04-h200-final-dcu-kv-partial")
+    measured = s["preemptions"]["contest"]["16-32K"]
     assert (cap.num_blocks, cap.reported_tokens, len(requests), conc) == (144, 28224, 12, 10)
-    cost = StepCost(UPSTREAM, shape, tp=1, kv_dtype="bf16", link=LINKS["pcie"])
-    counts = {}
-    for seqs in (128, cap_mod.planned_seqs(shape, 1, 1, [p for p, _ in requests], 1024, conc, kv_dtype="bf16",
-                                           card_name="dcu") or 0):
-        eng = Engine(cap, seqs, 4096, cost)
-        done = serve(eng, requests, conc, cost.arrival_delay())
-        assert len(done) == 12 and not any(r.failed for r in done)
-        counts[seqs] = eng.preemptions
+    planned = cap_mod.planned_seqs(shape, 1, 1, [p for p, _ in requests], 1024, conc, kv_dtype="bf16",
+                                   card_name="dcu") or 0
+    counts = {seqs: _preemptions(cap, seqs, requests, conc, cost) for seqs in (128, planned)}
     assert abs(counts[128] - measured) <= 0.05 * measured, (counts, measured)
     assert counts.get(4) == 0, counts
 
@@ -299,24 +307,8 @@ def test_the_scheduler_preempts_none_where_a_server_at_the_planned_seqs_preempte
     """reports/e2e/2026-12-05-h200-final-16-32k-eqcap: both TP1 servers with a DCU card's KV cache (146 blocks, the
     planner's estimate) at --max-num-seqs 4, the finals' client over 12 prompts of 16-32K, preempted none (vLLM's
     counter). The model over the same requests and cache at 4 seqs preempts none too; at the finals' 128 it does."""
-    import tarfile
-
-    from helpers import ROOT
-    with tarfile.open(ROOT / "reports" / "e2e" / "2026-12-05-h200-final-16-32k-eqcap" / "raw.tgz") as tf:
-        s = json.load(tf.extractfile("summary.json"))
+    s, _, cap, requests, conc, cost = _recorded_16_32k("2026-12-05-h200-final-16-32k-eqcap")
     assert s["preemptions"] == {"contest": {"16-32K": 0.0}, "upstream": {"16-32K": 0.0}}
-    args = s["harness"]["server_args"]
-    kv_bytes = int(args[args.index("--kv-cache-memory-bytes") + 1])
-    requests = [tuple(r) for r in s["datasets"]["16-32K"]["requests"]]
-    conc = int(s["client"].split("--max-concurrency")[1].split()[0])
-    shape = finals.load_shape()
-    cap = cap_mod.capacity(shape, tp=1, kv_dtype="bf16", card_name="h200", kv_cache_memory_bytes=kv_bytes)
     assert (cap.num_blocks, cap.reported_tokens, len(requests), conc) == (146, 28224, 12, 10)
-    cost = StepCost(UPSTREAM, shape, tp=1, kv_dtype="bf16", link=LINKS["pcie"])
-    counts = {}
-    for seqs in (4, 128):
-        eng = Engine(cap, seqs, 4096, cost)
-        done = serve(eng, requests, conc, cost.arrival_delay())
-        assert len(done) == 12 and not any(r.failed for r in done)
-        counts[seqs] = eng.preemptions
+    counts = {seqs: _preemptions(cap, seqs, requests, conc, cost) for seqs in (4, 128)}
     assert counts[4] == 0 and counts[128] > 100, counts
