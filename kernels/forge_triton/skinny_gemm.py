@@ -33,12 +33,12 @@ hold as many weight bytes as a plain tile. Measured on an H200 (reports/kernels/
 per-rank shape at TP1/TP2, M 1-16, the built-in launch against a sweep of 10 others): the fastest
 launches are these; BLOCK_N 128 was slower by up to 16 % (gate_up at TP1), two programs per SM where
 1.5 was reachable by up to 20 % (qkv+gate at TP1: split-K partials cost more than the fuller wave
-saves), and the fused kernel at BLOCK_K 128 by up to 15 %. 4 warps, 3 stages on CUDA and 2 on HIP. LDS / shared memory of the compiled kernel (kernels/aot.py;
-HIP's 2-stage pipeline keeps one LDS buffer and prefetches the next tile into registers): weight tile
-plus the 16-row x tile, 20 KiB at BLOCK_N 64 x BLOCK_K 128 and 36 KiB at 128 x 128 on gfx90a/gfx942;
-108 KiB on sm_90 at 128 x 128 and 3 stages. On HIP the built-in launch keeps the weight tiles of one
-step at 16 KiB (HIP_TILE_ELEMS: BLOCK_K 64 at BLOCK_N 128 or fused), so three programs share a
-compute unit's 64 KiB of LDS. Both targets use the matrix units (v_mfma_f32_16x16x16 bf16 on
+saves), and the fused kernel at BLOCK_K 128 by up to 15 %. 4 warps, 3 stages on CUDA and 2 on HIP.
+Every built-in launch thus reads 16 KiB of weight per K step (64 x 128 plain, 2 x 64 x 64 fused). LDS /
+shared memory of the compiled kernel (kernels/aot.py; HIP's 2-stage pipeline keeps one LDS buffer and
+prefetches the next tile into registers): weight tile plus the 16-row x tile, 20 KiB at BLOCK_N 64 x
+BLOCK_K 128 on gfx90a/gfx942, so three programs share a compute unit's 64 KiB of LDS; 36 KiB at
+128 x 128 (a tuned launch); 108 KiB on sm_90 at 128 x 128 and 3 stages. Both targets use the matrix units (v_mfma_f32_16x16x16 bf16 on
 gfx90a/gfx942, wgmma on sm_90) and 16-byte weight loads. gfx936 is reached only through its vendor's
 Triton, which lowers ``tl.dot`` to the card's own matrix instructions (upstream Triton cannot target it;
 gfx90a/gfx942 are the off-card stand-ins): the kernel tests on the card are the check there.
@@ -59,9 +59,6 @@ WAVES = 1.5
 MAX_SPLIT_K = 16
 MIN_TILES_PER_SPLIT = 2
 REDUCE_BLOCK = 256
-# HIP: weight-tile elements per K step (one LDS buffer at 2 stages): 8192 bf16 = 16 KiB + the 4 KiB x tile,
-# so 3 programs fit in gfx9's 64 KiB of LDS per compute unit
-HIP_TILE_ELEMS = 64 * 128
 
 
 def _interpreting() -> bool:
@@ -184,8 +181,6 @@ def launch_config(M: int, N: int, K: int, num_cus: int, *, fused: bool = False,
     want = math.ceil(WAVES * max(1, int(num_cus)))
     block_n = 64
     block_k = min(_block_k(K), 64) if fused else _block_k(K)
-    if is_hip and block_n * (2 if fused else 1) * block_k > HIP_TILE_ELEMS:
-        block_k = HIP_TILE_ELEMS // (block_n * (2 if fused else 1))
     blocks = triton.cdiv(n_out, block_n)
     split_k = 1
     max_split = max(1, min(MAX_SPLIT_K, triton.cdiv(K, block_k) // MIN_TILES_PER_SPLIT))
