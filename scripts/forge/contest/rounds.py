@@ -300,6 +300,12 @@ def _tier_suffix(tier: str) -> str:
     return tier.replace("-", "_").replace(".", "_").upper()
 
 
+def env_names(u: Unlocked, tier: str) -> tuple[str, str]:
+    """The variables that set unlocked option `u` for `tier`, the one that wins first: the tier's own
+    (MAX_NUM_SEQS_16_32K), then the round's (MAX_NUM_SEQS)."""
+    return f"{u.env}_{_tier_suffix(tier)}", u.env
+
+
 def tier_settings(rnd: Round, tier: str, profile_values: Mapping[str, Any] | None = None,
                   environ: Mapping[str, str] | None = None, where: str | None = None) -> tuple[Settings, dict]:
     """One tier's checked Settings and where each value came from ({key: "env MAX_NUM_SEQS_8_16K" |
@@ -321,7 +327,7 @@ def tier_settings(rnd: Round, tier: str, profile_values: Mapping[str, Any] | Non
         values[k], sources[k] = v, "profile"
     if rnd.unlocked:
         for u in rnd.unlocked:
-            for var in (f"{u.env}_{_tier_suffix(tier)}", u.env):
+            for var in env_names(u, tier):
                 if environ.get(var, "") != "":
                     values[u.key] = _env_value(rnd, u, var, environ[var], where or f"the {rnd.name} round, tier {tier}")
                     sources[u.key] = f"env {var}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-from .rounds import DEFAULT_ROUND, ROUNDS, _tier_suffix, load_round
+from .rounds import DEFAULT_ROUND, ROUNDS, env_names, load_round
 
 
 def unread_variables(contest: dict, environ: Mapping[str, str] | None = None) -> list[str]:
@@ -16,7 +16,7 @@ def unread_variables(contest: dict, environ: Mapping[str, str] | None = None) ->
     names = set()
     for rnd in (load_round(contest, n) for n in ROUNDS if n != DEFAULT_ROUND and n in (contest.get("rounds") or {})):
         for tier in rnd.tier_order:
-            names.update(v for u in rnd.unlocked for v in (u.env, f"{u.env}_{_tier_suffix(tier)}"))
+            names.update(v for u in rnd.unlocked for v in env_names(u, tier))
             names.add(rnd.client(tier).concurrency_env or "")
     return sorted(n for n in names if n and environ.get(n, "") != "")
 
