@@ -313,10 +313,11 @@ def test_a_sweep_on_a_machine_without_the_cards_is_refused_before_it_writes_anyt
     r = forge(tmp_path, "sweep", "--round", "final", "--tiers", "4-8K", "--model", str(model), "--vllm", FAKE,
               "--client", BENCH, "--num-prompts", "2", "--baseline-profile", "upstream",
               "--tier-env", str(tmp_path / "tier-env.json"), *SPACE, CUDA_VISIBLE_DEVICES="0")
-    assert r.returncode != 0 and "needs 2 cards, 1 visible (CUDA_VISIBLE_DEVICES=0)" in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 2 and "needs 2 cards, 1 visible (CUDA_VISIBLE_DEVICES=0)" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 2, r.stderr
     assert not (tmp_path / "runs").exists() and not (tmp_path / "sweeps").exists()
     assert not (tmp_path / "tier-env.json").exists()
     r = forge(tmp_path, "sweep", "--round", "final", "--tiers", "4-8K", "--model", str(model), "--vllm", FAKE,
               "--client", BENCH, "--num-prompts", "2", "--baseline-profile", "upstream",
               "--tier-env", str(tmp_path / "tier-env.json"), *SPACE, CUDA_VISIBLE_DEVICES="3,3")
-    assert r.returncode != 0 and "two ranks on device 3" in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 2 and "two ranks on device 3" in r.stderr, r.stderr[-2000:]
