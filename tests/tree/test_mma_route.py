@@ -1,0 +1,115 @@
+"""The patched tree runs the matrix-unit skinny GEMM (vllm/model_executor/layers/forge_skinny_gemm.py, the
+overlay copy of kernels/forge_triton/skinny_gemm.py) at the (shape, token count) pairs a tuned table marks
+"mma" (patch "gemv: the route runs the matrix-unit skinny GEMM at the pairs a table marks "mma""): those
+calls reach the Triton kernel (here in Triton's interpreter) and match float64, the table's other pairs
+keep their GEMV launch, unlisted pairs the platform GEMM; the fused gate_up + SiLU runs "mma" at 12 rows on
+ROCm (the CUDA/HIP kernel's 8-row limit is not the Triton kernel's); where the module cannot be imported
+the "mma" pairs are dropped with a warning and the platform GEMM runs them. Same mocks as
+test_tuned_route.py (a table for this process's own device, ROCm through a stand-in amdsmi, float64
+recorders for the _C ops). Before the patch a table naming "mma" reached the CUDA/HIP op with a string
+launch."""
+
+import json
+
+import pytest
+from test_gemv_dispatch import schemas
+from test_tuned_route import SNIPPET
+
+
+def _swap(text: str, old: str, new: str) -> str:
+    assert text.count(old) == 1, old
+    return text.replace(old, new)
+
+
+PLAIN_OLD = '"gemv": {"plain": {"96x5120": {"1": [640, 2], "3": [0, 0]}},'
+PLAIN_NEW = '"gemv": {"plain": {"96x5120": {"1": [640, 2], "8": "mma", "12": "mma"}},'
+FUSED_OLD = '"fused": {"128x256": {"1": [64, 1]}}},'
+FUSED_NEW = '"fused": {"128x256": {"2": "mma", "12": "mma"}}},'
+
+SETUP_OLD = "U.num_compute_units = lambda: 80\n"
+SETUP_NEW = SETUP_OLD + """if os.environ["CASE"] == "nomma":
+    sys.modules["vllm.model_executor.layers.forge_skinny_gemm"] = None     # the import fails
+U.logger.disabled = False
+U.logger.addHandler(Keep())
+U.logger.setLevel(logging.INFO)
+def recorder(name):
+    def wrap(x, w, *a, **k):
+        calls.append((name, tuple(x.shape), k.get("num_cus")))
+        return getattr(S, "real_" + name)(x, w, *a, **k)
+    return wrap
+S = U._forge_mma() if os.environ["CASE"] != "nomma" else None
+if S is not None:
+    S.real_skinny_gemm, S.real_skinny_gemm_silu_mul = S.skinny_gemm, S.skinny_gemm_silu_mul
+    S.skinny_gemm, S.skinny_gemm_silu_mul = recorder("skinny_gemm"), recorder("skinny_gemm_silu_mul")
+"""
+
+ROUTE_OLD = """out = {"route": {M: first(torch.randn(M, 5120, generator=g).bfloat16(), w) for M in (1, 2, 3, 4)}}
+wgu = torch.randn(128, 256, generator=g).bfloat16()
+fused = {}
+for M in (1, 2):
+    del calls[:]
+    U.forge_gate_up_silu_mul_impl(torch.randn(M, 256, generator=g).bfloat16(), wgu)
+    fused[M] = [list(c) for c in calls]
+"""
+ROUTE_NEW = """out = {"route": {M: first(torch.randn(M, 5120, generator=g).bfloat16(), w) for M in (1, 8, 12, 16)}}
+wgu = torch.randn(128, 256, generator=g).bfloat16()
+fused = {}
+for M in (1, 2, 12, 16):
+    del calls[:]
+    x = torch.randn(M, 256, generator=g).bfloat16()
+    y = U.forge_gate_up_silu_mul_impl(x, wgu)
+    r = x.double() @ wgu.double().T
+    ref = F.silu(r[:, :64]) * r[:, 64:]
+    assert y.shape == (M, 64), y.shape
+    assert (y.double() - ref).abs().max() <= 1e-2 * ref.abs().max() + 1e-3, ("fused", M)
+    fused[M] = [list(c) for c in calls]
+"""
+
+MMA_SNIPPET = SNIPPET
+for _old, _new in ((PLAIN_OLD, PLAIN_NEW), (FUSED_OLD, FUSED_NEW), (SETUP_OLD, SETUP_NEW), (ROUTE_OLD, ROUTE_NEW)):
+    MMA_SNIPPET = _swap(MMA_SNIPPET, _old, _new)
+
+
+def run(run_in_vllm, patched_tree, tmp_path, case):
+    env = {"FORGE_TEST_SCHEMAS": json.dumps(schemas(patched_tree)), "CASE": case, "TMP": str(tmp_path),
+           "TRITON_INTERPRET": "1"}
+    res = run_in_vllm(MMA_SNIPPET, env=env)
+    line = next(l for l in res.stdout.splitlines() if l.startswith("RESULT"))
+    return json.loads(line[len("RESULT"):])
+
+
+def test_the_table_s_mma_pairs_run_the_triton_kernel(run_in_vllm, patched_tree, tmp_path):
+    r = run(run_in_vllm, patched_tree, tmp_path, "match")
+    # `first` checks every result against float64 before it reports the route
+    assert r["route"]["1"] == ["forge_gemv", 640, 2], r["route"]
+    assert r["route"]["8"] == ["skinny_gemm", [8, 5120], 8] and r["route"]["12"] == ["skinny_gemm", [12, 5120], 8]
+    assert r["route"]["16"] == ["F.linear"], r["route"]                 # not in the table
+    f = r["fused"]
+    assert f["2"] == [["skinny_gemm_silu_mul", [2, 256], 8]], f
+    # 12 rows on ROCm: the Triton kernel has no 8-row limit, the table's pair runs it
+    assert f["12"] == [["skinny_gemm_silu_mul", [12, 256], 8]], f
+    assert f["1"] == [["silu_and_mul"]] and f["16"] == [["silu_and_mul"]], f    # not listed
+    route_log = [l for l in r["logs"] if l.startswith("dcu-forge GEMV route: on")]
+    assert route_log and "4 (shape, token count) pair(s) on the matrix-unit skinny GEMM" in route_log[0], route_log
+
+
+def test_without_the_module_the_mma_pairs_take_the_platform_gemm(run_in_vllm, patched_tree, tmp_path):
+    r = run(run_in_vllm, patched_tree, tmp_path, "nomma")
+    assert r["route"] == {"1": ["forge_gemv", 640, 2], "8": ["F.linear"], "12": ["F.linear"],
+                          "16": ["F.linear"]}, r["route"]
+    assert all(c == [["silu_and_mul"]] for c in r["fused"].values()), r["fused"]
+    warn = [l for l in r["logs"] if "skinny GEMM (Triton) not importable" in l]
+    assert warn and '"mma" pairs run the platform GEMM' in warn[0], r["logs"]
+    assert not any("matrix-unit skinny GEMM" in l for l in r["logs"] if l.startswith("dcu-forge GEMV route")), r["logs"]
+
+
+@pytest.mark.parametrize("bad", ['"MMA"', '"mma2"', '[0, "mma"]'])
+def test_a_table_with_a_bad_launch_is_refused_whole(run_in_vllm, patched_tree, tmp_path, bad):
+    snippet = MMA_SNIPPET.replace('"8": "mma"', f'"8": {bad}')
+    env = {"FORGE_TEST_SCHEMAS": json.dumps(schemas(patched_tree)), "CASE": "match", "TMP": str(tmp_path),
+           "TRITON_INTERPRET": "1"}
+    line = next(l for l in run_in_vllm(snippet, env=env).stdout.splitlines() if l.startswith("RESULT"))
+    r = json.loads(line[len("RESULT"):])
+    # refused whole: the built-in ROCm table has no 96x5120, so every call takes rocBLAS
+    assert set(map(tuple, r["route"].values())) == {("F.linear",)}, r["route"]
+    assert any("refused" in l and "gemv.plain.96x5120.8" in l for l in r["logs"]), r["logs"]
