@@ -18,9 +18,13 @@ A table (JSON, ``schema`` = SCHEMA):
                 of its own, and a commit that leaves the kernels alone does not change what is fast. A
                 table that is shipped (carried into a tree, a wheel or a submission) names no path of the
                 machine that made it (`shipping_problems`).
-    gemv        {"plain"|"fused": {"NxK": {"M": [block, rows]}}}: the (shape, token count) pairs at
-                which our decode GEMV beat the platform's GEMM (and the launch that won; [0, 0] is
-                the kernel's built-in choice); a pair not listed keeps the platform's GEMM.
+    gemv        {"plain"|"fused": {"NxK": {"M": [block, rows] | "mma"}}}: the (shape, token count)
+                pairs at which one of our kernels beat the platform's GEMM, and which: [block, rows]
+                our decode GEMV (forge_gemv.cu) at that launch ([0, 0] its built-in choice); the
+                string "mma" the Triton skinny GEMM on the matrix units (forge_triton/skinny_gemm.py:
+                plain ``skinny_gemm``, fused ``skinny_gemm_silu_mul``) at its built-in launch, legal
+                at 1-16 tokens, plain and fused, on every platform. A pair not listed keeps the
+                platform's GEMM. `gemv_route` gives {M: (block, rows)} or {M: "mma"} per (N, K).
     prefill     {"16bit"|"int8": [BLOCK_M, TILE_N, num_warps, num_stages]}: the chunked-prefill
                 kernel's launch; absent: the kernel's built-in LAUNCH table.
     decode      {"segments": {"<KV heads>": {"<batch>": {"<context>": S}}},
@@ -141,6 +145,10 @@ GEMV_BLOCKS = (64, 128, 256, 512, 640, 768)
 GEMV_ROWS = (1, 2, 4, 8)
 GEMV_FUSED_ROWS = (1, 2, 4)
 GEMV_MAX_TOKENS = 16
+#   forge_triton/skinny_gemm.py (MAX_M rows): a pair it serves is named by this string, never a launch
+#   (it runs its built-in launch_config); it has no per-platform limit, so fused at 9-16 tokens on AMD too.
+GEMV_MMA = "mma"
+MMA_MAX_TOKENS = 16
 #   forge_prefill_attention.py (BLOCK_M, TILE_N, num_warps, num_stages); BLOCK_M also >= the heads of
 #   a KV head, which the kernel checks per model.
 PREFILL_LAUNCH = ((16, 32, 64, 128, 256), (16, 32, 64, 128), (1, 2, 4, 8, 16), (1, 2, 3, 4))
@@ -211,6 +219,21 @@ def gemv_launch_problem(block, rows, m: int, fused: bool, on_amd: bool) -> str |
     return None
 
 
+def gemv_entry_problem(m: str, launch, fused: bool, on_amd: bool) -> str | None:
+    """Why a table's entry `gemv.<kind>.NxK.<m>` = `launch` cannot run, or None when it can: [block, rows]
+    forge_gemv.cu builds at m tokens, or GEMV_MMA (the skinny GEMM, 1-MMA_MAX_TOKENS tokens)."""
+    legal = (f"[block, rows] of our GEMV (1-{GEMV_MAX_TOKENS} tokens) or {GEMV_MMA!r} for the skinny GEMM "
+             f"(1-{MMA_MAX_TOKENS} tokens)")
+    top = MMA_MAX_TOKENS if launch == GEMV_MMA else GEMV_MAX_TOKENS
+    if m not in tuple(str(i) for i in range(1, top + 1)):
+        return f"token count must be 1-{top} ({legal}), got {m!r:.20}"
+    if isinstance(launch, str):
+        return None if launch == GEMV_MMA else f"{launch!r:.40} is not a launch; expected {legal}"
+    if not (isinstance(launch, list) and len(launch) == 2):
+        return f"must be a list of 2 integers [block, rows] or {GEMV_MMA!r}, got {launch!r:.60}"
+    return gemv_launch_problem(launch[0], launch[1], int(m), fused, on_amd)
+
+
 def _on_amd(val: dict) -> bool:
     return str(val.get("toolkit") or "").startswith("hip") or str(val.get("arch") or "").startswith("gfx")
 
@@ -258,12 +281,7 @@ def validate(table) -> dict:
             if kind == "fused" and int(nk[0]) % 2:
                 raise TableError(f"key 'gemv.fused.{shape}': the fused weight is [gate; up], N must be even")
             for m, launch in _mapping(f"gemv.{kind}.{shape}", rows).items():
-                if m not in tuple(str(i) for i in range(1, GEMV_MAX_TOKENS + 1)):
-                    raise TableError(f"key 'gemv.{kind}.{shape}.{m}': token count must be 1-{GEMV_MAX_TOKENS}")
-                if not (isinstance(launch, list) and len(launch) == 2):
-                    raise TableError(f"key 'gemv.{kind}.{shape}.{m}': must be a list of 2 integers "
-                                     f"[block, rows], got {launch!r:.60}")
-                why = gemv_launch_problem(launch[0], launch[1], int(m), kind == "fused", on_amd)
+                why = gemv_entry_problem(m, launch, kind == "fused", on_amd)
                 if why:
                     raise TableError(f"key 'gemv.{kind}.{shape}.{m}': {why}")
     for kv, launch in _mapping("prefill", table.get("prefill", {})).items():
@@ -492,9 +510,13 @@ def describe(table: dict) -> list[str]:
     lines = []
     for kind, shapes in sorted((table.get("gemv") or {}).items()):
         for shape, rows in sorted(shapes.items()):
-            picks = ", ".join(f"M={m} {'built-in' if l == [0, 0] else f'block {l[0]} rows {l[1]}'}"
-                              for m, l in sorted(rows.items()))
-            lines.append(f"gemv {kind} {shape}: forge GEMV at {picks}; other token counts: platform GEMM")
+            ms = sorted(rows, key=int)
+            gemv = ", ".join(f"M={m} {'built-in' if rows[m] == [0, 0] else f'block {rows[m][0]} rows {rows[m][1]}'}"
+                             for m in ms if rows[m] != GEMV_MMA)
+            mma = ", ".join(f"M={m}" for m in ms if rows[m] == GEMV_MMA)
+            picks = "; ".join(p for p in (gemv and f"forge GEMV at {gemv}",
+                                          mma and f"forge skinny GEMM (matrix units, built-in launch) at {mma}") if p)
+            lines.append(f"gemv {kind} {shape}: {picks}; other token counts: platform GEMM")
     for kv, launch in sorted((table.get("prefill") or {}).items()):
         lines.append(f"prefill {kv}: BLOCK_M {launch[0]}, TILE_N {launch[1]}, warps {launch[2]}, stages {launch[3]}")
     dec = table.get("decode") or {}
@@ -507,16 +529,17 @@ def describe(table: dict) -> list[str]:
     return lines
 
 
-def gemv_route(fused: bool = False) -> dict[tuple[int, int], dict[int, tuple[int, int]]] | None:
-    """(N, K) -> {token count: (block, rows)} from the active table; None: no table."""
+def gemv_route(fused: bool = False) -> dict[tuple[int, int], dict[int, tuple[int, int] | str]] | None:
+    """(N, K) -> {token count: (block, rows) of our GEMV, or GEMV_MMA ("mma": the Triton skinny GEMM at
+    its built-in launch)} from the active table; None: no table."""
     table = active()
     if table is None or "gemv" not in table:
         return None
     shapes = (table["gemv"] or {}).get("fused" if fused else "plain") or {}
-    out: dict[tuple[int, int], dict[int, tuple[int, int]]] = {}
+    out: dict[tuple[int, int], dict[int, tuple[int, int] | str]] = {}
     for shape, rows in shapes.items():
         n, k = (int(p) for p in shape.lower().split("x"))
-        out[(n, k)] = {int(m): (int(l[0]), int(l[1])) for m, l in rows.items()}
+        out[(n, k)] = {int(m): GEMV_MMA if l == GEMV_MMA else (int(l[0]), int(l[1])) for m, l in rows.items()}
     return out
 
 
