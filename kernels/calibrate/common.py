@@ -12,7 +12,9 @@ one candidate at one point of one decision:
 
 "upstream" is what vLLM 0.18.1 runs without our change (the anchor a tie goes to), "builtin" our
 kernel's launch without a table (today's hand-picked choice), "ours" every other launch of our
-kernel, "vendor" a vendor library path that is measured but that this build cannot route to.
+kernel, "vendor" a vendor library path that is measured but that this build cannot route to. A launch
+is a list of integers, or (GEMV family) the string "mma": the Triton skinny GEMM at its built-in launch,
+written as that string into the table when it wins.
 """
 
 from __future__ import annotations

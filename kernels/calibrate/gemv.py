@@ -6,9 +6,11 @@ Decisions `gemv.plain.NxK.M` (our GEMV, at any of its launches, or the platform'
 `gemv.fused.34816x5120.M` (the MLP's gate_up + SiLU-and-mul as one kernel, or the platform's GEMM
 plus the separate activation). Candidates: F.linear (rocBLAS / hipBLASLt / cuBLAS: what vLLM runs
 there without our route, the upstream anchor; on ROCm vLLM's own route with our kernel off), the
-kernel's built-in launch (block = rows = 0, today's choice) and each (block, rows) variant; on ROCm,
-vLLM's skinny kernels (wvSplitK / LLMM1) where the installed vLLM has `_rocm_C`, timed as vendor
-paths this build does not route to. Every candidate is checked against float64 on fresh random
+kernel's built-in launch (block = rows = 0, today's choice) and each (block, rows) variant; the
+Triton skinny GEMM on the matrix units (kernels/forge_triton/skinny_gemm.py, plain `skinny_gemm` and,
+for gate_up, the fused `skinny_gemm_silu_mul`) at its built-in launch and at every token count, launch
+"mma" (what the table then names); on ROCm, vLLM's skinny kernels (wvSplitK / LLMM1) where the
+installed vLLM has `_rocm_C`, timed as vendor paths this build does not route to. Every candidate is checked against float64 on fresh random
 inputs before it is timed; one that is wrong or fails is recorded and never timed.
 
 Timing: CUDA/HIP graphs of many launches rotating over enough weight copies to exceed the L2 cache
@@ -35,6 +37,7 @@ FUSED_VARIANTS = [(64, 1), (64, 2), (128, 1), (128, 2), (256, 2), (640, 1), (640
 SKINNY_VARIANTS = {"cuda": [(64, 2), (64, 4), (128, 2), (128, 4), (256, 2), (512, 1)],
                    "hip": [(256, 1), (256, 2), (512, 1), (640, 1), (640, 2)]}
 SKINNY_FUSED_VARIANTS = [(64, 1), (64, 2), (128, 1), (640, 1)]
+MMA = forge_tuned.GEMV_MMA   # the skinny GEMM's launch in a record and in the table
 TOL = 2e-2          # relative to max(|ref|, 1 % RMS): bf16 output rounding is 2^-8 = 3.9e-3
 MEM_CAP = 24 << 30  # bytes of weight copies per shape
 
@@ -51,6 +54,31 @@ def load_ops(torch, ops: str):
         return gemv_ext.Ops(torch.ops._C), "torch.ops._C.forge_gemv of the installed vLLM"
     ext, secs = gemv_ext.load()
     return ext, f"kernels/csrc/forge_gemv.cu built as a torch extension ({secs:.0f} s)"
+
+
+def load_mma(kernels: str):
+    """(the skinny GEMM's module, note): 'installed' the installed vLLM's copy (the kernel overlay's
+    vllm/model_executor/layers/forge_skinny_gemm.py), 'checkout' kernels/forge_triton/skinny_gemm.py;
+    (None, why) when the installed vLLM has none."""
+    if kernels == "installed":
+        try:
+            # imports torch and triton: only where the family runs on a GPU
+            from vllm.model_executor.layers import forge_skinny_gemm as sk
+        except ImportError as e:
+            return None, f"the skinny GEMM (mma) is not in the installed vLLM ({C.short_error(e)}): not timed"
+        return sk, "the skinny GEMM (mma) of the installed vLLM"
+    sys.path.insert(0, os.path.join(HERE, ".."))
+    from forge_triton import skinny_gemm as sk  # imports triton: only where the family runs on a GPU
+    return sk, "the skinny GEMM (mma) from kernels/forge_triton/skinny_gemm.py"
+
+
+def mma_workspace(torch, sk, N: int, K: int, fused: bool, device="cuda"):
+    """The fp32 split-K workspace of the skinny GEMM's built-in launch at up to its most rows for an
+    (N, K) weight, preallocated so a timed launch allocates nothing (the split count does not depend on
+    the rows, the workspace grows with them)."""
+    cfg = sk.launch_config(sk.MAX_M, N, K, sk.num_compute_units(), fused=fused)
+    need = sk.workspace_numel(sk.MAX_M, N, cfg.split_k, fused)
+    return torch.empty(max(1, need), device=device, dtype=torch.float32)
 
 
 def upstream_gemm(torch, F):
@@ -127,6 +155,8 @@ def run(torch, args, emit) -> dict:
     if torch.version.hip and not vendors:
         notes.append("vLLM's skinny kernels (wvSplitK / LLMM1) are not in the installed vLLM (no _rocm_C): not timed")
     act, act_name = activation(torch, F)
+    sk, sk_note = load_mma(args.kernels)
+    notes.append(sk_note)
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20) or (64 << 20)
     ms = (1, 2, 8) if args.quick else tuple(range(1, 17))
     per_rank = C.linear(getattr(args, "tp", 1))          # --tp: one rank's shapes
@@ -141,6 +171,8 @@ def run(torch, args, emit) -> dict:
         w0 = (torch.randn(N, K, device="cuda", generator=g) * K ** -0.5).bfloat16()
         ws = [w0] + [w0.clone() for _ in range(ncopies - 1)]
         n_launch = max(10, min(200, math.ceil(3e9 / max(wbytes, 1) / 8)), ncopies)
+        mma_ws = mma_workspace(torch, sk, N, K, False) if sk else None
+        mma_fws = mma_workspace(torch, sk, N, K, True) if sk and layer == "gate_up" else None
         for M in ms:
             step += 1
             emit(step, total, f"{layer} {N}x{K} M={M}")
@@ -189,6 +221,9 @@ def run(torch, args, emit) -> dict:
                 name = "forge built-in" if (block, rows) == (0, 0) else f"forge b{block} r{rows}"
                 candidate(name, "builtin" if (block, rows) == (0, 0) else "ours", ours, launch=[block, rows],
                           poison=y)
+            if sk:
+                candidate("forge mma", "ours", lambda w: sk.skinny_gemm(x, w, y, workspace=mma_ws), launch=MMA,
+                          poison=y)
             if layer == "gate_up":
                 half = N // 2
                 fref = F.silu(ref[:, :half]) * ref[:, half:]
@@ -208,6 +243,9 @@ def run(torch, args, emit) -> dict:
                     name = "forge fused built-in" if (block, rows) == (0, 0) else f"forge fused b{block} r{rows}"
                     candidate(name, "builtin" if (block, rows) == (0, 0) else "ours", fused, launch=[block, rows],
                               decision=fdec, reference=fref, shape_out=(M, half), poison=ys)
-        ws = w0 = None
+                if sk:
+                    candidate("forge fused mma", "ours", lambda w: sk.skinny_gemm_silu_mul(x, w, ys, workspace=mma_fws),
+                              launch=MMA, decision=fdec, reference=fref, shape_out=(M, half), poison=ys)
+        ws = w0 = mma_ws = mma_fws = None
         torch.cuda.empty_cache()
     return {"records": L.records, "notes": notes}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 NOISE_FLOOR = 0.01
+MMA = "mma"               # a GEMV decision's launch that names the Triton skinny GEMM (kernels/forge_tuned)
 CHECK_ONLY = ("write",)   # families whose records are correctness checks, not decisions
 
 
@@ -98,7 +99,8 @@ def select(records: list[dict], noise_floor: float = NOISE_FLOOR) -> dict:
 
 def build_table(selection: dict, validators: dict, provenance: dict, decode_context: int = 32768) -> dict:
     """The per-device table (kernels/forge_tuned) from a selection. A GEMV decision that upstream won
-    leaves the shape at that token count out (the platform GEMM runs); prefill and decode take the
+    leaves the shape at that token count out (the platform GEMM runs); one that ours won names its
+    launch: [block, rows] of the GEMV, or "mma" (the skinny GEMM); prefill and decode take the
     fastest correct launch of ours (the route to our kernel is not the table's to switch)."""
     table = {"schema": "forge-tuned/2", "validators": validators, "provenance": provenance}
     kv_heads = str((validators.get("heads") or [24, 4])[1])
@@ -108,7 +110,8 @@ def build_table(selection: dict, validators: dict, provenance: dict, decode_cont
         parts = dec.split(".")
         if parts[0] == "gemv" and d.get("kind") in ("ours", "builtin"):
             _, kind, shape, m = parts
-            gemv.setdefault(kind, {}).setdefault(shape, {})[m] = list(d["launch"])
+            launch = d["launch"]          # [block, rows] of our GEMV, or "mma": the skinny GEMM's built-in launch
+            gemv.setdefault(kind, {}).setdefault(shape, {})[m] = launch if launch == MMA else list(launch)
         elif parts[0] == "prefill" and d.get("best_ours"):
             table.setdefault("prefill", {})[parts[1]] = list(d["candidates"][d["best_ours"]]["launch"])
         elif parts[0] == "decode" and d.get("best_ours") and parts[2] == "16bit":

@@ -55,8 +55,16 @@ def _whole(v, least: int = 0) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= least
 
 
-def _launch(v) -> bool:
-    return v is None or isinstance(v, list) and all(_whole(x) for x in v)
+MMA = "mma"     # the one launch that is a word: the GEMV family's skinny GEMM (kernels/forge_tuned)
+LAUNCH_FORM = {"gemv": f"a list of whole numbers, {MMA!r} or null"}
+
+
+def _launch(v, family: str | None) -> bool:
+    return v is None or isinstance(v, list) and all(_whole(x) for x in v) or family == "gemv" and v == MMA
+
+
+def launch_form(family: str | None) -> str:
+    return LAUNCH_FORM.get(family, "a list of whole numbers or null")
 
 
 def _text(v) -> bool:
@@ -108,7 +116,7 @@ def check_record(r, d: Doc, family: str, key: str) -> None:
            f"a decision of the {family} family ({SHOWN[family][0]})")
     d.need(_text(r.get("candidate")), f"{key}.candidate", r.get("candidate"), "the candidate's name")
     d.need(r.get("kind") in KINDS, f"{key}.kind", r.get("kind"), "one of " + ", ".join(KINDS))
-    d.need(_launch(r.get("launch")), f"{key}.launch", r.get("launch"), "a list of whole numbers or null")
+    d.need(_launch(r.get("launch"), family), f"{key}.launch", r.get("launch"), launch_form(family))
     d.need(isinstance(r.get("selectable", True), bool), f"{key}.selectable", r.get("selectable"), "true or false")
     d.need(isinstance(r.get("ok"), bool), f"{key}.ok", r.get("ok"), "true or false")
     d.need(positive(r.get("weight")), f"{key}.weight", r.get("weight"), "a finite number > 0")
@@ -176,7 +184,7 @@ def one_device(docs: dict[str, dict]) -> dict | None:
 
 # --- calibration.json ----------------------------------------------------------------------------
 
-def _check_entry(s, d: Doc, key: str) -> None:
+def _check_entry(s, d: Doc, key: str, family: str | None = None) -> None:
     d.need(isinstance(s, dict), key, s, "an object: the decision's selection")
     cands = s.get("candidates")
     d.need(isinstance(cands, dict), f"{key}.candidates", cands, "an object of candidates")
@@ -187,7 +195,7 @@ def _check_entry(s, d: Doc, key: str) -> None:
         d.need(_nonneg(c.get("spread_us")), f"{k}.spread_us", c.get("spread_us"), "a finite spread >= 0")
         d.need(_whole(c.get("points"), 1), f"{k}.points", c.get("points"), "a whole number >= 1")
         d.need(c.get("kind") in KINDS, f"{k}.kind", c.get("kind"), "one of " + ", ".join(KINDS))
-        d.need(_launch(c.get("launch")), f"{k}.launch", c.get("launch"), "a list of whole numbers or null")
+        d.need(_launch(c.get("launch"), family), f"{k}.launch", c.get("launch"), launch_form(family))
     failed = s.get("failed")
     d.need(isinstance(failed, dict) and all(isinstance(v, str) for v in failed.values()), f"{key}.failed", failed,
            "an object of candidate: why it failed")
@@ -198,7 +206,7 @@ def _check_entry(s, d: Doc, key: str) -> None:
     if s.get("chosen") is not None:
         d.need(positive(s.get("us")), f"{key}.us", s.get("us"), "a finite time > 0 (microseconds)")
         d.need(s.get("kind") in KINDS, f"{key}.kind", s.get("kind"), "one of " + ", ".join(KINDS))
-        d.need(_launch(s.get("launch")), f"{key}.launch", s.get("launch"), "a list of whole numbers or null")
+        d.need(_launch(s.get("launch"), family), f"{key}.launch", s.get("launch"), launch_form(family))
     for k in ("speedup", "vs_builtin"):
         d.need(s.get(k) is None or positive(s[k]), f"{key}.{k}", s.get(k), "a finite ratio > 0 or absent")
     d.need(s.get("noise") is None or _nonneg(s["noise"]), f"{key}.noise", s.get("noise"), "a finite share >= 0")
@@ -227,7 +235,7 @@ def check_report(doc, file: str) -> dict:
     for dec, s in doc["selection"].items():
         d.need(family_of(dec) in measured, f"selection.{dec}", dec,
                f"a decision of a measured family ({', '.join(sorted(measured)) or 'none'})")
-        _check_entry(s, d, f"selection.{dec}")
+        _check_entry(s, d, f"selection.{dec}", family_of(dec))
     d.need(isinstance(doc.get("table"), dict), "table", doc.get("table"), "the per-device table")
     return doc
 
