@@ -225,6 +225,23 @@ def test_a_table_installed_for_the_card_is_what_the_documents_describe(tmp_path,
     assert "5120x17408（1、2 个 token）" in zh
 
 
+def test_a_card_table_with_mma_entries_names_the_skinny_gemm_at_those_token_counts(tmp_path, monkeypatch):
+    from forge.ship import card_route
+    table = {"schema": "forge-tuned/1", "validators": {"device_name": "BW", "arch": "gfx936", "compute_units": 80},
+             "gemv": {"plain": {"5120x17408": {"1": [0, 0], "2": [640, 2], "5": "mma", "16": "mma"},
+                                "14336x5120": {"8": "mma"}},
+                      "fused": {"34816x5120": {"1": [0, 0], "12": "mma"}}}}
+    (tmp_path / "bw-gfx936-80cu.json").write_text(json.dumps(table))
+    monkeypatch.setattr(card_route.tree, "overlay_entries", lambda: [
+        {"src": str(tmp_path / "bw-gfx936-80cu.json"), "dst": "vllm/forge_tuned/bw-gfx936-80cu.json"}])
+    en, zh = card_route.gemv_on_card()
+    assert "one shape to our GEMV: down 5120x17408, at 1 and 2 tokens" in en
+    assert "to our fused kernel, at 1 token (gate_up 34816x5120)" in en
+    assert ("and to our skinny GEMM on the matrix units: down 5120x17408 at 5 and 16 tokens; qkv+gate 14336x5120 "
+            "at 8 tokens; gate_up 34816x5120 (fused with SiLU-and-mul) at 12 tokens") in en
+    assert "并让 down 5120x17408（5、16 个 token）" in zh and "走我们在矩阵单元上的 skinny GEMM" in zh
+
+
 # --- the reader can fail: what each check refuses ---------------------------------------------------
 
 ZH = "## 摘要\n\n本提交不需要设置任何环境变量，所有优化在代码中默认开启，共有 7 个变量，所测配置为 `contest`。\n\n"

@@ -12,6 +12,8 @@ from ..builder import tree
 from ..errors import ForgeError
 from ..recipe.patchfile import read_series
 
+MMA = "mma"     # a tuned table's GEMV entry that names the skinny GEMM (kernels/forge_tuned)
+
 # Qwen3.5-27B's bf16 linear layers by weight shape (N x K), as the GEMV tables name them
 SHAPE_NAMES = {"14336x5120": "qkv+gate", "16384x5120": "in_proj_qkvz", "34816x5120": "gate_up",
                "5120x17408": "down", "5120x6144": "o_proj/out_proj", "96x5120": "in_proj_ba",
@@ -95,8 +97,37 @@ def describe_route(route: dict[str, dict[str, list[int]]]) -> tuple[str, str]:
     return en, zh
 
 
+def describe_mma(mma: dict[str, dict[str, list[int]]]) -> tuple[str, str]:
+    """(English, Chinese) phrase of the pairs a table routes to the Triton skinny GEMM on the matrix units
+    (its "mma" entries), or ("", "") for none."""
+    items = [(f"{SHAPE_NAMES.get(s, 'the layer')} {s}" + (" (fused with SiLU-and-mul)" if k == "fused" else ""),
+              f"{SHAPE_NAMES.get(s, 'the layer')} {s}" + ("（与 SiLU 融合）" if k == "fused" else ""), v)
+             for k in ("plain", "fused") for s, v in (mma.get(k) or {}).items()]
+    if not items:
+        return "", ""
+    return ("; and to our skinny GEMM on the matrix units: " + "; ".join(f"{n} at {_tokens(v)}" for n, _, v in items),
+            "；并让 " + "；".join(f"{z}（{_tokens_zh(v)}）" for _, z, v in items) + "走我们在矩阵单元上的 skinny GEMM")
+
+
+def split_route(gemv: dict) -> tuple[dict, dict]:
+    """A table's gemv section as ({"plain"|"fused": {"NxK": token counts of our GEMV}}, the same of the
+    skinny GEMM, its "mma" entries); a shape with no token count of one kernel is left out of its map."""
+    route: dict = {"plain": {}, "fused": {}}
+    mma: dict = {"plain": {}, "fused": {}}
+    for k in ("plain", "fused"):
+        for s, rows in (gemv.get(k) or {}).items():
+            for m, launch in rows.items():
+                (mma if launch == MMA else route)[k].setdefault(s, []).append(int(m))
+    for part in (route, mma):
+        for shapes in part.values():
+            for v in shapes.values():
+                v.sort()
+    return route, mma
+
+
 def shipped_tables() -> list[dict]:
-    """The tuned tables the kernel overlay installs with the submission: [{name, dst, validators, route}]."""
+    """The tuned tables the kernel overlay installs with the submission: [{name, dst, validators, route, mma}]:
+    route the token counts per shape of our GEMV, mma those of the skinny GEMM (the table's "mma" entries)."""
     out = []
     for e in tree.overlay_entries():
         if not e["src"].endswith(".json"):
@@ -105,13 +136,12 @@ def shipped_tables() -> list[dict]:
         try:
             t = records.read_json(p)
             g = t.get("gemv") or {}
-            route = {k: {s: sorted(int(m) for m in rows) for s, rows in (g.get(k) or {}).items()}
-                     for k in ("plain", "fused")}
+            route, mma = split_route(g)
         except (ValueError, TypeError, AttributeError) as err:
             raise ForgeError(f"{e['src']}: not a tuned table the documents can read ({err})",
                              hint="check the table with `forge calibrate`, or remove it") from None
         out.append({"name": p.name, "dst": e["dst"].rsplit("/", 1)[0] + "/", "validators": t.get("validators") or {},
-                    "route": route})
+                    "route": route, "mma": mma})
     return out
 
 
@@ -140,6 +170,8 @@ def gemv_on_card() -> tuple[str, str]:
                 + f"），没有一张针对 {arch}，因此在 DCU 上使用上述内置路由。")
     t = mine[0]
     t_en, t_zh = describe_route(t["route"])
+    m_en, m_zh = describe_mma(t.get("mma") or {})
+    t_en, t_zh = t_en + m_en, t_zh + m_zh
     return (f"On the card (ROCm, {arch}) the tuned table `{t['name']}` installed with the submission ({t['dst']}) "
             f"names the device ({', '.join(f'{k} {v}' for k, v in t['validators'].items())}); where every validator "
             f"matches the running card, `VLLM_FORGE_GEMV=auto` routes {t_en}. Where it does not match, the built-in "
