@@ -2,16 +2,17 @@
 """Calibration family `gemv`: every bf16 linear layer of a Qwen3.5-27B decode step at 1-16 tokens
 (decode batches up to the round's concurrency: 1-4 the GEMV, 5-16 the same kernel's skinny GEMM).
 
-Decisions `gemv.plain.NxK.M` (our GEMV, at any of its launches, or the platform's GEMM) and
-`gemv.fused.34816x5120.M` (the MLP's gate_up + SiLU-and-mul as one kernel, or the platform's GEMM
-plus the separate activation). Candidates: F.linear (rocBLAS / hipBLASLt / cuBLAS: what vLLM runs
+Decisions `gemv.plain.NxK.M` (our GEMV at any of its launches, our skinny GEMM on the matrix units, or
+the platform's GEMM) and `gemv.fused.34816x5120.M` (the MLP's gate_up + SiLU-and-mul as one kernel of
+ours, or the platform's GEMM plus the separate activation). Candidates: F.linear (rocBLAS / hipBLASLt / cuBLAS: what vLLM runs
 there without our route, the upstream anchor; on ROCm vLLM's own route with our kernel off), the
 kernel's built-in launch (block = rows = 0, today's choice) and each (block, rows) variant; the
 Triton skinny GEMM on the matrix units (kernels/forge_triton/skinny_gemm.py, plain `skinny_gemm` and,
 for gate_up, the fused `skinny_gemm_silu_mul`) at its built-in launch and at every token count, launch
 "mma" (what the table then names); on ROCm, vLLM's skinny kernels (wvSplitK / LLMM1) where the
-installed vLLM has `_rocm_C`, timed as vendor paths this build does not route to. Every candidate is checked against float64 on fresh random
-inputs before it is timed; one that is wrong or fails is recorded and never timed.
+installed vLLM has `_rocm_C`, timed as vendor paths this build does not route to. Every candidate is
+checked against float64 on fresh random inputs (into a NaN-poisoned output where it takes one) before it
+is timed; one that is wrong or fails is recorded and never timed.
 
 Timing: CUDA/HIP graphs of many launches rotating over enough weight copies to exceed the L2 cache
 (weights come from memory, as in decode), replayed; median, p10, p90 per launch.
