@@ -1,14 +1,17 @@
-"""Talking to the servers from the harness: a small loopback HTTP client for completions, and vLLM's
-own `vllm bench serve` kept in one long-lived worker process (benchworker) so its imports are paid
-once, not per tier."""
+"""Talking to the servers from the harness: a small loopback HTTP client for completions (a streamed
+one read on a thread of its own), and vLLM's own `vllm bench serve` kept in one long-lived worker
+process (benchworker) so its imports are paid once, not per tier."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import queue
+import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -50,6 +53,18 @@ def post_empty(url: str, timeout: float) -> int:
         raise ForgeError(f"{url}: {type(e).__name__}: {e}")
 
 
+def get_text(url: str, timeout: float) -> str:
+    """GET (vLLM's /v1/models, /metrics): the body as text."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout) as r:
+            return r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        raise ForgeError(f"{url}: HTTP {e.code}: {e.read()[:500].decode(errors='replace')}")
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+        raise ForgeError(f"{url}: {type(e).__name__}: {e}")
+
+
 def complete(state: dict, prompt: str, max_tokens: int, *, logprobs: int | None = None,
              timeout: float = 600) -> dict:
     body = {"model": state["served_model_name"], "prompt": prompt, "max_tokens": max_tokens,
@@ -57,6 +72,82 @@ def complete(state: dict, prompt: str, max_tokens: int, *, logprobs: int | None 
     if logprobs:
         body["logprobs"] = logprobs
     return post_json(f"http://{state['host']}:{state['port']}/v1/completions", body, timeout)
+
+
+class TokenStream:
+    """One streamed completion (/v1/completions, temperature 0, end-of-text ignored) read on a thread of
+    its own: the tokens the server has sent so far (vLLM's continuous usage figures, else one per
+    chunk), its prompt's length as the server counted it, when the first token came, how it ended.
+    stop() closes the connection, and vLLM then aborts the request."""
+
+    def __init__(self, state: dict, prompt: str, max_tokens: int, timeout: float = 900):
+        self.host, self.port, self.timeout = state["host"], int(state["port"]), timeout
+        self.body = {"model": state["served_model_name"], "prompt": prompt, "max_tokens": max_tokens,
+                     "temperature": 0, "ignore_eos": True, "stream": True,
+                     "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        self.tokens = 0
+        self.prompt_tokens: int | None = None
+        self.first_token_s: float | None = None
+        self.finish: str | None = None
+        self.error: str | None = None
+        self.ended = False
+        self._stop = threading.Event()
+        self._conn: http.client.HTTPConnection | None = None
+        self._thread = threading.Thread(target=self._read, daemon=True)
+
+    def start(self) -> TokenStream:
+        self._thread.start()
+        return self
+
+    def _read(self) -> None:
+        url = f"http://{self.host}:{self.port}/v1/completions"
+        try:
+            self._conn = conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            sent = time.monotonic()
+            conn.request("POST", "/v1/completions", body=json.dumps(self.body),
+                         headers={"Content-Type": "application/json"})
+            r = conn.getresponse()
+            if r.status != 200:
+                self.error = f"{url}: HTTP {r.status}: {r.read()[:500].decode(errors='replace')}"
+                return
+            for raw in r:
+                if self._stop.is_set():
+                    return
+                line = raw.decode(errors="replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                chunk = json.loads(data)
+                if not isinstance(chunk, dict) or "error" in chunk:
+                    self.error = f"{url}: {str(chunk)[:500]}"
+                    return
+                usage, choices = chunk.get("usage") or {}, chunk.get("choices") or []
+                if isinstance(usage.get("prompt_tokens"), int):
+                    self.prompt_tokens = usage["prompt_tokens"]
+                if choices:
+                    n = usage.get("completion_tokens")
+                    self.tokens = n if isinstance(n, int) else self.tokens + 1
+                    if self.first_token_s is None:
+                        self.first_token_s = time.monotonic() - sent
+                    self.finish = choices[0].get("finish_reason") or self.finish
+        except (OSError, ValueError, http.client.HTTPException) as e:
+            if not self._stop.is_set():
+                self.error = f"{url}: {type(e).__name__}: {e}"
+        finally:
+            self.ended = True
+            if self._conn is not None:
+                self._conn.close()
+
+    def stop(self, wait_s: float = 30) -> None:
+        """Close the connection (the server aborts the request) and wait for the reader to end."""
+        self._stop.set()
+        sock = self._conn.sock if self._conn is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(timeout=wait_s)
 
 
 # --- vLLM's client, imported once ------------------------------------------------------------------

@@ -17,7 +17,8 @@ GPU, then:
      a finished (tier, profile) of an earlier invocation of the folder is kept, and a profile whose
      every tier is kept gets no server, so a run can be extended one profile at a time beside a
      reference measured once (two servers fit one GPU); with --profile-prefill, one long prefill per
-     server under the torch profiler afterwards (with --profile-decode, and that many decode steps);
+     server under the torch profiler afterwards (with --profile-decode, and that many decode steps; with
+     --profile-batch B, B such requests at once and their decode steps at batch B instead);
   4. fault check, once every tier is measured: the reference server is killed in the middle of a tier
      (one prompt per tier); the client records the failed request and the score marks the tier failed;
   5. a proxy score of every profile against the reference measured in the same run (reference =
@@ -41,7 +42,7 @@ from pathlib import Path
 from .. import options, paths, proc, ui
 from ..errors import ForgeError
 from ..run import bench, serve, synth
-from . import e2e_decode, final_round, gpu_bundle, prefill_profile
+from . import batch_profile, e2e_decode, final_round, gpu_bundle, prefill_profile
 from .client import client_runner
 from .fault import fault_check
 from .install import install_bundle, site_env, versions
@@ -118,6 +119,13 @@ def cmd_e2e(args) -> int:
         raise ForgeError(f"--profile-decode {args.profile_decode} profiles the decode steps of the request that "
                          "--profile-prefill sends, and none is sent without it",
                          hint="add --profile-prefill TOKENS (the prompt's length)")
+    if args.profile_batch > 1 and not (args.profile_prefill and args.profile_decode):
+        raise ForgeError(f"--profile-batch {args.profile_batch} profiles the decode steps of {args.profile_batch} "
+                         "requests of --profile-prefill TOKENS tokens each, --profile-decode STEPS of them, and "
+                         + ("neither is given" if not (args.profile_prefill or args.profile_decode) else
+                            f"--profile-{'decode' if args.profile_prefill else 'prefill'} is not given"),
+                         hint="add --profile-prefill TOKENS --profile-decode STEPS (e.g. --profile-prefill 20000 "
+                              "--profile-decode 64)")
     run = Run(args)
     names, ref = run.names, run.ref
     (run.out / "logs").mkdir(exist_ok=True)
@@ -143,7 +151,8 @@ def cmd_e2e(args) -> int:
                        if run.capacity else {})}
     _client(run, model)
     run.summary["differences"] = differences(run.h, extra, args.fixed_output, args.profile_prefill,
-                                             ports={n: port_of(run, n) for n in names})
+                                             ports={n: port_of(run, n) for n in names},
+                                             profile_batch=args.profile_batch)
     run.summary["differences"] += [{"side": "server", **c} for n in names for c in run.capacity.get(n, [])]
     if run.rnd is not None:
         run.summary["differences"].append({
@@ -206,7 +215,13 @@ def cmd_e2e(args) -> int:
                 run.summary["plumbing"] = pl
                 run.step("plumbing check", verdict=pl["verdict"])
         done = bench_tiers(run, measured, model, datasets)
-        if args.profile_prefill:
+        if args.profile_prefill and args.profile_batch > 1:
+            for name in live:
+                prof = guarded(run, name, batch_profile.capture, run, name, model, args.profile_prefill,
+                               args.profile_decode, args.profile_batch)
+                if prof is not None:
+                    run.step(f"batch profile {name}", **prof["headline"])
+        elif args.profile_prefill:
             for name in live:
                 prof = guarded(run, name, prefill_profile.capture, run, name, model, args.profile_prefill,
                                args.profile_decode)
@@ -345,6 +360,14 @@ def register(sub) -> None:
                    default=0, metavar="STEPS",
                    help="with --profile-prefill: the profiled request then generates STEPS tokens more (at most "
                         f"{MAX_PROFILE_DECODE}), and their decode steps are summed the same way, per step")
+    p.add_argument("--profile-batch", type=options.count_upto(batch_profile.MAX_BATCH, "the requests one batch "
+                                                                                       "profile starts"),
+                   default=1, metavar="B",
+                   help="with --profile-prefill and --profile-decode: instead of one request, start B of TOKENS "
+                        "tokens each at once (fresh prompts), and once every one has its first token profile "
+                        "STEPS decode steps of all B; only the steps that decode exactly B requests and prefill "
+                        f"none are summed, per step, into batch-profile/<profile>-b<B>.json (1 to "
+                        f"{batch_profile.MAX_BATCH}; default 1: the one-request profile)")
     p.add_argument("--keep-servers", action="store_true",
                    help="leave the servers up at the end (also when interrupted): the next invocation of the same "
                         "--out with the same settings reuses them instead of starting new ones (without this "

@@ -9,8 +9,11 @@ On the GPU machine (`forge e2e-gpu --profile-prefill TOKENS`): each server is st
 TOKENS tokens is sent without the profiler (its latency with one output token is the TTFT), then
 another under it; the trace's GPU kernels are assigned to vLLM's forward steps (one per prefill
 chunk) through their launch's correlation id and written to <run>/prefill-profile/<profile>.json
-(kernel names kept, so the grouping below can be redone). Here: `forge prefill-profile RUN...`
-renders the table, the chart and a JSON under reports/."""
+(kernel names kept, so the grouping below can be redone). With `--profile-batch B` (and
+--profile-decode), B such requests are started at once instead and their decode steps at batch B
+profiled (forge.lab.batch_profile: <run>/batch-profile/<profile>-b<B>.json). Here: `forge
+prefill-profile RUN...` renders the tables (a section on the batch profiles where a run has any), the
+chart and a JSON under reports/."""
 
 from __future__ import annotations
 
@@ -24,27 +27,18 @@ from typing import TYPE_CHECKING
 from .. import options, paths, records, ui
 from ..errors import ForgeError
 from ..run import archive, runs, synth
+from . import batch_profile
 from .client import complete, post_empty
+from .profiler import new_trace, trace_dir, traces_now
 from .trace_digest import ORDER, by_category, category, decode_summary, digest, totals
 
 if TYPE_CHECKING:
     from .session import Run
 
 SUBDIR = "prefill-profile"
-TRACES = "traces"                              # full traces stay on the machine (left out of the pack)
 
 
 # --- on the GPU machine -----------------------------------------------------------------------------
-
-def trace_dir(out: Path, name: str) -> Path:
-    return out / TRACES / name
-
-
-def server_args(out: Path, name: str) -> list[str]:
-    cfg = {"profiler": "torch", "torch_profiler_dir": str(trace_dir(out, name).resolve()), "ignore_frontend": True,
-           "torch_profiler_dump_cuda_time_total": False, "torch_profiler_use_gzip": True}
-    return ["--profiler-config", json.dumps(cfg)]
-
 
 def capture(run: Run, name: str, model: Path, tokens: int, decode_steps: int = 0) -> dict:
     st = run.servers[name]
@@ -56,7 +50,7 @@ def capture(run: Run, name: str, model: Path, tokens: int, decode_steps: int = 0
     t = time.monotonic()
     complete(st, plain, 1, timeout=600)
     ttft_plain = time.monotonic() - t
-    before = {p: p.stat().st_mtime_ns for p in tdir.rglob("*.json*")}
+    before = traces_now(tdir)
     post_empty(f"{base}/start_profile", timeout=120)
     t = time.monotonic()
     try:
@@ -64,16 +58,7 @@ def capture(run: Run, name: str, model: Path, tokens: int, decode_steps: int = 0
         ttft_prof = time.monotonic() - t
     finally:
         post_empty(f"{base}/stop_profile", timeout=900)
-    new = []
-    for _ in range(120):                      # the worker writes the trace after answering
-        new = [p for p in tdir.rglob("*.json*") if before.get(p) != p.stat().st_mtime_ns]
-        if new:
-            time.sleep(2)                     # let a writer still at it finish
-            break
-        time.sleep(1)
-    if not new:
-        raise ForgeError(f"{tdir}: no trace written after /stop_profile", hint="see the server log")
-    trace = max(new, key=lambda p: p.stat().st_size)
+    trace = new_trace(tdir, before)
     dig = digest(trace)
     dig.update(profile=name, prompt_tokens=tokens, ttft_s_unprofiled=round(ttft_plain, 3),
                trace=trace.name, trace_mib=round(trace.stat().st_size / 2**20, 1), recorded=runs.now_iso())
@@ -94,13 +79,16 @@ def capture(run: Run, name: str, model: Path, tokens: int, decode_steps: int = 0
 
 # --- here: the document -----------------------------------------------------------------------------
 
-def load_profiles(folders: list[Path], labels: list[Path] | None = None) -> dict[str, dict]:
+def load_profiles(folders: list[Path], labels: list[Path] | None = None, batch_only: bool = False) -> dict[str, dict]:
     """The prefill profiles of results folders ({profile: digest}); labels: the folders as the user named
-    them, for the recorded source paths (see provenance)."""
+    them, for the recorded source paths (see provenance); batch_only: a folder with batch profiles
+    (forge.lab.batch_profile) and no prefill profile is no error."""
     found: dict[str, dict] = {}
     for f, label in zip(folders, labels or folders):
         files = sorted((Path(f) / SUBDIR).glob("*.json"))
         packed = Path(f) != Path(label)
+        if not files and batch_only and batch_profile.has_profiles(f):
+            continue
         if not files:
             raise ForgeError(f"{paths.rel(Path(label))}: no {SUBDIR}/*.json here"
                              + (f" (nor in its {archive.ARCHIVE})" if packed else ""),
@@ -160,18 +148,20 @@ def provenance(folders: list[Path], labels: list[Path] | None = None) -> list[di
     return out
 
 
-def render_md(res: dict, title: str, prov: list[dict] | None = None) -> str:
-    L = [f"# {title}", "", "One fresh prompt per profile, sent alone to a warm server under the torch profiler. "
-         "Prefill span: from the first kernel of the request's first model step to the last kernel of its "
-         "last (the GPU side of the TTFT); TTFT: a one-token request of the same length without the profiler, "
-         "where it was measured. Kernel times are summed by kernel name and grouped "
-         "(`forge.lab.trace_digest.CATEGORIES`); shares are of the prefill span. The GEMM floor is the "
-         "prefill if every kernel but the GEMMs cost nothing. On the GPU harness \"rest\" includes the plain-torch "
-         "stand-ins of vLLM's compiled norms and activations (fp32 elementwise and copy kernels), which a real "
-         "build runs as fused kernels.", "",
-         "| profile | tokens | TTFT s | prefill span s | GPU busy s | "
-         + " | ".join(f"{c} s (share)" for c in ORDER) + " | GEMM floor / span |",
-         "|---|---|---|---|---|" + "---|" * len(ORDER) + "---|"]
+def render_md(res: dict, title: str, prov: list[dict] | None = None, batch: dict | None = None) -> str:
+    L = [f"# {title}", ""]
+    if res:
+        L += ["One fresh prompt per profile, sent alone to a warm server under the torch profiler. "
+              "Prefill span: from the first kernel of the request's first model step to the last kernel of its "
+              "last (the GPU side of the TTFT); TTFT: a one-token request of the same length without the profiler, "
+              "where it was measured. Kernel times are summed by kernel name and grouped "
+              "(`forge.lab.trace_digest.CATEGORIES`); shares are of the prefill span. The GEMM floor is the "
+              "prefill if every kernel but the GEMMs cost nothing. On the GPU harness \"rest\" includes the plain-torch "
+              "stand-ins of vLLM's compiled norms and activations (fp32 elementwise and copy kernels), which a real "
+              "build runs as fused kernels.", "",
+              "| profile | tokens | TTFT s | prefill span s | GPU busy s | "
+              + " | ".join(f"{c} s (share)" for c in ORDER) + " | GEMM floor / span |",
+              "|---|---|---|---|---|" + "---|" * len(ORDER) + "---|"]
     for n, r in res.items():
         cells = [f"{r['categories_ms'][c] / 1000:.3f} ({100 * r['shares_of_prefill'][c]:.0f} %)" for c in ORDER]
         ttft = f"{r['ttft_s']:.3f}" if r.get("ttft_s") else "—"
@@ -201,6 +191,7 @@ def render_md(res: dict, title: str, prov: list[dict] | None = None) -> str:
                   "|---|---|---|---|"]
             L += [f"| `{k['name'][:90]}` | {k['category']} | {k['launches']:g} | {k['us']:.1f} |"
                   for k in r["top_kernels"]]
+    L += batch_profile.render_lines(batch or {})
     if prov:
         L += ["", "## Provenance", ""]
         for p in prov:
@@ -272,28 +263,32 @@ def cmd_prefill_profile(args) -> int:
     folders = [Path(f) for f in args.folders]
     with contextlib.ExitStack() as stack:          # a packed record (raw.tgz) is read without unpacking it here
         readable = [stack.enter_context(archive.readable(f)) for f in folders]
-        res = analyse(load_profiles(readable, folders))
+        batch = batch_profile.load(readable, folders)
+        res = analyse(load_profiles(readable, folders, batch_only=True))
         prov = provenance(readable, folders)
     out = Path(args.out)
-    title = args.title or "Where a long prefill's time goes"
+    title = args.title or ("Where a long prefill's time goes" if res else "Where a decode step's time goes at a batch")
     command = "forge prefill-profile " + " ".join(args.folders) + (f" --title {shlex.quote(args.title)}"
                                                                    if args.title else "")
-    texts = {"prefill-profile.json": json.dumps({"title": title, "profiles": res, "provenance": prov,
-                                                 "command": command}, indent=2) + "\n",
-             "prefill-profile.md": render_md(res, title, prov)}
+    doc = {"title": title, "profiles": res, **({"batch_profiles": batch} if batch else {}), "provenance": prov,
+           "command": command}
+    texts = {"prefill-profile.json": json.dumps(doc, indent=2) + "\n",
+             "prefill-profile.md": render_md(res, title, prov, batch)}
     records.guard_tracked(out, {**{out / n: t for n, t in texts.items()}, out / "prefill-profile.png": None},
                           doing="this profile document", force=force, hint="give another --out")
     paths.write_files(out, texts)
-    drawn = chart(res, out / "prefill-profile.png")
+    drawn = chart(res, out / "prefill-profile.png") if res else False
     ui.info(f"wrote {paths.rel(out / 'prefill-profile.md')}" + (" and the chart" if drawn else ""))
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("prefill-profile", help="one long prefill by component (attention, GDN, GEMM, rest) "
-                                                "from e2e-gpu --profile-prefill results", description=__doc__,
+    p = sub.add_parser("prefill-profile", help="one long prefill by component (attention, GDN, GEMM, rest), and "
+                                                "decode steps at a batch, from e2e-gpu --profile-prefill results",
+                       description=__doc__,
                        formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
-    p.add_argument("folders", nargs="+", metavar="RUN", help="results folders of forge e2e-gpu --profile-prefill")
+    p.add_argument("folders", nargs="+", metavar="RUN", help="results folders of forge e2e-gpu --profile-prefill "
+                                                             "(with or without --profile-batch)")
     p.add_argument("--out", default=str(paths.REPORTS / "prefill-profile"),
                    help="where the table, chart and JSON go (default reports/prefill-profile)")
     p.add_argument("--title", help="the document's heading")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from .. import paths, proc, ui
 from ..errors import ForgeError
 from ..run import runs, serve, synth
-from . import final_round, prefill_profile
+from . import final_round, profiler
 from .client import complete
 from .serverlog import log_facts
 
@@ -69,7 +69,7 @@ def _launch_parts(run: Run, name: str) -> tuple[list[str], dict[str, str]]:
         extra_env["TRITON_CACHE_DIR"] = run.triton_cache
     hargs = run.hargs + final_round.capacity_args(run.capacity, name)
     if run.args.profile_prefill:          # not part of the tiers' identity: the profiler idles until asked
-        hargs = hargs + prefill_profile.server_args(run.out, name)
+        hargs = hargs + profiler.server_args(run.out, name)
     return hargs, extra_env
 
 

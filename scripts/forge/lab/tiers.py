@@ -80,7 +80,7 @@ def harness_args(h: dict, extra: list[str]) -> list[str]:
 
 
 def differences(h: dict, extra: list[str], fixed_output: int | None = None, profile_prefill: int | None = None,
-                ports: dict[str, int] | None = None) -> list[dict]:
+                ports: dict[str, int] | None = None, profile_batch: int = 1) -> list[dict]:
     """Every difference between what the harness runs and the organizers' command, with its reason:
     from harness.yaml, and from this invocation's own options (`ports`: each profile's server port)."""
     side = h["side_by_side"]
@@ -101,7 +101,10 @@ def differences(h: dict, extra: list[str], fixed_output: int | None = None, prof
     if profile_prefill:
         out.append({"side": "server", "args": ["--profiler-config", "<torch profiler, idle until asked>"],
                     "why": f"--profile-prefill {profile_prefill}: one prefill per server under the torch profiler "
-                           "after the tiers"})
+                           "after the tiers" if profile_batch <= 1 else
+                           f"--profile-prefill {profile_prefill} --profile-batch {profile_batch}: {profile_batch} "
+                           "requests of that length at once per server, their decode steps under the torch "
+                           "profiler after the tiers"})
     out += [{"side": "client", **c} for c in client_changes(h, fixed_output)]
     return out
 

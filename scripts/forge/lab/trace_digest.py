@@ -55,13 +55,15 @@ def _load(trace: Path) -> list[dict]:
     return data.get("traceEvents", []) if isinstance(data, dict) else data
 
 
-def digest(trace: Path) -> dict:
-    """GPU kernel time by name per model step that had prompt tokens to process: {"steps":
-    [{"prefill_tokens", "decode_tokens", "cpu_ms", "gpu_span_ms", "kernels": {name: [count, us]}}],
-    "outside": {...}} (outside: kernels launched outside those steps)."""
+def assign(trace: Path) -> tuple[list[dict], dict]:
+    """Every model step with tokens to process, in time order, with the GPU kernels its launches ran:
+    [{"context_requests", "prefill_tokens", "decode_requests", "decode_tokens", "cpu_ms", "kernels":
+    {name: [count, us]}, "gpu_span_ms", "gpu_start_us", "gpu_end_us"}] (a context request is one with no
+    output token yet, as vLLM counts it), and the kernels launched outside those steps ({"kernels",
+    "gpu_span_ms"})."""
     launches: dict = {}
     fwd: list[tuple[float, float]] = []
-    toks: list[tuple[int, int]] = []
+    counts: list[tuple[int, int, int, int]] = []
     gpu: list[dict] = []
     for e in _load(trace):
         if e.get("ph") != "X":
@@ -74,14 +76,15 @@ def digest(trace: Path) -> dict:
         elif (cat == "user_annotation" and (m := STEP.fullmatch(e.get("name", "")))
               and (int(m.group(2)) > 0 or int(m.group(4)) > 0)):
             fwd.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))))
-            toks.append((int(m.group(2)), int(m.group(4))))
+            counts.append((int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4))))
         elif cat in ("kernel", "gpu_memcpy", "gpu_memset"):
             gpu.append(e)
     order = sorted(range(len(fwd)), key=lambda i: fwd[i])
-    fwd, toks = [fwd[i] for i in order], [toks[i] for i in order]
+    fwd, counts = [fwd[i] for i in order], [counts[i] for i in order]
     starts = [s for s, _ in fwd]
-    steps = [{"prefill_tokens": p, "decode_tokens": d, "cpu_ms": round((b - a) / 1000, 3), "kernels": {},
-              "_span": [None, None]} for (a, b), (p, d) in zip(fwd, toks)]
+    steps = [{"context_requests": cr, "prefill_tokens": p, "decode_requests": dr, "decode_tokens": d,
+              "cpu_ms": round((b - a) / 1000, 3), "kernels": {}, "_span": [None, None]}
+             for (a, b), (cr, p, dr, d) in zip(fwd, counts)]
     outside: dict = {"kernels": {}, "_span": [None, None]}
     for k in gpu:
         t = launches.get((k.get("args") or {}).get("correlation"))
@@ -95,15 +98,30 @@ def digest(trace: Path) -> dict:
         span = slot["_span"]
         span[0] = a if span[0] is None else min(span[0], a)
         span[1] = b if span[1] is None else max(span[1], b)
-    prefill = [st for st in steps if st["prefill_tokens"] > 0]
-    decode = [st for st in steps if st["prefill_tokens"] == 0]      # one token per request, after the prefill
-    firsts = [st["_span"][0] for st in prefill if st["_span"][0] is not None]
-    lasts = [st["_span"][1] for st in prefill if st["_span"][1] is not None]
-    span_ms = round((max(lasts) - min(firsts)) / 1000, 3) if firsts else 0.0
     for slot in (*steps, outside):
         s = slot.pop("_span")
         slot["gpu_span_ms"] = round((s[1] - s[0]) / 1000, 3) if s[0] is not None else 0.0
+        slot["gpu_start_us"], slot["gpu_end_us"] = s
         slot["kernels"] = {n: [c, round(us, 1)] for n, (c, us) in sorted(slot["kernels"].items())}
+    outside.pop("gpu_start_us")
+    outside.pop("gpu_end_us")
+    return steps, outside
+
+
+def digest(trace: Path) -> dict:
+    """GPU kernel time by name per model step that had prompt tokens to process: {"steps":
+    [{"prefill_tokens", "decode_tokens", "cpu_ms", "gpu_span_ms", "kernels": {name: [count, us]}}],
+    "outside": {...}} (outside: kernels launched outside those steps); the steps of one token per
+    request after them as "decode_steps"."""
+    steps, outside = assign(trace)
+    prefill = [st for st in steps if st["prefill_tokens"] > 0]
+    firsts = [st["gpu_start_us"] for st in prefill if st["gpu_start_us"] is not None]
+    lasts = [st["gpu_end_us"] for st in prefill if st["gpu_end_us"] is not None]
+    span_ms = round((max(lasts) - min(firsts)) / 1000, 3) if firsts else 0.0
+    kept = [{k: st[k] for k in ("prefill_tokens", "decode_tokens", "cpu_ms", "kernels", "gpu_span_ms")}
+            for st in steps]
+    prefill = [st for st in kept if st["prefill_tokens"] > 0]
+    decode = [st for st in kept if st["prefill_tokens"] == 0]      # one token per request, after the prefill
     if not prefill:
         raise ForgeError(f"{trace}: no model step with prompt tokens (no execute_context_N(T) annotation, T > 0)",
                          hint="the profiler did not see the prefill; was the request served while it ran?")
@@ -111,6 +129,43 @@ def digest(trace: Path) -> dict:
     if decode:
         out["decode_steps"] = decode
     return out
+
+
+def batch_digest(trace: Path, batch: int) -> dict:
+    """The decode steps of `batch` requests at once (no request in its prefill: execute_context_0(0)_
+    generation_<batch>(T)), kernels by name per step as in digest(), in time order; every other step
+    is left out and counted by kind ("excluded": steps with a prefill chunk beside decoding requests
+    ("mixed"), prefill-only steps, decode steps at another batch), and "gpu_period_ms" lists, for each
+    two counted steps in a row, the time from one's first kernel to the next's (the step's GPU time
+    with the gaps between steps)."""
+    steps, outside = assign(trace)
+    counted: list[dict] = []
+    periods: list[float] = []
+    mixed = prefill_only = 0
+    other: dict[str, int] = {}
+    prev = None
+    for st in steps:
+        ok = st["context_requests"] == 0 and st["decode_requests"] == batch
+        if st["context_requests"] and st["decode_requests"]:
+            mixed += 1
+        elif st["context_requests"]:
+            prefill_only += 1
+        elif not ok:
+            other[str(st["decode_requests"])] = other.get(str(st["decode_requests"]), 0) + 1
+        if ok:
+            if prev is not None and prev["gpu_start_us"] is not None and st["gpu_start_us"] is not None:
+                periods.append(round((st["gpu_start_us"] - prev["gpu_start_us"]) / 1000, 3))
+            counted.append({k: st[k] for k in ("decode_requests", "decode_tokens", "cpu_ms", "kernels",
+                                               "gpu_span_ms")})
+        prev = st if ok else None
+    if not counted:
+        seen = ", ".join(f"{st['context_requests']}+{st['decode_requests']}" for st in steps[:12]) or "none"
+        raise ForgeError(f"{trace}: no decode step of {batch} requests (execute_context_0(0)_generation_{batch}(T)); "
+                         f"steps seen (prefilling+decoding requests): {seen}",
+                         hint="were all the requests decoding while the profiler ran?")
+    return {"batch": batch, "decode_steps": counted, "gpu_period_ms": periods, "steps_in_trace": len(steps),
+            "excluded": {"mixed": mixed, "prefill": prefill_only, "decode_other_batch": other},
+            "outside": outside}
 
 
 def by_category(kernels: dict) -> dict[str, float]:
