@@ -71,6 +71,11 @@ def _model(tmp_path: Path) -> Path:
     (["--profile-prefill", "0"], ["--profile-prefill", "'0'"]),
     (["--profile-prefill", "-1"], ["--profile-prefill", "'-1'"]),
     (["--fault-delay-s", "-1"], ["--fault-delay-s", "'-1'"]),
+    # a batch profile: B from 1 to 64, and B requests of --profile-prefill tokens, --profile-decode steps of them
+    (["--profile-batch", "0"], ["--profile-batch", "'0'"]),
+    (["--profile-batch", "65"], ["--profile-batch", "'65'", "at most 64"]),
+    (["--profile-batch", "4"], ["--profile-batch 4", "neither is given"]),
+    (["--profile-batch", "4", "--profile-prefill", "20000"], ["--profile-batch 4", "--profile-decode is not given"]),
     # an extra server argument after the harness's own wins in vLLM: the server on port 9, the harness
     # waiting on --first-port; a KV cache other than the one the summary records
     (["--server-arg=--port", "--server-arg=9"], ["--server-arg/--server-args --port", "--first-port"]),
