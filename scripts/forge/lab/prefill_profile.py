@@ -191,7 +191,8 @@ def render_md(res: dict, title: str, prov: list[dict] | None = None, batch: dict
                   "|---|---|---|---|"]
             L += [f"| `{k['name'][:90]}` | {k['category']} | {k['launches']:g} | {k['us']:.1f} |"
                   for k in r["top_kernels"]]
-    L += batch_profile.render_lines(batch or {})
+    more = batch_profile.render_lines(batch or {})
+    L += more[1:] if more and L[-1] == "" else more     # one blank line after the heading
     if prov:
         L += ["", "## Provenance", ""]
         for p in prov:
