@@ -13,6 +13,11 @@ max_completion_tokens (or FAKE_OUTPUT_TOKENS). Behaviour for tests, from the env
   FAKE_FAIL_START    print this text and exit with code 1 instead of serving
   FAKE_GARBAGE_PORT  on this port, /v1/completions logprobs are NaN; FAKE_COLLAPSE_PORT: on this
                      port, one token repeated; FAKE_LOGPROB_SHIFT: added to each chosen token's logprob
+A streamed /v1/completions sends one token per chunk with vLLM's continuous usage figures until
+max_tokens or the client closes it. Started with vLLM's `--profiler-config` (a torch_profiler_dir),
+it answers /start_profile and /stop_profile, which writes a Chrome trace there: one step prefilling a
+request beside the decoding ones, then three steps decoding the requests that were streaming at
+/start_profile (execute_context_0(0)_generation_N(N)).
 Non-streaming chat replies answer accuracy prompts: the text after the last "Answer key:" in the
 prompt (up to the line end), else the first ten words of the streamed reply.
 """
@@ -20,6 +25,7 @@ prompt (up to the line end), else the first ten words of the streamed reply.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import sys
@@ -28,7 +34,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 VOCAB = 2000
-STATE = {"chat_requests": 0, "ready_at": 0.0}
+STATE = {"chat_requests": 0, "ready_at": 0.0, "streaming": 0, "profiled_batch": 0}
 LOCK = threading.Lock()
 
 
@@ -74,7 +80,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(503, {"error": "loading"})
         elif self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [
-                {"id": self.server.served_name, "object": "model", "root": self.server.model, "owned_by": "fake"}]})
+                {"id": self.server.served_name, "object": "model", "root": self.server.model, "owned_by": "fake",
+                 "max_model_len": 32768}]})
         else:
             self._json(404, {"error": "not found"})
 
@@ -83,10 +90,61 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 
+    def _stream_completion(self, body: dict) -> None:
+        """Streamed /v1/completions: a token per chunk, usage in each, until max_tokens or the client closes."""
+        n_in = len((body.get("prompt") or "").split())
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        with LOCK:
+            STATE["streaming"] += 1
+        try:
+            time.sleep(float(os.environ.get("FAKE_TTFT_MS", "5")) / 1000)
+            want = int(body.get("max_tokens") or 16)
+            for i, w in enumerate(reply_words(body.get("prompt") or "", want)):
+                chunk = {"choices": [{"index": 0, "text": " " + w, "finish_reason": "length" if i + 1 == want else None}],
+                         "usage": {"prompt_tokens": n_in, "completion_tokens": i + 1, "total_tokens": n_in + i + 1}}
+                self._chunk("data: " + json.dumps(chunk) + "\n\n")
+                time.sleep(float(os.environ.get("FAKE_TOKEN_MS", "1")) / 1000)
+            self._chunk("data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except OSError:                        # the client closed the stream: the request is aborted
+            pass
+        finally:
+            with LOCK:
+                STATE["streaming"] -= 1
+
+    def _profile(self) -> None:
+        """/start_profile and /stop_profile (only with --profiler-config); the stop writes the trace."""
+        tdir = self.server.profiler_dir
+        if not tdir:
+            return self._json(404, {"error": "not found"})
+        if self.path == "/start_profile":
+            with LOCK:
+                STATE["profiled_batch"] = STATE["streaming"]
+            return self._json(200, {})
+        b, ev = STATE["profiled_batch"], []
+        steps = [(1000, 1, 4096, b - 1)] + [(2000 + 1000 * k, 0, 0, b) for k in range(3)]
+        for j, (ts, cr, ct, gr) in enumerate(steps):
+            ev += [{"ph": "X", "cat": "user_annotation", "name": f"execute_context_{cr}({ct})_generation_{gr}({gr})",
+                    "ts": ts, "dur": 10},
+                   {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": ts + 1, "dur": 1,
+                    "args": {"correlation": j}},
+                   {"ph": "X", "cat": "kernel", "name": "gemv_kernel<128>", "ts": ts + 100, "dur": 10.0,
+                    "args": {"correlation": j}}]
+        os.makedirs(tdir, exist_ok=True)
+        with gzip.open(os.path.join(tdir, "fake.pt.trace.json.gz"), "wt") as f:
+            json.dump({"traceEvents": ev}, f)
+        return self._json(200, {})
+
     def _completion(self, body: dict) -> None:
         """Non-streaming /v1/completions with OpenAI-style logprobs (top-k per position)."""
         if body.get("model") != self.server.served_name:
             return self._json(404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}})
+        if body.get("stream"):
+            return self._stream_completion(body)
         prompt = body.get("prompt") or ""
         n_out = int(body.get("max_tokens") or 16)
         words = reply_words(prompt, n_out)
@@ -119,6 +177,8 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(n) or b"{}")
         if self.path == "/v1/completions":
             return self._completion(body)
+        if self.path in ("/start_profile", "/stop_profile"):
+            return self._profile()
         if self.path != "/v1/chat/completions":
             return self._json(404, {"error": "not found"})
         if time.monotonic() < STATE["ready_at"]:
@@ -192,6 +252,8 @@ def main(argv=None) -> int:
     srv.daemon_threads = True
     srv.served_name = args.served_model_name or args.model
     srv.model = args.model
+    cfg = rest[rest.index("--profiler-config") + 1] if "--profiler-config" in rest[:-1] else None
+    srv.profiler_dir = json.loads(cfg).get("torch_profiler_dir") if cfg else None
     print(f"fakeserver: listening on 127.0.0.1:{args.port}", flush=True)
     try:
         srv.serve_forever(poll_interval=0.1)

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers import ROOT, forge_env
+from helpers import ROOT, e2e_fake, forge_env
 
 from forge.errors import ForgeError
 from forge.lab import batch_profile as bp
@@ -298,3 +298,21 @@ def test_the_document_says_the_batch_the_contexts_and_the_steps_counted(tmp_path
     assert "| contest | 4 | 20010-20055 | 4 (4) | 1 / 1 / 1 | 1.000 | 0.022 |" in md
     assert "### contest-b4: largest kernels per decode step at batch 4" in md
     assert "One fresh prompt per profile" not in md and not (out / "prefill-profile.png").exists()
+
+
+def test_e2e_gpu_profiles_the_batch_after_the_tiers(tmp_path):
+    """The whole run against the fake server (tests/support/fakeserver.py: streamed completions, and a trace of
+    three decode steps at the batch it was streaming at /start_profile plus one mixed step): the batch profile
+    replaces the one-request profile, and `forge prefill-profile` renders it."""
+    r, _, out = e2e_fake(tmp_path, "--profiles", "contest", "--tier-order", "4-8K", "--no-plumbing", "--no-fault",
+                         "--profile-prefill", "200", "--profile-decode", "4", "--profile-batch", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "server_errors" not in json.loads((out / "summary.json").read_text())
+    d = json.loads((out / "batch-profile" / "contest-b2.json").read_text())
+    assert d["batch"] == 2 and len(d["decode_steps"]) == 3 and d["excluded"]["mixed"] == 1
+    assert all(q["tokens_at_start"] >= 1 and q["tokens_at_stop"] - q["tokens_at_start"] >= 4 for q in d["requests"])
+    assert not (out / "prefill-profile").exists()
+    r = subprocess.run([sys.executable, "-m", "forge", "prefill-profile", str(out), "--out", str(tmp_path / "doc")],
+                       cwd=ROOT, env=forge_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "| contest | 2 |" in (tmp_path / "doc" / "prefill-profile.md").read_text()
