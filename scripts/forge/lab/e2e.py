@@ -359,7 +359,8 @@ def register(sub) -> None:
     p.add_argument("--profile-decode", type=options.count_upto(MAX_PROFILE_DECODE, "the decode steps one trace holds"),
                    default=0, metavar="STEPS",
                    help="with --profile-prefill: the profiled request then generates STEPS tokens more (at most "
-                        f"{MAX_PROFILE_DECODE}), and their decode steps are summed the same way, per step")
+                        f"{MAX_PROFILE_DECODE}), and their decode steps are summed the same way, per step (with "
+                        "--profile-batch B: STEPS more tokens of each of the B requests)")
     p.add_argument("--profile-batch", type=options.count_upto(batch_profile.MAX_BATCH, "the requests one batch "
                                                                                        "profile starts"),
                    default=1, metavar="B",
