@@ -116,7 +116,7 @@ def capture(run: Run, name: str, model: Path, tokens: int, decode_steps: int, ba
     finally:
         for s in streams:                 # closed: the server aborts them (the next profile's GPU is idle)
             s.stop()
-    idle = _wait_idle(base)
+        idle = _wait_idle(base)
     trace = new_trace(tdir, before)
     dig = batch_digest(trace, batch)
     served = [s.prompt_tokens or tokens for s in streams]
