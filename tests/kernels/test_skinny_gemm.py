@@ -239,3 +239,39 @@ def test_gpu_split_k_is_deterministic():
     first = SK.skinny_gemm(x, w, split_k=8)
     for _ in range(5):
         assert torch.equal(SK.skinny_gemm(x, w, split_k=8), first), f"seed={r.seed_value}"
+
+
+@gpu
+@pytest.mark.parametrize("N,K,fused", [(5120, 17408, False), (248320, 5120, False), (34816, 5120, True),
+                                       (96, 5120, False), (17408, 5120, True)])
+def test_gpu_the_route_s_call_replays_in_a_graph(N, K, fused):
+    """As vLLM's route calls it (patch "gemv: the route runs the matrix-unit skinny GEMM ..."): no `out`, no
+    workspace (the split-K partials allocated inside the call), the built-in launch; captured in a CUDA/HIP
+    graph as vLLM captures its decode steps (after a warm-up call that compiles the kernel), then replayed on
+    fresh inputs copied into the static input, each replay against float64. Fails if the launch allocates or
+    synchronises in a way capture forbids, or if a replay reads stale inputs or partials."""
+    r = Rng()
+    w = r.randn(N, K, scale=K ** -0.5)
+    fn = SK.skinny_gemm_silu_mul if fused else SK.skinny_gemm
+    cus = SK.num_compute_units()
+    for M in (5, 8, 16):
+        x_static = r.randn(M, K)
+        fn(x_static, w, num_cus=cus)                       # warm-up: the Triton compile, outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y_static = fn(x_static, w, num_cus=cus)
+        for _ in range(2):
+            x_static.copy_(r.randn(M, K))
+            y_static.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            ref = ref_plain(x_static, w)
+            if fused:
+                i = N // 2
+                ref = F.silu(ref[:, :i]) * ref[:, i:]
+            check(None, y_static, ref, f"graph {N}x{K} fused={fused} M={M} split="
+                                       f"{SK.launch_config(M, N, K, cus, fused=fused).split_k} seed={r.seed_value}")
+        del graph
+    del w
+    torch.cuda.empty_cache()
