@@ -264,9 +264,9 @@ def test_with_planned_adds_one_configuration_per_point_that_preempts():
     assert sum(c.planned for c, _ in ranked) == 3 and len(ranked) == len(out)
 
 
-def _recorded_16_32k(run: str):
+def _recorded_16_32k(run: str, tier: str = "16-32K", kv_dtype: str = "bf16"):
     """A final-round e2e record of reports/e2e/<run>: its summary, its servers' KV cache as the planner
-    sizes it (TP1, bf16), the tier's 12 requests, the client's concurrency, and the upstream step cost."""
+    sizes it (TP1, the KV dtype), the tier's 12 requests, the client's concurrency, and the upstream step cost."""
     import tarfile
 
     from helpers import ROOT
@@ -274,11 +274,11 @@ def _recorded_16_32k(run: str):
         s = json.load(tf.extractfile("summary.json"))
     args = s["harness"]["server_args"]
     kv_bytes = int(args[args.index("--kv-cache-memory-bytes") + 1])
-    requests = [tuple(r) for r in s["datasets"]["16-32K"]["requests"]]
+    requests = [tuple(r) for r in s["datasets"][tier]["requests"]]
     conc = int(s["client"].split("--max-concurrency")[1].split()[0])
     shape = finals.load_shape()
-    cap = cap_mod.capacity(shape, tp=1, kv_dtype="bf16", card_name="h200", kv_cache_memory_bytes=kv_bytes)
-    return s, shape, cap, requests, conc, StepCost(UPSTREAM, shape, tp=1, kv_dtype="bf16", link=LINKS["pcie"])
+    cap = cap_mod.capacity(shape, tp=1, kv_dtype=kv_dtype, card_name="h200", kv_cache_memory_bytes=kv_bytes)
+    return s, shape, cap, requests, conc, StepCost(UPSTREAM, shape, tp=1, kv_dtype=kv_dtype, link=LINKS["pcie"])
 
 
 def _preemptions(cap, seqs: int, requests, conc: int, cost) -> int:
@@ -312,3 +312,30 @@ def test_the_scheduler_preempts_none_where_a_server_at_the_planned_seqs_preempte
     assert (cap.num_blocks, cap.reported_tokens, len(requests), conc) == (146, 28224, 12, 10)
     counts = {seqs: _preemptions(cap, seqs, requests, conc, cost) for seqs in (4, 128)}
     assert counts[4] == 0 and counts[128] > 100, counts
+
+
+def test_the_int8_cache_holds_seven_of_the_tier_as_the_server_did():
+    """reports/e2e/2026-12-05-h200-final-16-32k-int8: the same DCU-sized bytes as an int8 cache (145 blocks of
+    1552, reported by vLLM as 55,872 tokens) at --max-num-seqs 7, the planner's planned seqs for int8, over the
+    same 12 prompts of 16-32K at concurrency 10: vLLM preempted none. The model: none at 7, the planner's count
+    for the card (no int8 server ran at the finals' 128 seqs, so that case is not pinned here)."""
+    s, shape, cap, requests, conc, cost = _recorded_16_32k("2026-12-05-h200-final-16-32k-int8", kv_dtype="int8")
+    assert s["preemptions"] == {"fast-int8": {"16-32K": 0.0}, "upstream": {"16-32K": 0.0}}
+    assert s["server_facts"]["fast-int8"]["kv_cache_tokens"] == str(cap.reported_tokens) == "55872"
+    planned = cap_mod.planned_seqs(shape, 1, 1, [p for p, _ in requests], 1024, conc, kv_dtype="int8", card_name="dcu")
+    assert planned == 7
+    assert _preemptions(cap, planned, requests, conc, cost) == 0
+
+
+@pytest.mark.parametrize("tier", ["8-16K", "4-8K"])
+def test_the_scheduler_preempts_none_at_five_seqs_on_the_shorter_tiers(tier):
+    """reports/e2e/2026-12-05-h200-final-4-16k-eqcap: TP1 servers with a DCU card's bf16 cache at --max-num-seqs 5
+    (the planner's count at 8-16K) preempted none at 8-16K or 4-8K; the model over the same requests at 5 seqs
+    neither. At 8-16K the finals' 128 seqs preempt (5 of the tier's largest requests fit, the concurrency is 10)."""
+    s, shape, cap, requests, conc, cost = _recorded_16_32k("2026-12-05-h200-final-4-16k-eqcap", tier=tier)
+    assert s["preemptions"]["contest"][tier] == 0.0 and s["preemptions"]["upstream"][tier] == 0.0
+    assert _preemptions(cap, 5, requests, conc, cost) == 0
+    if tier == "8-16K":
+        assert cap_mod.planned_seqs(shape, 1, 1, [p for p, _ in requests], 1024, conc, kv_dtype="bf16",
+                                    card_name="dcu") == 5
+        assert _preemptions(cap, 128, requests, conc, cost) > 0
