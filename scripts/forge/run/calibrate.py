@@ -20,7 +20,9 @@ calibration.md, the charts) are written together: an interrupt leaves the previo
 Writes OUT/ (default build/calibration/<device>): <family>.json (the records), calibration.json (the
 selection, the table, provenance), calibration.md, one chart per family, table.json. --install copies
 the table to configs/kernels/tuned/<device>.json, where `make tree` puts it into the vLLM tree (and
-so into the wheel and the submission); --install-vllm copies it beside the installed vLLM's loader,
+so into the wheel and the submission); a calibration of some families (--families) keeps the installed
+table's sections of the others when that table is of the same stack and rank geometry (else refused;
+--force replaces it whole); --install-vllm copies it beside the installed vLLM's loader,
 for a server started right away on this machine. --tp N measures one rank's shapes and heads at that
 tensor-parallel degree (run.rank_geometry); the table (<device>-tpN.json) is taken only at that degree."""
 
@@ -42,7 +44,7 @@ from ..errors import ForgeError
 from ..hashing import combine, sha256_file
 from ..recipe import patchfile, provenance
 from ..records import guard_recorded, read_json, tracked_changes
-from . import calibrate_options, calibrate_report, rank_geometry
+from . import calibrate_options, calibrate_report, rank_geometry, table_merge
 from . import calibration as sel
 from . import calibration_docs as cd
 
@@ -305,6 +307,22 @@ def _vllm_tables() -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
+def _merged_text(doc: dict, dest: Path, force: bool) -> str:
+    """The table to install at `dest`: the calibration's, plus the sections of the families it did not
+    measure from a valid table already there (table_merge)."""
+    table = doc["table"]
+    try:
+        installed = tunedtable.loader().read(str(dest)) if dest.is_file() else None
+    except ValueError:                          # TableError: not a valid table; replaced whole (guarded)
+        installed = None
+    if installed is not None:
+        table, kept = table_merge.merge(table, installed, list(doc.get("families", {})), paths.rel(dest), force)
+        if kept:
+            ui.info(f"kept the {', '.join(kept)} section(s) of the table at {paths.rel(dest)} (not measured now; "
+                    "their provenance in provenance.sections)")
+    return json.dumps(table, indent=1, sort_keys=True) + "\n"
+
+
 def cmd_calibrate(args) -> int:
     calibrate_options.check_options(args)
     if args.out is not None:
@@ -332,6 +350,7 @@ def cmd_calibrate(args) -> int:
     slug = device_slug(doc["device"]) + rank_geometry.suffix(args.tp)
     text = json.dumps(doc["table"], indent=1, sort_keys=True) + "\n"      # validated before it was written
     if args.install:
+        text = _merged_text(doc, TUNED / f"{slug}.json", force)
         # a table that is shipped names no machine path and a clean or hashed commit
         tunedtable.check_text(text, paths.rel(out / "table.json"), shipped=True,
                               fix="calibrate from a committed checkout (or a dirty one: its diff's hash is recorded)"
@@ -345,7 +364,7 @@ def cmd_calibrate(args) -> int:
         ui.info(f"installed the table as {paths.rel(dest)} (commit it; `make tree` puts it into the vLLM tree)")
     if vllm_tables is not None:
         dest = vllm_tables / f"{slug}.json"
-        paths.write_atomic(dest, text)
+        paths.write_atomic(dest, _merged_text(doc, dest, force))
         ui.info(f"installed the table beside the installed vLLM's loader: {dest}")
     print(out / "calibration.md")
     return 0
@@ -372,7 +391,8 @@ def register(sub) -> None:
                    help=f"seed of the random inputs, 0 to {SEED_MAX} (default 1234)")
     rank_geometry.add_option(p)
     p.add_argument("--python", help="the Python that runs the families (default: this one)")
-    p.add_argument("--install", action="store_true", help="copy the table to configs/kernels/tuned/<device>.json")
+    p.add_argument("--install", action="store_true", help="copy the table to configs/kernels/tuned/<device>.json "
+                   "(keeping its sections of families not measured now)")
     p.add_argument("--install-vllm", action="store_true",
                    help="copy the table beside the installed vLLM's loader (vllm/forge_tuned/)")
     p.set_defaults(func=cmd_calibrate)
