@@ -14,8 +14,11 @@ decode: decisions `decode.<batch>.16bit` (bf16 cache, block 784) and `decode.<ba
 1552) at the round's concurrencies (batch 1, 4, 10, 16), each over the tiers' decode contexts (median
 prompt + 512) and 32K, on one rank's heads (`--tp`: 24/4 at TP1, 12/2 at TP2); candidates: our
 split-KV kernel at each (segments, TILE_N, warps, stages), the segments from a quarter to four times
-its built-in count (`choose_num_segments`), its built-in choice among them (int8: the segment counts
-at the built-in launch); the anchor is vLLM's unified kernel in its 3D decode mode (16 segments).
+its built-in count (`choose_num_segments`), its built-in choice among them, at each launch of the
+cache kind (`DECODE_LAUNCHES`: int8 tiles go to 128 tokens, as many bytes as bf16's 64); the anchor is
+vLLM's unified kernel in its 3D decode mode (16 segments). The table takes one launch per cache kind
+(`decode.launch.16bit`, and `decode.launch.int8` when a launch beats the int8 built-in beyond the
+noise: scripts/forge/run/calibration.py).
 
 Correctness first: each candidate's output on sampled rows against float64 attention over what the
 cache holds (NaN-poisoned output, random block tables, ragged lengths); a candidate over its
@@ -206,15 +209,36 @@ def prefill(torch, args, emit) -> dict:
     return {"records": L.records, "notes": notes}
 
 
-def decode_grid(is_hip: bool, quick: bool, builtin_s: int):
+# (TILE_N, warps, stages) per cache kind, all within kernels/forge_tuned DECODE_LAUNCH. An int8 token's
+# K (V) row is half the bytes of a bf16 one, so the int8 launches go to larger tiles (TILE_N 128: as
+# many bytes per tile as bf16's 64) and deeper pipelines; the built-in launch comes first, then the one
+# the quick run adds. HIP: within 64 KiB of LDS (K + V tiles x stages).
+DECODE_LAUNCHES = {
+    ("cuda", "16bit"): [(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 8, 2)],
+    ("cuda", "int8"): [(64, 8, 2), (128, 8, 2), (64, 8, 3), (64, 4, 2), (128, 4, 2), (32, 4, 2)],
+    ("hip", "16bit"): [(16, 4, 1), (32, 4, 1), (32, 4, 2)],
+    ("hip", "int8"): [(32, 4, 1), (64, 4, 1), (16, 4, 1), (32, 4, 2), (64, 8, 1)],
+}
+
+
+def decode_grid(is_hip: bool, quick: bool, builtin_s: int, kv: str = "16bit"):
     """(segments, TILE_N, warps, stages) candidates: the powers of two around the built-in count (a
-    quarter of it to four times it, 1-256: what the table holds) at each launch."""
-    launches = [(16, 4, 1), (32, 4, 1), (32, 4, 2)] if is_hip else [(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 8, 2)]
+    quarter of it to four times it, 1-256: what the table holds) at each launch of the cache kind
+    (`DECODE_LAUNCHES`; the quick run: the first two)."""
+    launches = DECODE_LAUNCHES[("hip" if is_hip else "cuda", kv)]
     segs = sorted({s for s in (builtin_s // 4, builtin_s // 2, builtin_s, builtin_s * 2, builtin_s * 4)
                    if 1 <= s <= 256})
     if quick:
         segs = [s for s in segs if builtin_s // 2 <= s <= builtin_s * 2]
     return [(s, *l) for s in segs for l in (launches[:2] if quick else launches)]
+
+
+def decode_candidates(is_hip: bool, quick: bool, smoke: bool, builtin: tuple, kv: str) -> list:
+    """[(kind, launch)] of one decode decision: vLLM's kernel (launch None), our built-in (segments,
+    TILE_N, warps, stages), then the grid's other launches and segment counts (the smoke run: two)."""
+    grid = [g for g in decode_grid(is_hip, quick or smoke, builtin[0], kv) if g != tuple(builtin)]
+    grid = smoke_grid(grid) if smoke else grid
+    return [("upstream", None), ("builtin", tuple(builtin))] + [("ours", g) for g in grid]
 
 
 def decode_batch(torch, sh: Shape, *, batch: int, context: int, kv: str, block: int, gen, seed: int):
@@ -314,11 +338,7 @@ def decode(torch, args, emit) -> dict:
             builtin_s = dec.choose_num_segments(cus, B, sh.hkv, C.MAX_CONTEXT)
             builtin = (builtin_s, *dec.default_launch_config(torch.int8 if kv == "int8" else torch.bfloat16, sh.d,
                                                                is_hip, B))
-            # int8: the built-in launch's correctness and the segment count at one launch
-            grid = [g for g in decode_grid(is_hip, args.quick or args.smoke, builtin_s)
-                    if g != builtin and (kv == "16bit" or g[1:] == builtin[1:])]
-            grid = smoke_grid(grid) if args.smoke else grid
-            cands = [("upstream", None)] + [("builtin", builtin)] + [("ours", g) for g in grid]
+            cands = decode_candidates(is_hip, args.quick, args.smoke, builtin, kv)
             # a point's launches rotate over disjoint batches (>= ROTATE_BYTES of KV per replay on a GPU):
             # the L2 cache does not hold the next launch's KV at small batches and contexts
             cases = {L: [decode_batch(torch, sh, batch=B, context=L, kv=kv, block=block, gen=gen,
@@ -371,4 +391,4 @@ def decode(torch, args, emit) -> dict:
                 torch.cuda.empty_cache()
     return {"records": led.records, "heads": [sh.hq, sh.hkv],
             "notes": [f"decode at {sh.hq} q / {sh.hkv} KV heads per rank, batches {', '.join(map(str, batches))}, "
-                      f"contexts {', '.join(map(str, contexts))}; the int8 cache's segment count at its built-in launch"]}
+                      f"contexts {', '.join(map(str, contexts))}; launches and segment counts for both cache kinds"]}

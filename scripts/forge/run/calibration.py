@@ -101,11 +101,13 @@ def build_table(selection: dict, validators: dict, provenance: dict, decode_cont
     """The per-device table (kernels/forge_tuned) from a selection. A GEMV decision that upstream won
     leaves the shape at that token count out (the platform GEMM runs); one that ours won names its
     launch: [block, rows] of the GEMV, or "mma" (the skinny GEMM); prefill and decode take the
-    fastest correct launch of ours (the route to our kernel is not the table's to switch)."""
+    fastest correct launch of ours (the route to our kernel is not the table's to switch); the int8
+    decode launch only where it beats the built-in beyond the noise (`int8_decode_launch`)."""
     table = {"schema": "forge-tuned/2", "validators": validators, "provenance": provenance}
     kv_heads = str((validators.get("heads") or [24, 4])[1])
     gemv: dict = {}
     decode: dict[int, dict] = {}
+    decode_int8: dict[int, dict] = {}
     for dec, d in selection.items():
         parts = dec.split(".")
         if parts[0] == "gemv" and d.get("kind") in ("ours", "builtin"):
@@ -116,6 +118,8 @@ def build_table(selection: dict, validators: dict, provenance: dict, decode_cont
             table.setdefault("prefill", {})[parts[1]] = list(d["candidates"][d["best_ours"]]["launch"])
         elif parts[0] == "decode" and d.get("best_ours") and parts[2] == "16bit":
             decode[int(parts[1])] = d
+        elif parts[0] == "decode" and parts[2] == "int8":
+            decode_int8[int(parts[1])] = d
     if decode:
         # one launch for every batch (the server applies one): the one that won at the largest batch
         # measured; each batch's segments: its fastest correct count at that launch, measured over
@@ -128,9 +132,48 @@ def build_table(selection: dict, validators: dict, provenance: dict, decode_cont
             if at:
                 segs[str(b)] = {str(decode_context): int(min(at, key=lambda c: c["us"])["launch"][0])}
         table["decode"] = {"segments": {kv_heads: segs}, "launch": {"16bit": [int(x) for x in launch]}}
+    int8 = int8_decode_launch(decode_int8)
+    if int8:
+        table.setdefault("decode", {}).setdefault("launch", {})["int8"] = int8
     if gemv:
         table["gemv"] = gemv
     return table
+
+
+def _launch_totals(decisions: dict[int, dict]) -> dict[tuple, tuple[float, float]]:
+    """{(TILE_N, warps, stages): (us, spread_us)} summed over the batches of each launch's fastest
+    correct segment count; a launch not correct and timed at every batch is left out."""
+    best: dict[tuple, dict[int, dict]] = {}
+    for b, d in decisions.items():
+        for c in d["candidates"].values():
+            if c["kind"] not in ("ours", "builtin") or not c.get("selectable", True) or not c.get("launch"):
+                continue
+            at = best.setdefault(tuple(int(x) for x in c["launch"][1:]), {})
+            if b not in at or c["us"] < at[b]["us"]:
+                at[b] = c
+    return {launch: (sum(c["us"] for c in at.values()), sum(c["spread_us"] for c in at.values()))
+            for launch, at in best.items() if len(at) == len(decisions)}
+
+
+def int8_decode_launch(decisions: dict[int, dict], noise_floor: float = NOISE_FLOOR) -> list[int] | None:
+    """`decode.launch.int8` from the `decode.<batch>.int8` decisions, or None (the kernel's built-in
+    launch stays). The server applies one launch at every batch: each launch's time is the sum over the
+    batches of its fastest segment count; the fastest launch is written only when it beats the built-in
+    launch by more than the noise (the larger relative spread of the two, at least the floor). Without
+    a built-in measured at every batch nothing is written."""
+    builtins = {tuple(int(x) for x in d["candidates"][d["builtin"]]["launch"][1:])
+                for d in decisions.values() if d.get("builtin") in d.get("candidates", {})}
+    if len(builtins) != 1 or not decisions or not all(d.get("builtin") in d.get("candidates", {})
+                                                      for d in decisions.values()):
+        return None
+    totals = _launch_totals(decisions)
+    builtin = builtins.pop()
+    if builtin not in totals:
+        return None
+    best = min(totals, key=lambda launch: totals[launch][0])
+    (t_best, s_best), (t_bi, s_bi) = totals[best], totals[builtin]
+    noise = max(s_best / t_best if t_best else 0.0, s_bi / t_bi if t_bi else 0.0, noise_floor)
+    return [*best] if best != builtin and t_best < t_bi * (1 - noise) else None
 
 
 # --- what the time model takes -------------------------------------------------------------------
