@@ -25,6 +25,7 @@ from forge.errors import ForgeError
 from forge.lab import batch_profile as bp
 from forge.lab import profiler
 from forge.lab import trace_digest as td
+from forge.run import serverlog
 
 GEMV = "void fgemv::gemv_kernel<128, 1, 1, true, true>(fgemv::Params)"
 ATTN = "_split_kv_decode_kernel"
@@ -269,6 +270,60 @@ def test_a_prompt_too_long_for_the_output_the_profile_needs_is_refused_before_an
     with pytest.raises(ForgeError, match=r"--profile-prefill 100 --profile-decode 8: the server's max-model-len"):
         bp.capture(run, "contest", Path("model"), 100, 8, 4, wait_s=60)
     assert fake.arrived == []
+
+
+# vLLM 0.18.1's start-up lines (vllm/v1/core/kv_cache_utils.py), as the GPU harness's 5 GiB servers logged them
+KV_LOG = ("(EngineCore_DP0 pid=812) INFO 12-03 10:01:02 [kv_cache_utils.py:1318] GPU KV cache size: 20,384 tokens\n"
+          "(EngineCore_DP0 pid=812) INFO 12-03 10:01:02 [kv_cache_utils.py:1324] Maximum concurrency for 32,768 "
+          "tokens per request: 2.31x\n")
+
+
+@pytest.mark.parametrize("argv,batch,match", [
+    (["vllm", "serve", "m", "--max-num-seqs", "128", "--max-num-seqs", "4"], 5, r"at most 4 requests at once"),
+    (["vllm", "serve", "m", "--max-num-seqs=3"], 4, r"at most 3 requests at once"),
+    (["vllm", "serve", "m", "--max-num-seqs", "2", "--data-parallel-size", "2"], 5, r"2 data-parallel ranks"),
+])
+def test_a_batch_over_the_servers_max_num_seqs_is_refused_before_any_request(served, argv, batch, match):
+    """vLLM never runs more than --max-num-seqs requests at once: the rest would wait until one that ran alone
+    ends (its whole output), minutes of the GPU machine, and the profile fails then."""
+    fake, run = served(STEPS, max_model_len=100 + bp.PROMPT_SLACK + 8 + bp.HEADROOM + 500)
+    run.servers["contest"]["server_args"] = argv
+    with pytest.raises(ForgeError, match=match) as e:
+        bp.capture(run, "contest", Path("model"), 100, 8, batch, wait_s=60)
+    assert "--profile-batch" in e.value.hint
+    assert fake.arrived == [] and fake.profile_calls == []
+
+
+def test_a_batch_over_the_servers_kv_cache_is_refused_before_any_request(served, tmp_path):
+    """The harness's 5 GiB KV cache holds 2.31 requests of 32,768 tokens (75,694 tokens of a hybrid model's
+    requests): four of 20,000 tokens never decode together."""
+    fake, run = served(STEPS, max_model_len=32768)
+    log = tmp_path / "server.log"
+    log.write_text("INFO starting\n" + KV_LOG)
+    run.servers["contest"].update(log=str(log), server_args=["vllm", "serve", "m", "--max-num-seqs", "128"])
+    with pytest.raises(ForgeError, match=r"holds about 75,694 tokens.*4 requests of 20000 \+ 64 tokens need 80,256"):
+        bp.capture(run, "contest", Path("model"), 20000, 64, 4, wait_s=60)
+    assert fake.arrived == [] and fake.profile_calls == []
+
+
+def test_the_kv_capacity_is_each_ranks_last_report_summed():
+    assert serverlog.kv_capacity_tokens(KV_LOG) == 75694
+    two = KV_LOG + KV_LOG.replace("DP0 pid=812", "DP1 pid=813") + KV_LOG.replace("2.31x", "2.00x")   # DP0 restarted
+    assert serverlog.kv_capacity_tokens(two) == 65536 + 75694
+    assert serverlog.kv_capacity_tokens("\x1b[1;36m" + KV_LOG.replace("(EngineCore_DP0 pid=812) ", "")) == 75694
+    assert serverlog.kv_capacity_tokens("GPU KV cache size: 20,384 tokens\n") is None
+
+
+def test_a_batch_the_server_holds_is_not_refused(served, tmp_path):
+    """The checks refuse only what the server said it cannot run: within its KV cache (here 2 x 32,768 tokens at
+    2.00x, 4 requests of 16,000 + 64) and its --max-num-seqs the batch is profiled."""
+    fake, run = served(STEPS, max_model_len=16000 + bp.PROMPT_SLACK + 8 + bp.HEADROOM + 500)
+    log = tmp_path / "server.log"
+    log.write_text(KV_LOG.replace("2.31x", "2.00x"))
+    run.servers["contest"].update(log=str(log), server_args=["vllm", "serve", "m", "--max-num-seqs", "4"])
+    bp.refuse_unfit(run.servers["contest"], 16000, 64, 4)             # 64,256 tokens, within 65,536 and 4 seqs
+    dig = bp.capture(run, "contest", Path("model"), 100, 8, 4, wait_s=60)
+    assert len(fake.arrived) == 4 and dig["headline"]["batch"] == 4
 
 
 # --- the document -----------------------------------------------------------------------------------------

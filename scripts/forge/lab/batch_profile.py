@@ -9,7 +9,8 @@ output long enough to still be running at the end: the server's max-model-len le
 each has its first token, /start_profile, STEPS more tokens per request, /stop_profile, and the
 requests are closed (vLLM aborts them). The trace's steps are those of forge.lab.trace_digest; only
 the steps that decoded exactly B requests and prefilled none are counted, the others are counted
-apart by kind. Written to <run>/batch-profile/<profile>-b<B>.json with the requests' contexts; `forge
+apart by kind. A batch the server cannot decode at once (over its --max-num-seqs, or its KV cache as its
+log gives it) is refused before any request is sent. Written to <run>/batch-profile/<profile>-b<B>.json with the requests' contexts; `forge
 prefill-profile RUN...` renders them beside the prefill profiles."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from .. import paths
 from ..errors import ForgeError
-from ..run import runs, synth
+from ..run import runs, serverlog, synth
 from .client import TokenStream, get_text, post_empty
 from .profiler import new_trace, trace_dir, traces_now
 from .trace_digest import ORDER, batch_digest, by_category, category, decode_summary
@@ -36,6 +37,7 @@ PROMPT_SLACK = 64            # tokens kept under max-model-len: a synthetic prom
 HEADROOM = 256               # output tokens beyond the profiled steps (tokens decoded while the others prefill)
 WAIT_S = 900.0               # for the B first tokens, and again for the profiled steps
 RUNNING = re.compile(r"^vllm:num_requests_running(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.M)
+KV_ROUNDING = 1.05           # the log's concurrency is rounded (2 decimals, whole blocks): refuse only beyond it
 
 
 # --- on the GPU machine -----------------------------------------------------------------------------
@@ -58,6 +60,39 @@ def running(base: str) -> float | None:
     except ForgeError:
         return None
     return sum(float(x) for x in found) if found else None
+
+
+def _last_int(argv: list[str], *options: str) -> int | None:
+    """The value vLLM's parser keeps for an option (its last occurrence, any of its spellings, `--opt N` or
+    `--opt=N`), or None."""
+    vals = [v for i, a in enumerate(argv) for o in options
+            for v in ([argv[i + 1]] if a == o and i + 1 < len(argv) else [a[len(o) + 1:]] if a.startswith(o + "=")
+                      else [])]
+    return int(vals[-1]) if vals and vals[-1].isdigit() else None
+
+
+def refuse_unfit(st: dict, tokens: int, decode_steps: int, batch: int) -> None:
+    """Before any request is sent: refuse a batch the server cannot decode at once, which would otherwise be
+    found out only when a request that ran alone ends (minutes of the GPU machine): more requests than its
+    --max-num-seqs (per data-parallel rank), or more prompt and profiled tokens than its KV cache holds (the
+    server log's "Maximum concurrency for L tokens per request: Cx", C x L tokens per rank:
+    serverlog.kv_capacity_tokens). What the server does not say is not checked."""
+    argv = [str(a) for a in (st.get("server_args") or st.get("cmdline") or [])]
+    dp = _last_int(argv, "--data-parallel-size", "-dp") or 1
+    seqs = _last_int(argv, "--max-num-seqs")
+    if seqs is not None and batch > seqs * dp:
+        raise ForgeError(f"--profile-batch {batch}: the server runs at most {seqs * dp} requests at once "
+                         f"(--max-num-seqs {seqs}" + (f" on each of {dp} data-parallel ranks" if dp > 1 else "")
+                         + f"), so {batch} never decode together", hint=f"give --profile-batch {seqs * dp} or less")
+    log = Path(st["log"]) if st.get("log") else None
+    held = serverlog.kv_capacity_tokens(log.read_text(errors="replace")) if log and log.is_file() else None
+    need = batch * (tokens + decode_steps)
+    if held is not None and need > held * KV_ROUNDING:
+        raise ForgeError(f"--profile-batch {batch} --profile-prefill {tokens} --profile-decode {decode_steps}: the "
+                         f"server's KV cache holds about {held:,} tokens of requests at once (its log's maximum "
+                         f"concurrency), and {batch} requests of {tokens} + {decode_steps} tokens need {need:,}: they "
+                         "would never decode together", hint="lower --profile-batch or --profile-prefill, or give "
+                                                              "the servers a larger KV cache (--kv-cache-memory-bytes)")
 
 
 def _wait(streams: list[TokenStream], done, what: str, wait_s: float, poll_s: float) -> None:
@@ -93,6 +128,7 @@ def capture(run: Run, name: str, model: Path, tokens: int, decode_steps: int, ba
         raise ForgeError(f"--profile-prefill {tokens} --profile-decode {decode_steps}: the server's max-model-len "
                          f"{limit} leaves each request {max(room, 0)} output tokens, and the profile needs "
                          f"{decode_steps} + {HEADROOM}", hint="lower --profile-prefill or --profile-decode")
+    refuse_unfit(st, tokens, decode_steps, batch)
     prompts = [synth.synthetic_prompt(model, tokens, f"profile-batch{batch}-{i}-{tokens}") for i in range(batch)]
     streams = [TokenStream(st, p, room, timeout=wait_s) for p in prompts]
     for s in streams:                     # all at once, as the client sends a tier's requests

@@ -63,6 +63,25 @@ def kv_cache_sizes(log_text: str) -> dict[int, int]:
     return out
 
 
+_CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+
+
+def kv_capacity_tokens(log_text: str) -> int | None:
+    """Tokens of requests the server's KV cache holds at once, summed over its data-parallel ranks: each
+    rank's "Maximum concurrency for L tokens per request: Cx" line as C x L (vLLM's C counts the blocks of a
+    max-length request in every KV cache group, a hybrid model's fixed per-request state included, so B
+    requests of T <= L tokens need more than C x L tokens' worth when B x T exceeds it); a rank that reports
+    twice counts with its last report; None when no rank reported it."""
+    per: dict[int, float] = {}
+    for line in _ANSI.sub("", log_text).splitlines():
+        m = _CONCURRENCY.search(line)
+        if not m:
+            continue
+        r = _RANK.search(line)
+        per[int(r.group(1)) if r else 0] = int(m.group(1).replace(",", "")) * float(m.group(2))
+    return int(sum(per.values())) if per else None
+
+
 def kv_cache_report(log_text: str, data_parallel_size: int = 1) -> dict:
     """The KV cache the server's ranks reported: {tokens: {rank: N}, equal, flag}. `flag` (None when
     all is well) says when data-parallel ranks report unequal caches (the rank with the smaller one
