@@ -114,6 +114,8 @@ def test_decode_steps_are_kept_apart_from_the_prefill_and_summed_per_step(tmp_pa
     ("triton_red_fused__to_copy_add_copy__forge_unquantized_gemm_mean_mul_pow_rsqrt_4", "rest"),
     ("fused_recurrent_gated_delta_rule_packed_decode_kernel", "GDN"), ("_split_kv_decode_kernel", "full attention"),
     ("void fgemv::gemv_kernel<128, 1, 1, true, true>(fgemv::Params)", "GEMM"),
+    # the matrix-unit skinny GEMM (forge_skinny_gemm.py, a tuned table's "mma" pairs) and its split-K sum
+    ("_skinny_gemm_kernel", "GEMM"), ("_split_k_reduce_kernel", "GEMM"),
 ])
 def test_categories(name, cat):
     assert pp.category(name) == cat

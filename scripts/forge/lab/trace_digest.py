@@ -22,7 +22,8 @@ CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
                         "int8_kv", "kv_write", "reduce_segments", "split_kv")),
     ("GDN", ("gated_delta", "chunk_fwd", "chunk_local", "chunk_scaled", "fused_recurrent", "causal_conv1d",
              "solve_tril", "recompute_w_u", "l2norm", "gdn", "kkt", "merge_16x16", "sigmoid_gating")),
-    ("GEMM", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul", "splitk", "gemv", "wvsplitk", "llmm1")),
+    ("GEMM", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul", "splitk", "gemv", "wvsplitk", "llmm1",
+              "split_k_reduce")),     # the last: the skinny GEMM's split-K sum (forge_skinny_gemm.py)
 ]
 ORDER = ["full attention", "GDN", "GEMM", "rest"]
 
