@@ -76,10 +76,10 @@ def _source(fn, args: dict, constexprs: dict):
 
 
 def _decode_spec(dec, kv: str, block_size: int, num_segments: int, is_hip: bool,
-                 fused: bool | None = None):
+                 fused: bool | None = None, launch: tuple | None = None):
     import torch
     kv_dtype = torch.int8 if kv == "int8" else torch.bfloat16
-    tile_n, warps, stages = dec.default_launch_config(kv_dtype, HEAD, is_hip=is_hip)
+    tile_n, warps, stages = launch or dec.default_launch_config(kv_dtype, HEAD, is_hip=is_hip)
     elt = 1 if kv == "int8" else 2
     dp = HEAD + 4 if kv == "int8" else HEAD
     page = 2 * block_size * HKV * dp * (1 if kv == "int8" else 2) // elt   # in elements

@@ -31,13 +31,14 @@ sys.path.insert(0, os.path.join(REPO, "kernels"))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from calibrate.attention import DECODE_LAUNCHES  # noqa: E402
 from forge_triton import split_kv_decode as DEC  # noqa: E402
 
 D = 256
 BLOCK = {"bf16": 784, "int8": 1552}
-LAUNCHES = {"int8": [(64, 8, 2), (64, 4, 2), (64, 8, 3), (128, 8, 2), (128, 4, 2), (128, 8, 1), (32, 4, 2),
-                     (32, 4, 3), (32, 8, 2)],
-            "bf16": [(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 8, 2)]}
+# the calibration's launches (kernels/calibrate/attention.py DECODE_LAUNCHES), int8 with two more
+LAUNCHES = {"int8": [*DECODE_LAUNCHES[("cuda", "int8")], (128, 8, 1), (32, 8, 2)],
+            "bf16": list(DECODE_LAUNCHES[("cuda", "16bit")])}
 MIN_TOUCH = 512 << 20
 TOL = 3e-2
 

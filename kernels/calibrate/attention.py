@@ -209,13 +209,14 @@ def prefill(torch, args, emit) -> dict:
     return {"records": L.records, "notes": notes}
 
 
-# (TILE_N, warps, stages) per cache kind, all within kernels/forge_tuned DECODE_LAUNCH. An int8 token's
-# K (V) row is half the bytes of a bf16 one, so the int8 launches go to larger tiles (TILE_N 128: as
-# many bytes per tile as bf16's 64) and deeper pipelines; the built-in launch comes first, then the one
-# the quick run adds. HIP: within 64 KiB of LDS (K + V tiles x stages).
+# (TILE_N, warps, stages) per cache kind, all within kernels/forge_tuned DECODE_LAUNCH; the built-in
+# launch first, then the one the quick run adds. An int8 token's K (V) row is half the bytes of a bf16
+# one, and each program keeps one tile in flight (kernels/NOTES.md, "What bounds int8 decode"): the
+# int8 launches trade tile bytes (TILE_N 128: as many as bf16's 64) against programs per SM (4 warps:
+# more of them). HIP: within 64 KiB of LDS (K + V tiles x stages).
 DECODE_LAUNCHES = {
     ("cuda", "16bit"): [(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 8, 2)],
-    ("cuda", "int8"): [(64, 8, 2), (128, 8, 2), (64, 8, 3), (64, 4, 2), (128, 4, 2), (32, 4, 2)],
+    ("cuda", "int8"): [(64, 8, 2), (128, 4, 2), (64, 4, 2), (128, 8, 2), (32, 4, 2), (64, 8, 3)],
     ("hip", "16bit"): [(16, 4, 1), (32, 4, 1), (32, 4, 2)],
     ("hip", "int8"): [(32, 4, 1), (64, 4, 1), (16, 4, 1), (32, 4, 2), (64, 8, 1)],
 }
