@@ -50,7 +50,8 @@ from . import calibration_docs as cd
 
 FAMILIES = cd.FAMILIES
 SEED_MAX = calibrate_options.SEED_MAX
-FAMILY_TIMEOUT_S = {"gemv": 600, "prefill": 600, "decode": 300, "write": 120, "gemm": 300}
+# decode: 4 batches x 4 contexts x 52 candidates (int8 launches too), about 0.2-0.45 s each on an H200
+FAMILY_TIMEOUT_S = {"gemv": 600, "prefill": 600, "decode": 900, "write": 120, "gemm": 300}
 MAX_RESTARTS = 5          # candidates that may kill a family's process before the family is given up
 TUNED = paths.CONFIGS / "kernels" / "tuned"
 
