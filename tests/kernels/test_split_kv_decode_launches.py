@@ -39,3 +39,20 @@ def test_every_offered_int8_launch_matches_float64(dec, dev, launch):
                             workspace=ws, tile_n=launch[0], num_warps=launch[1], num_stages=launch[2])
         assert torch.isfinite(out).all(), (launch, S)
         assert rel_err(out, ref) <= 1e-3, (launch, S)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,block", [("int8", 1552), ("16bit", 784)])
+def test_every_offered_hip_launch_fits_lds_without_spills(kind, block):
+    """On AMD (the DCU is gfx9) a decode launch the calibration offers compiles within 64 KiB of LDS and
+    spills no registers (kernels/aot.py's portability gate), for gfx90a and gfx942."""
+    import aot  # kernels/aot.py: compiles for GPU targets without a GPU
+    from triton.backends.compiler import GPUTarget
+
+    dec = aot.load_kernels()[1]
+    kv = "int8" if kind == "int8" else "bf16"
+    for arch in ("gfx90a", "gfx942"):
+        for launch in DECODE_LAUNCHES[("hip", kind)]:
+            r = aot.compile_one(f"{kv}{launch}", aot._decode_spec(dec, kv, block, 8, True, launch=launch),
+                                GPUTarget("hip", arch, 64))
+            assert r["ok"], (arch, launch, r["problems"])
