@@ -37,7 +37,7 @@ def render(doc: dict, records: list[dict]) -> str:
         "",
         "Selection: a candidate is checked against float64 first and is never chosen when it fails; the fastest "
         "correct one replaces the upstream path only when it is faster by more than the noise (the larger "
-        "relative spread p10-p90 of the two, at least 1 %); ties go to upstream. Times are the weighted sums over "
+        "of the two's relative half-spread, (p90 - p10) / 2 over the median, at least 1 %); ties go to upstream. Times are the weighted sums over "
         "the decision's points (GEMV: per decode token, calls per token as weights; prefill: the tiers' median "
         "prompts in 4096-token chunks, one layer; decode: one layer at each context).",
         "",
