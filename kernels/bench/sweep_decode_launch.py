@@ -31,8 +31,12 @@ sys.path.insert(0, os.path.join(REPO, "kernels"))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from calibrate.attention import DECODE_LAUNCHES  # noqa: E402
+from calibrate import common as C  # noqa: E402
+from calibrate.attention import DECODE_LAUNCHES, Shape, decode_batch, decode_ref  # noqa: E402
 from forge_triton import split_kv_decode as DEC  # noqa: E402
+
+sys.path.insert(0, HERE)
+from bench_decode_batched import copy_bandwidth  # noqa: E402  (the same copy rate as the batched benchmark)
 
 D = 256
 BLOCK = {"bf16": 784, "int8": 1552}
@@ -41,93 +45,6 @@ LAUNCHES = {"int8": [*DECODE_LAUNCHES[("cuda", "int8")], (128, 8, 1), (32, 8, 2)
             "bf16": list(DECODE_LAUNCHES[("cuda", "16bit")])}
 MIN_TOUCH = 512 << 20
 TOL = 3e-2
-
-
-def make_batch(batch, context, hq, hkv, kv, gen, seed):
-    rng = torch.Generator().manual_seed(seed)
-    lens = [max(1, int(context * (0.75 + 0.25 * float(torch.rand(1, generator=rng))))) for _ in range(batch - 1)]
-    lens.append(context)
-    block = BLOCK[kv]
-    need = [math.ceil(n / block) for n in lens]
-    nb = sum(need) + 2
-    perm = torch.randperm(nb, generator=rng)
-    bt = torch.zeros(batch, max(need), dtype=torch.int32)
-    pos = 0
-    for i, n in enumerate(need):
-        bt[i, :n] = perm[pos:pos + n].to(torch.int32)
-        pos += n
-    q = torch.randn(batch, hq, D, generator=gen, device="cuda").to(torch.bfloat16)
-    ks = vs = None
-    if kv == "int8":
-        kc = torch.randint(-127, 128, (nb, block, hkv, D), generator=gen, device="cuda", dtype=torch.int8)
-        vc = torch.randint(-127, 128, (nb, block, hkv, D), generator=gen, device="cuda", dtype=torch.int8)
-        ks = torch.rand(nb, hkv, block, generator=gen, device="cuda") * 0.03 + 0.002
-        vs = torch.rand(nb, hkv, block, generator=gen, device="cuda") * 0.03 + 0.002
-    else:
-        kc = torch.randn(nb, block, hkv, D, generator=gen, device="cuda").to(torch.bfloat16)
-        vc = torch.randn(nb, block, hkv, D, generator=gen, device="cuda").to(torch.bfloat16)
-    return dict(q=q, kc=kc, vc=vc, ks=ks, vs=vs, bt=bt.cuda(), lens=lens,
-                sl=torch.tensor(lens, dtype=torch.int32, device="cuda"))
-
-
-def ref(c, rows, hq, hkv):
-    g = hq // hkv
-    out = []
-    for i in rows:
-        n = c["lens"][i]
-        blocks = c["bt"][i, :math.ceil(n / c["kc"].shape[1])].long()
-        k = c["kc"][blocks].flatten(0, 1)[:n].double()
-        v = c["vc"][blocks].flatten(0, 1)[:n].double()
-        if c["ks"] is not None:
-            k = k * c["ks"][blocks].permute(0, 2, 1).flatten(0, 1)[:n].double().unsqueeze(-1)
-            v = v * c["vs"][blocks].permute(0, 2, 1).flatten(0, 1)[:n].double().unsqueeze(-1)
-        s = torch.einsum("hgd,lhd->hgl", c["q"][i].double().view(hkv, g, D), k) * D ** -0.5
-        out.append(torch.einsum("hgl,lhd->hgd", torch.softmax(s, -1), v).reshape(hq, D))
-    return torch.stack(out)
-
-
-def time_graph(fns, iters=20):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            for f in fns:
-                f()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1e3 / len(fns))
-    ts.sort()
-    return ts[len(ts) // 2]
-
-
-def copy_bandwidth():
-    n = 2 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
-    b = torch.empty_like(a)
-    ts = []
-    for i in range(13):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        b.copy_(a)
-        e1.record()
-        e1.synchronize()
-        if i >= 3:
-            ts.append(e0.elapsed_time(e1) * 1e-3)
-    ts.sort()
-    return 2 * n / ts[len(ts) // 2]
 
 
 def kv_bytes(lens, hkv, kv):
@@ -161,6 +78,7 @@ def main() -> int:
         return 2
     os.makedirs(a.out, exist_ok=True)
     hq, hkv = (int(x) for x in a.heads.split("/"))
+    sh = Shape(False, (hq, hkv))                   # the calibration's decode batches and float64 reference
     cus = torch.cuda.get_device_properties(0).multi_processor_count
     bw = copy_bandwidth()
     res = {"provenance": provenance(), "copy_bandwidth": bw, "heads": [hq, hkv], "points": []}
@@ -172,12 +90,13 @@ def main() -> int:
             s0 = DEC.choose_num_segments(cus, B, hkv, 32768)
             segs = sorted({max(1, min(256, int(s0 * float(f)))) for f in a.seg_factors.split(",")})
             for ctx in (int(x) for x in a.contexts.split(",")):
-                one = make_batch(B, ctx, hq, hkv, kv, gen, a.seed + B + ctx)
+                def batch(seed):
+                    return decode_batch(torch, sh, batch=B, context=ctx, kv=kv, block=BLOCK[kv], gen=gen, seed=seed)
+                one = batch(a.seed + B + ctx)
                 rot = max(1, min(8, math.ceil(MIN_TOUCH / kv_bytes(one["lens"], hkv, kv))))
-                cases = [one] + [make_batch(B, ctx, hq, hkv, kv, gen, a.seed + B + ctx + 7919 * j)
-                                 for j in range(1, rot)]
+                cases = [one] + [batch(a.seed + B + ctx + 7919 * j) for j in range(1, rot)]
                 check = sorted({0, B - 1})
-                r = ref(one, check, hq, hkv)
+                r = decode_ref(torch, sh, one, check)
                 nbytes = kv_bytes(one["lens"], hkv, kv)
                 builtin = (s0, *DEC.default_launch_config(torch.int8 if kv == "int8" else torch.bfloat16, D,
                                                           False, B))
@@ -201,7 +120,7 @@ def main() -> int:
                             err = float(torch.linalg.norm(outs[0][check].double() - r) / torch.linalg.norm(r))
                             rec["err"] = err if math.isfinite(err) else None
                             if math.isfinite(err) and err <= TOL:
-                                us = time_graph(fns)
+                                us = C.time_graph(torch, fns, reps=20)["median"]
                                 rec["us"], rec["frac"] = us, nbytes / (us * 1e-6) / bw
                         except Exception as e:  # noqa: BLE001 - does not compile / fit on this device
                             rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
