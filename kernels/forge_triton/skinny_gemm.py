@@ -75,7 +75,11 @@ def _dot(a, b, IEEE: tl.constexpr):
         return tl.dot(a, b)
 
 
-@triton.jit
+# M (the token rows) only masks rows and sizes the partials: it is not specialised, so one compiled
+# kernel serves every row count 1-16 of a launch. Triton otherwise compiles a variant for M == 1 and for
+# M % 16 == 0 at its first call; a call outside the captured graphs (vLLM's LM head runs at the number of
+# sampled requests) would then compile in the middle of a served tier the first time 16 requests decode.
+@triton.jit(do_not_specialize=["M"])
 def _skinny_gemm_kernel(
     x_ptr, w_ptr, y_ptr, p_ptr,
     M, N_OUT, K, k_per_split,
@@ -125,7 +129,7 @@ def _skinny_gemm_kernel(
             tl.store(p_ptrs + M * N_OUT, acc_u, mask=m_ok & n_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _split_k_reduce_kernel(
     p_ptr, y_ptr, M, N_OUT, sy_m, sy_n,
     SPLIT_K: tl.constexpr, FUSED: tl.constexpr, BLOCK: tl.constexpr,

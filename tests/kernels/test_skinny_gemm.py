@@ -275,3 +275,32 @@ def test_gpu_the_route_s_call_replays_in_a_graph(N, K, fused):
         del graph
     del w
     torch.cuda.empty_cache()
+
+
+def _compiled(kernel) -> int:
+    """Compiled variants of a Triton kernel on the current device (the JIT's per-device cache: its first
+    member is the compiled-kernel dict in Triton 3.4-3.7)."""
+    from triton.runtime import driver  # noqa: PLC0415 - only on a GPU machine
+    return len(kernel.device_caches[driver.active.get_current_device()][0])
+
+
+@gpu
+@pytest.mark.parametrize("fused", [False, True])
+def test_gpu_one_compile_serves_every_row_count(fused):
+    """The route calls the kernel outside captured graphs too (vLLM's LM head, at the number of sampled
+    requests): a row count first seen mid-tier must not compile a new variant. After a first call at 5 rows,
+    calls at 1, 16 and 11 rows (Triton's special values 1 and multiples of 16 included) add no compiled
+    kernel, and each result matches float64. Fails where M is specialised."""
+    r = Rng()
+    N, K = (2048, 5120) if fused else (1024, 5120)
+    w = r.randn(N, K, scale=K ** -0.5)
+    fn = SK.skinny_gemm_silu_mul if fused else SK.skinny_gemm
+    seen = {}
+    for M in (5, 1, 16, 11):
+        x = r.randn(M, K)
+        buf, y = poisoned_out(M, N // 2 if fused else N)
+        fn(x, w, y, split_k=2)                               # the split-K reduce kernel too
+        check(buf, y, ref_fused(x, w) if fused else ref_plain(x, w), f"N={N} K={K} fused={fused} M={M} "
+                                                                     f"seed={r.seed_value}")
+        seen[M] = (_compiled(SK._skinny_gemm_kernel), _compiled(SK._split_k_reduce_kernel))
+    assert seen[1] == seen[16] == seen[11] == seen[5], f"compiled variants after each row count: {seen}"
