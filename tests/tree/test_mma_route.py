@@ -113,3 +113,42 @@ def test_a_table_with_a_bad_launch_is_refused_whole(run_in_vllm, patched_tree, t
     # refused whole: the built-in ROCm table has no 96x5120, so every call takes rocBLAS
     assert set(map(tuple, r["route"].values())) == {("F.linear",)}, r["route"]
     assert any("refused" in l and "gemv.plain.96x5120.8" in l for l in r["logs"]), r["logs"]
+
+
+ONLY_MMA_SNIPPET = _swap(_swap(SNIPPET, PLAIN_OLD, '"gemv": {"plain": {"96x5120": {"8": "mma"}},'),
+                         FUSED_OLD, '"fused": {"128x256": {"12": "mma"}}},')
+ONLY_MMA_SNIPPET = _swap(ONLY_MMA_SNIPPET, SETUP_OLD, SETUP_OLD + """if os.environ["CASE"] == "nomma":
+    sys.modules["vllm.model_executor.layers.forge_skinny_gemm"] = None     # the import fails
+class CudaStub:
+    is_cuda = staticmethod(lambda: True)
+    is_rocm = is_cpu = staticmethod(lambda: False)
+U.current_platform = CudaStub()
+U.logger.disabled = False
+U.logger.addHandler(Keep())
+U.logger.setLevel(logging.INFO)
+print("RESULT" + json.dumps({"on": U.forge_gemv_resolve(), "tables": [len(U.forge_gemv_table(False) or {}),
+                                                                      len(U.forge_gemv_table(True) or {})],
+                             "logs": logs}))
+sys.exit(0)
+""")
+
+
+@pytest.mark.parametrize("case", ["match", "nomma"])
+def test_on_cuda_a_table_of_only_mma_pairs_turns_the_route_on_only_with_the_module(run_in_vllm, patched_tree,
+                                                                                    tmp_path, case):
+    """CUDA under VLLM_FORGE_GEMV=auto turns the route on only where the device's tuned table routes a pair.
+    A table whose pairs are all "mma" routes none when the skinny GEMM cannot be imported: the route is off
+    and the log says why (before, it said "on" over shapes with no pair left)."""
+    env = {"FORGE_TEST_SCHEMAS": json.dumps(schemas(patched_tree)), "CASE": case, "TMP": str(tmp_path),
+           "TRITON_INTERPRET": "1", "VLLM_FORGE_GEMV": "auto"}
+    line = next(l for l in run_in_vllm(ONLY_MMA_SNIPPET, env=env).stdout.splitlines() if l.startswith("RESULT"))
+    r = json.loads(line[len("RESULT"):])
+    route = [l for l in r["logs"] if l.startswith("dcu-forge GEMV route")]
+    if case == "match":
+        assert r["on"] is True and r["tables"] == [1, 1], r
+        assert route and route[0].startswith("dcu-forge GEMV route: on") and "2 (shape, token count) pair(s)" in \
+            route[0], route
+    else:
+        assert r["on"] is False and r["tables"] == [0, 0], r
+        assert route and route[0].startswith("dcu-forge GEMV route: off") and 'lists only "mma" pairs' in route[0], \
+            r["logs"]
