@@ -21,31 +21,47 @@ from collections.abc import Mapping
 
 GEMV_ROWS = (1, 2, 3, 4)      # "NxK" without an M: the GEMV's 1-4 tokens
 GEMV_MAX_TOKENS = 16          # "NxK/M": any M the kernel runs (5-16: its skinny GEMM)
-_SHAPE = re.compile(r"[ \t]*([0-9]+)[ \t]*[xX][ \t]*([0-9]+)[ \t]*(?:/[ \t]*(1[0-6]|[1-9])[ \t]*)?")
-GEMV_SHAPES_FORM = ('"NxK" (output x input features, 1-4 tokens) or "NxK/M" (M = 1..16 tokens only), '
-                    'comma-separated, e.g. "14336x5120,5120x17408/1,5120x17408/12"; or "all" (1-4 tokens)')
+_SHAPE = re.compile(r"[ \t]*([0-9]+)[ \t]*[xX][ \t]*([0-9]+)[ \t]*"
+                    r"(?:/[ \t]*(1[0-6]|[1-9])[ \t]*(?:=[ \t]*(mma)[ \t]*)?)?")
+GEMV_SHAPES_FORM = ('"NxK" (output x input features, 1-4 tokens), "NxK/M" (M = 1..16 tokens only) or "NxK/M=mma" '
+                    '(M tokens on the matrix-unit skinny GEMM), comma-separated, e.g. '
+                    '"14336x5120,5120x17408/1,5120x17408/12=mma"; or "all" (1-4 tokens)')
 
 
 class SwitchError(ValueError):
     """A value that is not one of its switch's values, or a name that is not a switch."""
 
 
-def gemv_shapes(spec: str) -> dict[tuple[int, int], set[int]] | None:
-    """VLLM_FORGE_GEMV_SHAPES parsed: (N, K) -> the token counts that take the kernel; None for "all";
-    {} for "" (no override: the tables decide). SwitchError names the item that is not a shape."""
+def gemv_launches(spec: str) -> dict[tuple[int, int], dict[int, str]] | None:
+    """VLLM_FORGE_GEMV_SHAPES parsed: (N, K) -> {token count: "gemv" or "mma"} (the forge GEMV at its
+    built-in launch, or the matrix-unit skinny GEMM); None for "all"; {} for "" (no override: the tables
+    decide). SwitchError names the item that is not a shape, or a (shape, token count) given both ways."""
     spec = spec.strip()
     if spec == "all":
         return None
-    out: dict[tuple[int, int], set[int]] = {}
+    out: dict[tuple[int, int], dict[int, str]] = {}
     if not spec:
         return out
     for item in spec.split(","):
         m = _SHAPE.fullmatch(item)
         if not m:
-            raise SwitchError(f"VLLM_FORGE_GEMV_SHAPES: {item!r} is not NxK or NxK/M; allowed: {GEMV_SHAPES_FORM}")
-        rows = {int(m.group(3))} if m.group(3) else set(GEMV_ROWS)
-        out.setdefault((int(m.group(1)), int(m.group(2))), set()).update(rows)
+            raise SwitchError(f"VLLM_FORGE_GEMV_SHAPES: {item!r} is not NxK, NxK/M or NxK/M=mma; allowed: "
+                              f"{GEMV_SHAPES_FORM}")
+        how = m.group(4) or "gemv"
+        rows = out.setdefault((int(m.group(1)), int(m.group(2))), {})
+        for r in ([int(m.group(3))] if m.group(3) else GEMV_ROWS):
+            if rows.get(r, how) != how:
+                raise SwitchError(f"VLLM_FORGE_GEMV_SHAPES: {spec!r}: {m.group(1)}x{m.group(2)} at {r} token(s) is "
+                                  "given both on the GEMV and on the skinny GEMM (=mma); name it once")
+            rows[r] = how
     return out
+
+
+def gemv_shapes(spec: str) -> dict[tuple[int, int], set[int]] | None:
+    """VLLM_FORGE_GEMV_SHAPES parsed: (N, K) -> the token counts that take one of our kernels; None for
+    "all"; {} for "" (no override: the tables decide). SwitchError as `gemv_launches`."""
+    launches = gemv_launches(spec)
+    return None if launches is None else {nk: set(rows) for nk, rows in launches.items()}
 
 
 def _shapes(name: str, value: str) -> str:

@@ -37,10 +37,17 @@ def check(name: str, value, where: str) -> str:
                                                "or leave the variable out for its default") from None
 
 
-def gemv_shapes(spec: str, where: str) -> "dict[tuple[int, int], set[int]] | None":
-    """A VLLM_FORGE_GEMV_SHAPES value parsed as the patched vLLM parses it (None: "all")."""
+def gemv_launches(spec: str, where: str) -> "dict[tuple[int, int], dict[int, str]] | None":
+    """A VLLM_FORGE_GEMV_SHAPES value parsed as the patched vLLM parses it: (N, K) -> {token count: "gemv"
+    or "mma"} (None: "all")."""
     V = validator()
     try:
-        return V.gemv_shapes(spec)
+        return V.gemv_launches(spec)
     except V.SwitchError as e:
         raise ForgeError(f"{where}: {e}", hint=f"the form the server reads: {V.GEMV_SHAPES_FORM}") from None
+
+
+def gemv_shapes(spec: str, where: str) -> "dict[tuple[int, int], set[int]] | None":
+    """The token counts per (N, K) that take one of our kernels (None: "all"), as `gemv_launches`."""
+    launches = gemv_launches(spec, where)
+    return None if launches is None else {nk: set(rows) for nk, rows in launches.items()}

@@ -23,6 +23,7 @@ from test_bad_inputs import copy_runs, make, refused, writes_nothing
 from test_bad_inputs_records import calibrated_folder
 
 from forge import proc
+from forge.errors import ForgeError
 
 # --- 7, 14: a serve profile's environment and options, refused at load (so --dry-run fails too) -----
 
@@ -63,6 +64,10 @@ def test_the_switches_values_are_what_the_profiles_use():
                         ("VLLM_FORGE_GEMV_SHAPES", "5120x17408/1, 96x5120"), ("VLLM_FORGE_TUNED", "0")):
         assert switches.check(name, value, "here") == value
     assert switches.gemv_shapes("96x5120/2,96x5120/1", "here") == {(96, 5120): {1, 2}}
+    assert switches.gemv_shapes("96x5120/12=mma,96x5120/1", "here") == {(96, 5120): {1, 12}}
+    for both in ("96x5120/12=mma,96x5120/12", "96x5120/2=mma,96x5120"):     # one pair on two kernels
+        with pytest.raises(ForgeError, match="both on the GEMV and on the skinny GEMM"):
+            switches.gemv_shapes(both, "here")
 
 
 @pytest.mark.parametrize("options,words", [

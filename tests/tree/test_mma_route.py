@@ -152,3 +152,19 @@ def test_on_cuda_a_table_of_only_mma_pairs_turns_the_route_on_only_with_the_modu
         assert r["on"] is False and r["tables"] == [0, 0], r
         assert route and route[0].startswith("dcu-forge GEMV route: off") and 'lists only "mma" pairs' in route[0], \
             r["logs"]
+
+
+def test_the_switch_names_mma_pairs_without_a_table(run_in_vllm, patched_tree, tmp_path):
+    """VLLM_FORGE_GEMV_SHAPES replaces the tuned table: its "NxK/M=mma" items run the Triton kernel, its
+    "NxK/M" items the GEMV at its built-in launch, everything else the platform GEMM (before, the switch
+    could not name the skinny GEMM: "=mma" was refused as not a shape)."""
+    env = {"FORGE_TEST_SCHEMAS": json.dumps(schemas(patched_tree)), "CASE": "match", "TMP": str(tmp_path),
+           "TRITON_INTERPRET": "1", "VLLM_FORGE_GEMV_SHAPES": "96x5120/1, 96x5120/12=mma, 128x256/2=mma"}
+    line = next(l for l in run_in_vllm(MMA_SNIPPET, env=env).stdout.splitlines() if l.startswith("RESULT"))
+    r = json.loads(line[len("RESULT"):])
+    assert r["route"] == {"1": ["forge_gemv", 0, 0], "8": ["F.linear"], "12": ["skinny_gemm", [12, 5120], 8],
+                          "16": ["F.linear"]}, r["route"]
+    assert r["fused"]["2"] == [["skinny_gemm_silu_mul", [2, 256], 8]], r["fused"]
+    assert all(r["fused"][m] == [["silu_and_mul"]] for m in ("1", "12", "16")), r["fused"]
+    route = [l for l in r["logs"] if l.startswith("dcu-forge GEMV route: on")]
+    assert route and "VLLM_FORGE_GEMV_SHAPES" in route[0] and "matrix-unit skinny GEMM" in route[0], route

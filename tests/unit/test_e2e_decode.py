@@ -210,6 +210,11 @@ def test_gemv_term_follows_the_servers_route_and_sign(tmp_path):
     p = _rows(tmp_path, run)["contest-gemv"]
     assert p["predicted_gemv_saved_ms"] == pytest.approx(64 * us["down"] / 1000.0, rel=1e-9)
     assert p["gemv"]["route"] == "5120x17408/1, 14336x5120/2"
+    # a pair on the skinny GEMM ("=mma") is not the GEMV's saving
+    _set_env(run, "contest-gemv", VLLM_FORGE_GEMV_SHAPES="5120x17408/1, 14336x5120/1=mma")
+    p = _rows(tmp_path, run)["contest-gemv"]
+    assert p["predicted_gemv_saved_ms"] == pytest.approx(64 * us["down"] / 1000.0, rel=1e-9)
+    _set_env(run, "contest-gemv", VLLM_FORGE_GEMV_SHAPES="5120x17408/1")
     # the GEMV in the reference instead: the profile is predicted slower by the same amount
     _set_env(run, "contest-gemv", VLLM_FORGE_GEMV=None, VLLM_FORGE_GEMV_SHAPES=None)
     _set_env(run, "upstream", VLLM_FORGE_GEMV="1", VLLM_FORGE_GEMV_SHAPES="5120x17408")

@@ -77,9 +77,10 @@ def server_gemv(serve: dict) -> str | None:
 
 
 def _shapes_at_one_token(spec: str) -> set[tuple[int, int]] | None:
-    """(N, K) a VLLM_FORGE_GEMV_SHAPES value sends to the kernel at one token; None for "all"."""
-    table = switches.gemv_shapes(spec, "a recorded server's VLLM_FORGE_GEMV_SHAPES")   # as the server parses it
-    return None if table is None else {nk for nk, rows in table.items() if 1 in rows}
+    """(N, K) a VLLM_FORGE_GEMV_SHAPES value sends to the GEMV at one token (not those it sends to the
+    skinny GEMM, "=mma"); None for "all"."""
+    table = switches.gemv_launches(spec, "a recorded server's VLLM_FORGE_GEMV_SHAPES")   # as the server parses it
+    return None if table is None else {nk for nk, rows in table.items() if rows.get(1) == "gemv"}
 
 
 def gemv_saving(gbench: dict, calls: dict[str, int], spec: str) -> dict:
