@@ -246,7 +246,7 @@ def main(argv=None) -> int:
         print("fakeserver: loopback only", flush=True)
         return 2
     print(f"fakeserver: model {args.model}, options {rest}, env VLLM_FORGE_DECODE="
-          f"{os.environ.get('VLLM_FORGE_DECODE')}", flush=True)
+          f"{os.environ.get('VLLM_FORGE_DECODE')} PYTHONPATH={os.environ.get('PYTHONPATH')}", flush=True)
     STATE["ready_at"] = time.monotonic() + float(os.environ.get("FAKE_STARTUP_S", "0.2"))
     srv = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     srv.daemon_threads = True

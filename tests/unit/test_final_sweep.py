@@ -3,9 +3,11 @@ in for vLLM and the small client (benchclient.py) really talks to it; the finals
 space, the best --top N are served with their values, benchmarked with the finals' client and scored
 per tier against the baseline the sweep measured; resumable; the winner per tier written once."""
 
+import hashlib
 import json
 import math
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from helpers import SUPPORT, forge, free_port, health, tiny_model  # noqa: E402
 
 from forge.contest import rounds, rules  # noqa: E402
 from forge.errors import ForgeError  # noqa: E402
-from forge.run import final_space  # noqa: E402
+from forge.run import final_space, gpu_harness  # noqa: E402
 
 FAKE = f"{sys.executable} {SUPPORT / 'fakeserver.py'}"
 BENCH = f"{sys.executable} {SUPPORT / 'benchclient.py'}"
@@ -47,6 +49,7 @@ def test_sweep_final_end_to_end_then_resume(tmp_path, model):
     sweep_id = sweeps[0].name
     st = json.loads((sweeps[0] / "sweep.json").read_text())
     ranking = st["tiers"]["4-8K"]["ranking"]
+    assert st["harness"] is False and "harness_server_args" not in st
     covered = [k for x in ranking for k in (x["key"], *x["same_prediction"])]     # alike predictions: one served
     assert sorted(covered) == sorted(f"{t}-{k}-s64-b4096-u0.95-c8" for t in ("tp2dp1", "tp1dp2") for k in ("bf16", "int8"))
     assert len(ranking) >= 2
@@ -64,6 +67,7 @@ def test_sweep_final_end_to_end_then_resume(tmp_path, model):
         assert (f"--tensor-parallel-size {c['tensor_parallel_size']} --data-parallel-size {c['data_parallel_size']} "
                 "--max-num-seqs 64 --max-num-batched-tokens 4096 --gpu-memory-utilization 0.95") in log
         assert ("--kv-cache-dtype int8" in log) == (c["kv_dtype"] == "int8")
+        assert not {"harness_args", "differences"} & set(json.loads((d / "serve.json").read_text()))
         m = json.loads((d / "manifest.json").read_text())
         assert m["round"] == "final" and m["client_settings"]["tiers"]["4-8K"]["max_concurrency"] == 8
         assert "--max-concurrency 8 --request-rate inf" in m["client_commands"]["4-8K"]
@@ -211,6 +215,8 @@ def test_the_submissions_documents_carry_the_final_section():
 def test_the_preliminary_sweep_refuses_the_final_rounds_options(tmp_path, model):
     r = forge(tmp_path, "sweep", "upstream", "--model", str(model), "--baseline", "x", "--concurrency", "8")
     assert r.returncode == 2 and "--baseline, --concurrency: the final round's search options" in r.stderr
+    r = forge(tmp_path, "sweep", "upstream", "--model", str(model), "--kv-cache-memory-bytes", "7501512704")
+    assert r.returncode == 2 and "--kv-cache-memory-bytes: the final round's search options" in r.stderr
     assert not (tmp_path / "runs").exists()
 
 
@@ -226,20 +232,78 @@ def test_candidates_the_model_cannot_tell_apart_are_served_once():
     assert final_space.distinct([final_space.Ranked(c) for c in cands])[0] == [final_space.Ranked(c) for c in cands]
 
 
-def test_a_harness_sweep_runs_to_the_output_length_and_pairs_only_with_a_harness_baseline(tmp_path, model):
-    r = _sweep(tmp_path, model, "--harness", "--baseline-profile", "upstream", *SPACE, top="1")
+def _installed_site(tmp_path) -> Path:
+    """A bundle of one small wheel, installed as a GPU machine installs it: `forge e2e-gpu --install-only`."""
+    b = tmp_path / "bundle"
+    (b / "wheels").mkdir(parents=True)
+    whl = b / "wheels" / "forgeprobe-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr("forgeprobe/__init__.py", "SITE = True\n")
+        z.writestr("forgeprobe-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: forgeprobe\nVersion: 1.0\n")
+        z.writestr("forgeprobe-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                                     "Tag: py3-none-any\n")
+        z.writestr("forgeprobe-1.0.dist-info/RECORD", "")
+    (b / "model").mkdir()
+    files = {p.relative_to(b).as_posix(): {"sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
+                                           "bytes": p.stat().st_size} for p in (whl,)}
+    (b / "manifest.json").write_text(json.dumps({"vllm_wheel": whl.name, "version": "0.18.1+test", "python": "3",
+                                                 "files": files}))
+    site = tmp_path / "site"
+    r = forge(tmp_path, "e2e-gpu", "--install-only", "--bundle", str(b), "--site", str(site))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["site", str(site), "model", str(b / "model")]
+    assert (site / "forgeprobe" / "__init__.py").is_file() and not (tmp_path / "runs").exists()
+    r = forge(tmp_path, "e2e-gpu", "--install-only", "--bundle", "", "--site", str(site))
+    assert r.returncode == 2 and "--install-only" in r.stderr and "Traceback" not in r.stderr
+    return site
+
+
+def test_a_harness_sweep_serves_with_the_harness_args_and_the_installed_site(tmp_path, model):
+    site = _installed_site(tmp_path)
+    kv = ["--kv-cache-memory-bytes", "7501512704", "--kv-why", "a DCU card's KV cache at TP2"]
+    r = _sweep(tmp_path, model, "--harness", "--site", str(site), *kv, "--baseline-profile", "upstream", *SPACE,
+               top="1")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "the same KV cache per GPU" in r.stderr        # tp2 and dp2 in the space: one size for both
+    h = gpu_harness.harness_config()
+    want = [*h["server_args"], {"args": kv[:2], "why": kv[3]}]
     runs = sorted((tmp_path / "runs").iterdir())
     assert len(runs) == 2
-    for d in runs:
+    for d in runs:                                        # the baseline's server and the configuration's alike
         m = json.loads((d / "manifest.json").read_text())
         assert m["harness"] is True and "--ignore-eos" in m["client_commands"]["4-8K"]
+        srv = json.loads((d / "serve.json").read_text())
+        assert srv["harness_args"] == [x for c in want for x in c["args"]]
+        assert srv["differences"] == [{"side": "server", **c} for c in want]
+        assert srv["scored_port"] is False
+        log = (d / "server.log").read_text()              # the server received them, and the site first
+        assert all(repr(x) in log for x in srv["harness_args"])
+        assert f"PYTHONPATH={site.resolve()}" in log
+    st = json.loads(next((tmp_path / "sweeps").iterdir()).joinpath("sweep.json").read_text())
+    assert st["harness_server_args"] == [x for c in want for x in c["args"]]
     measured = next(d for d in runs if not d.name.endswith("-baseline"))
     assert (measured / "tier-score.json").is_file()
     base = next(d for d in runs if d.name.endswith("-baseline"))
     r = _sweep(tmp_path, model, "--baseline", str(base), *SPACE, "--force", "--tier-env", str(tmp_path / "other.json"),
                top="1")
     assert r.returncode == 2 and "harness run" in r.stderr and len(list((tmp_path / "runs").iterdir())) == 2
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--kv-cache-memory-bytes", "7501512704"], "--kv-cache-memory-bytes: the options of a harness sweep's servers"),
+    (["--kv-why", "a DCU card's"], "--kv-why: the options of a harness sweep's servers"),
+    (["--site", "/tmp"], "--site: the options of a harness sweep's servers"),
+    (["--harness", "--site", "SITE"], "no GPU bundle is installed there"),
+    (["--harness", "--site", "SITE", "--kv-cache-memory-bytes", "1000"], "under 256 MiB"),
+    (["--harness", "--site", "SITE", "--kv-why", "x"], "--kv-why: it records why"),
+    (["--harness", "--site", "SITE", "--image", "forge:1"], "not in a container"),
+])
+def test_the_harness_servers_options_are_checked_before_anything_is_written(tmp_path, model, args, needle):
+    r = _sweep(tmp_path, model, *[str(tmp_path) if a == "SITE" else a for a in args], "--baseline-profile",
+               "upstream", *SPACE)
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "sweeps").exists()
+    assert not (tmp_path / "tier-env.json").exists()
 
 
 def test_the_search_tries_the_planners_max_num_seqs_per_tier():

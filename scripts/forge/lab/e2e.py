@@ -42,10 +42,11 @@ from pathlib import Path
 from .. import options, paths, proc, ui
 from ..errors import ForgeError
 from ..run import bench, serve, synth
+from ..run.gpu_harness import DEFAULT_SITE, site_env
 from . import batch_profile, e2e_decode, final_round, gpu_bundle, prefill_profile
 from .client import client_runner
 from .fault import fault_check
-from .install import install_bundle, site_env, versions
+from .install import install_bundle, install_only, versions
 from .packing import TRITON_MANIFEST, TRITON_PART_MIB, pack_triton_cache, seed_triton_cache
 from .plumbing import PLUMBING_PROMPT_TOKENS, plumbing
 from .serverlog import log_facts
@@ -115,6 +116,8 @@ def cmd_e2e(args) -> int:
         n = stop_left_servers(Path(args.out))
         ui.info(f"{n} server(s) stopped" if n else f"no server of {args.out} is up; nothing to stop")
         return 0
+    if args.install_only:
+        return install_only(args.bundle, Path(args.site))
     if args.profile_decode and not args.profile_prefill:
         raise ForgeError(f"--profile-decode {args.profile_decode} profiles the decode steps of the request that "
                          "--profile-prefill sends, and none is sent without it",
@@ -301,7 +304,11 @@ def register(sub) -> None:
                        description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("--bundle", default=str(gpu_bundle.BUNDLE),
                    help="the bundle from `make gpu-bundle` (default build/gpu-bundle); '' uses the installed vLLM")
-    p.add_argument("--site", type=options.nonempty("--site"), default="/tmp/forge-e2e-site", help="where the bundle's wheels are installed")
+    p.add_argument("--site", type=options.nonempty("--site"), default=DEFAULT_SITE,
+                   help=f"where the bundle's wheels are installed (default {DEFAULT_SITE})")
+    p.add_argument("--install-only", action="store_true",
+                   help="verify the bundle, install its wheels into --site and exit (nothing else runs; prints the "
+                        "site and the bundle's model directory): what `forge sweep --round final --harness` needs")
     p.add_argument("--harness", type=options.nonempty("--harness"), help="harness settings (default: harness/gpu/harness.yaml)")
     p.add_argument("--model", type=options.nonempty("--model"), help="model directory (default: the bundle's)")
     p.add_argument("--profiles", type=options.nonempty("--profiles"), help="comma-separated profiles (default: harness/gpu/harness.yaml profiles)")

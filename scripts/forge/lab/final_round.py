@@ -21,6 +21,7 @@ import urllib.request
 from ..contest import rounds
 from ..errors import ForgeError
 from ..run import synth
+from ..run.gpu_harness import sizing_changes
 
 ROUNDS = ("preliminary", "final")
 FINAL_OUTPUT_LEN = 1024            # the finals' --custom-output-len (a forced length: --ignore-eos)
@@ -53,27 +54,6 @@ def workload_pairs(contest: dict, tier: str, n: int, output_len: int = FINAL_OUT
     harness picks them), each with the finals' output length."""
     workload = synth.load_workload(contest)
     return [(p, output_len) for p, _ in synth.stratified(workload["tiers"][tier]["requests"], n)]
-
-
-def sizing_changes(kv_cache_memory_bytes: int | None, gpu_memory_utilization: float | None,
-                   why: str | None) -> list[dict]:
-    """This invocation's server sizing in place of harness.yaml's side-by-side values."""
-    out = []
-    if why is not None and kv_cache_memory_bytes is None:
-        raise ForgeError("--kv-why: it records why the KV cache has the size --kv-cache-memory-bytes gives, and "
-                         "none is given", hint="add --kv-cache-memory-bytes BYTES, or leave out --kv-why")
-    if kv_cache_memory_bytes is not None:
-        if kv_cache_memory_bytes < 1 << 28:
-            raise ForgeError(f"--kv-cache-memory-bytes {kv_cache_memory_bytes}: under 256 MiB holds no request "
-                             "of any tier", hint="`forge plan` prints the bytes of a DCU card's KV cache")
-        out.append({"args": ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes)],
-                    "why": why or "the KV cache given to this run (--kv-cache-memory-bytes)"})
-    if gpu_memory_utilization is not None:
-        if not 0.05 <= gpu_memory_utilization <= 0.99:
-            raise ForgeError(f"--gpu-memory-utilization {gpu_memory_utilization}: outside 0.05-0.99")
-        out.append({"args": ["--gpu-memory-utilization", f"{gpu_memory_utilization:g}"],
-                    "why": "this run's share of the GPU for each server (--gpu-memory-utilization)"})
-    return out
 
 
 def capacity_changes(contest: dict, specs: list[str] | None, names: list[str], round_name: str) -> dict[str, list[dict]]:

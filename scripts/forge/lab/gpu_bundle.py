@@ -23,38 +23,9 @@ from ..hashing import sha256_file
 from ..paths import BUILD, CACHE, ROOT, TREE, rel, write_atomic
 from ..recipe import provenance
 from ..recipe.patchfile import read_series
+from ..run.gpu_harness import HARNESS, harness_config
 
-HARNESS = ROOT / "harness" / "gpu"
 BUNDLE = BUILD / "gpu-bundle"
-
-
-def _nonempty(v) -> str | None:
-    return None if str(v).strip() else "give the reason this differs from the organizers' command"
-
-
-def _args(v) -> str | None:
-    if not v or not all(isinstance(x, str) for x in v) or not v[0].startswith("--"):
-        return f"{v!r}: expected a list of strings starting with an option (--name[, value])"
-    return None
-
-
-# one change to the organizers' command: the options as they are added (or replace theirs), and why
-_CHANGE = {"args": config.Field(list, check=_args), "why": config.Field(str, check=_nonempty)}
-SCHEMA = {
-    "python": config.Field(str),
-    "platforms": config.Field(list),
-    "wheels": config.Field(list, item=str, check=lambda v: next(
-        (f"{x!r} is not an exact pin (name==version)" for x in v if x.count("==") != 1), None)),
-    "model": config.Field({"config": config.Field(str), "vocab_size": config.Field(int),
-                           "eos_token_id": config.Field(int)}),
-    "server_args": config.Field(list, item=_CHANGE),
-    "side_by_side": config.Field({"gpu_memory_utilization": config.Field(float),
-                                  "kv_cache_memory_bytes": config.Field(int, required=False, default=None),
-                                  "why": config.Field(str, check=_nonempty)}),
-    "client_args": config.Field(list, item=_CHANGE),
-    "profiles": config.Field(list, item=str),
-    "max_bundle_mib": config.Field(int),
-}
 EOS_TEXT = "<|endoftext|>"
 UNK_TEXT = "<unk>"
 # The organizers' start script turns on the Qwen3 reasoning parser and the qwen3_coder tool parser, which
@@ -65,11 +36,6 @@ SPECIAL_TEXTS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 CHAT_TEMPLATE = ("{% for message in messages %}{{ message['content'] }}{% if not loop.last %} {% endif %}"
                  "{% endfor %}{% if add_generation_prompt and enable_thinking is defined and not enable_thinking %}"
                  " <think> </think>{% endif %}")
-
-
-def harness_config(path: Path | None = None) -> dict:
-    path = path or HARNESS / "harness.yaml"
-    return config.validate(config.load_yaml(path), SCHEMA, rel(path))
 
 
 def harness_patches() -> list[Path]:

@@ -4,19 +4,19 @@ versions its Python then sees."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
 
 from .. import proc, ui
 from ..errors import ForgeError
+from ..run.gpu_harness import SITE_MARKER
 from . import gpu_bundle
 
 
 def install_bundle(bundle: Path, site: Path) -> dict:
     man = gpu_bundle.verify_bundle(bundle)
-    marker = site / ".forge-bundle"
+    marker = site / SITE_MARKER
     wheels = sorted(str(bundle / n) for n in man["files"] if n.startswith("wheels/") and n.endswith(".whl"))
     key = json.dumps({n: e["sha256"] for n, e in man["files"].items() if n.startswith("wheels/")}, sort_keys=True)
     if marker.is_file() and marker.read_text() == key:
@@ -33,13 +33,16 @@ def install_bundle(bundle: Path, site: Path) -> dict:
     return man
 
 
-def site_env(site: Path | None) -> dict[str, str]:
-    """What the children (servers, the bench client, probes) need on top of this process's
-    environment to import the bundle's vLLM first; this process's own environment is left alone."""
-    if not site:
-        return {}
-    old = os.environ.get("PYTHONPATH", "")
-    return {"PYTHONPATH": str(site) + (os.pathsep + old if old else "")}
+def install_only(bundle: str, site: Path) -> int:
+    """`forge e2e-gpu --install-only`: verify the bundle and install its wheels into `site`, then exit;
+    prints the site and the bundle's model directory (what `forge sweep --round final --harness` serves with)."""
+    if not bundle:
+        raise ForgeError("--install-only installs the bundle, and --bundle '' names none",
+                         hint="give --bundle DIR (default build/gpu-bundle, from `make gpu-bundle`)")
+    man = install_bundle(Path(bundle), site)
+    ui.info(f"bundle {man['version']} installed in {site}")
+    print(f"site {site}\nmodel {Path(bundle) / 'model'}")
+    return 0
 
 
 def versions(py: str, env: dict[str, str] | None = None) -> dict:

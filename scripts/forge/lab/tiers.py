@@ -18,6 +18,7 @@ from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..hashing import sha256_file
 from ..run import bench, runs, score, synth
+from ..run.gpu_harness import change_args, server_differences
 from ..run.serve import LOCKED_PORT
 from . import final_round
 from .client import client_runner
@@ -71,7 +72,7 @@ def harness_contest(contest: dict, h: dict, fixed_output: int | None = None) -> 
 
 def harness_args(h: dict, extra: list[str]) -> list[str]:
     """What the harness appends to every profile's checked server command."""
-    out = [x for a in h["server_args"] for x in a["args"]]
+    out = change_args(h["server_args"])
     side = h["side_by_side"]
     out += ["--gpu-memory-utilization", str(side["gpu_memory_utilization"])]
     if side.get("kv_cache_memory_bytes"):
@@ -84,7 +85,7 @@ def differences(h: dict, extra: list[str], fixed_output: int | None = None, prof
     """Every difference between what the harness runs and the organizers' command, with its reason:
     from harness.yaml, and from this invocation's own options (`ports`: each profile's server port)."""
     side = h["side_by_side"]
-    out = [{"side": "server", "args": list(a["args"]), "why": a["why"]} for a in h["server_args"]]
+    out = server_differences(h["server_args"])
     for name, port in (ports or {}).items():
         if port != LOCKED_PORT:
             out.append({"side": "server", "args": ["--port", str(port)],

@@ -180,12 +180,14 @@ def run_tiers(*, profile: str | None = None, run_id: str | None = None, model: s
               data_dir: str | None = None, tiers: list[str] | None = None, num_prompts: int | None = None,
               client: str | None = None, port: int | None = None, progress_every: float = 30.0,
               keep_failed: bool = False, harness: bool = False, contest: dict | None = None,
-              round_name: str | None = None, concurrency: dict[str, int] | None = None) -> Path:
+              round_name: str | None = None, concurrency: dict[str, int] | None = None,
+              client_env: dict[str, str] | None = None) -> Path:
     """Run the contest's tiers (or the named ones) against the running server and return the run
     folder. With no `port`, the server `forge serve` started (else the locked port). A run id that
     exists is resumed: finished tiers are kept, tiers with failed requests run again unless
     `keep_failed`. `round_name` picks the round's client (final_client; default the preliminary's),
-    `concurrency` ({tier: n}) a final-round tier's concurrency. Raises ForgeError (exit code 1) when a
+    `concurrency` ({tier: n}) a final-round tier's concurrency; `client_env` is added to the client's
+    environment (a GPU harness's site folder, gpu_harness.site_env). Raises ForgeError (exit code 1) when a
     tier has failed requests."""
     contest = contest or contest_mod.load_contest()
     rnd = final_client.check_round(contest, round_name)
@@ -226,7 +228,7 @@ def run_tiers(*, profile: str | None = None, run_id: str | None = None, model: s
         _bench_in(contest, st, host, port, health, profile, model, run_id, rdir, chosen,
                   data_dir=data_dir or os.environ.get("DATA_DIR") or None, num_prompts=num_prompts,
                   client=client, progress_every=progress_every, keep_failed=keep_failed, harness=harness,
-                  plan=plan)
+                  plan=plan, client_env=client_env)
     except BaseException:
         # an early error leaves no empty run folder behind; what the run made (the client log an
         # error points at, built datasets, the manifest) stays for the rerun
@@ -253,7 +255,7 @@ def cmd_bench(args) -> int:
 def _bench_in(contest: dict, st: dict | None, host: str, port: int, health: str, profile: str | None,
               model: str, run_id: str, rdir: Path, tiers: list[dict], *, data_dir: str | None,
               num_prompts: int | None, client: str | None, progress_every: float, keep_failed: bool,
-              harness: bool, plan: dict) -> None:
+              harness: bool, plan: dict, client_env: dict[str, str] | None = None) -> None:
     mpath = rdir / "manifest.json"
     manifest = runs.read_json(mpath) if mpath.is_file() else {}
     final_client.check_resume(manifest, plan, run_id, [t["name"] for t in tiers if tier_done(rdir, t["name"])], rdir)
@@ -280,7 +282,7 @@ def _bench_in(contest: dict, st: dict | None, host: str, port: int, health: str,
                          hint="resume it the same way, or start a new run (omit --run-id)")
     manifest["harness"] = harness
     if "vllm" not in manifest:
-        manifest["vllm"] = runs.vllm_provenance(python_of(launcher))
+        manifest["vllm"] = runs.vllm_provenance(python_of(launcher), env=client_env)
     manifest["datasets"] = bench_data.datasets(contest, tiers, data_dir, model, rdir, num_prompts, manifest,
                                               save=lambda: runs.write_json(mpath, manifest))
     manifest.setdefault("tiers", {})
@@ -312,7 +314,7 @@ def _bench_in(contest: dict, st: dict | None, host: str, port: int, health: str,
                 t0 = time.monotonic()
                 status = run_tier(contest, t, ds, launcher=launcher, model=str(model), host=host, port=port,
                                   rdir=rdir, manifest=manifest, health_url=health, poll_s=progress_every,
-                                  ignore_eos=harness)
+                                  ignore_eos=harness, env=client_env)
                 res = runs.read_json(result_path(rdir, name))
                 manifest["tiers"][name] = runs.tier_record(status, res, round(time.monotonic() - t0, 1))
                 runs.write_json(mpath, manifest)

@@ -17,7 +17,8 @@ Each configuration is its own run folder, reports/runs/<sweep>-<tier>-<candidate
 reports/sweeps/<sweep>/sweep.json (the space, the ranking with the model's predictions, each
 configuration's outcome). A rerun with --sweep-id resumes: a configuration with a tier score (or one
 recorded as failed to start) is not run again; one interrupted mid-benchmark resumes its run. The
-winner per tier goes to the tier-environment file (final_pick)."""
+winner per tier goes to the tier-environment file (final_pick). With --harness (a GPU machine, random
+weights) the servers are the GPU harness's (final_harness)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..model import capacity, costs, finals
 from ..model.shape import load_shape
-from . import bench, final_pick, final_space, runs, serve, synth
+from . import bench, final_harness, final_pick, final_space, runs, serve, synth
 from .final_space import Candidate, Ranked
 
 SPACE_OPTIONS = ("topologies", "kv_dtypes", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
@@ -127,7 +128,7 @@ def _measure(prof: Path, tier: str, run_id: str, concurrency: int, kw: dict, con
         try:
             serve.serve_profile(str(prof), kw["model"], image=kw["image"], vllm_cmd=kw["vllm_cmd"], port=kw["port"],
                                 run_id=run_id, timeout=kw["timeout"], shm_size=kw["shm_size"], contest=contest,
-                                round_name="final", tier=tier)
+                                round_name="final", tier=tier, harness=kw["servers"])
         except ForgeError as e:
             if (log.stat().st_size if log.is_file() else -1) == size:
                 raise                   # refused before a server was launched: the user's to fix, not a result
@@ -137,7 +138,7 @@ def _measure(prof: Path, tier: str, run_id: str, concurrency: int, kw: dict, con
             bench.run_tiers(profile=prof.stem, run_id=run_id, model=kw["model"], data_dir=kw["data_dir"], tiers=[tier],
                             num_prompts=kw["num_prompts"], client=kw["client"], port=kw["port"], contest=contest,
                             round_name="final", concurrency={tier: concurrency}, keep_failed=True,
-                            harness=kw["harness"])
+                            harness=kw["harness"], client_env=kw["servers"] and kw["servers"].process_env)
         except ForgeError as e:
             if not runs.tier_done(rdir, tier, keep_failed=True):
                 raise
@@ -196,7 +197,8 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
                 tier_env: str | None = None, force: bool = False, image: str | None = None,
                 vllm_cmd: str | None = None, data_dir: str | None = None, num_prompts: int | None = None,
                 client: str | None = None, port: int | None = None, timeout: float = 1800,
-                shm_size: str = "64g", harness: bool = False) -> dict:
+                shm_size: str = "64g", harness: bool = False, site: str | None = None,
+                kv_cache_memory_bytes: int | None = None, kv_why: str | None = None) -> dict:
     """The search (see the module's docstring). Returns the sweep's record."""
     contest = contest_mod.load_contest()
     rnd = rounds.load_round(contest, "final")
@@ -220,6 +222,8 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
     if not model:
         raise ForgeError("no model directory given", hint="pass --model DIR (make sweep MODEL=DIR)")
     cands = final_space.space(rnd, **(space_args or {}))
+    hs = final_harness.servers(harness, site=site, kv_cache_memory_bytes=kv_cache_memory_bytes, kv_why=kv_why,
+                               image=image, cands=cands)
     for name in (base_profile, *([baseline_profile] if baseline_profile else [])):
         paths.plain_name(name, "profile")
     sweep_id = runs.check_run_id(sweep_id) if sweep_id else runs.new_run_id("final-sweep")
@@ -236,14 +240,14 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
     record = {"round": "final", "space": {k: (space_args or {}).get(k) for k in SPACE_OPTIONS}, "top": top,
               "base_profile": base_profile, "baseline": str(base_run) if base_run else None,
               "baseline_profile": baseline_profile, "num_prompts": num_prompts, "model_build": model_build,
-              "harness": harness}
+              "harness": harness, **final_harness.record(hs)}
     st = _state(sdir, sweep_id, record, rnd)
     if not Path(model).is_dir():                # found at the first server, after the sweep's record was written
         raise ForgeError(f"--model {model}: no such folder", hint="pass --model DIR (make sweep MODEL=DIR)")
     _refuse_short_cards(rnd, cands, baseline_profile)     # the machine last: the inputs' own refusals first
     rank = ranker or model_ranker(contest, rnd, model_build)
     kw = dict(model=model, image=image, vllm_cmd=vllm_cmd, port=port, timeout=timeout, shm_size=shm_size,
-              data_dir=data_dir, num_prompts=num_prompts, client=client, harness=harness)
+              data_dir=data_dir, num_prompts=num_prompts, client=client, harness=harness, servers=hs)
     save = lambda: runs.write_json(sdir / "sweep.json", st)          # noqa: E731
     sdir.mkdir(parents=True, exist_ok=True)
     ui.info(f"sweep {sweep_id}: {len(cands)} configurations per tier, the best {top} served (resume: --sweep-id {sweep_id})")
@@ -350,17 +354,14 @@ def add_arguments(s) -> None:
     s.add_argument("--tier-env", help="final: the tier-environment file the winners go to (default "
                                       "reports/final-round/tier-environment.json)")
     s.add_argument("--force", action="store_true", help="final: replace a tier's winner another sweep recorded")
-    s.add_argument("--harness", action="store_true",
-                   help="final: the servers run random weights (a GPU machine): every request runs to its output "
-                        "length (end-of-text ignored) and the runs are marked harness, scored only against a harness "
-                        "baseline")
+    final_harness.add_arguments(s)
 
 
 def refuse_final_options(args) -> None:
     """The preliminary's sweep (over PROFILES) takes none of the final round's options."""
     given = [o for o, v in (("--tiers", args.tiers), ("--sweep-id", args.sweep_id), ("--baseline", args.baseline),
                             ("--baseline-profile", args.baseline_profile), ("--tier-env", args.tier_env),
-                            ("--force", args.force), ("--top", args.top != 3), ("--harness", args.harness),
+                            ("--force", args.force), ("--top", args.top != 3), *final_harness.given(args),
                             ("--base-profile", args.base_profile != "contest"),
                             ("--model-build", args.model_build != "best-public"),
                             *((f"--{k.replace('_', '-')}", getattr(args, k)) for k in SPACE_OPTIONS)) if v]
@@ -382,7 +383,8 @@ def cmd_final(args) -> int:
                      baseline_profile=args.baseline_profile, base_profile=args.base_profile, space_args=space_args,
                      model_build=args.model_build, tier_env=args.tier_env, force=args.force, image=args.image,
                      vllm_cmd=args.vllm, data_dir=args.data_dir, num_prompts=args.num_prompts, client=args.client,
-                     port=args.port, timeout=args.timeout, shm_size=args.shm_size, harness=args.harness)
+                     port=args.port, timeout=args.timeout, shm_size=args.shm_size, harness=args.harness,
+                     site=args.site, kv_cache_memory_bytes=args.kv_cache_memory_bytes, kv_why=args.kv_why)
     print(f"{'tier':<8} {'configuration':<50} {'run':<64} {'tok/s':>8} {'score':>7}  verdict")
     for tier, ts in st["tiers"].items():
         win = (ts.get("winner") or {}).get("key")

@@ -210,9 +210,10 @@ def git_commit() -> dict:
     return provenance.forge_commit()
 
 
-def vllm_provenance(python: str | None = None) -> dict:
+def vllm_provenance(python: str | None = None, env: dict[str, str] | None = None) -> dict:
     """vLLM's version and our wheel's provenance record (vllm/_forge_provenance.py: PROVENANCE),
-    read from `python` (default: this interpreter) without importing vLLM's heavy modules."""
+    read from `python` (default: this interpreter; `env` added to its environment) without importing
+    vLLM's heavy modules."""
     code = ("import json, importlib.metadata as m\n"
             "out = {}\n"
             "try: out['version'] = m.version('vllm')\n"
@@ -226,7 +227,7 @@ def vllm_provenance(python: str | None = None) -> dict:
             "except Exception as e: out['provenance_error'] = str(e)\n"
             "print(json.dumps(out, default=str))\n")
     try:
-        text = proc.output([python or sys.executable, "-c", code], what="vllm provenance", timeout=60)
+        text = proc.output([python or sys.executable, "-c", code], what="vllm provenance", timeout=60, env=env)
         return json.loads(text.splitlines()[-1])
     except (ForgeError, json.JSONDecodeError, IndexError):
         return {"version": None, "provenance": None}

@@ -17,7 +17,7 @@ from .. import options, paths, proc, ui
 from ..contest import profiles, rounds, unread
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from . import runs, serverlog
+from . import gpu_harness, runs, serverlog
 from .serverlog import KNOWN_FAILURES, diagnose  # noqa: F401  (serve's API since before they moved)
 
 STATE = paths.BUILD / "serve" / "server.json"
@@ -138,12 +138,13 @@ def launch_command(rendered: dict, *, image: str | None, vllm_cmd: str | None, p
 def serve_profile(profile: str, model: str | None = None, *, image: str | None = None, vllm_cmd: str | None = None,
                   port: int | None = None, run_id: str | None = None, timeout: float = 1800,
                   shm_size: str = "64g", wait: bool = True, contest: dict | None = None,
-                  round_name: str | None = None, tier: str | None = None) -> dict:
+                  round_name: str | None = None, tier: str | None = None,
+                  harness: gpu_harness.Servers | None = None) -> dict:
     """Start the server of a profile (configs/serve/<profile>.yaml, checked against the contest's
     rules) from the installed wheel, through `vllm_cmd`, or in `image`; record it for `forge stop`
     and, with `wait`, return once /health answers. Returns the server's state (run_id, port, ...).
     `round_name` (default: the preliminary) and, for the final round, `tier`: the round's start script
-    with that tier's values (forge.contest.rounds)."""
+    with that tier's values (forge.contest.rounds). `harness`: a GPU harness server (gpu_harness.Servers)."""
     contest = contest or contest_mod.load_contest()
     rnd = rounds.load_round(contest, round_name or rounds.DEFAULT_ROUND)
     prof = profiles.load_profile(profile, contest, rnd=rnd)
@@ -158,7 +159,8 @@ def serve_profile(profile: str, model: str | None = None, *, image: str | None =
     if vllm_cmd is not None:
         native_launcher(vllm_cmd)                 # an unbalanced quote is refused before anything starts
     if not image and vllm_cmd is None and not shutil.which("vllm"):
-        probe = proc.run([sys.executable, "-c", "import vllm"], check=False, capture=True)
+        probe = proc.run([sys.executable, "-c", "import vllm"], check=False, capture=True,
+                         env=harness.process_env if harness else None)
         if probe.returncode != 0:
             raise ForgeError("vLLM is not installed for this Python and no image was given",
                              hint="install our wheel (pip install dist/vllm-*.whl) or pass --image IMAGE")
@@ -167,7 +169,8 @@ def serve_profile(profile: str, model: str | None = None, *, image: str | None =
         raise ForgeError(f"a server started by forge is already running (pid {st['pid']}, run {st['run_id']})",
                          hint="forge stop (make stop) first")
     state = start_server(prof, Path(model).resolve(), contest=contest, port=port, run_id=run_id, image=image,
-                         vllm_cmd=vllm_cmd, shm_size=shm_size, wait=wait, timeout=timeout, rnd=rnd, tier=tier)
+                         vllm_cmd=vllm_cmd, shm_size=shm_size, wait=wait, timeout=timeout, rnd=rnd, tier=tier,
+                         **(harness.start_kwargs() if harness else {}))
     if state.get("ready"):
         ui.info(f"server ready on http://{state['host']}:{port} (run {run_id}); `forge stop` ends it")
     return state
@@ -244,14 +247,16 @@ def start_server(prof: dict, model_path: Path, *, contest: dict, port: int, run_
                  wait: bool = True, timeout: float = 1800, state_file: Path | None = None,
                  harness_args: list[str] | None = None, extra_env: dict[str, str] | None = None,
                  run_dir: Path | None = None, process_env: dict[str, str] | None = None,
-                 rnd: rounds.Round | None = None, tier: str | None = None) -> dict:
+                 rnd: rounds.Round | None = None, tier: str | None = None,
+                 differences: list[dict] | None = None) -> dict:
     """Start one server for a loaded profile (the command checked against the contest rules), record
     it in `state_file` (default: the one `forge stop` reads) and, with `wait`, return once /health
     answers. `harness_args`/`extra_env` are the GPU harness's additions (random weights and the like):
     they are appended after the check, recorded, and mark the run as not comparable to a scored one.
     `run_dir` is the run folder (default reports/runs/<run_id>); `process_env` is added to the
     server's environment without being recorded (e.g. where a private site folder is). `rnd`/`tier`:
-    a server of that round (default: the preliminary) for that tier; the record adds its settings."""
+    a server of that round (default: the preliminary) for that tier; the record adds its settings (and
+    `differences`, the harness's changes with their reasons)."""
     state_file = state_file or STATE
     rendered = render(prof, model_path, contest, rnd, tier, env={**(process_env or {}), **(extra_env or {})})
     container = f"forge-serve-{run_id}".lower()
@@ -280,6 +285,7 @@ def start_server(prof: dict, model_path: Path, *, contest: dict, port: int, run_
         "model": str(model_path), "image": image, "command": rendered["argv"], "launch": cmd,
         "env": rendered["env"], "port": port, "scored_port": scored, "started": runs.now_iso(),
         **({"harness_args": list(harness_args), "harness_env": dict(extra_env or {})} if harness_args else {}),
+        **({"differences": differences} if differences else {}),
         **{k: rendered[k] for k in ("round", "tier", "settings", "sources", "tier_env") if k in rendered},
     }
     if harness_args:
