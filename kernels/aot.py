@@ -194,14 +194,15 @@ def _widen_spec(pre, block_size: int):
     return pre._widen_prefix_kernel, args, const, 4, 1, {}
 
 
-def _skinny_spec(sk, N: int, K: int, fused: bool, is_hip: bool, num_cus: int):
-    """The skinny GEMM's built-in launch at one (N, K) per rank (M = 16; the tile does not depend on M)."""
-    cfg = sk.launch_config(16, N, K, num_cus, fused=fused, is_hip=is_hip)
+def _skinny_spec(sk, N: int, K: int, fused: bool, is_hip: bool, num_cus: int, M: int = 16):
+    """The skinny GEMM's built-in launch at one (N, K) per rank for M rows (the launch does not depend on M;
+    the tile's padded rows do: BLOCK_M 16 up to 16 rows, 32 above)."""
+    cfg = sk.launch_config(M, N, K, num_cus, fused=fused, is_hip=is_hip)
     n_out = N // 2 if fused else N
     args = dict(x_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", p_ptr="*fp32" if cfg.split_k > 1 else "*bf16",
-                M=16, N_OUT=n_out, K=K, k_per_split=K // cfg.split_k,
+                M=17, N_OUT=n_out, K=K, k_per_split=K // cfg.split_k,   # M: not specialised (any i32)
                 sx_m=K, sx_k=1, sw_n=K, sw_k=1, sy_m=n_out, sy_n=1)
-    const = dict(BLOCK_M=16, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, FUSED=fused,
+    const = dict(BLOCK_M=sk.block_m(M), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, FUSED=fused,
                  IEEE=False)
     return sk._skinny_gemm_kernel, args, const, cfg.num_warps, cfg.num_stages, dict(launch=list(cfg))
 
@@ -229,6 +230,8 @@ def specs(target: GPUTarget):
     for layer, n, k, fused in (("qkv_gate", 14336, 5120, False), ("down", 5120, 17408, False),
                                ("lm_head", 248320, 5120, False), ("gate_up", 34816, 5120, True)):
         out.append((f"skinny_gemm[{layer},{n}x{k}]", _skinny_spec(sk, n, k, fused, hip, cus)))
+    for layer, n, k, fused in (("down", 5120, 17408, False), ("gate_up", 34816, 5120, True)):
+        out.append((f"skinny_gemm[{layer},{n}x{k},M=32]", _skinny_spec(sk, n, k, fused, hip, cus, M=32)))
     return out
 
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Skinny GEMM on the matrix units for 1-16 token rows: ``y = x @ w.T`` (bf16/fp16/fp32 in, fp32
+"""Skinny GEMM on the matrix units for 1-32 token rows: ``y = x @ w.T`` (bf16/fp16/fp32 in, fp32
 accumulation), and the fused gate_up + SiLU-and-mul ``y = silu(x @ gate.T) * (x @ up.T)`` with
 ``w = [gate; up]``.
 
@@ -7,16 +7,18 @@ Self-contained: imports only torch and triton (no inline assembly, no vendor int
 file runs under CUDA, ROCm (MFMA through ``tl.dot``) and Triton's CPU interpreter.
 
 Layout
-    x   (M, K), 1 <= M <= 16, any strides        w   (N, K) row-major in K (stride(1) == 1 is fastest)
+    x   (M, K), 1 <= M <= 32, any strides        w   (N, K) row-major in K (stride(1) == 1 is fastest)
     y   (M, N), or (M, N // 2) fused; any strides; written once, only at rows < M and columns < N.
 
 Tile
     One program owns BLOCK_N output columns (weight rows) and one K range. Per step it loads a
-    ``[BLOCK_N, BLOCK_K]`` weight tile (contiguous along K) and the ``[BLOCK_K, 16]`` transposed x tile
-    (rows >= M masked to zero, never materialised) and accumulates ``W_tile @ x_tile.T`` into a
-    ``[BLOCK_N, 16]`` fp32 tile with ``tl.dot``: the weight is the MMA's wide operand (MFMA / wgmma want
-    M >= 16 / 64), the 16 padded token rows its narrow one ("swap AB"). Every weight byte is read once;
-    x (at most 16 * K * 2 bytes) is re-read per program from the cache. Weight rows past N are read
+    ``[BLOCK_N, BLOCK_K]`` weight tile (contiguous along K) and the ``[BLOCK_K, BLOCK_M]`` transposed x
+    tile (rows >= M masked to zero, never materialised) and accumulates ``W_tile @ x_tile.T`` into a
+    ``[BLOCK_N, BLOCK_M]`` fp32 tile with ``tl.dot``: the weight is the MMA's wide operand (MFMA / wgmma
+    want M >= 16 / 64), the padded token rows its narrow one ("swap AB"): BLOCK_M 16 for 1-16 rows, 32 for
+    17-32 (the decode batches of a server run at a concurrency above 16, padded to the captured graphs'
+    24 or 32). Every weight byte is read once; x (at most BLOCK_M * K * 2 bytes) is re-read per program
+    from the cache. Weight rows past N are read
     modulo N (in bounds, discarded at the store), so only the K tail and the token rows are masked.
     The fused kernel loads the matching gate rows ``n`` and up rows ``I + n`` in the same step.
 
@@ -36,7 +38,7 @@ launches are these; BLOCK_N 128 was slower by up to 16 % (gate_up at TP1), two p
 saves), and the fused kernel at BLOCK_K 128 by up to 15 %. 4 warps, 3 stages on CUDA and 2 on HIP.
 Every built-in launch thus reads 16 KiB of weight per K step (64 x 128 plain, 2 x 64 x 64 fused). LDS /
 shared memory of the compiled kernel (kernels/aot.py; HIP's 2-stage pipeline keeps one LDS buffer and
-prefetches the next tile into registers): weight tile plus the 16-row x tile, 20 KiB at BLOCK_N 64 x
+prefetches the next tile into registers): weight tile plus the 16-row x tile (32-row above 16 rows: 8 KiB more), 20 KiB at BLOCK_N 64 x
 BLOCK_K 128 on gfx90a/gfx942, so three programs share a compute unit's 64 KiB of LDS; 36 KiB at
 128 x 128 (a tuned launch); 108 KiB on sm_90 at 128 x 128 and 3 stages. Both targets use the matrix units (v_mfma_f32_16x16x16 bf16 on
 gfx90a/gfx942, wgmma on sm_90) and 16-byte weight loads. gfx936 is reached only through its vendor's
@@ -54,7 +56,7 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_M = 16
+MAX_M = 32
 WAVES = 1.5
 MAX_SPLIT_K = 16
 MIN_TILES_PER_SPLIT = 2
@@ -169,13 +171,18 @@ def _block_k(K: int) -> int:
     return 128 if K >= 128 else max(16, triton.next_power_of_2(K))
 
 
+def block_m(M: int) -> int:
+    """The padded token rows of the tile: 16 up to 16 rows, 32 above (one compiled kernel each)."""
+    return 16 if M <= 16 else 32
+
+
 def launch_config(M: int, N: int, K: int, num_cus: int, *, fused: bool = False,
                   is_hip: bool | None = None) -> LaunchConfig:
     """The built-in launch for ``M`` rows of ``x (M, K)`` against ``w (N, K)`` (fused: ``w (N, K)`` holds
     gate and up, the output has ``N // 2`` columns) on a device of ``num_cus`` SMs/CUs: BLOCK_N 64 and
     enough splits for ``WAVES * num_cus`` programs where the shape allows it (module docstring). ``M``
-    does not change the tile (the rows are padded to 16 either way); it is an argument so a tuned table
-    can key on it. Examples at K 5120, 132 SMs: N 14336 -> SPLIT_K 1 (224 programs); N 7168 -> 2 (224);
+    does not change the launch (the rows are padded to 16, or 32 above 16 rows: `block_m`); it is an
+    argument so a tuned table can key on it. Examples at K 5120, 132 SMs: N 14336 -> SPLIT_K 1 (224 programs); N 7168 -> 2 (224);
     down 5120 x 17408 -> 4 (320); fused gate_up 34816 -> BLOCK_K 64, SPLIT_K 1 (272)."""
     if not 1 <= M <= MAX_M:
         raise ValueError(f"skinny_gemm: M={M} rows; the kernel takes 1-{MAX_M}")
@@ -230,7 +237,7 @@ def _launch(x, w, out, fused, block_n, block_k, split_k, num_warps, num_stages, 
     _skinny_gemm_kernel[(triton.cdiv(n_out, block_n), split_k)](
         x, w, out, part, M, n_out, K, k_per_split,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), out.stride(0), out.stride(1),
-        BLOCK_M=MAX_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, FUSED=fused, IEEE=ieee,
+        BLOCK_M=block_m(M), BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, FUSED=fused, IEEE=ieee,
         num_warps=num_warps, num_stages=num_stages,
     )
     if split_k > 1:
@@ -244,7 +251,7 @@ def _launch(x, w, out, fused, block_n, block_k, split_k, num_warps, num_stages, 
 def skinny_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, *, block_n=None,
                 block_k=None, split_k=None, num_warps=None, num_stages=None, workspace=None,
                 num_cus=None) -> torch.Tensor:
-    """``x (M, K) @ w (N, K).T -> (M, N)`` in x's dtype, fp32 accumulation, 1 <= M <= 16. Launch
+    """``x (M, K) @ w (N, K).T -> (M, N)`` in x's dtype, fp32 accumulation, 1 <= M <= 32. Launch
     parameters left None come from :func:`launch_config`; ``workspace`` (fp32, at least
     :func:`workspace_numel` elements) avoids an allocation when SPLIT_K > 1. No host sync."""
     return _launch(x, w, out, False, block_n, block_k, split_k, num_warps, num_stages, workspace, num_cus)

@@ -23,7 +23,7 @@ A table (JSON, ``schema`` = SCHEMA):
                 our decode GEMV (forge_gemv.cu) at that launch ([0, 0] its built-in choice); the
                 string "mma" the Triton skinny GEMM on the matrix units (forge_triton/skinny_gemm.py:
                 plain ``skinny_gemm``, fused ``skinny_gemm_silu_mul``) at its built-in launch, legal
-                at 1-16 tokens, plain and fused, on every platform. A pair not listed keeps the
+                at 1-32 tokens (the GEMV's launches at 1-16), plain and fused, on every platform. A pair not listed keeps the
                 platform's GEMM. `gemv_route` gives {M: (block, rows)} or {M: "mma"} per (N, K).
     prefill     {"16bit"|"int8": [BLOCK_M, TILE_N, num_warps, num_stages]}: the chunked-prefill
                 kernel's launch; absent: the kernel's built-in LAUNCH table.
@@ -146,9 +146,9 @@ GEMV_ROWS = (1, 2, 4, 8)
 GEMV_FUSED_ROWS = (1, 2, 4)
 GEMV_MAX_TOKENS = 16
 #   forge_triton/skinny_gemm.py (MAX_M rows): a pair it serves is named by this string, never a launch
-#   (it runs its built-in launch_config); it has no per-platform limit, so fused at 9-16 tokens on AMD too.
+#   (it runs its built-in launch_config); it has no per-platform limit, so fused at 9-32 tokens on AMD too.
 GEMV_MMA = "mma"
-MMA_MAX_TOKENS = 16
+MMA_MAX_TOKENS = 32
 #   forge_prefill_attention.py (BLOCK_M, TILE_N, num_warps, num_stages); BLOCK_M also >= the heads of
 #   a KV head, which the kernel checks per model.
 PREFILL_LAUNCH = ((16, 32, 64, 128, 256), (16, 32, 64, 128), (1, 2, 4, 8, 16), (1, 2, 3, 4))

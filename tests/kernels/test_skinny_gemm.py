@@ -87,6 +87,8 @@ def poisoned_workspace(M, N, split_k):
 # ---- CPU (interpreter) sizes: ragged against BLOCK_N 64 / BLOCK_K 64 and 128 --------------------------------
 SMALL_N, SMALL_K, SMALL_I = 200, 360, 100
 # K 300 at BLOCK_K 128 and SPLIT_K 4: ranges of 128, the fourth one empty
+# 1-16 rows (BLOCK_M 16) and 17-32 (BLOCK_M 32: the captured graphs' 24 and 32, and ragged counts)
+EVERY_M = [*range(1, 17), 17, 24, 31, 32]
 SPLITS = {"nosplit": dict(block_n=64, block_k=64, split_k=1), "split": dict(block_n=64, block_k=128, split_k=4)}
 
 
@@ -95,8 +97,8 @@ def test_plain_every_m(mode):
     r = Rng()
     K = SMALL_K if mode == "nosplit" else 300
     w = r.randn(SMALL_N, K, scale=K ** -0.5)
-    xall = r.randn(16, K)
-    for M in range(1, 17):
+    xall = r.randn(32, K)
+    for M in EVERY_M:
         x = xall[:M].clone()
         buf, y = poisoned_out(M, SMALL_N)
         ws = poisoned_workspace(M, SMALL_N, SPLITS[mode]["split_k"])
@@ -109,8 +111,8 @@ def test_fused_every_m(mode):
     r = Rng()
     K = 328 if mode == "nosplit" else 300
     w = r.randn(2 * SMALL_I, K, scale=K ** -0.5)
-    xall = r.randn(16, K)
-    for M in range(1, 17):
+    xall = r.randn(32, K)
+    for M in EVERY_M:
         x = xall[:M].clone()
         buf, y = poisoned_out(M, SMALL_I)
         ws = poisoned_workspace(M, 2 * SMALL_I, SPLITS[mode]["split_k"])
@@ -123,7 +125,7 @@ def test_builtin_launch(N, K):
     """The launch the kernel picks by itself (here: the interpreter's 8 compute units), plain and fused."""
     r = Rng()
     w = r.randn(N, K, scale=K ** -0.5)
-    for M in (1, 6, 16):
+    for M in (1, 6, 16, 24):
         x = r.randn(M, K)
         y = SK.skinny_gemm(x, w)
         assert y.shape == (M, N) and y.dtype == torch.bfloat16
@@ -146,9 +148,9 @@ def test_strided_x():
         check(buf, y, ref_plain(x, w), f"strided x M={M} seed={r.seed_value}")
 
 
-def test_rows_outside_1_to_16_are_refused():
-    with pytest.raises(ValueError, match="M=17"):
-        SK.launch_config(17, 1024, 1024, 132)
+def test_rows_outside_1_to_32_are_refused():
+    with pytest.raises(ValueError, match="M=33"):
+        SK.launch_config(33, 1024, 1024, 132)
     with pytest.raises(ValueError, match="M=0"):
         SK.launch_config(0, 1024, 1024, 132)
 
@@ -209,10 +211,10 @@ GPU_SHAPES = sorted({(N, K, layer) for tp in (1, 2) for layer, N, K in CAL.linea
 def test_gpu_per_rank_shapes(N, K, layer):
     r = Rng()
     w = r.randn(N, K, scale=K ** -0.5)
-    xall = r.randn(16, K)
+    xall = r.randn(32, K)
     ref_all = ref_plain(xall, w)
     fused = layer == "gate_up"
-    for M in (1, 2, 5, 8, 11, 16):
+    for M in (1, 2, 5, 8, 11, 16, 17, 24, 32):
         x = xall[:M].clone()
         for split in (None, 4):
             buf, y = poisoned_out(M, N)
@@ -254,7 +256,7 @@ def test_gpu_the_route_s_call_replays_in_a_graph(N, K, fused):
     w = r.randn(N, K, scale=K ** -0.5)
     fn = SK.skinny_gemm_silu_mul if fused else SK.skinny_gemm
     cus = SK.num_compute_units()
-    for M in (5, 8, 16):
+    for M in (5, 8, 16, 24, 32):
         x_static = r.randn(M, K)
         fn(x_static, w, num_cus=cus)                       # warm-up: the Triton compile, outside the capture
         torch.cuda.synchronize()
@@ -290,13 +292,14 @@ def test_gpu_one_compile_serves_every_row_count(fused):
     """The route calls the kernel outside captured graphs too (vLLM's LM head, at the number of sampled
     requests): a row count first seen mid-tier must not compile a new variant. After a first call at 5 rows,
     calls at 1, 16 and 11 rows (Triton's special values 1 and multiples of 16 included) add no compiled
-    kernel, and each result matches float64. Fails where M is specialised."""
+    kernel; the first call above 16 rows adds the BLOCK_M 32 kernel, and 32 and 17 rows then add none.
+    Each result matches float64. Fails where M is specialised."""
     r = Rng()
     N, K = (2048, 5120) if fused else (1024, 5120)
     w = r.randn(N, K, scale=K ** -0.5)
     fn = SK.skinny_gemm_silu_mul if fused else SK.skinny_gemm
     seen = {}
-    for M in (5, 1, 16, 11):
+    for M in (5, 1, 16, 11, 24, 32, 17):
         x = r.randn(M, K)
         buf, y = poisoned_out(M, N // 2 if fused else N)
         fn(x, w, y, split_k=2)                               # the split-K reduce kernel too
@@ -304,3 +307,4 @@ def test_gpu_one_compile_serves_every_row_count(fused):
                                                                      f"seed={r.seed_value}")
         seen[M] = (_compiled(SK._skinny_gemm_kernel), _compiled(SK._split_k_reduce_kernel))
     assert seen[1] == seen[16] == seen[11] == seen[5], f"compiled variants after each row count: {seen}"
+    assert seen[32] == seen[17] == seen[24] and seen[24][0] <= seen[5][0] + 1, f"compiled variants: {seen}"

@@ -1,6 +1,6 @@
 """The per-device table's "mma" entries (kernels/forge_tuned): `gemv.plain|fused.NxK.M` = "mma" routes that
-pair to the Triton skinny GEMM on the matrix units at its built-in launch, at 1-16 tokens, plain and fused, on
-every platform (fused at 9-16 tokens on AMD too, where the CUDA-core GEMV stops at 8). Any other string, or
+pair to the Triton skinny GEMM on the matrix units at its built-in launch, at 1-32 tokens (the GEMV's own
+[block, rows] launches stop at 16), plain and fused, on every platform (fused at 9-16 tokens on AMD too, where the CUDA-core GEMV stops at 8). Any other string, or
 "mma" at a token count the kernel does not take, is refused naming the key and what is legal."""
 
 import json
@@ -26,12 +26,16 @@ def table(ident, gemv):
 
 @pytest.mark.parametrize("ident", [H200, DCU], ids=["nvidia", "amd"])
 def test_mma_is_legal_at_every_token_count_plain_and_fused(ident):
-    every = {str(m): "mma" for m in range(1, 17)}
+    every = {str(m): "mma" for m in range(1, 33)}
     t = table(ident, {"plain": {"14336x5120": dict(every)}, "fused": {"34816x5120": dict(every)}})
     assert T.validate(t) is t
     # beside [block, rows] entries of the GEMV in the same shape, and through the JSON reader
-    mixed = table(ident, {"plain": {"5120x17408": {"1": [0, 0], "2": [640, 2], "5": "mma", "16": "mma"}}})
-    assert T.parse(json.dumps(mixed))["gemv"]["plain"]["5120x17408"]["5"] == "mma"
+    mixed = table(ident, {"plain": {"5120x17408": {"1": [0, 0], "2": [640, 2], "5": "mma", "16": "mma",
+                                                   "24": "mma", "32": "mma"}}})
+    assert T.parse(json.dumps(mixed))["gemv"]["plain"]["5120x17408"]["24"] == "mma"
+    # above 16 tokens only the skinny GEMM: the GEMV's launches stop at 16
+    with pytest.raises(T.TableError, match="token count must be 1-16"):
+        T.validate(table(ident, {"plain": {"5120x17408": {"24": [0, 0]}}}))
 
 
 def test_mma_runs_the_fused_kernel_on_amd_where_the_gemv_stops_at_8_tokens():
@@ -42,7 +46,7 @@ def test_mma_runs_the_fused_kernel_on_amd_where_the_gemv_stops_at_8_tokens():
 
 @pytest.mark.parametrize("ident", [H200, DCU], ids=["nvidia", "amd"])
 @pytest.mark.parametrize("kind,shape", [("plain", "14336x5120"), ("fused", "34816x5120")])
-@pytest.mark.parametrize("m,value", [("3", "MMA"), ("3", "mma2"), ("3", ""), ("12", " mma"), ("17", "mma"),
+@pytest.mark.parametrize("m,value", [("3", "MMA"), ("3", "mma2"), ("3", ""), ("12", " mma"), ("33", "mma"),
                                      ("0", "mma")])
 def test_any_other_string_or_token_count_is_refused_naming_the_key_and_what_is_legal(tmp_path, ident, kind, shape, m,
                                                                                      value):
