@@ -3,7 +3,6 @@ in for vLLM and the small client (benchclient.py) really talks to it; the finals
 space, the best --top N are served with their values, benchmarked with the finals' client and scored
 per tier against the baseline the sweep measured; resumable; the winner per tier written once."""
 
-import hashlib
 import json
 import math
 import sys
@@ -17,6 +16,7 @@ from helpers import SUPPORT, forge, free_port, health, tiny_model  # noqa: E402
 
 from forge.contest import rounds, rules  # noqa: E402
 from forge.errors import ForgeError  # noqa: E402
+from forge.hashing import sha256_file  # noqa: E402
 from forge.run import final_space, gpu_harness  # noqa: E402
 
 FAKE = f"{sys.executable} {SUPPORT / 'fakeserver.py'}"
@@ -244,8 +244,7 @@ def _installed_site(tmp_path) -> Path:
                                                      "Tag: py3-none-any\n")
         z.writestr("forgeprobe-1.0.dist-info/RECORD", "")
     (b / "model").mkdir()
-    files = {p.relative_to(b).as_posix(): {"sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
-                                           "bytes": p.stat().st_size} for p in (whl,)}
+    files = {f"wheels/{whl.name}": {"sha256": sha256_file(whl), "bytes": whl.stat().st_size}}
     (b / "manifest.json").write_text(json.dumps({"vllm_wheel": whl.name, "version": "0.18.1+test", "python": "3",
                                                  "files": files}))
     site = tmp_path / "site"
