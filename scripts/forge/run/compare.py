@@ -278,7 +278,10 @@ def register(sub) -> None:
                                    "--baseline-profile P) with the SLA, each in its own run folder; --sweep-id resumes "
                                    "(a finished configuration is not rerun); the winner per tier goes to the "
                                    "tier-environment file (reports/final-round/tier-environment.json) that forge report "
-                                   "and forge submission --round final --tier-env list.")
+                                   "and forge submission --round final --tier-env list. With --harness, on a GPU "
+                                   "machine without the real weights: every server gets harness/gpu/harness.yaml's "
+                                   "server_args (recorded with their reasons) and the bundle `forge e2e-gpu "
+                                   "--install-only` installed in --site.")
     s.add_argument("profiles", nargs="*", help="profiles (configs/serve/<name>.yaml)")
     s.add_argument("--model", help="model directory (default: $MODEL)")
     s.add_argument("--image", help="container image (default: $IMAGE; else the installed wheel)")
