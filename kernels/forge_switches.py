@@ -20,12 +20,13 @@ import re
 from collections.abc import Mapping
 
 GEMV_ROWS = (1, 2, 3, 4)      # "NxK" without an M: the GEMV's 1-4 tokens
-GEMV_MAX_TOKENS = 16          # "NxK/M": any M the kernel runs (5-16: its skinny GEMM)
+GEMV_MAX_TOKENS = 16          # "NxK/M": any M the GEMV runs (5-16: its skinny build)
+MMA_MAX_TOKENS = 32           # "NxK/M=mma": any M the Triton skinny GEMM runs
 _SHAPE = re.compile(r"[ \t]*([0-9]+)[ \t]*[xX][ \t]*([0-9]+)[ \t]*"
-                    r"(?:/[ \t]*(1[0-6]|[1-9])[ \t]*(?:=[ \t]*(mma)[ \t]*)?)?")
+                    r"(?:/[ \t]*(3[0-2]|[12][0-9]|[1-9])[ \t]*(?:=[ \t]*(mma)[ \t]*)?)?")
 GEMV_SHAPES_FORM = ('"NxK" (output x input features, 1-4 tokens), "NxK/M" (M = 1..16 tokens only) or "NxK/M=mma" '
-                    '(M tokens on the matrix-unit skinny GEMM), comma-separated, e.g. '
-                    '"14336x5120,5120x17408/1,5120x17408/12=mma"; or "all" (1-4 tokens)')
+                    '(M = 1..32 tokens on the matrix-unit skinny GEMM), comma-separated, e.g. '
+                    '"14336x5120,5120x17408/1,5120x17408/24=mma"; or "all" (1-4 tokens)')
 
 
 class SwitchError(ValueError):
@@ -48,6 +49,10 @@ def gemv_launches(spec: str) -> dict[tuple[int, int], dict[int, str]] | None:
             raise SwitchError(f"VLLM_FORGE_GEMV_SHAPES: {item!r} is not NxK, NxK/M or NxK/M=mma; allowed: "
                               f"{GEMV_SHAPES_FORM}")
         how = m.group(4) or "gemv"
+        if how == "gemv" and m.group(3) and int(m.group(3)) > GEMV_MAX_TOKENS:
+            raise SwitchError(f"VLLM_FORGE_GEMV_SHAPES: {item!r}: the GEMV runs 1-{GEMV_MAX_TOKENS} tokens; above "
+                              f"that only the skinny GEMM (NxK/M=mma, M up to {MMA_MAX_TOKENS}); allowed: "
+                              f"{GEMV_SHAPES_FORM}")
         rows = out.setdefault((int(m.group(1)), int(m.group(2))), {})
         for r in ([int(m.group(3))] if m.group(3) else GEMV_ROWS):
             if rows.get(r, how) != how:

@@ -168,3 +168,31 @@ def test_the_switch_names_mma_pairs_without_a_table(run_in_vllm, patched_tree, t
     assert all(r["fused"][m] == [["silu_and_mul"]] for m in ("1", "12", "16")), r["fused"]
     route = [l for l in r["logs"] if l.startswith("dcu-forge GEMV route: on")]
     assert route and "VLLM_FORGE_GEMV_SHAPES" in route[0] and "matrix-unit skinny GEMM" in route[0], route
+
+
+WIDE_SNIPPET = _swap(_swap(MMA_SNIPPET, "for M in (1, 8, 12, 16)}}", "for M in (1, 8, 12, 16, 17, 24, 32)}}"),
+                     "for M in (1, 2, 12, 16):", "for M in (1, 2, 12, 16, 24, 32):")
+
+
+@pytest.mark.parametrize("how", ["table", "switch"])
+def test_mma_pairs_at_24_and_32_rows_run_the_32_row_tile(run_in_vllm, patched_tree, tmp_path, how):
+    """A server run above concurrency 16 decodes 17-32 rows, padded to the graphs' 24 and 32: a table's (or
+    the switch's) "mma" pair there runs the Triton kernel (its 32-row tile) and matches float64, an unlisted
+    row count (17) the platform GEMM. Before, the route stopped at 16 rows whatever the table said."""
+    snippet = WIDE_SNIPPET
+    env = {"FORGE_TEST_SCHEMAS": json.dumps(schemas(patched_tree)), "CASE": "match", "TMP": str(tmp_path),
+           "TRITON_INTERPRET": "1"}
+    if how == "table":
+        snippet = _swap(_swap(snippet, PLAIN_NEW, '"gemv": {"plain": {"96x5120": {"1": [640, 2], "8": "mma", '
+                                                  '"12": "mma", "24": "mma", "32": "mma"}},'),
+                        FUSED_NEW, '"fused": {"128x256": {"2": "mma", "12": "mma", "24": "mma"}}},')
+    else:
+        env["VLLM_FORGE_GEMV_SHAPES"] = "96x5120/1,96x5120/8=mma,96x5120/12=mma,96x5120/24=mma,96x5120/32=mma," \
+                                        "128x256/2=mma,128x256/12=mma,128x256/24=mma"
+    line = next(l for l in run_in_vllm(snippet, env=env).stdout.splitlines() if l.startswith("RESULT"))
+    r = json.loads(line[len("RESULT"):])
+    assert r["route"]["24"] == ["skinny_gemm", [24, 5120], 8] and r["route"]["32"] == ["skinny_gemm", [32, 5120], 8], \
+        r["route"]
+    assert r["route"]["17"] == ["F.linear"] and r["route"]["16"] == ["F.linear"], r["route"]
+    assert r["fused"]["24"] == [["skinny_gemm_silu_mul", [24, 256], 8]], r["fused"]
+    assert r["fused"]["32"] == [["silu_and_mul"]], r["fused"]
