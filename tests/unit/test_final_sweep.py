@@ -203,6 +203,29 @@ def test_report_refuses_a_wrong_tier_env_before_writing(tmp_path, args, needle):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_winner_of_a_harness_sweep_is_not_shipped(tmp_path):
+    """A tier-environment file whose winner a harness sweep measured (random weights on a GPU machine, end-of-text
+    ignored) ranks the GPU machine's stand-in, not the card: the submission's documents refuse it, naming the
+    file and the tier, and write nothing (before, it went into ENVIRONMENT.md as a sweep winner)."""
+    _tier_env_file(tmp_path / "te.json")
+    d = json.loads((tmp_path / "te.json").read_text())
+    d["tiers"]["8-16K"]["harness"] = True
+    (tmp_path / "te.json").write_text(json.dumps(d))
+    r = forge(tmp_path, "report", "--round", "final", "--tier-env", str(tmp_path / "te.json"), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and "key 'tiers.8-16K'" in r.stderr and "harness sweep" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "out").exists()
+
+
+def test_the_winner_records_how_it_was_measured():
+    from forge.run import final_pick
+    rnd = rounds.load_round(rules.load_contest(), "final")
+    cand = final_space.space(rnd, topologies="dp2", kv_dtypes="bf16", max_num_seqs="32", max_num_batched_tokens="4096",
+                             gpu_memory_utilization="0.95", concurrency="10")[0]
+    res = {"tok_s": 100.0, "lift": 0.1, "contribution": 30.0, "baseline": "b"}
+    assert final_pick.entry(rnd, "4-8K", cand, "r", "s", {**res, "harness": True}, "p")["harness"] is True
+    assert final_pick.entry(rnd, "4-8K", cand, "r", "s", res, "p")["harness"] is False
+
+
 def test_the_submissions_documents_carry_the_final_section():
     from forge.ship import contest_docs
     c = rules.load_contest()

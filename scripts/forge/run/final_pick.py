@@ -89,7 +89,7 @@ def tier_score(contest: dict, rdir: Path, tier: str, base: dict) -> dict:
             "formula_score": s, "contribution": 0.0 if reasons else s, "zeroed_by": reasons,
             "ttft_p99_ms": m["ttft_p99_ms"], "ttft_p99_limit_ms": ttft_lim, "tpot_p99_ms": m["tpot_p99_ms"],
             "tpot_p99_limit_ms": tpot_lim, "completed": m["completed"], "failed": m["failed"],
-            "baseline": base["run"], "run": str(rdir)}
+            "baseline": base["run"], "run": str(rdir), "harness": loaded["harness"]}
 
 
 def winner(scored: list[tuple[Candidate, str, dict]]) -> tuple[Candidate, str, dict] | None:
@@ -107,7 +107,7 @@ def entry(rnd: rounds.Round, tier: str, cand: Candidate, run_id: str, sweep_id: 
             "kv_dtype": cand.kv_dtype, "settings": settings.as_dict(), "max_num_seqs_planned": cand.planned,
             "profile": profile, "run": run_id,
             "sweep": sweep_id, "tok_s": res["tok_s"], "lift": res["lift"], "score": res["contribution"],
-            "baseline": res["baseline"]}
+            "baseline": res["baseline"], "harness": bool(res.get("harness"))}
 
 
 def read_tier_env(path: Path) -> dict:

@@ -12,6 +12,7 @@ from pathlib import Path
 from .. import paths
 from ..contest import rounds
 from ..contest import rules as contest_mod
+from ..errors import ForgeError
 from ..run import final_pick
 
 
@@ -26,6 +27,13 @@ def tier_rows(rnd: rounds.Round, tier_env: Path | None) -> list[dict]:
     out = []
     for t in rnd.tier_order:
         e = recorded.get(t)
+        if e and e.get("harness"):
+            # random weights, end-of-text ignored: the ranking of a GPU machine's stand-in, not the card's
+            raise ForgeError(f"{paths.rel(tier_env)}: key 'tiers.{t}': the winner (sweep {e.get('sweep')}, run "
+                             f"{e.get('run')}) was measured by a harness sweep (random weights on a GPU machine), not "
+                             "on the card the submission is for",
+                             hint="give the tier-environment file of a sweep run on the DCU (forge sweep --round final "
+                                  "without --harness), or leave --tier-env out for the baseline's values")
         if e:
             out.append({"tier": t, "environment": e["environment"], "engine_options": e.get("engine_options") or {},
                         "from": f"sweep {e.get('sweep')}, run {e.get('run')}"
