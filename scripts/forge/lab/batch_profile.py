@@ -71,19 +71,31 @@ def _last_int(argv: list[str], *options: str) -> int | None:
     return int(vals[-1]) if vals and vals[-1].isdigit() else None
 
 
+def refuse_by_args(argv: list[str], tokens: int, decode_steps: int, batch: int, who: str = "the server") -> None:
+    """What a server's command line alone refuses (checked again before any server starts, from the command
+    each would run: forge.lab.preflight): more requests than its --max-num-seqs (per data-parallel rank), or
+    a --max-model-len that leaves a request of `tokens` no room for the profiled steps."""
+    dp = _last_int(argv, "--data-parallel-size", "-dp") or 1
+    seqs = _last_int(argv, "--max-num-seqs")
+    if seqs is not None and batch > seqs * dp:
+        raise ForgeError(f"--profile-batch {batch}: {who} runs at most {seqs * dp} requests at once "
+                         f"(--max-num-seqs {seqs}" + (f" on each of {dp} data-parallel ranks" if dp > 1 else "")
+                         + f"), so {batch} never decode together", hint=f"give --profile-batch {seqs * dp} or less")
+    limit = _last_int(argv, "--max-model-len")
+    if limit is not None and limit - tokens - PROMPT_SLACK < decode_steps + HEADROOM:
+        raise ForgeError(f"--profile-prefill {tokens} --profile-decode {decode_steps}: {who}'s --max-model-len "
+                         f"{limit} leaves each request {max(limit - tokens - PROMPT_SLACK, 0)} output tokens, and the "
+                         f"profile needs {decode_steps} + {HEADROOM}", hint="lower --profile-prefill or --profile-decode")
+
+
 def refuse_unfit(st: dict, tokens: int, decode_steps: int, batch: int) -> None:
     """Before any request is sent: refuse a batch the server cannot decode at once, which would otherwise be
     found out only when a request that ran alone ends (minutes of the GPU machine): more requests than its
     --max-num-seqs (per data-parallel rank), or more prompt and profiled tokens than its KV cache holds (the
     server log's "Maximum concurrency for L tokens per request: Cx", C x L tokens per rank:
     serverlog.kv_capacity_tokens). What the server does not say is not checked."""
-    argv = [str(a) for a in (st.get("server_args") or st.get("cmdline") or [])]
-    dp = _last_int(argv, "--data-parallel-size", "-dp") or 1
-    seqs = _last_int(argv, "--max-num-seqs")
-    if seqs is not None and batch > seqs * dp:
-        raise ForgeError(f"--profile-batch {batch}: the server runs at most {seqs * dp} requests at once "
-                         f"(--max-num-seqs {seqs}" + (f" on each of {dp} data-parallel ranks" if dp > 1 else "")
-                         + f"), so {batch} never decode together", hint=f"give --profile-batch {seqs * dp} or less")
+    refuse_by_args([str(a) for a in (st.get("server_args") or st.get("cmdline") or [])], tokens, decode_steps,
+                   batch)
     log = Path(st["log"]) if st.get("log") else None
     held = serverlog.kv_capacity_tokens(log.read_text(errors="replace")) if log and log.is_file() else None
     need = batch * (tokens + decode_steps)

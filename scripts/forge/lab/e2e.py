@@ -29,6 +29,12 @@ Servers left up by an earlier invocation of the folder (--keep-servers) are reus
 same command and answer /health, so a run longer than one command resumes without starting them
 again. Results land in --out (default reports/e2e/<date>-<device>/); --pack FILE rewrites a .tar.gz of
 it after every step, so a run cut short still returns what it finished.
+Nothing is written or started before every check that can refuse the invocation has passed: the options,
+the bundle and its install, a folder being resumed, the deadline, a batch profile the servers' command
+lines allow, and the servers' memory on the GPU they share (the card's total as nvidia-smi, hy-smi or
+rocm-smi reports it: servers x --gpu-memory-utilization at most 1, and each server's
+--kv-cache-memory-bytes within its share beside its weights per rank); a refusal leaves no results
+folder, and one being resumed as it was.
 """
 
 from __future__ import annotations
@@ -41,32 +47,23 @@ from pathlib import Path
 
 from .. import options, paths, proc, ui
 from ..errors import ForgeError
-from ..run import bench, serve, synth
-from ..run.gpu_harness import DEFAULT_SITE, site_env
-from . import batch_profile, e2e_decode, final_round, gpu_bundle, prefill_profile
+from ..run import serve, synth
+from ..run.gpu_harness import DEFAULT_SITE
+from . import batch_profile, e2e_decode, final_round, gpu_bundle, prefill_profile, preflight
 from .client import client_runner
 from .fault import fault_check
-from .install import install_bundle, install_only, versions
+from .install import install_only, versions
 from .packing import TRITON_MANIFEST, TRITON_PART_MIB, pack_triton_cache, seed_triton_cache
 from .plumbing import PLUMBING_PROMPT_TOKENS, plumbing
 from .serverlog import log_facts
-from .servers import adopt_or_stop, guarded, port_of, start_all, stop_all, stop_left_servers
-from .session import Run, device_name
+from .servers import adopt_or_stop, guarded, start_all, stop_all, stop_left_servers
+from .session import Run
 from .tiers import (
     DEFAULT_TIER_ORDER,
     FAULT_NEED_S,
     bench_tiers,
-    build_datasets,
-    check_resume,
-    client_line,
-    differences,
     finish_runs,
-    fully_kept,
-    harness_args,
-    harness_contest,
     scores,
-    shortest_tier_need,
-    tiers_reserve,
 )
 
 FIRST_PORT = serve.LOCKED_PORT
@@ -74,38 +71,6 @@ FIRST_PORT = serve.LOCKED_PORT
 # empty Triton cache: two servers ready in 253 s and warm at 344 s)
 GUESS_START_S = 345.0
 MAX_PROFILE_DECODE = 512             # decode steps in one profiled request (a trace grows ~1 MiB per 10 steps)
-
-
-def _client(run: Run, model: Path) -> None:
-    """The client the tiers run, and its command line as the manifests record it."""
-    run.contest_h = harness_contest(run.contest, run.h, run.args.fixed_output)
-    run.client_options = run.contest_h["client"]["options"]
-    argv = bench.client_args(run.contest_h, dataset=Path("<tier>.jsonl"), num_prompts=0, model=str(model),
-                             host="", port=0, result_dir=Path(), result_name="")
-    run.client_line = client_line(argv)
-
-
-def some_tier_fits(run: Run, model: Path, names: list[str], datasets: dict[str, Path], to_start: list[str]) -> None:
-    """Before servers start: refuse a run whose deadline cannot hold their start and even the shortest
-    tier still to measure (they would start, every tier be skipped, and they be stopped again); with
-    --keep-servers they are started all the same, for the next invocation to reuse."""
-    shortest = shortest_tier_need(run, model, names, datasets)
-    if shortest is None:
-        return
-    tname, todo, guess = shortest
-    reserve = tiers_reserve(run.args, run.summary, names)
-    need = run.args.start_guess_s + guess + reserve
-    if run.left() >= need:
-        return
-    why = (f"{run.left():.0f} s left of --deadline-s {run.args.deadline_s:g}, and starting {', '.join(to_start)} "
-           f"(~{run.args.start_guess_s:.0f} s) then the shortest tier left, {tname}, for {', '.join(todo)} "
-           f"(~{guess:.0f} s, guessed) with the {reserve:.0f} s reserve need ~{need:.0f} s")
-    if run.args.keep_servers:
-        ui.warn(f"{why}: the servers start for the next invocation (--keep-servers), and this one may measure no tier")
-        return
-    raise ForgeError(f"{why}: no tier would be measured",
-                     hint="raise --deadline-s or lower --num-prompts, or add --keep-servers to start the servers "
-                          "now for the next invocation to reuse")
 
 
 def cmd_e2e(args) -> int:
@@ -131,38 +96,9 @@ def cmd_e2e(args) -> int:
                               "--profile-decode 64)")
     run = Run(args)
     names, ref = run.names, run.ref
-    (run.out / "logs").mkdir(exist_ok=True)
-    site = None
-    wheel_sha = None
-    if args.bundle:
-        bundle = Path(args.bundle)
-        site = Path(args.site)
-        man = install_bundle(bundle, site)
-        wheel_sha = man["files"][f"wheels/{man['vllm_wheel']}"]["sha256"]
-        run.summary["bundle"] = {"version": man["version"], "wheel": man["vllm_wheel"], "wheel_sha256": wheel_sha,
-                                 "forge": man.get("forge")}
-        model = Path(args.model) if args.model else bundle / "model"
-    else:
-        if not args.model:
-            raise ForgeError("--model is needed when no --bundle is given")
-        model = Path(args.model)
-    run.child_env = site_env(site)
-    extra = run.extra
-    run.hargs = harness_args(run.h, extra)
-    run.identity = {"bundle_wheel_sha256": wheel_sha, "server_args": run.hargs, "device": device_name(),
-                    **({"capacity": {n: final_round.capacity_args(run.capacity, n) for n in run.capacity}}
-                       if run.capacity else {})}
-    _client(run, model)
-    run.summary["differences"] = differences(run.h, extra, args.fixed_output, args.profile_prefill,
-                                             ports={n: port_of(run, n) for n in names},
-                                             profile_batch=args.profile_batch)
-    run.summary["differences"] += [{"side": "server", **c} for n in names for c in run.capacity.get(n, [])]
-    if run.rnd is not None:
-        run.summary["differences"].append({
-            "side": "server", "args": [f"<the {run.rnd.name} round's start script, tier {run.serve_tier}'s settings>"],
-            "why": f"--finals-servers: each profile's server renders the {run.rnd.name} round's start script (its "
-                   f"topology and capacity values for tier {run.serve_tier}); one server serves every tier of the "
-                   "run, where the finals start one per tier"})
+    # every check that can refuse the invocation, then the results folder (nothing is written before)
+    prep = preflight.prepare(run)
+    model, site, datasets = prep.model, prep.site, prep.datasets
     run.summary["client"] = run.client_line
     run.summary["harness"] = {"server_args": run.hargs, "env": {"VLLM_LOGGING_LEVEL": "INFO", **(
         {"TRITON_CACHE_DIR": run.triton_cache} if run.triton_cache else {})}}
@@ -187,20 +123,17 @@ def cmd_e2e(args) -> int:
         raise KeyboardInterrupt
     old_term = signal.signal(signal.SIGTERM, on_term)
     try:
-        datasets = build_datasets(run, model, args.num_prompts)
-        check_resume(run, names, datasets)
         run.step("synthetic tier prompts built", prompts_per_tier=args.num_prompts)
         # servers left up by an earlier invocation: reused when they run this invocation's command
         adopted = adopt_or_stop(run, model)
         # import vLLM's client while the servers start (about 20 s on a GPU machine)
         run.worker_thread = threading.Thread(target=guarded, args=(run, "client", client_runner, run), daemon=True)
         run.worker_thread.start()
-        kept = [n for n in names if fully_kept(run, n, datasets)]
+        kept = prep.kept
         if kept:
             run.step("every tier kept from an earlier invocation: no server started", profiles=kept)
+        # a server found reusable before may have gone since: started now (the checks counted it as up)
         to_start = [n for n in names if n not in kept and n not in adopted]
-        if to_start:
-            some_tier_fits(run, model, names, datasets, to_start)
         started = start_all(run, model, to_start) if to_start else []
         live = [n for n in names if n in adopted or n in started]
         if to_start and not started and not adopted:

@@ -21,7 +21,7 @@ import urllib.request
 from ..contest import rounds
 from ..errors import ForgeError
 from ..run import synth
-from ..run.gpu_harness import sizing_changes
+from ..run.gpu_harness import LARGEST_CARD, sizing_changes
 
 ROUNDS = ("preliminary", "final")
 FINAL_OUTPUT_LEN = 1024            # the finals' --custom-output-len (a forced length: --ignore-eos)
@@ -161,11 +161,16 @@ def register_options(p) -> None:
                         "finals' baseline)")
     p.add_argument("--kv-cache-memory-bytes", type=int, metavar="BYTES",
                    help="every server's KV cache in bytes, in place of harness.yaml's side-by-side 5 GiB (`forge plan` "
-                        "prints what a DCU card holds at a topology and KV dtype)")
+                        "prints what a DCU card holds at a topology and KV dtype): 256 MiB up to the memory of the "
+                        f"largest card the capacity planner knows ({LARGEST_CARD.name}: {LARGEST_CARD.memory_bytes} "
+                        "bytes); before anything is written or started, each server's cache must also fit its "
+                        "--gpu-memory-utilization share of the GPU beside its weights (the GPU's memory as "
+                        "nvidia-smi, hy-smi or rocm-smi reports it)")
     p.add_argument("--kv-why", metavar="TEXT", help="why the KV cache has that size, for the run's record")
     p.add_argument("--capacity", action="append", metavar="PROFILE:OPTION=VALUE",
                    help="with --round final: one profile's server with its own max-num-seqs or "
                         "max-num-batched-tokens (repeatable; e.g. contest:max-num-seqs=4, the planner's resident "
                         "requests of the tier), checked within the final round's bounds and recorded as a difference")
     p.add_argument("--gpu-memory-utilization", type=float, metavar="F",
-                   help="every server's share of the GPU, in place of harness.yaml's side-by-side 0.44")
+                   help="every server's share of the GPU, in place of harness.yaml's side-by-side 0.44; the servers "
+                        "side by side must fit the GPU (servers x F at most 1), checked before anything is written")

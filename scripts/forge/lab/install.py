@@ -14,8 +14,10 @@ from ..run.gpu_harness import SITE_MARKER
 from . import gpu_bundle
 
 
-def install_bundle(bundle: Path, site: Path) -> dict:
-    man = gpu_bundle.verify_bundle(bundle)
+def install_bundle(bundle: Path, site: Path, man: dict | None = None) -> dict:
+    """Install the bundle's wheels into `site` (skipped where they are installed already); `man`: the
+    manifest verify_bundle returned, where the caller verified the bundle already."""
+    man = man or gpu_bundle.verify_bundle(bundle)
     marker = site / SITE_MARKER
     wheels = sorted(str(bundle / n) for n in man["files"] if n.startswith("wheels/") and n.endswith(".whl"))
     key = json.dumps({n: e["sha256"] for n, e in man["files"].items() if n.startswith("wheels/")}, sort_keys=True)
@@ -26,9 +28,12 @@ def install_bundle(bundle: Path, site: Path) -> dict:
         with ui.step(f"installing {len(wheels)} wheels into {site}"):
             r = proc.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                           "--no-cache-dir", "--target", str(site), *wheels], capture=True, check=False, what="pip")
-            if r.returncode != 0:
-                raise ForgeError(f"pip could not install the bundle:\n{r.stderr[-2000:]}",
-                                 hint="the bundle is built for Python " + man.get("python", "?"))
+            if r.returncode != 0:          # one line: pip's errors (its last line where it marks none)
+                lines = [x.strip() for x in r.stderr.splitlines() if x.strip()]
+                why = "; ".join(x for x in lines if x.startswith("ERROR")) or (lines[-1] if lines else "no output")
+                raise ForgeError(f"--bundle {bundle}: pip could not install its wheels into --site {site}: {why[-1000:]}",
+                                 hint="the bundle is built for Python " + man.get("python", "?")
+                                      + "; rebuild it with `make gpu-bundle` for this machine's Python")
         marker.write_text(key)
     return man
 

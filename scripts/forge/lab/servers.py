@@ -108,20 +108,12 @@ def adopt_or_stop(run: Run, model: Path) -> list[str]:
     this invocation would start and answers /health; stop the others (they would hold the GPU and
     the ports). Returns the profiles reused."""
     adopted = []
-    for sf in sorted((run.out / "state").glob("*.json")):
-        try:
-            st = runs.read_json(sf)
-        except ForgeError:
-            sf.unlink()
-            continue
-        if not isinstance(st, dict) or not isinstance(st.get("pid"), int) or not st.get("start_time") or \
-                proc.process_start_time(st["pid"]) != st["start_time"]:
-            sf.unlink(missing_ok=True)        # that server has exited
+    for sf, st, why in _left_up(run, model):
+        if st is None:
+            sf.unlink(missing_ok=True)        # unreadable, or that server has exited
             continue
         name = st.get("profile")
-        url = f"http://{st.get('host')}:{st.get('port')}{st.get('health')}"
-        want = plan(run, model, name) if name in run.names else None
-        if want is not None and st.get("reuse") == want and serve.health_ok(url):
+        if why is None:
             # the paths this run reads and packs are its own, never ones the record names
             st.update(popen=None, reused=True, ready_s="up already", warm_s="—", state_file=str(sf),
                       log=str(run.run_dir(name, create=False) / "server.log"))
@@ -129,13 +121,40 @@ def adopt_or_stop(run: Run, model: Path) -> list[str]:
             adopted.append(name)
             run.step(f"server {name} reused: left up by an earlier invocation (pid {st['pid']}, port {st['port']})")
             continue
-        why = ("not one of this run's profiles" if want is None else
-               "it runs another command than this invocation's" if st.get("reuse") != want else
-               "it does not answer /health")
         ui.warn(f"stopping the {name} server an earlier invocation left running (pid {st['pid']}): {why}")
         serve.stop_server(st, quiet=True, state_file=sf)
         sf.unlink(missing_ok=True)
     return adopted
+
+
+def _left_up(run: Run, model: Path) -> list[tuple[Path, dict | None, str | None]]:
+    """The servers recorded in the folder, read without changing anything: (state file, its record or None
+    where it is unreadable or that server has exited, None where it is reused or why it is not)."""
+    out = []
+    for sf in sorted((run.out / "state").glob("*.json")):
+        try:
+            st = runs.read_json(sf)
+        except ForgeError:
+            out.append((sf, None, None))
+            continue
+        if not isinstance(st, dict) or not isinstance(st.get("pid"), int) or not st.get("start_time") or \
+                proc.process_start_time(st["pid"]) != st["start_time"]:
+            out.append((sf, None, None))
+            continue
+        name = st.get("profile")
+        url = f"http://{st.get('host')}:{st.get('port')}{st.get('health')}"
+        want = plan(run, model, name) if name in run.names else None
+        why = ("not one of this run's profiles" if want is None else
+               "it runs another command than this invocation's" if st.get("reuse") != want else
+               None if serve.health_ok(url) else "it does not answer /health")
+        out.append((sf, st, why))
+    return out
+
+
+def reusable(run: Run, model: Path) -> list[str]:
+    """The profiles whose server adopt_or_stop would reuse, found before anything is written or stopped
+    (the checks before the servers start count them as up)."""
+    return [st["profile"] for _, st, why in _left_up(run, model) if st is not None and why is None]
 
 
 def stop_left_servers(out: Path) -> int:

@@ -76,7 +76,7 @@ class Run:
             raise ForgeError(f"{self.out}: a folder of an earlier harness ({earlier[0].relative_to(self.out)}: one "
                              "prompt per round, without warm-ups); its tiers cannot be resumed with the organizers' "
                              "client", hint="give a new --out folder")
-        self.out.mkdir(parents=True, exist_ok=True)
+        # the folder itself is made by open(), once every check has passed (preflight.prepare)
         self.summary: dict = {"started": runs.now_iso(), "command": " ".join(["forge e2e-gpu", *sys.argv[2:]]),
                               "git": runs.git_commit(), "steps": [], "skipped": [], "harness": {}}
         self.servers: dict[str, dict] = {}
@@ -108,6 +108,11 @@ class Run:
                     # where it ran first: an invocation that kept it passes the first one's start on
                     self.summary[k] = {**prev[k], "from_earlier_invocation":
                                        prev[k].get("from_earlier_invocation") or prev.get("started")}
+
+    def open(self) -> None:
+        """Create the results folder (and its logs/): after every check that can refuse the invocation,
+        so a refusal leaves nothing behind and a folder being resumed as it was."""
+        (self.out / "logs").mkdir(parents=True, exist_ok=True)
 
     def run_dir(self, name: str, create: bool = True) -> Path:
         return runs.run_dir(name, create=create, root=self.runs_root)
@@ -198,7 +203,7 @@ def check_values(args, names: list[str]) -> list[str]:
             raise ForgeError(f"--pack {args.pack}: a folder, where the results' archive is written as one file",
                              hint=f"give a file name, e.g. --pack {pk / 'e2e.tgz'}")
         paths.target_folder(str(pk.parent), "--pack's folder")
-    for opt in ("triton_cache", "triton_cache_pack", "triton_cache_from"):
+    for opt in ("out", "triton_cache", "triton_cache_pack", "triton_cache_from"):
         if getattr(args, opt) is not None:
             paths.target_folder(getattr(args, opt), "--" + opt.replace("_", "-"))
     if args.triton_cache_from:

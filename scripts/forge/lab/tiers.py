@@ -126,11 +126,12 @@ def client_line(argv: list[str]) -> str:
 
 # --- the prompts --------------------------------------------------------------------------------------
 
-def build_datasets(run: Run, model: Path, n: int) -> dict[str, Path]:
+def build_datasets(run: Run, model: Path, n: int, ddir: Path | None = None) -> dict[str, Path]:
     """The same synthetic prompts for every profile: one file per tier with n prompts. By default n
     requests of the contest workload (configs/workload.yaml; evenly spaced by output length), each
-    with its own output length; with --fixed-output, prompts across the tier's range."""
-    ddir = run.out / "datasets"
+    with its own output length; with --fixed-output, prompts across the tier's range. Written to `ddir`
+    (default: the results folder's datasets/)."""
+    ddir = ddir or run.out / "datasets"
     out: dict[str, Path] = {}
     fixed = run.args.fixed_output
     workload = None if fixed or run.args.round == "final" else synth.load_workload(run.contest)

@@ -13,10 +13,13 @@ from pathlib import Path
 
 from .. import config
 from ..errors import ForgeError
+from ..model.capacity import CARDS
 from ..paths import ROOT, rel
 
 HARNESS = ROOT / "harness" / "gpu"
 DEFAULT_SITE = "/tmp/forge-e2e-site"      # where `forge e2e-gpu` installs the bundle's wheels
+# no card the capacity planner knows (forge.model.capacity CARDS) holds a KV cache larger than its whole memory
+LARGEST_CARD = max(CARDS.values(), key=lambda c: c.memory_bytes)
 SITE_MARKER = ".forge-bundle"             # written last by the install: the wheels it holds, by sha256
 
 
@@ -76,6 +79,12 @@ def sizing_changes(kv_cache_memory_bytes: int | None, gpu_memory_utilization: fl
         if kv_cache_memory_bytes < 1 << 28:
             raise ForgeError(f"--kv-cache-memory-bytes {kv_cache_memory_bytes}: under 256 MiB holds no request "
                              "of any tier", hint="`forge plan` prints the bytes of a DCU card's KV cache")
+        if kv_cache_memory_bytes > LARGEST_CARD.memory_bytes:
+            # whether it fits the GPU at hand beside the weights: forge.lab.gpufit, before e2e-gpu starts any server
+            raise ForgeError(f"--kv-cache-memory-bytes {kv_cache_memory_bytes}: more than the whole memory of the "
+                             f"largest card the capacity planner knows ({LARGEST_CARD.name}: "
+                             f"{LARGEST_CARD.memory_bytes} bytes, forge.model.capacity CARDS), before its weights",
+                             hint="`forge plan` prints the bytes of a DCU card's KV cache (7501512704 at TP1, bf16)")
         out.append({"args": ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes)],
                     "why": why or "the KV cache given to this run (--kv-cache-memory-bytes)"})
     if gpu_memory_utilization is not None:

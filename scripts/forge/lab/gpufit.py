@@ -1,0 +1,126 @@
+"""Whether the servers of an end-to-end run fit the GPU they share, checked before anything is written or
+started (forge.lab.preflight): the card's total memory as its management tool reports it (nvidia-smi,
+hy-smi or rocm-smi, the tools `device_name` reads), and for every server the share vLLM gives it
+(--gpu-memory-utilization of that total) and what it puts there (its weights per rank, the capacity
+planner's figure, and the fixed KV cache of --kv-cache-memory-bytes).
+
+vLLM does not hold a fixed KV cache to the share ("This does not respect the gpu_memory_utilization
+config", vllm/v1/worker/gpu_worker.py): a cache larger than the share leaves the weights allocates past it,
+into the memory of the server beside it, and fails minutes later. Two checks, per GPU the servers share
+(each server puts one rank on each of the first tensor x data-parallel visible cards, so the first card
+holds a rank of every server):
+  - the shares fit the card: servers x utilization <= 1 (vLLM checks a server's share against the free
+    memory only at its own start, and servers that start at once all see the card empty);
+  - each server's KV cache fits its share: kv bytes <= floor(total x utilization) - weights per rank.
+The memory a server needs beyond these (activations, CUDA graphs, the runtime: about 1 GiB on an H200) is
+not counted: the check refuses only what cannot fit. A machine whose tool does not answer is not checked.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+from shutil import which
+from typing import Callable, Mapping
+
+from .. import proc
+from ..contest.cards import DEVICE_VARS
+from ..errors import ForgeError
+from ..model import shape as shape_mod
+
+# the tools and how each gives the cards' total memory: nvidia-smi in MiB, one card a line; hy-smi and
+# rocm-smi "GPU[i] : VRAM Total Memory (B): N"
+SMI = (("nvidia-smi", ["--query-gpu=memory.total", "--format=csv,noheader,nounits"]),
+       ("hy-smi", ["--showmeminfo", "vram"]), ("rocm-smi", ["--showmeminfo", "vram"]))
+_VRAM = re.compile(r"VRAM Total Memory \(B\):\s*(\d+)")
+MIB = 1 << 20
+
+
+def card_memory(environ: Mapping[str, str] | None = None,
+                run: Callable[[list[str]], str] | None = None) -> tuple[list[int], str] | None:
+    """The total memory in bytes of each card a server started now would see, in the order it sees them,
+    and where the figures come from; None where no tool answers. `run`: stands in for the tools (tests)."""
+    environ = os.environ if environ is None else environ
+    out = None
+    for tool, args in SMI:
+        if run is None and not which(tool):
+            continue
+        try:
+            text = (run or (lambda cmd: proc.output(cmd, what=tool, timeout=30)))([tool, *args])
+        except ForgeError:
+            continue
+        if tool == "nvidia-smi":
+            totals = [int(x.strip()) * MIB for x in text.splitlines() if x.strip().isdigit()]
+        else:
+            totals = [int(x) for x in _VRAM.findall(text)]
+        if totals:
+            out = (totals, tool)
+            break
+    if out is None:
+        return None
+    totals, source = out
+    # the device variables narrow and reorder what a server sees (cards.visible_cards' rule: the
+    # shortest list); ids the tool's order does not give (UUIDs) leave every card counted
+    lists = [(v, [x.strip() for x in environ[v].split(",") if x.strip()]) for v in DEVICE_VARS if v in environ]
+    if lists:
+        var, ids = min(lists, key=lambda p: len(p[1]))
+        if all(x.isdigit() and int(x) < len(totals) for x in ids):
+            return [totals[int(x)] for x in ids], f"{source}, {var}={environ[var]}"
+    return totals, source
+
+
+def _last_int(argv: list[str], *options: str) -> int | None:
+    vals = [v for i, a in enumerate(argv) for o in options
+            for v in ([argv[i + 1]] if a == o and i + 1 < len(argv) else [a[len(o) + 1:]] if a.startswith(o + "=")
+                      else [])]
+    return int(vals[-1]) if vals and vals[-1].isdigit() else None
+
+
+def check_fit(launches: dict[str, list[str]], utilization: float, kv_bytes: int | None, model: Path,
+              memory: tuple[list[int], str] | None) -> dict:
+    """Refuse servers (`launches`: each one's command line, all on the same cards) that the GPU cannot hold
+    side by side; returns what was checked, for the run's record."""
+    if memory is None:
+        return {"checked": False, "why": "no nvidia-smi, hy-smi or rocm-smi answered: the GPU's memory unknown"}
+    totals, source = memory
+    n = len(launches)
+    ranks = {name: (_last_int(a, "--tensor-parallel-size", "-tp") or 1, _last_int(a, "--data-parallel-size", "-dp") or 1)
+             for name, a in launches.items()}
+    cards = max(tp * dp for tp, dp in ranks.values())
+    if len(totals) < cards:
+        return {"checked": False, "why": f"{len(totals)} card(s) visible ({source}), the servers use {cards}: "
+                                         "the cards' own check refuses that"}
+    total = min(totals[:cards])
+    rec = {"checked": True, "source": source, "card_bytes": total, "servers": n, "utilization": utilization,
+           "kv_cache_memory_bytes": kv_bytes}
+    who = f"{n} servers side by side ({', '.join(launches)})" if n > 1 else f"the {next(iter(launches))} server"
+    if n * utilization > 1 + 1e-9:
+        most = math.floor(100 / n) / 100
+        raise ForgeError(f"--gpu-memory-utilization {utilization:g}: {who} each take that share of the GPU, "
+                         f"{n * utilization:.2f} of its {total:,} bytes ({source}) in all",
+                         hint=f"give --gpu-memory-utilization {most:g} or less, or fewer --profiles")
+    if not kv_bytes:
+        return rec
+    share = math.floor(total * utilization)
+    try:
+        shape = shape_mod.load_shape(model)
+    except ForgeError:                    # a model the planner does not model: the share alone
+        shape = None
+    rec["per_server"] = {}
+    for name, argv in launches.items():
+        tp = ranks[name][0]
+        weights = shape.weight_bytes_per_rank(tp, vision="--language-model-only" not in argv) if shape else 0
+        room = share - weights
+        rec["per_server"][name] = {"tp": tp, "weights_bytes": weights, "kv_room_bytes": room}
+        if kv_bytes > room:
+            held = (f"and its weights take {weights:,} bytes per rank (TP{tp}, the capacity planner's figure)"
+                    if shape else "(its weights not counted: the planner does not model this model)")
+            raise ForgeError(f"--kv-cache-memory-bytes {kv_bytes:,}: {who} each get --gpu-memory-utilization "
+                             f"{utilization:g} of the GPU's {total:,} bytes ({source}), {share:,} bytes, {held}; "
+                             f"{max(room, 0):,} bytes are left for {name}'s KV cache",
+                             hint=(f"give --kv-cache-memory-bytes {room} or less, or " if room >= 1 << 28 else "give ")
+                             + f"a larger --gpu-memory-utilization (at most {math.floor(100 / n) / 100:g} for {n} "
+                               f"server{'s' if n > 1 else ''}), or fewer --profiles")
+    return rec

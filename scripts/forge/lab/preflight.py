@@ -1,0 +1,149 @@
+"""What `forge e2e-gpu` settles before it writes or starts anything (`prepare`): the bundle verified, the
+client and the differences from the organizers' command, the tiers' prompts built aside, a folder being
+resumed found comparable, the servers to start and to reuse, the deadline able to hold a tier, a batch
+profile the servers can decode, the servers fitting the GPU they share (forge.lab.gpufit), and the
+bundle's wheels installed. Only then is the results folder made and the prompts moved into it: a refusal
+(a ForgeError: one line naming the option and its fix, exit code 2) leaves nothing new on disk, and a
+folder being resumed as it was."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .. import ui
+from ..errors import ForgeError
+from ..run import bench
+from ..run.gpu_harness import site_env
+from . import batch_profile, final_round, gpu_bundle, gpufit
+from .install import install_bundle
+from .servers import plan, port_of, reusable
+from .session import device_name
+from .tiers import (
+    build_datasets,
+    check_resume,
+    client_line,
+    differences,
+    fully_kept,
+    harness_args,
+    harness_contest,
+    shortest_tier_need,
+    tiers_reserve,
+)
+
+if TYPE_CHECKING:
+    from .session import Run
+
+
+@dataclass
+class Prepared:
+    model: Path
+    site: Path | None
+    datasets: dict[str, Path]     # in the results folder's datasets/
+    kept: list[str]               # profiles whose every tier an earlier invocation measured: no server
+
+
+def _client(run: Run, model: Path) -> None:
+    """The client the tiers run, and its command line as the manifests record it."""
+    run.contest_h = harness_contest(run.contest, run.h, run.args.fixed_output)
+    run.client_options = run.contest_h["client"]["options"]
+    argv = bench.client_args(run.contest_h, dataset=Path("<tier>.jsonl"), num_prompts=0, model=str(model),
+                             host="", port=0, result_dir=Path(), result_name="")
+    run.client_line = client_line(argv)
+
+
+def some_tier_fits(run: Run, model: Path, names: list[str], datasets: dict[str, Path], to_start: list[str]) -> None:
+    """Before servers start: refuse a run whose deadline cannot hold their start and even the shortest
+    tier still to measure (they would start, every tier be skipped, and they be stopped again); with
+    --keep-servers they are started all the same, for the next invocation to reuse."""
+    shortest = shortest_tier_need(run, model, names, datasets)
+    if shortest is None:
+        return
+    tname, todo, guess = shortest
+    reserve = tiers_reserve(run.args, run.summary, names)
+    need = run.args.start_guess_s + guess + reserve
+    if run.left() >= need:
+        return
+    why = (f"{run.left():.0f} s left of --deadline-s {run.args.deadline_s:g}, and starting {', '.join(to_start)} "
+           f"(~{run.args.start_guess_s:.0f} s) then the shortest tier left, {tname}, for {', '.join(todo)} "
+           f"(~{guess:.0f} s, guessed) with the {reserve:.0f} s reserve need ~{need:.0f} s")
+    if run.args.keep_servers:
+        ui.warn(f"{why}: the servers start for the next invocation (--keep-servers), and this one may measure no tier")
+        return
+    raise ForgeError(f"{why}: no tier would be measured",
+                     hint="raise --deadline-s or lower --num-prompts, or add --keep-servers to start the servers "
+                          "now for the next invocation to reuse")
+
+
+def servers_fit(run: Run, model: Path, on_gpu: list[str]) -> None:
+    """The servers that will be up together (`on_gpu`: started now or reused), from the commands they run:
+    a batch profile each can decode at once, and their memory on the GPU they share."""
+    launches = {n: [str(a) for a in plan(run, model, n)["launch"]] for n in on_gpu}
+    args = run.args
+    if args.profile_prefill and args.profile_batch > 1:
+        for n, argv in launches.items():
+            batch_profile.refuse_by_args(argv, args.profile_prefill, args.profile_decode, args.profile_batch,
+                                         who=f"the {n} server")
+    side = run.h["side_by_side"]
+    run.summary["gpu_fit"] = gpufit.check_fit(launches, side["gpu_memory_utilization"],
+                                              side.get("kv_cache_memory_bytes"), model, gpufit.card_memory())
+
+
+def prepare(run: Run) -> Prepared:
+    """Everything that can refuse the invocation, in order, then the results folder (run.open())."""
+    args, names = run.args, run.names
+    site = wheel_sha = man = None
+    if args.bundle:
+        bundle = Path(args.bundle)
+        man = gpu_bundle.verify_bundle(bundle)
+        site = Path(args.site)
+        wheel_sha = man["files"][f"wheels/{man['vllm_wheel']}"]["sha256"]
+        run.summary["bundle"] = {"version": man["version"], "wheel": man["vllm_wheel"], "wheel_sha256": wheel_sha,
+                                 "forge": man.get("forge")}
+        model = Path(args.model) if args.model else bundle / "model"
+    else:
+        model = Path(args.model)          # check_values refused a run with neither
+    run.child_env = site_env(site)
+    run.hargs = harness_args(run.h, run.extra)
+    run.identity = {"bundle_wheel_sha256": wheel_sha, "server_args": run.hargs, "device": device_name(),
+                    **({"capacity": {n: final_round.capacity_args(run.capacity, n) for n in run.capacity}}
+                       if run.capacity else {})}
+    _client(run, model)
+    run.summary["differences"] = differences(run.h, run.extra, args.fixed_output, args.profile_prefill,
+                                             ports={n: port_of(run, n) for n in names},
+                                             profile_batch=args.profile_batch)
+    run.summary["differences"] += [{"side": "server", **c} for n in names for c in run.capacity.get(n, [])]
+    if run.rnd is not None:
+        run.summary["differences"].append({
+            "side": "server", "args": [f"<the {run.rnd.name} round's start script, tier {run.serve_tier}'s settings>"],
+            "why": f"--finals-servers: each profile's server renders the {run.rnd.name} round's start script (its "
+                   f"topology and capacity values for tier {run.serve_tier}); one server serves every tier of the "
+                   "run, where the finals start one per tier"})
+    aside = Path(tempfile.mkdtemp(prefix="forge-e2e-prompts-"))
+    try:
+        # the prompts are built aside: a folder being resumed is compared with them before anything is written
+        built = build_datasets(run, model, args.num_prompts, ddir=aside)
+        check_resume(run, names, built)
+        up = reusable(run, model)         # servers an earlier invocation left up, that this one reuses
+        kept = [n for n in names if fully_kept(run, n, built)]
+        to_start = [n for n in names if n not in kept and n not in up]
+        if to_start:
+            some_tier_fits(run, model, names, built, to_start)
+        on_gpu = [n for n in names if n in up or n in to_start]
+        if on_gpu:
+            servers_fit(run, model, on_gpu)
+        if man is not None:
+            install_bundle(Path(args.bundle), site, man)
+        run.open()
+        ddir = run.out / "datasets"
+        ddir.mkdir(exist_ok=True)
+        datasets = {}
+        for t, p in built.items():
+            shutil.copyfile(p, ddir / p.name)
+            datasets[t] = ddir / p.name
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+    return Prepared(model=model, site=site, datasets=datasets, kept=kept)
