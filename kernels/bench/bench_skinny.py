@@ -72,15 +72,16 @@ def shapes(config: dict, tp: int) -> list[tuple[str, int, int]]:
     ]
 
 
-def parse_ms(text: str) -> list[int]:
+def parse_ms(text: str, top: int = 16) -> list[int]:
+    """The token counts of --ms (ranges and single counts), each within 1-`top` (the kernel's range)."""
     out: set[int] = set()
     for part in text.split(","):
         a, _, b = part.partition("-")
         if not (a.strip().isdigit() and (not b or b.strip().isdigit())):
             raise SystemExit(f"bench_skinny: --ms {text!r}: expected token counts such as 1-16 or 1,2,4,8")
         out |= set(range(int(a), int(b or a) + 1))
-    if not out or min(out) < 1 or max(out) > 16:
-        raise SystemExit(f"bench_skinny: --ms {text!r}: token counts must lie in 1-16 (the kernel's range)")
+    if not out or min(out) < 1 or max(out) > top:
+        raise SystemExit(f"bench_skinny: --ms {text!r}: token counts must lie in 1-{top} (the kernel's range)")
     return sorted(out)
 
 

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Skinny GEMM on the matrix units (kernels/forge_triton/skinny_gemm.py) at 1-16 tokens on a GPU machine,
-against torch.nn.functional.linear (cuBLAS / hipBLASLt), the CUDA-core GEMV (kernels/csrc/forge_gemv.cu,
-where it builds) and the weight bytes at the device's copy bandwidth, at every bf16 linear layer of
-Qwen3.5-27B per rank at TP1 and TP2, and the fused gate_up + SiLU-and-mul against F.linear + the activation.
+"""Skinny GEMM on the matrix units (kernels/forge_triton/skinny_gemm.py) at 1-16 tokens and at 24 and 32 on a
+GPU machine, against torch.nn.functional.linear (cuBLAS / hipBLASLt), the CUDA-core GEMV (kernels/csrc/forge_gemv.cu,
+where it builds; 1-16 tokens only, where its launches stop) and the weight bytes at the device's copy bandwidth,
+at every bf16 linear layer of Qwen3.5-27B per rank at TP1 and TP2, and the fused gate_up + SiLU-and-mul against
+F.linear + the activation. 24 and 32 are the captured graph sizes vLLM pads a decode batch of 17-32 to (a server
+run above concurrency 16): the kernel's 32-row tile, against the platform GEMM only.
 
-    python3 kernels/bench/bench_skinny_mma.py --out DIR [--quick] [--tp 1,2] [--ms 1-16] [--no-sweep] [--force]
+    python3 kernels/bench/bench_skinny_mma.py --out DIR [--quick] [--tp 1,2] [--ms 1-16,24,32] [--no-sweep] [--force]
     python3 kernels/bench/bench_skinny_mma.py --out DIR --smoke      # CPU: Triton's interpreter, tiny shapes
 
 Shapes from the model's config as kernels/bench/bench_skinny.py derives them; timing, copy reference and
@@ -36,6 +38,7 @@ sys.path.insert(0, str(REPO / "kernels"))
 
 import bench_gemv as BG  # noqa: E402  (beside this file: Timer, copy_bandwidth, provenance, the activation)
 import bench_skinny as BS  # noqa: E402  (beside this file: the per-rank shapes, --ms parsing)
+import forge_tuned  # noqa: E402  (kernels/: the GEMV's and the skinny GEMM's token ranges)
 
 OUT_NAME = "bench_skinny_mma"
 TOL = 1e-2
@@ -47,7 +50,10 @@ SMOKE_SHAPES = [("smoke", 200, 360), ("gate_up", 192, 256)]
 SWEEP = [dict(block_n=64, split_k=1), dict(block_n=128, split_k=1), dict(block_n=64, split_k=2),
          dict(block_n=64, split_k=4), dict(block_n=128, split_k=2), dict(block_k=64), dict(block_k=256, block_n=64),
          dict(block_k=128), dict(num_warps=8), dict(num_stages=4), dict(num_stages=1)]
-QUICK_MS = [1, 4, 5, 8, 12, 16]
+GRAPH_MS = [24, 32]      # the captured graph sizes a decode batch of 17-32 runs at (the kernel's 32-row tile)
+QUICK_MS = [1, 4, 5, 8, 12, 16, *GRAPH_MS]
+SMOKE_MS = [1, 5, 16, *GRAPH_MS]
+BANDS = [(5, 16), (17, forge_tuned.MMA_MAX_TOKENS)]   # the summary's per-layer sections: 16-row tile, 32-row tile
 
 
 class CpuTimer:
@@ -88,6 +94,18 @@ def launches(SK, M, N, K, cus, fused, hip, sweep):
     return out
 
 
+def load_gemv(gpu: bool, no_gemv: bool):
+    """(the CUDA-core GEMV extension or None, its build seconds, a note for the provenance)."""
+    if not gpu or no_gemv:
+        return None, 0.0, "not timed (--no-gemv)" if no_gemv else "not timed (no device)"
+    try:
+        import gemv_ext  # beside this file; builds a torch extension (nvcc / hipcc): only on a GPU machine
+        ext, build_s = gemv_ext.load()
+        return ext, build_s, f"built/loaded in {build_s:.1f} s"
+    except Exception as e:  # noqa: BLE001 - the GEMV is a comparison, its build may fail on a platform
+        return None, 0.0, f"not built: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
 def err(torch, y, r) -> float:
     if torch.isnan(y).any():
         return math.inf
@@ -99,7 +117,9 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help=f"folder for {OUT_NAME}.json and {OUT_NAME}.md")
     ap.add_argument("--tp", default="1,2", help="tensor-parallel degrees whose per-rank shapes are timed (default 1,2)")
-    ap.add_argument("--ms", default="1-16", help="token counts (default 1-16)")
+    ap.add_argument("--ms", default="1-16,24,32",
+                    help=f"token counts, 1-{forge_tuned.MMA_MAX_TOKENS} (default 1-16,24,32; the GEMV only at "
+                         f"1-{forge_tuned.GEMV_MAX_TOKENS})")
     ap.add_argument("--quick", action="store_true", help=f"M = {QUICK_MS}, no sweep, fewer repetitions")
     ap.add_argument("--no-sweep", action="store_true", help="time only the built-in launch of the new kernel")
     ap.add_argument("--no-gemv", action="store_true", help="do not build or time the CUDA-core GEMV extension")
@@ -112,7 +132,7 @@ def parse_args(argv):
     except ValueError:
         ap.error(f"--tp {args.tp!r}: expected degrees such as 1,2")
     try:
-        args.ms = [1, 5, 16] if args.smoke else QUICK_MS if args.quick else BS.parse_ms(args.ms)
+        args.ms = SMOKE_MS if args.smoke else QUICK_MS if args.quick else BS.parse_ms(args.ms, forge_tuned.MMA_MAX_TOKENS)
     except SystemExit as e:                       # bench_skinny's one-line message, with this tool's exit code
         ap.error(str(e).replace("bench_skinny: ", ""))
     if (Path(args.out) / f"{OUT_NAME}.json").exists() and not args.force:
@@ -146,14 +166,7 @@ def main(argv=None) -> int:
     t_start = time.time()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    ext, build_s, ext_note = None, 0.0, "not timed (--no-gemv)" if args.no_gemv else "not timed (no device)"
-    if gpu and not args.no_gemv:
-        try:
-            import gemv_ext  # beside this file; builds a torch extension (nvcc / hipcc): only on a GPU machine
-            ext, build_s = gemv_ext.load()
-            ext_note = f"built/loaded in {build_s:.1f} s"
-        except Exception as e:  # noqa: BLE001 - the GEMV is a comparison, its build may fail on a platform
-            ext_note = f"not built: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    ext, build_s, ext_note = load_gemv(gpu, args.no_gemv)
     print(f"{OUT_NAME}: GEMV extension {ext_note}", flush=True)
     if gpu:
         timer = BG.Timer(torch, reps=5 if args.quick else 9, target_ms=1.0 if args.quick else 2.0)
@@ -225,7 +238,7 @@ def main(argv=None) -> int:
                     rec(f"F.linear + {act_label}", lambda i: act(F.linear(x, ws[i % ncopies]), y))
                 else:
                     rec("F.linear", lambda i: F.linear(x, ws[i % ncopies]))
-                if ext is not None:
+                if ext is not None and M <= forge_tuned.GEMV_MAX_TOKENS:     # its launches stop at 16 rows
                     gemv = ext.forge_gemv_silu_mul if fused else ext.forge_gemv
                     rec("gemv", lambda i: gemv(y, x, ws[i % ncopies]))
                 for label, cfg in launches(SK, M, N, K, cus, fused, hip, sweep=not (args.quick or args.no_sweep)):
@@ -296,7 +309,8 @@ def render(result: dict) -> list[str]:
              f"Copy reference {copy['tbps_read_write']:.3f} TB/s (read + write, {copy['best']}). µs per call; "
              "% = (W + x + y bytes) / time / copy rate; floor = those bytes at the copy rate. mma = the built-in "
              "launch of kernels/forge_triton/skinny_gemm.py, best = its fastest timed launch "
-             "[block_n, block_k, split_k, warps, stages]. GEMV extension: " + p["gemv_extension"] + ".", "",
+             "[block_n, block_k, split_k, warps, stages]. GEMV extension: " + p["gemv_extension"]
+             + f" (timed at 1-{forge_tuned.GEMV_MAX_TOKENS} rows, where its launches stop: '-' above).", "",
              "| TP | layer | kind | N x K | M | floor µs | F.linear µs | % | GEMV µs | % | mma µs | % | best µs | % "
              "| best / F.linear | best launch |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -305,16 +319,21 @@ def render(result: dict) -> list[str]:
                      f"{s['linear_us']:.1f} | {pct(s['linear_frac_copy'])} | {us(s['gemv_us'])} | "
                      f"{pct(s['gemv_frac_copy'])} | {us(s['builtin_us'])} | {pct(s['builtin_frac_copy'])} | "
                      f"{s['best_us']:.1f} | {pct(s['best_frac_copy'])} | {s['best_vs_linear']:.3f} | {s['best_launch']} |")
-    lines += ["", "## Per layer at M = 5-16: % of copy bandwidth (min-max)", "",
-              "| TP | layer | kind | N x K | F.linear | mma built-in | mma best | best / F.linear |", "|---|---|---|---|---|---|---|---|"]
-    groups: dict = {}
-    for s in result["summary"]:
-        if s["M"] >= 5:
-            groups.setdefault((s["tp"], s["shape"], s["kind"], f"{s['N']}x{s['K']}"), []).append(s)
-    for (tp, name, kind, nk), ss in groups.items():
-        lines.append(f"| {tp} | {name} | {kind} | {nk} | {span(ss, 'linear_frac_copy')} | "
-                     f"{span(ss, 'builtin_frac_copy')} | {span(ss, 'best_frac_copy')} | "
-                     f"{span(ss, 'best_vs_linear', 1, '{:.2f}')} |")
+    for lo, hi in BANDS:
+        groups: dict = {}
+        for s in result["summary"]:
+            if lo <= s["M"] <= hi:
+                groups.setdefault((s["tp"], s["shape"], s["kind"], f"{s['N']}x{s['K']}"), []).append(s)
+        if not groups:
+            continue
+        ms = sorted({s["M"] for ss in groups.values() for s in ss})
+        lines += ["", f"## Per layer at M = {lo}-{hi} (measured: {', '.join(map(str, ms))}): % of copy bandwidth "
+                  "(min-max)", "", "| TP | layer | kind | N x K | F.linear | mma built-in | mma best | best / F.linear |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for (tp, name, kind, nk), ss in groups.items():
+            lines.append(f"| {tp} | {name} | {kind} | {nk} | {span(ss, 'linear_frac_copy')} | "
+                         f"{span(ss, 'builtin_frac_copy')} | {span(ss, 'best_frac_copy')} | "
+                         f"{span(ss, 'best_vs_linear', 1, '{:.2f}')} |")
     tuned = result["tuned_skinny_mma"]
     npairs = sum(len(v) for d in tuned.values() for v in d.values())
     lines += ["", f"## Where the new kernel beat F.linear ({npairs} (shape, M) pairs; launch = its fastest)", "",

@@ -1,6 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """Calibration family `gemv`: every bf16 linear layer of a Qwen3.5-27B decode step at 1-16 tokens
-(decode batches up to the round's concurrency: 1-4 the GEMV, 5-16 the same kernel's skinny GEMM).
+(decode batches up to the round's concurrency: 1-4 the GEMV, 5-16 the same kernel's skinny GEMM) and at
+24 and 32 tokens: a server run above concurrency 16 decodes batches of 17-32, which vLLM pads to its
+captured graph sizes 24 and 32, so those two are the token counts such a batch's linear layers run at.
+There only the platform's GEMM (the upstream anchor; for the fused decision, the platform GEMM plus the
+separate activation) and the skinny GEMM on the matrix units ("mma", plain and fused) are measured: our
+GEMV's launches stop at 16 tokens (forge_tuned.GEMV_MAX_TOKENS) and vLLM's skinny kernels at fewer, so
+neither is a candidate there (GRAPH_TOKENS).
 
 Decisions `gemv.plain.NxK.M` (our GEMV at any of its launches, our skinny GEMM on the matrix units, or
 the platform's GEMM) and `gemv.fused.34816x5120.M` (the MLP's gate_up + SiLU-and-mul as one kernel of
@@ -39,6 +45,9 @@ SKINNY_VARIANTS = {"cuda": [(64, 2), (64, 4), (128, 2), (128, 4), (256, 2), (512
                    "hip": [(256, 1), (256, 2), (512, 1), (640, 1), (640, 2)]}
 SKINNY_FUSED_VARIANTS = [(64, 1), (64, 2), (128, 1), (640, 1)]
 MMA = forge_tuned.GEMV_MMA   # the skinny GEMM's launch in a record and in the table
+# the token counts above the GEMV's 16 that a decode step runs at: the captured graph sizes vLLM pads a batch
+# of 17-32 to; measured for the platform GEMM and the skinny GEMM only (at most forge_tuned.MMA_MAX_TOKENS)
+GRAPH_TOKENS = (24, 32)
 TOL = 2e-2          # relative to max(|ref|, 1 % RMS): bf16 output rounding is 2^-8 = 3.9e-3
 MEM_CAP = 24 << 30  # bytes of weight copies per shape
 
@@ -132,10 +141,23 @@ def activation(torch, F):
     return bench_gemv.silu_and_mul_fn(torch, F)
 
 
+def token_counts(quick: bool = False) -> tuple[int, ...]:
+    """The token counts measured: 1-16 and GRAPH_TOKENS (--quick: 1, 2 and 8)."""
+    return (1, 2, 8) if quick else (*range(1, forge_tuned.GEMV_MAX_TOKENS + 1), *GRAPH_TOKENS)
+
+
+def gemv_measured(M: int) -> bool:
+    """Whether our GEMV (and vLLM's skinny kernels, which stop below it) are candidates at M tokens."""
+    return M <= forge_tuned.GEMV_MAX_TOKENS
+
+
 def launches(M: int, fused: bool, on_amd: bool, quick: bool = False) -> list[tuple[int, int]]:
     """The (block, rows) launches of our kernel measured at M tokens: the built-in choice (0, 0) and the
     variants of the platform and token range (--quick: the first two), less those forge_gemv.cu does not
-    build at M (forge_tuned.gemv_launch_problem: they would only be recorded as failures)."""
+    build at M (forge_tuned.gemv_launch_problem: they would only be recorded as failures); none above
+    its 16 tokens."""
+    if not gemv_measured(M):
+        return []
     if M <= 4:
         menu = FUSED_VARIANTS if fused else VARIANTS["hip" if on_amd else "cuda"]
     else:
@@ -159,7 +181,7 @@ def run(torch, args, emit) -> dict:
     sk, sk_note = load_mma(args.kernels)
     notes.append(sk_note)
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20) or (64 << 20)
-    ms = (1, 2, 8) if args.quick else tuple(range(1, 17))
+    ms = token_counts(args.quick)
     per_rank = C.linear(getattr(args, "tp", 1))          # --tp: one rank's shapes
     shapes = per_rank[:3] if args.quick else per_rank
     g = torch.Generator(device="cuda").manual_seed(args.seed)
@@ -212,7 +234,7 @@ def run(torch, args, emit) -> dict:
             candidate(base_name, "upstream", lambda w: base(x, w))
             if base_name != "F.linear":
                 candidate("F.linear", "vendor", lambda w: F.linear(x, w), selectable=False)
-            for vname, vfn in vendors.items():
+            for vname, vfn in (vendors if gemv_measured(M) else {}).items():
                 candidate(vname, "vendor", lambda w, f=vfn: f(x, w), selectable=False)
             y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
             for block, rows in launches(M, False, bool(torch.version.hip), args.quick):

@@ -1,9 +1,9 @@
 """The GEMV calibration's skinny-GEMM candidate as the family runs it (kernels/calibrate/gemv.py: `load_mma`,
-`mma_workspace`, then `skinny_gemm(x, w, out, workspace=...)` / `skinny_gemm_silu_mul`): the module this
-checkout's calibration imports is the kernel, the preallocated fp32 workspace covers the built-in launch's
-split-K partials at every row count, and the call writes every output cell right (NaN-poisoned output,
-float64 reference, fresh random inputs; the seed is in each failure message). On a CPU: Triton's
-interpreter at a shape whose built-in launch splits K (8 compute units there)."""
+`mma_workspace`, then `skinny_gemm(x, w, out, workspace=...)` / `skinny_gemm_silu_mul`) at 1-16 rows and at the
+graphs' 24 and 32: the module this checkout's calibration imports is the kernel, the preallocated fp32
+workspace covers the built-in launch's split-K partials at every row count, and the call writes every output
+cell right (NaN-poisoned output, float64 reference, fresh random inputs; the seed is in each failure message).
+On a CPU: Triton's interpreter at a shape whose built-in launch splits K (8 compute units there)."""
 
 import os
 
@@ -30,7 +30,7 @@ def test_the_candidate_runs_the_built_in_launch_in_its_workspace(N, K, fused):
     g = torch.Generator(device=DEV).manual_seed(seed)
     w = (torch.randn(N, K, device=DEV, generator=g) * K ** -0.5).bfloat16()
     n_out = N // 2 if fused else N
-    for M in (1, 7, 16):
+    for M in (1, 7, 16, 24, 32):     # the 16-row tile and the 32-row one (the graphs' 24 and 32)
         assert ws.numel() >= SK.workspace_numel(M, N, SK.launch_config(M, N, K, SK.num_compute_units(),
                                                                        fused=fused).split_k, fused)
         x = torch.randn(M, K, device=DEV, generator=g).bfloat16()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import sys
 
 from .. import paths, ui
@@ -21,6 +22,11 @@ def _us(v) -> str:
 
 def _family(dec: str) -> str:
     return dec.split(".")[0]
+
+
+def _order(dec: str) -> list:
+    """A decision's place in the report: its numbers as numbers (gemv ... .2 before .10, .16 before .24)."""
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", dec)]
 
 
 def render(doc: dict, records: list[dict]) -> str:
@@ -49,7 +55,7 @@ def render(doc: dict, records: list[dict]) -> str:
             continue
         for n in info.get("notes") or []:
             lines.append(f"- {n}")
-        decs = {d: s for d, s in doc["selection"].items() if _family(d) == fam}
+        decs = {d: s for d, s in sorted(doc["selection"].items(), key=lambda kv: _order(kv[0])) if _family(d) == fam}
         if not decs:
             lines += ["", "(no decision: a correctness-only family)" if fam == "write" else "(no records)", ""]
         else:
@@ -91,7 +97,8 @@ def render(doc: dict, records: list[dict]) -> str:
 def chart(doc: dict, fam: str) -> bytes | None:
     """The family's chart as PNG bytes (None without matplotlib or without a decision with a speed-up)."""
     plt = ui.pyplot()
-    decs = [(d, s) for d, s in doc["selection"].items() if _family(d) == fam and s.get("speedup")]
+    decs = [(d, s) for d, s in sorted(doc["selection"].items(), key=lambda kv: _order(kv[0]))
+            if _family(d) == fam and s.get("speedup")]
     if plt is None or not decs:
         return None
     fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(decs) + 2), 4))

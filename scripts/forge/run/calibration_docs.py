@@ -18,13 +18,17 @@ from . import runs
 FAMILIES = ("gemv", "prefill", "decode", "write", "gemm")
 KINDS = ("ours", "upstream", "builtin", "vendor")
 # the decisions and points each family's code (kernels/calibrate/) writes (the write family's checks
-# were one decision, "write", in the first recorded calibrations)
-DECISION = {"gemv": r"gemv\.(plain|fused)\.[1-9]\d*x[1-9]\d*\.([1-9]|1[0-6])", "prefill": r"prefill\.(16bit|int8)",
+# were one decision, "write", in the first recorded calibrations); the GEMV family's token counts: 1-16 and
+# the captured graph sizes 24 and 32 (kernels/calibrate/gemv.py GRAPH_TOKENS), where only the platform GEMM
+# and the skinny GEMM ("mma") are measured
+GEMV_TOKENS = r"([1-9]|1[0-6]|24|32)"
+GEMV_MAX_TOKENS = 16      # our GEMV's launches ([block, rows]) stop here (kernels/forge_tuned GEMV_MAX_TOKENS)
+DECISION = {"gemv": r"gemv\.(plain|fused)\.[1-9]\d*x[1-9]\d*\." + GEMV_TOKENS, "prefill": r"prefill\.(16bit|int8)",
             "decode": r"decode\.[1-9]\d*\.(16bit|int8)", "write": r"write(\.b[1-9]\d*\.t[1-9]\d*)?",
             "gemm": r"gemm\.[1-9]\d*x[1-9]\d*"}
-POINT = {"gemv": r"M=([1-9]|1[0-6])", "prefill": r"P=\d+ C=[1-9]\d*", "decode": r"ctx=[1-9]\d*",
+POINT = {"gemv": "M=" + GEMV_TOKENS, "prefill": r"P=\d+ C=[1-9]\d*", "decode": r"ctx=[1-9]\d*",
          "write": r"block=[1-9]\d* tokens=[1-9]\d*", "gemm": r"M=[1-9]\d*"}
-SHOWN = {"gemv": ("gemv.plain|fused.NxK.M", "M=1 to M=16"), "prefill": ("prefill.16bit|int8", "P=PREFIX C=CHUNK"),
+SHOWN = {"gemv": ("gemv.plain|fused.NxK.M", "M=1 to M=16, M=24 or M=32"), "prefill": ("prefill.16bit|int8", "P=PREFIX C=CHUNK"),
          "decode": ("decode.BATCH.16bit|int8", "ctx=TOKENS"), "write": ("write.bBLOCK.tTOKENS", "block=B tokens=T"),
          "gemm": ("gemm.NxK", "M=ROWS")}
 EVERY_POINT = "(every point)"        # the one record of a candidate that killed its process
@@ -117,6 +121,10 @@ def check_record(r, d: Doc, family: str, key: str) -> None:
     d.need(_text(r.get("candidate")), f"{key}.candidate", r.get("candidate"), "the candidate's name")
     d.need(r.get("kind") in KINDS, f"{key}.kind", r.get("kind"), "one of " + ", ".join(KINDS))
     d.need(_launch(r.get("launch"), family), f"{key}.launch", r.get("launch"), launch_form(family))
+    if family == "gemv" and isinstance(r.get("launch"), list):
+        m = int(dec.rsplit(".", 1)[1])
+        d.need(m <= GEMV_MAX_TOKENS, f"{key}.launch", r.get("launch"),
+               f"{MMA!r} or null at {m} tokens (the GEMV's [block, rows] launches stop at {GEMV_MAX_TOKENS})")
     d.need(isinstance(r.get("selectable", True), bool), f"{key}.selectable", r.get("selectable"), "true or false")
     d.need(isinstance(r.get("ok"), bool), f"{key}.ok", r.get("ok"), "true or false")
     d.need(positive(r.get("weight")), f"{key}.weight", r.get("weight"), "a finite number > 0")
