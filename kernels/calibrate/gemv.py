@@ -3,8 +3,9 @@
 (decode batches up to the round's concurrency: 1-4 the GEMV, 5-16 the same kernel's skinny GEMM) and at
 24 and 32 tokens: a server run above concurrency 16 decodes batches of 17-32, which vLLM pads to its
 captured graph sizes 24 and 32, so those two are the token counts such a batch's linear layers run at.
-There only the platform's GEMM (the upstream anchor; for the fused decision, the platform GEMM plus the
-separate activation) and the skinny GEMM on the matrix units ("mma", plain and fused) are measured: our
+There only the platform's GEMM (the upstream anchor, and on ROCm F.linear beside vLLM's route as at 1-16;
+for the fused decision, the platform GEMM plus the separate activation) and the skinny GEMM on the matrix
+units ("mma", plain and fused) are measured: our
 GEMV's launches stop at 16 tokens (forge_tuned.GEMV_MAX_TOKENS) and vLLM's skinny kernels at fewer, so
 neither is a candidate there (GRAPH_TOKENS).
 
