@@ -222,6 +222,15 @@ def run_tiers(*, profile: str | None = None, run_id: str | None = None, model: s
                          hint="pass --model DIR (or MODEL=DIR), or start the server with forge serve")
     run_id = run_id or (st or {}).get("run_id") or runs.new_run_id(profile)
     rdir = runs.run_dir(run_id, create=False)
+    # the server forge serve started (else the run's record of one) measures in its round, on its tier
+    rec = Path(st["run_dir"]) / "serve.json" if st and st.get("run_dir") else rdir / "serve.json"
+    own, conc, whence = final_client.for_server(rnd, runs.read_json(rec) if rec.is_file() else None, tiers)
+    if own != tiers or (conc and not concurrency):
+        if tiers is None:
+            ui.info(f"the server answering now was started for tier {own[0]}: the {rnd.name} round's client runs it")
+        chosen, plan = final_client.tier_plan(contest, rnd, [t for t in contest["tiers"] if t["name"] in own],
+                                              num_prompts=num_prompts, concurrency=concurrency or conc,
+                                              **({} if concurrency else {"concurrency_from": whence}))
     created = not rdir.exists()
     rdir = runs.run_dir(run_id)
     try:
@@ -353,7 +362,8 @@ def register(sub) -> None:
     p.add_argument("--run-id", help="run to write or resume (default: the running server's run, else a new one)")
     p.add_argument("--model", help="model directory for the tokenizer (default: the running server's, or $MODEL)")
     p.add_argument("--data-dir", help="folder with the official tier files (default: $DATA_DIR)")
-    p.add_argument("--tiers", help="comma-separated subset of tiers (default: all)")
+    p.add_argument("--tiers", help="comma-separated subset of tiers (default: all; in the final round, against a "
+                                   "server forge serve started for a tier: that tier, and no other)")
     p.add_argument("--num-prompts", type=int,
                    help="prompts per tier (default: every official prompt with DATA_DIR, else every request of "
                         "configs/workload.yaml; fewer: a subset evenly spaced by output length)")
@@ -372,7 +382,9 @@ def register(sub) -> None:
                         "CONCURRENCY_16_32K, else the round's 10), --request-rate inf, 1024 outputs, 80 / 70 / 60 "
                         "requests (--num-prompts overrides them and is recorded as a difference), 2 warm-ups; "
                         "the manifest records the round and each tier's settings, and a run of another round "
-                        "is not resumed")
+                        "is not resumed. A server forge serve started is measured in its own round only; in the "
+                        "final round its tier's CONCURRENCY_<tier>, when unset now, is the one its start took from "
+                        "the profile or the environment")
     p.add_argument("--keep-failed", action="store_true",
                    help="on resume, keep tiers whose result has failed requests (default: set them aside in "
                         "failed/ and run them again)")

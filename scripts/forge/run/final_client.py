@@ -34,15 +34,15 @@ def _rate(v: float) -> str:
 
 
 def tier_plan(contest: dict, rnd: rounds.Round, tiers: list[dict], *, num_prompts: int | None = None,
-              concurrency: Mapping[str, int] | None = None,
+              concurrency: Mapping[str, int] | None = None, concurrency_from: str = "the sweep's configuration",
               environ: Mapping[str, str] | None = None) -> tuple[list[dict], dict]:
     """The tiers to run with their client settings, and the manifest's record of them.
 
     Returns (tiers, record): in a round other than the preliminary each tier dict gains `client` (the
     client options the round sets: {option: value}) and the round's `num_prompts`; record is
     {"round", "tiers": {name: settings}, "differences": [what differs from the round's client]}.
-    `concurrency` (the sweep's) wins over the environment's CONCURRENCY_<tier>, which wins over the
-    round's value; each is checked against the round's bounds."""
+    `concurrency` (the sweep's; `concurrency_from` says whence) wins over the environment's
+    CONCURRENCY_<tier>, which wins over the round's value; each is checked against the round's bounds."""
     environ = os.environ if environ is None else environ
     out, rec, diffs = [], {}, []
     for t in tiers:
@@ -55,7 +55,7 @@ def tier_plan(contest: dict, rnd: rounds.Round, tiers: list[dict], *, num_prompt
                          "num_prompts": num_prompts or tc.num_prompts or "every prompt of the tier"}
             continue
         if concurrency and name in concurrency:
-            c, src = concurrency[name], "the sweep's configuration"
+            c, src = concurrency[name], concurrency_from
         elif tc.concurrency_env and environ.get(tc.concurrency_env, "").strip():
             c, src = environ[tc.concurrency_env].strip(), tc.concurrency_env
         else:
@@ -70,6 +70,37 @@ def tier_plan(contest: dict, rnd: rounds.Round, tiers: list[dict], *, num_prompt
         rec[name] = {"max_concurrency": c, "concurrency_from": src, "request_rate": _rate(tc.request_rate),
                      "custom_output_len": tc.output_len, "num_warmups": tc.warmups, "num_prompts": n}
     return out, {"round": rnd.name, "tiers": rec, "differences": diffs}
+
+
+def for_server(rnd: rounds.Round, server: dict | None, tiers: list[str] | None,
+               environ: Mapping[str, str] | None = None) -> tuple[list[str] | None, dict[str, int] | None, str]:
+    """What the round's client may run against the server `forge serve` started (`server`: its record,
+    serve.json; None: nothing to check). A server measures in its own round only. In a later round a
+    server is started for one tier with that tier's settings: the client runs that tier (`tiers` None)
+    and refuses another, at the concurrency that start resolved from the profile or the environment,
+    unless the tier's CONCURRENCY_<tier> is set now. Returns (tiers, concurrency, whence) for tier_plan."""
+    if not isinstance(server, dict):
+        return tiers, None, ""
+    was = server.get("round") or PRELIMINARY
+    if was != rnd.name:
+        hint = (f"add --round {was} (make bench-all-tiers ROUND={was})" if was != PRELIMINARY else
+                f"forge stop, then start the tier's server: make serve ROUND={rnd.name} TIER=<tier> PROFILE=...")
+        raise ForgeError(f"the server answering now was started for the {was} round; the {rnd.name} round's client "
+                         "measures a server of its own round only", hint=hint)
+    tier = server.get("tier")
+    if was == PRELIMINARY or not isinstance(tier, str):
+        return tiers, None, ""
+    if tiers is not None and set(tiers) != {tier}:
+        raise ForgeError(f"tier(s) {', '.join(t for t in tiers if t != tier)}: the server answering now was started "
+                         f"for tier {tier}; in the {rnd.name} round each tier runs against a server started with "
+                         "that tier's settings", hint=f"--tiers {tier}, or forge stop and start the other tier's "
+                                                      f"server (make serve ROUND={rnd.name} TIER=<tier>)")
+    environ = os.environ if environ is None else environ
+    var = rnd.client(tier).concurrency_env
+    conc, src = (server.get("settings") or {}).get("concurrency"), (server.get("sources") or {}).get("concurrency")
+    if type(conc) is not int or src in (None, "baseline") or (var and environ.get(var, "").strip()):
+        return [tier], None, ""
+    return [tier], {tier: conc}, f"the server's start ({src})"
 
 
 def check_resume(manifest: dict, plan: dict, run_id: str, done: list[str], rdir: Path) -> None:
