@@ -339,3 +339,20 @@ def test_the_scheduler_preempts_none_at_five_seqs_on_the_shorter_tiers(tier):
         assert cap_mod.planned_seqs(shape, 1, 1, [p for p, _ in requests], 1024, conc, kv_dtype="bf16",
                                     card_name="dcu") == 5
         assert _preemptions(cap, 128, requests, conc, cost) > 0
+
+
+def test_predict_round_final_writes_what_its_help_says_and_only_with_out(tmp_path):
+    """--help's --out names the final round's files and says they are written only when --out is given;
+    without it, nothing is written (the prediction is printed)."""
+    r = forge(tmp_path, "predict", "--help", COLUMNS="1000")        # argparse wraps at hyphens otherwise
+    text = " ".join(r.stdout.split())
+    assert "with --round final: predict-final.json and predict-final.md (--validate: validation.json and " \
+           "validation.md), only when --out is given" in text
+    args = ("predict", "--round", "final", "--speedup", "gemv=1.3", "--concurrency", "10",
+            "--max-num-batched-tokens", "4096", "--kv-dtype", "bf16")
+    r = forge(tmp_path, *args, timeout=300)
+    assert r.returncode == 0 and r.stdout.count("pick:") == 3, r.stderr
+    assert not (tmp_path / "build").exists() and "wrote" not in r.stderr
+    r = forge(tmp_path, *args, "--out", str(tmp_path / "p"), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["predict-final.json", "predict-final.md"]

@@ -299,7 +299,9 @@ def register(sub) -> None:
     p.add_argument("--label", help="name of the prediction, a plain name (default: the run's, the speed-ups' or "
                                    "'given times'); not with --e2e, whose profiles name theirs")
     p.add_argument("--out", help="folder for predict.json, predict.md and predict.png (default build/predict/<label>; "
-                                 "with --e2e one subfolder per profile)")
+                                 "with --e2e one subfolder per profile); with --round final: predict-final.json and "
+                                 "predict-final.md (--validate: validation.json and validation.md), only when --out "
+                                 "is given")
     p.add_argument("--force", action="store_true",
                    help="replace a prediction recorded in --out (files git tracks; also FORCE=1)")
     f = p.add_argument_group("the final round (--round final: the finals' time model, scripts/forge/run/predict_final.py)")
