@@ -195,6 +195,10 @@ def test_the_preliminary_unlocks_nothing(c, prelim):
     ({"HIP_VISIBLE_DEVICES": "0"}, False),
     ({"CUDA_VISIBLE_DEVICES": ""}, False),
     ({"ROCR_VISIBLE_DEVICES": "0,1", "HIP_VISIBLE_DEVICES": "0"}, False),   # the narrower list counts
+    # a negative index hides itself and every device after it (CUDA's rule; torch parses the list so)
+    ({"CUDA_VISIBLE_DEVICES": "-1"}, False),
+    ({"HIP_VISIBLE_DEVICES": "0,-1,1"}, False),
+    ({"CUDA_VISIBLE_DEVICES": "0,1,-1"}, True),
 ])
 def test_a_topology_needing_more_cards_than_visible_is_refused(c, final, environ, need_ok):
     v = rounds.visible_cards(environ, torch_count=lambda: 8)

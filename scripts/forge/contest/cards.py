@@ -1,7 +1,7 @@
 """The cards a server started now would see, and the check that a multi-card topology fits them: one
 card per rank, no device listed twice. Counting rule: the device variables (CUDA_VISIBLE_DEVICES,
 HIP_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES; with several set, the shortest list, since each narrows
-what the next sees), else torch's device count when torch imports, else "cannot tell", and a
+what the next sees; a list ends at a negative index), else torch's device count when torch imports, else "cannot tell", and a
 multi-card start is then refused until a device variable names the cards."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def visible_cards(environ: Mapping[str, str] | None = None, torch_count: Any = N
     """How many cards a server started now would see (the module's counting rule). `torch_count`: a
     callable standing in for torch.cuda.device_count (tests)."""
     environ = os.environ if environ is None else environ
-    lists = [(v, tuple(x.strip() for x in environ[v].split(",") if x.strip())) for v in DEVICE_VARS if v in environ]
+    lists = [(v, _listed(environ[v])) for v in DEVICE_VARS if v in environ]
     if lists:
         var, ids = min(lists, key=lambda p: len(p[1]))
         return Visible(len(ids), ids, f"{var}={environ[var]}")
@@ -40,6 +40,18 @@ def visible_cards(environ: Mapping[str, str] | None = None, torch_count: Any = N
         return Visible(int(torch_count()), None, "torch.cuda.device_count()")
     except Exception as e:                     # a driver error: cannot tell
         return Visible(None, None, f"torch.cuda.device_count() failed ({type(e).__name__})")
+
+
+def _listed(value: str) -> tuple[str, ...]:
+    """The devices a device variable lists: a negative index hides itself and every device after it
+    (CUDA's rule, and torch's parse of the list), so the list ends there."""
+    out: list[str] = []
+    for x in (x.strip() for x in value.split(",")):
+        if x.startswith("-") and x[1:].isdigit():
+            break
+        if x:
+            out.append(x)
+    return tuple(out)
 
 
 def check_cards(need: int, topology: str, visible: Visible, cite: str, where: str = "server") -> None:
