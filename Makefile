@@ -118,7 +118,7 @@ sweep: ## serve, bench all tiers, score and stop for each profile in turn (PROFI
 accuracy: ## accuracy sets against the running server (official script or ours): run_accuracy.sh with DATA_DIR, else our LongBench-format evaluator; resumes; FORCE=1 replaces a recorded result
 	@$(FORGE) accuracy $(if $(RUN),--run-id $(RUN)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(filter 1,$(FORCE)),--force)
 
-report: ## regenerate reports/env-vars.md, optimization-plan.md, submission-readme.md and the submission's ENVIRONMENT.md and OPTIMIZATION.md (reports/submission/) (ROUND=final TIER_ENV=<file>: the environment per tier)
+report: ## regenerate reports/env-vars.md, optimization-plan.md, submission-readme.md and the submission's ENVIRONMENT.md and OPTIMIZATION.md (reports/submission/) (ROUND=final TIER_ENV=<file>: the environment per tier, into reports/final-round/)
 	@$(FORGE) report --profile $(PROFILE) $(if $(ROUND),--round $(ROUND)) $(if $(TIER_ENV),--tier-env $(TIER_ENV))
 
 gpu-bundle: ## build the bundle for the end-to-end run on a GPU machine: build/gpu-bundle (patched vLLM, harness build; extra wheels, model dir, manifest)

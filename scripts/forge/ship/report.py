@@ -187,7 +187,7 @@ def submission_readme_md(profile: dict, contest: dict, prov: dict, prov_src: str
 def write_report(profile: str = "contest", out: Path | None = None, provenance: str | None = None,
                  round_name: str | None = None, tier_env: str | None = None) -> list[Path]:
     """Write env-vars.md, optimization-plan.md and submission-readme.md for `profile` into `out`
-    (default reports/), and the submission's ENVIRONMENT.md and OPTIMIZATION.md (for the profile and
+    (default reports/; the final round's reports/final-round/), and the submission's ENVIRONMENT.md and OPTIMIZATION.md (for the profile and
     run configs/optimizations.yaml names) into `out`/submission/; a document whose text is unchanged is
     left alone. Returns the files written. `round_name` final: the profile is served in the final round
     (its first tier's command shown) and ENVIRONMENT.md lists the environment per tier (`tier_env`: the
@@ -204,7 +204,8 @@ def write_report(profile: str = "contest", out: Path | None = None, provenance: 
     rendered = (profiles.render_round(prof, "<model dir>", contest, rnd, rnd.tier_order[0], environ={})
                 if rnd.name != rounds.DEFAULT_ROUND else None)
     view = rounds.contest_view(contest, rnd, rounds.Settings(**rendered["settings"])) if rendered else contest
-    out = Path(out) if out else paths.REPORTS
+    # a later round's documents go beside its tier-environment file: the preliminary's stay as tracked
+    out = Path(out) if out else paths.REPORTS if rnd.name == rounds.DEFAULT_ROUND else final_pick.tier_env_path().parent
     prov, src = find_provenance(provenance)
     docs = {"env-vars.md": env_vars_md(prof, view, rendered), "optimization-plan.md": optimization_plan_md(out),
             "submission-readme.md": submission_readme_md(prof, contest, prov, src, rnd),
@@ -244,7 +245,8 @@ def register(sub) -> None:
     p.add_argument("--provenance", help="a <wheel>.provenance.json: its build machine's versions go into the "
                                          "third-party table (default: the repository's own inputs only, so the "
                                          "tracked documents do not depend on the machine)")
-    p.add_argument("--out", help="output folder (default: reports/)")
+    p.add_argument("--out", help="output folder (default: reports/; with --round final reports/final-round/, beside "
+                                 "the tier-environment file)")
     p.add_argument("--round", default=None, help="final: the profile as the final round serves it, and the "
                                                  "submission's ENVIRONMENT.md with the environment per tier (default: "
                                                  "the preliminary)")
