@@ -104,6 +104,16 @@ def test_a_batch_profile_longer_than_the_servers_max_model_len_is_refused_before
     refused(r, "--profile-prefill 32600 --profile-decode 64", "--max-model-len 32768", "104 output tokens")
 
 
+def test_a_batch_profile_the_servers_kv_cache_cannot_hold_is_refused_before_any_server(tmp_path):
+    """harness.yaml's 5 GiB: 102 usable blocks of 1552 tokens with the int8 KV cache (fast-int8), 16 for a
+    request of 20,064 tokens (13 attention blocks and 3 GDN ones). It was found after the tiers, from the
+    server's log."""
+    r = _refused_nothing_started(tmp_path, "--profile-prefill", "20000", "--profile-decode", "64",
+                                 "--profile-batch", "8")
+    refused(r, "--profile-batch 8 --profile-prefill 20000 --profile-decode 64", "the fast-int8 server's KV cache",
+            "holds 102 blocks of 1552 tokens", "8 requests of 20000 + 64 tokens need 128")
+
+
 def test_a_kv_cache_larger_than_any_card_is_refused_with_the_card_it_cites(tmp_path):
     r = _refused_nothing_started(tmp_path, "--kv-cache-memory-bytes", "200000000000")
     refused(r, "--kv-cache-memory-bytes 200000000000", "largest card the capacity planner knows",
@@ -175,6 +185,24 @@ def _tool(name: str, text: str):
             raise ForgeError(f"{cmd[0]}: not found")
         return text
     return run
+
+
+@pytest.mark.parametrize("extra,batch,tokens,fits", [
+    # the batch profile test's server: 4 requests of 16,000 + 64 in 5 GiB, bf16 (96 of 103 blocks) and int8
+    ((), 4, 16000, True), (("--kv-cache-dtype", "int8"), 4, 16000, True),
+    ((), 5, 16000, False),                          # 120 blocks of bf16
+    (("--kv-cache-dtype", "int8"), 7, 16000, True),    # 7 x 14 = 98 of 102
+    (("--kv-cache-dtype", "int8"), 8, 16000, False),   # 112
+    (("--data-parallel-size", "2"), 8, 16000, True),    # 4 per rank, each rank its own cache
+])
+def test_a_batch_is_counted_in_the_planners_blocks(tmp_path, extra, batch, tokens, fits):
+    model = _model(tmp_path)
+    call = (lambda: gpufit.kv_holds_batch(_launch(*extra), 5 << 30, model, tokens, 64, batch, "the a server"))
+    if fits:
+        assert call()["blocks_needed"] <= call()["usable_blocks"]
+    else:
+        with pytest.raises(ForgeError, match="never decode together"):
+            call()
 
 
 def test_card_memory_reads_each_tool_and_the_cards_a_server_sees():

@@ -14,6 +14,7 @@ holds a rank of every server):
   - each server's KV cache fits its share: kv bytes <= floor(total x utilization) - weights per rank.
 The memory a server needs beyond these (activations, CUDA graphs, the runtime: about 1 GiB on an H200) is
 not counted: the check refuses only what cannot fit. A machine whose tool does not answer is not checked.
+Also here: whether a batch profile's requests fit such a fixed KV cache at once (`kv_holds_batch`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Callable, Mapping
 from .. import proc
 from ..contest.cards import DEVICE_VARS
 from ..errors import ForgeError
+from ..model import capacity as capacity_mod
 from ..model import shape as shape_mod
 
 # the tools and how each gives the cards' total memory: nvidia-smi in MiB, one card a line; hy-smi and
@@ -71,11 +73,18 @@ def card_memory(environ: Mapping[str, str] | None = None,
     return totals, source
 
 
-def _last_int(argv: list[str], *options: str) -> int | None:
+def _last_value(argv: list[str], *options: str) -> str | None:
+    """The value vLLM's parser keeps for an option (its last occurrence, any of its spellings, `--opt V` or
+    `--opt=V`), or None."""
     vals = [v for i, a in enumerate(argv) for o in options
             for v in ([argv[i + 1]] if a == o and i + 1 < len(argv) else [a[len(o) + 1:]] if a.startswith(o + "=")
                       else [])]
-    return int(vals[-1]) if vals and vals[-1].isdigit() else None
+    return vals[-1] if vals else None
+
+
+def _last_int(argv: list[str], *options: str) -> int | None:
+    v = _last_value(argv, *options)
+    return int(v) if v is not None and v.isdigit() else None
 
 
 def check_fit(launches: dict[str, list[str]], utilization: float, kv_bytes: int | None, model: Path,
@@ -124,3 +133,35 @@ def check_fit(launches: dict[str, list[str]], utilization: float, kv_bytes: int 
                              + f"a larger --gpu-memory-utilization (at most {math.floor(100 / n) / 100:g} for {n} "
                                f"server{'s' if n > 1 else ''}), or fewer --profiles")
     return rec
+
+
+def kv_holds_batch(argv: list[str], kv_bytes: int | None, model: Path, tokens: int, decode_steps: int, batch: int,
+                   who: str) -> dict | None:
+    """A batch profile's B requests of `tokens` + `decode_steps` tokens against a fixed KV cache, in the
+    capacity planner's blocks (every group's: a request holds attention blocks for its tokens and one GDN
+    block per group), the requests split evenly over the data-parallel ranks: refused where they never fit
+    at once (they would wait for each other and never decode together). Where the cache is sized by vLLM
+    (no --kv-cache-memory-bytes), its KV dtype or the model is one the planner does not know, the server's
+    log is read instead once it runs (batch_profile.refuse_unfit); returns what was checked, or None."""
+    kv_dtype = {None: "bf16", "auto": "bf16", "bfloat16": "bf16", "int8": "int8"}.get(
+        _last_value(argv, "--kv-cache-dtype"), "?")
+    if not kv_bytes or kv_dtype == "?":
+        return None
+    try:
+        shape = shape_mod.load_shape(model)
+        tp = _last_int(argv, "--tensor-parallel-size", "-tp") or 1
+        cap = capacity_mod.capacity(shape, tp=tp, kv_dtype=kv_dtype, kv_cache_memory_bytes=kv_bytes)
+    except ForgeError:
+        return None
+    dp = _last_int(argv, "--data-parallel-size", "-dp") or 1
+    per_rank = math.ceil(batch / dp)
+    need = per_rank * cap.blocks_for(tokens + decode_steps)
+    if need > cap.usable_blocks:
+        raise ForgeError(f"--profile-batch {batch} --profile-prefill {tokens} --profile-decode {decode_steps}: "
+                         f"{who}'s KV cache (--kv-cache-memory-bytes {kv_bytes}, {kv_dtype}, TP{tp}) holds "
+                         f"{cap.usable_blocks} blocks of {cap.block_size} tokens (the capacity planner's count), and "
+                         f"{per_rank} requests of {tokens} + {decode_steps} tokens"
+                         + (" per data-parallel rank" if dp > 1 else "") + f" need {need}: they never decode "
+                         "together", hint="lower --profile-batch or --profile-prefill, or give the servers a larger "
+                                          "KV cache (--kv-cache-memory-bytes)")
+    return {"blocks_needed": need, "usable_blocks": cap.usable_blocks}

@@ -82,12 +82,13 @@ def servers_fit(run: Run, model: Path, on_gpu: list[str]) -> None:
     """The servers that will be up together (`on_gpu`: started now or reused), from the commands they run:
     a batch profile each can decode at once, and their memory on the GPU they share."""
     launches = {n: [str(a) for a in plan(run, model, n)["launch"]] for n in on_gpu}
-    args = run.args
+    args, side = run.args, run.h["side_by_side"]
     if args.profile_prefill and args.profile_batch > 1:
         for n, argv in launches.items():
             batch_profile.refuse_by_args(argv, args.profile_prefill, args.profile_decode, args.profile_batch,
                                          who=f"the {n} server")
-    side = run.h["side_by_side"]
+            gpufit.kv_holds_batch(argv, side.get("kv_cache_memory_bytes"), model, args.profile_prefill,
+                                  args.profile_decode, args.profile_batch, who=f"the {n} server")
     run.summary["gpu_fit"] = gpufit.check_fit(launches, side["gpu_memory_utilization"],
                                               side.get("kv_cache_memory_bytes"), model, gpufit.card_memory())
 
