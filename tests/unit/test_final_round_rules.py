@@ -174,6 +174,19 @@ def test_a_bad_value_in_the_environment_names_the_variable_source(final):
         rounds.tier_settings(final, "32-64K", environ={})
 
 
+def test_a_pair_the_server_refuses_names_where_each_value_came_from(final):
+    """--max-num-batched-tokens below --max-num-seqs: the refusal names the variables that set them,
+    and the fix names the one to raise."""
+    with pytest.raises(ForgeError) as e:
+        rounds.tier_settings(final, "8-16K", environ={"MAX_NUM_SEQS": "1024", "MAX_NUM_BATCHED_TOKENS_8_16K": "512"})
+    assert "--max-num-batched-tokens 512 (env MAX_NUM_BATCHED_TOKENS_8_16K) is below --max-num-seqs 1024 " \
+           "(env MAX_NUM_SEQS)" in e.value.message
+    assert "MAX_NUM_BATCHED_TOKENS_8_16K" in e.value.hint
+    with pytest.raises(ForgeError) as e:
+        rounds.tier_settings(final, "8-16K", {"max_num_batched_tokens": 256}, environ={"MAX_NUM_SEQS": "300"})
+    assert "--max-num-batched-tokens 256 (profile) is below --max-num-seqs 300 (env MAX_NUM_SEQS)" in e.value.message
+
+
 def test_the_preliminary_unlocks_nothing(c, prelim):
     for values, words in [({"tensor_parallel_size": 2}, "--tensor-parallel-size is locked at 1"),
                           ({"max_num_seqs": 64}, "--max-num-seqs is locked at 128"),

@@ -224,11 +224,12 @@ def _coerce(raw: Any, typ: str, what: str, where: str, hint: str) -> float | int
 
 
 def check_settings(rnd: Round, values: Mapping[str, Any], where: str = "settings",
-                   visible: Visible | None = None) -> Settings:
+                   visible: Visible | None = None, sources: Mapping[str, str] | None = None) -> Settings:
     """`values` (a Settings field -> value; missing ones from the round's baseline) as checked Settings.
     A value the round does not unlock must equal the baseline; an unlocked one must be within its
     bounds; the topology must be one of the round's; with `visible`, its cards must be there, one per
-    rank. Every refusal is a one-line ForgeError citing the rule."""
+    rank. Every refusal is a one-line ForgeError citing the rule; `sources` (key -> "env VAR" |
+    "profile") names where a pair the server refuses came from."""
     rules = _rules(rnd)
     unknown = [k for k in values if k not in SETTING_KEYS]
     if unknown:
@@ -267,9 +268,14 @@ def check_settings(rnd: Round, values: Mapping[str, Any], where: str = "settings
                          f"{_cite(rule, rules)}", hint=f"set TP x DP to {allowed}")
     if s.max_num_batched_tokens < s.max_num_seqs:
         u = rnd.unlocked_option("--max-num-batched-tokens")
-        raise ForgeError(f"{where}: --max-num-batched-tokens {s.max_num_batched_tokens} is below --max-num-seqs "
-                         f"{s.max_num_seqs} (vLLM refuses it): {_cite(u.rule if u else rnd.organizers_rule, rules)}",
-                         hint="raise --max-num-batched-tokens to at least --max-num-seqs")
+        said = {k: f" ({v})" for k, v in (sources or {}).items() if v}
+        bt = (sources or {}).get("max_num_batched_tokens") or ""
+        raise ForgeError(f"{where}: --max-num-batched-tokens {s.max_num_batched_tokens}"
+                         f"{said.get('max_num_batched_tokens', '')} is below --max-num-seqs {s.max_num_seqs}"
+                         f"{said.get('max_num_seqs', '')} (vLLM refuses it): "
+                         f"{_cite(u.rule if u else rnd.organizers_rule, rules)}",
+                         hint=f"raise {bt[4:] if bt.startswith('env ') else '--max-num-batched-tokens'} to at least "
+                              "--max-num-seqs")
     if visible is not None:
         check_cards(rnd, s, visible, where)
     return s
@@ -336,7 +342,7 @@ def tier_settings(rnd: Round, tier: str, profile_values: Mapping[str, Any] | Non
         if var and environ.get(var, "") != "":
             values["concurrency"] = _env_value(rnd, None, var, environ[var], where or f"the {rnd.name} round, tier {tier}")
             sources["concurrency"] = f"env {var}"
-    s = check_settings(rnd, values, where=where or f"the {rnd.name} round, tier {tier}")
+    s = check_settings(rnd, values, where=where or f"the {rnd.name} round, tier {tier}", sources=sources)
     return s, {k: sources.get(k, "baseline") for k in SETTING_KEYS}
 
 
