@@ -148,6 +148,8 @@ def test_the_days_final_round_sizing_is_accepted_and_recorded(tmp_path):
     assert fit["checked"] and fit["card_bytes"] == H200_BYTES and fit["servers"] == 2
     assert {n: s["kv_room_bytes"] for n, s in fit["per_server"].items()} == \
         {"fast-int8": 17_062_768_517, "upstream": 17_062_768_517}
+    assert f"GPU memory checked before the start (nvidia-smi): {H200_BYTES:,} bytes, 2 server(s)" in \
+        (out / "summary.md").read_text()
 
 
 # --- the check itself --------------------------------------------------------------------------------------------

@@ -151,6 +151,16 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
         L.append(f"| {n} | {ready} | {warm_s} | {f.get('compile_s', '—')} | {f.get('graph_capture_s', '—')} "
                  f"| {f.get('attention_block_size', '—')} | {f.get('kv_cache_tokens', '—')} "
                  f"| {f.get('max_concurrency', '—')} | {len(f.get('error_lines', []))} |")
+    fit = s.get("gpu_fit") or {}
+    if fit.get("checked"):
+        rooms = ", ".join(f"{n} {v['kv_room_bytes']:,} (weights {v['weights_bytes']:,}, TP{v['tp']})"
+                          for n, v in (fit.get("per_server") or {}).items())
+        L += ["", f"GPU memory checked before the start ({fit['source']}): {fit['card_bytes']:,} bytes, "
+                  f"{fit['servers']} server(s) at --gpu-memory-utilization {fit['utilization']:g}"
+              + (f"; KV cache {fit['kv_cache_memory_bytes']:,} bytes each, room beside the weights: {rooms}"
+                 if rooms else "") + "."]
+    elif fit:
+        L += ["", f"GPU memory not checked before the start: {fit.get('why')}."]
     if s.get("servers_left_up"):
         L += ["", "Left up at the end (--keep-servers): " + ", ".join(
             f"{n} (pid {v['pid']}, port {v['port']})" for n, v in s["servers_left_up"].items())]
