@@ -238,7 +238,8 @@ def register(sub) -> None:
     p.add_argument("--bundle", default=str(gpu_bundle.BUNDLE),
                    help="the bundle from `make gpu-bundle` (default build/gpu-bundle); '' uses the installed vLLM")
     p.add_argument("--site", type=options.nonempty("--site"), default=DEFAULT_SITE,
-                   help=f"where the bundle's wheels are installed (default {DEFAULT_SITE})")
+                   help=f"where the bundle's wheels are installed (default {DEFAULT_SITE}); the install replaces "
+                        "the folder whole, so a folder holding anything but an earlier install is refused")
     p.add_argument("--install-only", action="store_true",
                    help="verify the bundle, install its wheels into --site and exit (nothing else runs; prints the "
                         "site and the bundle's model directory): what `forge sweep --round final --harness` needs")

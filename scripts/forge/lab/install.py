@@ -13,10 +13,27 @@ from ..errors import ForgeError
 from ..run.gpu_harness import SITE_MARKER
 from . import gpu_bundle
 
+PARTIAL = SITE_MARKER + ".partial"   # written first by an install, removed last: an interrupted one is ours too
+
+
+def refuse_foreign_site(site: Path) -> None:
+    """An install replaces the site folder whole: refused (before anything is removed) where `site` is not a
+    folder, or holds files of something else (neither an earlier install's marker nor an interrupted one's,
+    and not empty), so a --site that names a user's folder is never deleted."""
+    if site.is_symlink() or (site.exists() and not site.is_dir()):
+        raise ForgeError(f"--site {site}: not a folder; the bundle is installed into a folder of its own",
+                         hint="give a new folder (default /tmp/forge-e2e-site)")
+    if site.is_dir() and not (site / SITE_MARKER).is_file() and not (site / PARTIAL).is_file() \
+            and any(site.iterdir()):
+        raise ForgeError(f"--site {site}: the folder holds other files and no {SITE_MARKER} of an earlier install; "
+                         "installing replaces the folder whole, so it is left as it is",
+                         hint="give a new or empty folder (default /tmp/forge-e2e-site)")
+
 
 def install_bundle(bundle: Path, site: Path, man: dict | None = None) -> dict:
     """Install the bundle's wheels into `site` (skipped where they are installed already); `man`: the
-    manifest verify_bundle returned, where the caller verified the bundle already."""
+    manifest verify_bundle returned, where the caller verified the bundle already. A site of another
+    install (or of an interrupted one) is replaced; any other non-empty folder is refused."""
     man = man or gpu_bundle.verify_bundle(bundle)
     marker = site / SITE_MARKER
     wheels = sorted(str(bundle / n) for n in man["files"] if n.startswith("wheels/") and n.endswith(".whl"))
@@ -24,7 +41,10 @@ def install_bundle(bundle: Path, site: Path, man: dict | None = None) -> dict:
     if marker.is_file() and marker.read_text() == key:
         ui.info(f"bundle already installed in {site}")
     else:
+        refuse_foreign_site(site)
         shutil.rmtree(site, ignore_errors=True)
+        site.mkdir(parents=True, exist_ok=True)
+        (site / PARTIAL).write_text(key)
         with ui.step(f"installing {len(wheels)} wheels into {site}"):
             r = proc.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                           "--no-cache-dir", "--target", str(site), *wheels], capture=True, check=False, what="pip")
@@ -35,6 +55,7 @@ def install_bundle(bundle: Path, site: Path, man: dict | None = None) -> dict:
                                  hint="the bundle is built for Python " + man.get("python", "?")
                                       + "; rebuild it with `make gpu-bundle` for this machine's Python")
         marker.write_text(key)
+        (site / PARTIAL).unlink()
     return man
 
 

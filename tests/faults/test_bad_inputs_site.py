@@ -1,0 +1,74 @@
+"""`forge e2e-gpu`'s install (`--install-only`, and every run's first step on a GPU machine) replaces its
+--site folder whole. A --site that names a folder of something else (files, and no marker of an earlier
+install) is refused before anything is removed: exit 2, one error line naming the option and the folder,
+every file left as it was. A folder an earlier install wrote, an install cut off mid-way (its partial
+marker) and an empty folder are installed into. Before, any --site was deleted first."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+from helpers import forge
+from test_bad_inputs import refused, writes_nothing
+
+from forge.hashing import sha256_file
+from forge.lab import install
+from forge.run.gpu_harness import SITE_MARKER
+
+
+def _bundle(tmp_path: Path) -> Path:
+    b = tmp_path / "bundle"
+    if (b / "manifest.json").is_file():
+        return b
+    (b / "wheels").mkdir(parents=True)
+    whl = b / "wheels" / "forgeprobe-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr("forgeprobe/__init__.py", "SITE = True\n")
+        z.writestr("forgeprobe-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: forgeprobe\nVersion: 1.0\n")
+        z.writestr("forgeprobe-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                                     "Tag: py3-none-any\n")
+        z.writestr("forgeprobe-1.0.dist-info/RECORD", "")
+    (b / "model").mkdir()
+    files = {f"wheels/{whl.name}": {"sha256": sha256_file(whl), "bytes": whl.stat().st_size}}
+    (b / "manifest.json").write_text(json.dumps({"vllm_wheel": whl.name, "version": "0.18.1+test", "python": "3",
+                                                 "files": files}))
+    return b
+
+
+def _install(tmp_path: Path, site: Path):
+    return forge(tmp_path, "e2e-gpu", "--install-only", "--bundle", str(_bundle(tmp_path)), "--site", str(site))
+
+
+def test_a_folder_of_something_else_is_refused_and_left_as_it_is(tmp_path):
+    home = tmp_path / "home"
+    (home / "notes").mkdir(parents=True)
+    (home / "notes" / "plan.txt").write_text("mine")
+    (home / "x.py").write_text("print(1)")
+    _bundle(tmp_path)                     # made before: the check covers only the folder
+    with writes_nothing(home):
+        r = _install(tmp_path, home)
+    refused(r, "--site", str(home), SITE_MARKER)
+    # a file named as the site: refused too
+    (tmp_path / "afile").write_text("x")
+    with writes_nothing(tmp_path / "afile"):
+        refused(_install(tmp_path, tmp_path / "afile"), "--site", "not a folder")
+
+
+def test_an_empty_new_earlier_or_interrupted_site_is_installed_into(tmp_path):
+    for name, prepare in (("new", None), ("empty", "mkdir"), ("interrupted", "partial"), ("earlier", "marker")):
+        site = tmp_path / name
+        if prepare:
+            site.mkdir()
+        if prepare == "partial":          # an install cut off after pip wrote some files
+            (site / install.PARTIAL).write_text("{}")
+            (site / "half_written").write_text("x")
+        if prepare == "marker":           # an install of another bundle
+            (site / SITE_MARKER).write_text("{}")
+            (site / "oldpkg").mkdir()
+        r = _install(tmp_path, site)
+        assert r.returncode == 0, (name, r.stderr[-2000:])
+        assert (site / "forgeprobe" / "__init__.py").is_file() and (site / SITE_MARKER).is_file(), name
+        assert not (site / install.PARTIAL).exists() and not (site / "half_written").exists(), name
+        assert not (site / "oldpkg").exists(), name
