@@ -623,3 +623,6 @@ def test_a_final_round_run_gives_one_profile_its_capacity(tmp_path):
     assert ident["capacity"] == {"fast-int8": ["--max-num-seqs", "4"]}
     calls = [json.loads(x) for x in (tmp_path / "replay.log").read_text().splitlines()]
     assert len(calls) == 2 and all(c["argv"][c["argv"].index("--max-concurrency") + 1] == "10" for c in calls)
+    # each profile's run folder says which round's client measured it, so `forge score --round final` takes it
+    for name in ("fast-int8", "upstream"):
+        assert json.loads((out / "runs" / name / "manifest.json").read_text())["round"] == "final"

@@ -319,6 +319,7 @@ def finish_runs(run: Run, names: list[str], done: dict) -> dict[str, Path]:
         commands = {t: c for t, c in (prev.get("client_commands") or {}).items() if t in done[name]}
         runs.write_json(mpath, {
             "run_id": name, "profile": name, "harness": True, "model": st.get("model") or prev.get("model"),
+            "round": run.args.round,          # whose client measured the tiers (forge score --round takes it)
             "server": runs.read_json(serve_json) if serve_json.is_file() else None,
             "git": runs.git_commit(), "device": runs.device_info(), **run.identity,
             "client": run.client_line, "client_commands": commands,
