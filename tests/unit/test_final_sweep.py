@@ -73,7 +73,9 @@ def test_sweep_final_end_to_end_then_resume(tmp_path, model):
         assert (f"--tensor-parallel-size {c['tensor_parallel_size']} --data-parallel-size {c['data_parallel_size']} "
                 "--max-num-seqs 64 --max-num-batched-tokens 4096 --gpu-memory-utilization 0.95") in log
         assert ("--kv-cache-dtype int8" in log) == (c["kv_dtype"] == "int8")
-        assert not {"harness_args", "differences"} & set(json.loads((d / "serve.json").read_text()))
+        served = json.loads((d / "serve.json").read_text())
+        assert not {"harness_args", "differences"} & set(served)
+        assert served["settings"]["concurrency"] == 8, served["settings"]    # what the client ran, not the baseline's
         m = json.loads((d / "manifest.json").read_text())
         assert m["round"] == "final" and m["client_settings"]["tiers"]["4-8K"]["max_concurrency"] == 8
         assert "--max-concurrency 8 --request-rate inf" in m["client_commands"]["4-8K"]
@@ -145,9 +147,10 @@ def test_bad_input_is_refused_before_anything_runs(tmp_path, model, args, needle
     assert not (tmp_path / "runs").exists() and not (tmp_path / "sweeps").exists()
 
 
-def test_a_start_script_variable_in_the_environment_is_refused(tmp_path, model):
-    r = _sweep(tmp_path, model, "--baseline-profile", "upstream", *SPACE, env={"MAX_NUM_SEQS_4_8K": "32"})
-    assert r.returncode == 2 and "MAX_NUM_SEQS_4_8K is set" in r.stderr
+@pytest.mark.parametrize("var", ["MAX_NUM_SEQS_4_8K", "CONCURRENCY_4_8K"])
+def test_a_start_script_variable_in_the_environment_is_refused(tmp_path, model, var):
+    r = _sweep(tmp_path, model, "--baseline-profile", "upstream", *SPACE, env={var: "12"})
+    assert r.returncode == 2 and f"{var} is set" in r.stderr, r.stderr
     assert not (tmp_path / "runs").exists()
 
 

@@ -13,7 +13,9 @@ time model (forge.model) to it; a test or another model passes its own callable.
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Callable, Iterable
 
 from .. import options, paths
@@ -228,3 +230,28 @@ def distinct(ranked: list[Ranked]) -> tuple[list[Ranked], dict[str, list[str]]]:
         same[r.candidate.key] = []
         out.append(r)
     return out, same
+
+
+def profile_text(base: str, rnd: rounds.Round, tier: str, values: dict, kv: str | None, what: str) -> str:
+    """The serve profile of one configuration (values: a Settings dict) for `tier`: `base` extended with the
+    round's unlocked options, the KV dtype, and the tier's client concurrency variable."""
+    opts = {u.option: {"value": values[u.key], "effect": f"{what}: {u.option} of this configuration"}
+            for u in rnd.unlocked}
+    if kv:
+        opts["--kv-cache-dtype"] = {"value": kv, "effect": f"{what}: the KV cache stored as {kv}"}
+    # the client's concurrency, as a team's start script sets it: the server's record names what the client ran
+    var = rnd.client(tier).concurrency_env
+    env = {var: {"value": str(values["concurrency"]), "effect": f"{what}: the client's concurrency for {tier}"}} \
+        if var else {}
+    return ("# Written by forge sweep --round final: one configuration of the search.\n"
+            # JSON is YAML: no YAML writer needed where the tool runs (the container's Python has none)
+            + json.dumps({"description": f"{what} ({base} with the configuration's values)", "round": rnd.name,
+                          "extends": base, "options": opts, **({"env": env} if env else {})}, indent=2) + "\n")
+
+
+def write_profile(sdir: Path, name: str, text: str) -> Path:
+    """The profile file <sdir>/profiles/<name>.yaml, written only where its text changed."""
+    p = sdir / "profiles" / f"{name}.yaml"
+    if not (p.is_file() and p.read_text() == text):
+        paths.write_atomic(p, text)
+    return p

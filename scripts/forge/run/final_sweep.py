@@ -22,7 +22,6 @@ weights) the servers are the GPU harness's (final_harness)."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Callable
@@ -81,24 +80,6 @@ def model_planner(contest: dict, rnd: rounds.Round, tier: str, card: str = "dcu"
     return planned
 
 
-def _profile_text(base: str, rnd: rounds.Round, values: dict, kv: str | None, what: str) -> str:
-    opts = {u.option: {"value": values[u.key], "effect": f"{what}: {u.option} of this configuration"}
-            for u in rnd.unlocked}
-    if kv:
-        opts["--kv-cache-dtype"] = {"value": kv, "effect": f"{what}: the KV cache stored as {kv}"}
-    return ("# Written by forge sweep --round final: one configuration of the search.\n"
-            # JSON is YAML: no YAML writer needed where the tool runs (the container's Python has none)
-            + json.dumps({"description": f"{what} ({base} with the configuration's values)", "round": rnd.name,
-                          "extends": base, "options": opts}, indent=2) + "\n")
-
-
-def _write_profile(sdir: Path, name: str, text: str) -> Path:
-    p = sdir / "profiles" / f"{name}.yaml"
-    if not (p.is_file() and p.read_text() == text):
-        paths.write_atomic(p, text)
-    return p
-
-
 def _refuse_env_overrides(rnd: rounds.Round, tiers: list[str]) -> None:
     """The sweep sets each configuration's values itself: a start-script variable in the environment
     would override them (rounds.tier_settings reads the environment first)."""
@@ -107,6 +88,11 @@ def _refuse_env_overrides(rnd: rounds.Round, tiers: list[str]) -> None:
             if os.environ.get(var, "") != "":
                 raise ForgeError(f"{var} is set in the environment; it would override every configuration's "
                                  f"{u.option}", hint=f"unset {var} for the sweep (the sweep sets it per configuration)")
+    for t in tiers:
+        var = rnd.client(t).concurrency_env
+        if var and os.environ.get(var, "") != "":
+            raise ForgeError(f"{var} is set in the environment; it would override every configuration's client "
+                             f"concurrency for {t}", hint=f"unset {var} for the sweep (the sweep sets it per configuration)")
 
 
 def _refuse_short_cards(rnd: rounds.Round, cands: list[Candidate], baseline_profile: str | None) -> None:
@@ -268,8 +254,8 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
         if base_metrics is None or tier not in base_metrics:
             bid = f"{sweep_id}-{tier}-baseline"
             values = rnd.baseline.as_dict()
-            prof = _write_profile(sdir, f"{tier}-baseline",
-                                  _profile_text(baseline_profile, rnd, values, None, "the finals' baseline"))
+            prof = final_space.write_profile(sdir, f"{tier}-baseline",
+                                  final_space.profile_text(baseline_profile, rnd, tier, values, None, "the finals' baseline"))
             with ui.step(f"tier {tier}: the baseline ({baseline_profile} at the finals' baseline configuration)"):
                 how = _measure(prof, tier, bid, values["concurrency"], kw, contest)
             if how != "measured":
@@ -289,8 +275,9 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
                 ui.info(f"tier {tier} {i}/{top}: {cand.label}: {r['outcome']} (recorded; not retried)")
                 continue
             if not res_file.is_file():
-                prof = _write_profile(sdir, f"{tier}-{cand.key}", _profile_text(
-                    base_profile, rnd, cand.settings_values(), final_space.KV_DTYPES[cand.kv_dtype], "a sweep candidate"))
+                prof = final_space.write_profile(sdir, f"{tier}-{cand.key}", final_space.profile_text(
+                    base_profile, rnd, tier, cand.settings_values(), final_space.KV_DTYPES[cand.kv_dtype],
+                    "a sweep candidate"))
                 with ui.step(f"tier {tier} {i}/{top}: {cand.label} (predicted {r['predicted'].get('tok_s') or 0:.1f} tok/s)"):
                     r["run"] = run_id
                     r["outcome"] = _measure(prof, tier, run_id, cand.concurrency, kw, contest)
