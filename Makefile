@@ -1,6 +1,6 @@
 # dcu-forge: the front door. Every target calls the tool (scripts/forge); `make help` lists them.
 # Variables: PY (python to run the tool), PROFILE, PROFILES, MODEL, IMAGE, RUN, BASELINE, BASELINE_NAME, A, B,
-# DATA_DIR, TOK_S, FORCE, E2E, REFERENCE, SPEEDUP, TTFT_S, TPOT_MS, OUT, LABEL, VLLM_SRC, MAX_JOBS, BASE_IMAGE,
+# BASELINE_PROFILE, DATA_DIR, TOK_S, FORCE, E2E, REFERENCE, SPEEDUP, TTFT_S, TPOT_MS, OUT, LABEL, VLLM_SRC, MAX_JOBS, BASE_IMAGE,
 # THREEWAY, WHEEL_DEVICE, WARM_ARCH, E2E_ARGS, BASE (sdist | vendor | standin), VENDOR_SRC (the vendor's
 # vllm_cscc checkout), INTO, FROM, CALIBRATE_ARGS, CALIBRATION, WORKERS (pytest processes for check and test, at most
 # the cores), ROUND (the contest round: preliminary, the default, or final; passed as --round to serve, bench-all-tiers,
@@ -95,7 +95,7 @@ stop: ## stop the server `forge serve` started (and only that one)
 	@$(FORGE) stop
 
 bench-all-tiers: ## run the contest's tiers with `vllm bench serve` against the server (RUN=<run-id> resumes one; ROUND=final: the finals' client, CONCURRENCY_4_8K= etc.)
-	@$(FORGE) bench-all-tiers --profile $(PROFILE) $(if $(RUN),--run-id $(RUN)) $(if $(ROUND),--round $(ROUND))
+	@$(FORGE) bench-all-tiers $(if $(filter-out file,$(origin PROFILE)),--profile $(PROFILE)) $(if $(RUN),--run-id $(RUN)) $(if $(ROUND),--round $(ROUND))
 
 score: ## the contest score of a run (or of what-if tok/s) against a baseline: RUN= or TOK_S=a,b,c, BASELINE=<run> or BASELINE_NAME=<set: team, official>; FORCE=1 replaces a recorded score
 	@$(FORGE) score $(if $(RUN),--run $(RUN)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(BASELINE_NAME),--baseline-name $(BASELINE_NAME)) $(if $(TOK_S),--tok-s $(TOK_S)) $(if $(ROUND),--round $(ROUND)) $(if $(filter 1,$(FORCE)),--force)
@@ -112,8 +112,8 @@ compare: ## per-tier deltas between runs A and B, with a noise band (A=<run> B=<
 plan: ## the KV cache and requests resident per tier and topology (capacity planner): vLLM's reported tokens, preemption yes/no (ROUND=final, TIER=, KV_DTYPE=bf16,int8, CARD=dcu|h200, UTIL=0.95, OUT=<folder>, FORCE=1)
 	@$(FORGE) plan $(if $(ROUND),--round $(ROUND)) $(if $(TIER),--tier $(TIER)) $(if $(KV_DTYPE),--kv-dtype $(KV_DTYPE)) $(if $(CARD),--card $(CARD)) $(if $(UTIL),--gpu-memory-utilization $(UTIL)) $(if $(OUT),--out $(OUT)) $(if $(filter 1,$(FORCE)),--force)
 
-sweep: ## serve, bench all tiers, score and stop for each profile in turn (PROFILES="a b"); ROUND=final: the search per tier (BASELINE=<final-round run>, TIER_ENV=, FORCE=1 replaces a recorded winner; more with forge sweep --help)
-	@$(FORGE) sweep $(PROFILES) $(if $(ROUND),--round $(ROUND)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(TIER_ENV),--tier-env $(TIER_ENV)) $(if $(filter 1,$(FORCE)),--force)
+sweep: ## serve, bench all tiers, score and stop for each profile in turn (PROFILES="a b"); ROUND=final: the search per tier (BASELINE=<final-round run> or BASELINE_PROFILE=<profile measured at the baseline>, TIER_ENV=, FORCE=1 replaces a recorded winner; more with forge sweep --help)
+	@$(FORGE) sweep $(PROFILES) $(if $(ROUND),--round $(ROUND)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(BASELINE_PROFILE),--baseline-profile $(BASELINE_PROFILE)) $(if $(TIER_ENV),--tier-env $(TIER_ENV)) $(if $(filter 1,$(FORCE)),--force)
 
 accuracy: ## accuracy sets against the running server (official script or ours): run_accuracy.sh with DATA_DIR, else our LongBench-format evaluator; resumes; FORCE=1 replaces a recorded result
 	@$(FORGE) accuracy $(if $(RUN),--run-id $(RUN)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(filter 1,$(FORCE)),--force)

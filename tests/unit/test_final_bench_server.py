@@ -5,6 +5,8 @@ unless CONCURRENCY_<tier> is set now. The servers are the fake server behind `fo
 client replays results recorded by vLLM's real client (tests/data/runs/)."""
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -126,3 +128,22 @@ def test_the_tiers_concurrency_is_the_one_its_start_resolved(tmp_path, model, da
         assert argv[argv.index("--max-concurrency") + 1] == "7"
     finally:
         forge(tmp_path, "stop", env=env)
+
+
+def _make_n(*args):
+    r = subprocess.run(["make", "-n", *args], cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+                       timeout=60, env={k: v for k, v in os.environ.items() if k not in ("PROFILE", "MAKEFLAGS",
+                                                                                        "MAKELEVEL", "MFLAGS")})
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_make_bench_labels_the_run_only_with_a_profile_the_user_gave():
+    """`make bench-all-tiers` records the running server's profile; it passes --profile only where PROFILE is
+    given (it passed the default `contest` always, so a final-tp2 server warned on every run)."""
+    assert "--profile" not in _make_n("bench-all-tiers", "ROUND=final")
+    assert "--profile final-tp2" in _make_n("bench-all-tiers", "PROFILE=final-tp2")
+
+
+def test_make_sweep_passes_the_baseline_profile():
+    assert "--baseline-profile upstream" in _make_n("sweep", "ROUND=final", "BASELINE_PROFILE=upstream")
