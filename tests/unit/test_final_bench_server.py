@@ -130,6 +130,25 @@ def test_the_tiers_concurrency_is_the_one_its_start_resolved(tmp_path, model, da
         forge(tmp_path, "stop", env=env)
 
 
+def test_a_run_measured_over_per_tier_starts_keeps_each_tiers_server_record(tmp_path, model, data_dir):
+    """The final round serves each tier from its own start (its own settings): the run's manifest keeps each
+    tier's server record (before, only one, whichever bench ran last, so a tier served on another topology or
+    capacity was recorded as the other tier's)."""
+    env = env_of(tmp_path)
+    for tier, extra in (("8-16K", {}), ("4-8K", {"MAX_NUM_SEQS_4_8K": "32"})):
+        serve(tmp_path, model, {**env, **extra}, "--round", "final", "--tier", tier, "--profile", "final-tp2")
+        try:
+            r = bench(tmp_path, model, data_dir, env, "--round", "final")
+            assert r.returncode == 0, r.stderr[-2000:]
+        finally:
+            forge(tmp_path, "stop", env=env)
+    m = json.loads((tmp_path / "runs" / "r1" / "manifest.json").read_text())
+    by = m["servers_by_tier"]
+    assert sorted(by) == ["4-8K", "8-16K"] and sorted(m["tiers"]) == ["4-8K", "8-16K"]
+    assert by["4-8K"]["settings"]["max_num_seqs"] == 32 and by["8-16K"]["settings"]["max_num_seqs"] == 128
+    assert by["4-8K"]["tier"] == "4-8K" and by["8-16K"]["tier"] == "8-16K"
+
+
 def _make_n(*args):
     r = subprocess.run(["make", "-n", *args], cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
                        timeout=60, env={k: v for k, v in os.environ.items() if k not in ("PROFILE", "MAKEFLAGS",

@@ -279,6 +279,9 @@ def _bench_in(contest: dict, st: dict | None, host: str, port: int, health: str,
                          f"the server answering now runs profile {profile}", hint=again.format(prior=srv["profile"]))
     _stop_stale_client(manifest)
     launcher = client_launcher(client)
+    if isinstance(srv, dict) and srv.get("tier"):
+        # the final round starts a server per tier: each tier's own record, beside the latest one's
+        manifest["servers_by_tier"] = {**(manifest.get("servers_by_tier") or {}), srv["tier"]: srv}
     manifest.update({
         "run_id": run_id, "profile": profile, "created": manifest.get("created") or runs.now_iso(),
         "updated": runs.now_iso(), "git": runs.git_commit(),
