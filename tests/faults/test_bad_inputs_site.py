@@ -6,39 +6,17 @@ marker) and an empty folder are installed into. Before, any --site was deleted f
 
 from __future__ import annotations
 
-import json
-import zipfile
 from pathlib import Path
 
-from helpers import forge
+from helpers import forge, probe_bundle
 from test_bad_inputs import refused, writes_nothing
 
-from forge.hashing import sha256_file
 from forge.lab import install
 from forge.run.gpu_harness import SITE_MARKER
 
 
-def _bundle(tmp_path: Path) -> Path:
-    b = tmp_path / "bundle"
-    if (b / "manifest.json").is_file():
-        return b
-    (b / "wheels").mkdir(parents=True)
-    whl = b / "wheels" / "forgeprobe-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(whl, "w") as z:
-        z.writestr("forgeprobe/__init__.py", "SITE = True\n")
-        z.writestr("forgeprobe-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: forgeprobe\nVersion: 1.0\n")
-        z.writestr("forgeprobe-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                                                     "Tag: py3-none-any\n")
-        z.writestr("forgeprobe-1.0.dist-info/RECORD", "")
-    (b / "model").mkdir()
-    files = {f"wheels/{whl.name}": {"sha256": sha256_file(whl), "bytes": whl.stat().st_size}}
-    (b / "manifest.json").write_text(json.dumps({"vllm_wheel": whl.name, "version": "0.18.1+test", "python": "3",
-                                                 "files": files}))
-    return b
-
-
 def _install(tmp_path: Path, site: Path):
-    return forge(tmp_path, "e2e-gpu", "--install-only", "--bundle", str(_bundle(tmp_path)), "--site", str(site))
+    return forge(tmp_path, "e2e-gpu", "--install-only", "--bundle", str(probe_bundle(tmp_path)), "--site", str(site))
 
 
 def test_a_folder_of_something_else_is_refused_and_left_as_it_is(tmp_path):
@@ -46,7 +24,7 @@ def test_a_folder_of_something_else_is_refused_and_left_as_it_is(tmp_path):
     (home / "notes").mkdir(parents=True)
     (home / "notes" / "plan.txt").write_text("mine")
     (home / "x.py").write_text("print(1)")
-    _bundle(tmp_path)                     # made before: the check covers only the folder
+    probe_bundle(tmp_path)                     # made before: the check covers only the folder
     with writes_nothing(home):
         r = _install(tmp_path, home)
     refused(r, "--site", str(home), SITE_MARKER)

@@ -127,6 +127,41 @@ def tiny_model(dest: Path) -> Path:
     return tinymodel.build(dest)
 
 
+def tier_files(dest: Path, lines: int = 100) -> Path:
+    """Official-format tier files (`<tier>_throughput.jsonl`, more lines than the finals send) in `dest`."""
+    import json
+    dest.mkdir(parents=True, exist_ok=True)
+    for t in ("4-8K", "8-16K", "16-32K"):
+        (dest / f"{t}_throughput.jsonl").write_text("".join(json.dumps({"prompt": f"p{i}", "output_tokens": 8}) + "\n"
+                                                            for i in range(lines)))
+    return dest
+
+
+def probe_bundle(tmp: Path) -> Path:
+    """A GPU bundle of one small wheel (`forgeprobe`, importable as a check) and an empty model folder, with
+    its manifest: what `forge e2e-gpu --install-only` installs. Made once per `tmp`."""
+    import json
+    import zipfile
+
+    from forge.hashing import sha256_file
+    b = tmp / "bundle"
+    if (b / "manifest.json").is_file():
+        return b
+    (b / "wheels").mkdir(parents=True)
+    whl = b / "wheels" / "forgeprobe-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr("forgeprobe/__init__.py", "SITE = True\n")
+        z.writestr("forgeprobe-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: forgeprobe\nVersion: 1.0\n")
+        z.writestr("forgeprobe-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                                     "Tag: py3-none-any\n")
+        z.writestr("forgeprobe-1.0.dist-info/RECORD", "")
+    (b / "model").mkdir()
+    files = {f"wheels/{whl.name}": {"sha256": sha256_file(whl), "bytes": whl.stat().st_size}}
+    (b / "manifest.json").write_text(json.dumps({"vllm_wheel": whl.name, "version": "0.18.1+test", "python": "3",
+                                                 "files": files}))
+    return b
+
+
 _h200_dir: Path | None = None
 _bench_modules: dict = {}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
-from helpers import FIXTURE_RUNS, SUPPORT, fake_server, forge, tiny_model  # noqa: E402
+from helpers import FIXTURE_RUNS, SUPPORT, fake_server, forge, tier_files, tiny_model  # noqa: E402
 
 REPLAY = f"{sys.executable} {SUPPORT / 'replayclient.py'}"
 TIERS = ("4-8K", "8-16K", "16-32K")
@@ -26,12 +26,7 @@ def model(tmp_path_factory):
 @pytest.fixture
 def data_dir(tmp_path):
     """Official-format tier files with more lines than the finals send."""
-    d = tmp_path / "data"
-    d.mkdir()
-    for t in TIERS:
-        (d / f"{t}_throughput.jsonl").write_text("".join(json.dumps({"prompt": f"p{i}", "output_tokens": 8}) + "\n"
-                                                         for i in range(100)))
-    return d
+    return tier_files(tmp_path / "data")
 
 
 def _bench(tmp_path, port, model, data_dir, *extra, **env):

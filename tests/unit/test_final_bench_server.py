@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
-from helpers import FIXTURE_RUNS, SUPPORT, forge, forge_env, free_port, tiny_model  # noqa: E402
+from helpers import FIXTURE_RUNS, SUPPORT, forge, forge_env, free_port, tier_files, tiny_model  # noqa: E402
 
 REPLAY = f"{sys.executable} {SUPPORT / 'replayclient.py'}"
 FAKE = f"{sys.executable} {SUPPORT / 'fakeserver.py'}"
@@ -30,12 +30,8 @@ def model(tmp_path_factory):
 
 @pytest.fixture
 def data_dir(tmp_path):
-    d = tmp_path / "data"
-    d.mkdir()
-    for t in TIERS:
-        (d / f"{t}_throughput.jsonl").write_text("".join(json.dumps({"prompt": f"p{i}", "output_tokens": 8}) + "\n"
-                                                         for i in range(100)))
-    return d
+    """Official-format tier files with more lines than the finals send."""
+    return tier_files(tmp_path / "data")
 
 
 def env_of(tmp_path, **extra):

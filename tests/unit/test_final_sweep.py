@@ -6,17 +6,15 @@ per tier against the baseline the sweep measured; resumable; the winner per tier
 import json
 import math
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
-from helpers import SUPPORT, forge, free_port, health, tiny_model  # noqa: E402
+from helpers import SUPPORT, forge, free_port, health, probe_bundle, tiny_model  # noqa: E402
 
 from forge.contest import rounds, rules  # noqa: E402
 from forge.errors import ForgeError  # noqa: E402
-from forge.hashing import sha256_file  # noqa: E402
 from forge.run import final_space, gpu_harness  # noqa: E402
 
 FAKE = f"{sys.executable} {SUPPORT / 'fakeserver.py'}"
@@ -266,19 +264,7 @@ def test_candidates_the_model_cannot_tell_apart_are_served_once():
 
 def _installed_site(tmp_path) -> Path:
     """A bundle of one small wheel, installed as a GPU machine installs it: `forge e2e-gpu --install-only`."""
-    b = tmp_path / "bundle"
-    (b / "wheels").mkdir(parents=True)
-    whl = b / "wheels" / "forgeprobe-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(whl, "w") as z:
-        z.writestr("forgeprobe/__init__.py", "SITE = True\n")
-        z.writestr("forgeprobe-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: forgeprobe\nVersion: 1.0\n")
-        z.writestr("forgeprobe-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                                                     "Tag: py3-none-any\n")
-        z.writestr("forgeprobe-1.0.dist-info/RECORD", "")
-    (b / "model").mkdir()
-    files = {f"wheels/{whl.name}": {"sha256": sha256_file(whl), "bytes": whl.stat().st_size}}
-    (b / "manifest.json").write_text(json.dumps({"vllm_wheel": whl.name, "version": "0.18.1+test", "python": "3",
-                                                 "files": files}))
+    b = probe_bundle(tmp_path)
     site = tmp_path / "site"
     r = forge(tmp_path, "e2e-gpu", "--install-only", "--bundle", str(b), "--site", str(site))
     assert r.returncode == 0, r.stderr[-3000:]
