@@ -214,6 +214,10 @@ def test_card_memory_reads_each_tool_and_the_cards_a_server_sees():
     assert gpufit.card_memory({}, smi(two)) == ([H200_BYTES, 81559 << 20], "nvidia-smi")
     assert gpufit.card_memory({"CUDA_VISIBLE_DEVICES": "1"}, smi(two)) == \
         ([81559 << 20], "nvidia-smi, CUDA_VISIBLE_DEVICES=1")
+    # a negative index ends the list, as CUDA and forge.contest.cards read it: card 1 alone is seen (not both)
+    assert gpufit.card_memory({"CUDA_VISIBLE_DEVICES": "1,-1,0"}, smi(two)) == \
+        ([81559 << 20], "nvidia-smi, CUDA_VISIBLE_DEVICES=1,-1,0")
+    assert gpufit.card_memory({"HIP_VISIBLE_DEVICES": "-1"}, smi(two)) == ([], "nvidia-smi, HIP_VISIBLE_DEVICES=-1")
     # ids the tool's order does not give: every card counted
     assert gpufit.card_memory({"CUDA_VISIBLE_DEVICES": "GPU-5d3"}, smi(two)) == ([H200_BYTES, 81559 << 20], "nvidia-smi")
 

@@ -26,7 +26,7 @@ def visible_cards(environ: Mapping[str, str] | None = None, torch_count: Any = N
     """How many cards a server started now would see (the module's counting rule). `torch_count`: a
     callable standing in for torch.cuda.device_count (tests)."""
     environ = os.environ if environ is None else environ
-    lists = [(v, _listed(environ[v])) for v in DEVICE_VARS if v in environ]
+    lists = [(v, listed(environ[v])) for v in DEVICE_VARS if v in environ]
     if lists:
         var, ids = min(lists, key=lambda p: len(p[1]))
         return Visible(len(ids), ids, f"{var}={environ[var]}")
@@ -42,7 +42,7 @@ def visible_cards(environ: Mapping[str, str] | None = None, torch_count: Any = N
         return Visible(None, None, f"torch.cuda.device_count() failed ({type(e).__name__})")
 
 
-def _listed(value: str) -> tuple[str, ...]:
+def listed(value: str) -> tuple[str, ...]:
     """The devices a device variable lists: a negative index hides itself and every device after it
     (CUDA's rule, and torch's parse of the list), so the list ends there."""
     out: list[str] = []

@@ -27,7 +27,7 @@ from shutil import which
 from typing import Callable, Mapping
 
 from .. import proc
-from ..contest.cards import DEVICE_VARS
+from ..contest.cards import DEVICE_VARS, listed
 from ..errors import ForgeError
 from ..model import capacity as capacity_mod
 from ..model import shape as shape_mod
@@ -64,8 +64,9 @@ def card_memory(environ: Mapping[str, str] | None = None,
         return None
     totals, source = out
     # the device variables narrow and reorder what a server sees (cards.visible_cards' rule: the
-    # shortest list); ids the tool's order does not give (UUIDs) leave every card counted
-    lists = [(v, [x.strip() for x in environ[v].split(",") if x.strip()]) for v in DEVICE_VARS if v in environ]
+    # shortest list, each ending at a negative index); ids the tool's order does not give (UUIDs) leave
+    # every card counted
+    lists = [(v, listed(environ[v])) for v in DEVICE_VARS if v in environ]
     if lists:
         var, ids = min(lists, key=lambda p: len(p[1]))
         if all(x.isdigit() and int(x) < len(totals) for x in ids):
