@@ -1,7 +1,7 @@
-"""kernels/forge_triton/skinny_gemm.py: the skinny GEMM on the matrix units (1-16 token rows) and its fused
+"""kernels/forge_triton/skinny_gemm.py: the skinny GEMM on the matrix units (1-32 token rows) and its fused
 gate_up + SiLU-and-mul, against float64 references on fresh random inputs (the seed is in each failure
 message). On a CPU: Triton's interpreter at small, ragged sizes (N and K not multiples of the blocks,
-a split-K range left empty), every M in 1-16, split-K off and on. On a GPU: every bf16 linear layer of
+a split-K range left empty), every M in 1-16 and 17, 24, 31, 32 (the 32-row tile), split-K off and on. On a GPU: every bf16 linear layer of
 Qwen3.5-27B per rank at TP1 and TP2 (kernels/calibrate/common.linear) at the built-in launch and a forced
 split-K.
 
