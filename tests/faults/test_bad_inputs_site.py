@@ -6,11 +6,14 @@ marker) and an empty folder are installed into. Before, any --site was deleted f
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
+import pytest
 from helpers import forge, probe_bundle
 from test_bad_inputs import refused, writes_nothing
 
+from forge.errors import ForgeError
 from forge.lab import install
 from forge.run.gpu_harness import SITE_MARKER
 
@@ -50,3 +53,20 @@ def test_an_empty_new_earlier_or_interrupted_site_is_installed_into(tmp_path):
         assert (site / "forgeprobe" / "__init__.py").is_file() and (site / SITE_MARKER).is_file(), name
         assert not (site / install.PARTIAL).exists() and not (site / "half_written").exists(), name
         assert not (site / "oldpkg").exists(), name
+
+
+def test_an_install_pip_refuses_leaves_the_site_as_it_found_it(tmp_path):
+    """A wheel pip cannot install: a new --site (and the folders made for it) is gone again, an empty one stays
+    empty (before, the site was left holding the install's partial marker)."""
+    bundle = tmp_path / "bundle"
+    (bundle / "wheels").mkdir(parents=True)
+    whl = bundle / "wheels" / "vllm-0.18.1-py3-none-any.whl"
+    whl.write_bytes(b"not a zip archive")
+    man = {"version": "test", "vllm_wheel": whl.name, "python": "3.12",
+           "files": {f"wheels/{whl.name}": {"sha256": hashlib.sha256(whl.read_bytes()).hexdigest()}}}
+    (tmp_path / "empty").mkdir()
+    for site in (tmp_path / "new" / "deeper" / "site", tmp_path / "empty"):
+        with pytest.raises(ForgeError, match="pip could not install its wheels"):
+            install.install_bundle(bundle, site, man)
+    assert not (tmp_path / "new").exists()
+    assert (tmp_path / "empty").is_dir() and not any((tmp_path / "empty").iterdir())

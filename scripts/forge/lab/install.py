@@ -42,6 +42,8 @@ def install_bundle(bundle: Path, site: Path, man: dict | None = None) -> dict:
         ui.info(f"bundle already installed in {site}")
     else:
         refuse_foreign_site(site)
+        # the topmost folder this install creates (None: the site exists), removed again if pip fails
+        made = next((p for p in (site, *site.parents) if p.parent.exists()), site) if not site.exists() else None
         shutil.rmtree(site, ignore_errors=True)
         site.mkdir(parents=True, exist_ok=True)
         (site / PARTIAL).write_text(key)
@@ -49,6 +51,11 @@ def install_bundle(bundle: Path, site: Path, man: dict | None = None) -> dict:
             r = proc.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                           "--no-cache-dir", "--target", str(site), *wheels], capture=True, check=False, what="pip")
             if r.returncode != 0:          # one line: pip's errors (its last line where it marks none)
+                # what this install wrote goes: a new site (and the folders made for it) entirely, an existing
+                # one (empty, or an earlier install of ours, removed above) is left empty
+                shutil.rmtree(made or site, ignore_errors=True)
+                if made is None:
+                    site.mkdir(exist_ok=True)
                 lines = [x.strip() for x in r.stderr.splitlines() if x.strip()]
                 why = "; ".join(x for x in lines if x.startswith("ERROR")) or (lines[-1] if lines else "no output")
                 raise ForgeError(f"--bundle {bundle}: pip could not install its wheels into --site {site}: {why[-1000:]}",
