@@ -38,7 +38,7 @@ launches are these; BLOCK_N 128 was slower by up to 16 % (gate_up at TP1), two p
 saves), and the fused kernel at BLOCK_K 128 by up to 15 %. 4 warps, 3 stages on CUDA and 2 on HIP.
 Every built-in launch thus reads 16 KiB of weight per K step (64 x 128 plain, 2 x 64 x 64 fused). LDS /
 shared memory of the compiled kernel (kernels/aot.py; HIP's 2-stage pipeline keeps one LDS buffer and
-prefetches the next tile into registers): weight tile plus the 16-row x tile (32-row above 16 rows: 8 KiB more), 20 KiB at BLOCK_N 64 x
+prefetches the next tile into registers): weight tile plus the 16-row x tile (the 32-row tile above 16 rows: 4 KiB more, fused 2), 20 KiB at BLOCK_N 64 x
 BLOCK_K 128 on gfx90a/gfx942, so three programs share a compute unit's 64 KiB of LDS; 36 KiB at
 128 x 128 (a tuned launch); 108 KiB on sm_90 at 128 x 128 and 3 stages. Both targets use the matrix units (v_mfma_f32_16x16x16 bf16 on
 gfx90a/gfx942, wgmma on sm_90) and 16-byte weight loads. gfx936 is reached only through its vendor's
@@ -77,10 +77,11 @@ def _dot(a, b, IEEE: tl.constexpr):
         return tl.dot(a, b)
 
 
-# M (the token rows) only masks rows and sizes the partials: it is not specialised, so one compiled
-# kernel serves every row count 1-16 of a launch. Triton otherwise compiles a variant for M == 1 and for
-# M % 16 == 0 at its first call; a call outside the captured graphs (vLLM's LM head runs at the number of
-# sampled requests) would then compile in the middle of a served tier the first time 16 requests decode.
+# M (the token rows) only masks rows and sizes the partials: it is not specialised, so one compiled kernel
+# serves every row count of a launch and tile height (1-16, 17-32). Triton otherwise compiles a variant for
+# M == 1 and for M % 16 == 0 at its first call; a call outside the captured graphs (vLLM's LM head runs at
+# the number of sampled requests) would then compile mid-tier the first time, say, 16 requests decode where
+# the captured layers compiled that launch already.
 @triton.jit(do_not_specialize=["M"])
 def _skinny_gemm_kernel(
     x_ptr, w_ptr, y_ptr, p_ptr,

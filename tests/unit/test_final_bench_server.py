@@ -145,6 +145,19 @@ def test_a_run_measured_over_per_tier_starts_keeps_each_tiers_server_record(tmp_
     assert by["4-8K"]["tier"] == "4-8K" and by["8-16K"]["tier"] == "8-16K"
 
 
+def test_a_damaged_record_of_the_tiers_servers_is_refused_by_name(tmp_path, model, data_dir):
+    env = env_of(tmp_path)
+    serve(tmp_path, model, env, "--round", "final", "--tier", "8-16K", "--profile", "final-tp2")
+    try:
+        m = tmp_path / "runs" / "r1" / "manifest.json"
+        m.write_text(json.dumps({"run_id": "r1", "round": "final", "servers_by_tier": ["8-16K"]}))
+        r = bench(tmp_path, model, data_dir, env, "--round", "final")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert "key 'servers_by_tier'" in r.stderr and "manifest.json" in r.stderr, r.stderr
+    finally:
+        forge(tmp_path, "stop", env=env)
+
+
 def _make_n(*args):
     r = subprocess.run(["make", "-n", *args], cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
                        timeout=60, env={k: v for k, v in os.environ.items() if k not in ("PROFILE", "MAKEFLAGS",

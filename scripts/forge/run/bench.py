@@ -281,7 +281,11 @@ def _bench_in(contest: dict, st: dict | None, host: str, port: int, health: str,
     launcher = client_launcher(client)
     if isinstance(srv, dict) and srv.get("tier"):
         # the final round starts a server per tier: each tier's own record, beside the latest one's
-        manifest["servers_by_tier"] = {**(manifest.get("servers_by_tier") or {}), srv["tier"]: srv}
+        prior = manifest.get("servers_by_tier") or {}
+        if not isinstance(prior, dict):
+            raise ForgeError(f"{paths.rel(mpath)}: key 'servers_by_tier' is {type(prior).__name__}, not a mapping of "
+                             "tier to server record", hint="restore the file, or start a new run (omit --run-id)")
+        manifest["servers_by_tier"] = {**prior, srv["tier"]: srv}
     manifest.update({
         "run_id": run_id, "profile": profile, "created": manifest.get("created") or runs.now_iso(),
         "updated": runs.now_iso(), "git": runs.git_commit(),
