@@ -139,3 +139,18 @@ def flag(name: str, given: bool = False, hint: str | None = None) -> bool:
 def forced(given: bool) -> bool:
     """--force, or FORCE=1 in the environment (`make ... FORCE=1`); see `flag`."""
     return flag("FORCE", given, hint="make ... FORCE=1 (or --force) replaces or discards what the command would keep")
+
+
+def last_value(argv: list[str], *options: str) -> str | None:
+    """The value a command line's parser keeps for an option (vLLM's, the benchmark client's: its last
+    occurrence, any of its spellings, `--opt V` or `--opt=V`), or None."""
+    vals = [v for i, a in enumerate(argv) for o in options
+            for v in ([argv[i + 1]] if a == o and i + 1 < len(argv) else [a[len(o) + 1:]] if a.startswith(o + "=")
+                      else [])]
+    return vals[-1] if vals else None
+
+
+def last_int(argv: list[str], *options: str) -> int | None:
+    """`last_value` as a whole number, or None where it is absent or not digits."""
+    v = last_value(argv, *options)
+    return int(v) if v is not None and v.isdigit() else None

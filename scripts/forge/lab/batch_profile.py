@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import paths
+from .. import options, paths
 from ..errors import ForgeError
 from ..run import runs, serverlog, synth
 from .client import TokenStream, get_text, post_empty
@@ -62,26 +62,17 @@ def running(base: str) -> float | None:
     return sum(float(x) for x in found) if found else None
 
 
-def _last_int(argv: list[str], *options: str) -> int | None:
-    """The value vLLM's parser keeps for an option (its last occurrence, any of its spellings, `--opt N` or
-    `--opt=N`), or None."""
-    vals = [v for i, a in enumerate(argv) for o in options
-            for v in ([argv[i + 1]] if a == o and i + 1 < len(argv) else [a[len(o) + 1:]] if a.startswith(o + "=")
-                      else [])]
-    return int(vals[-1]) if vals and vals[-1].isdigit() else None
-
-
 def refuse_by_args(argv: list[str], tokens: int, decode_steps: int, batch: int, who: str = "the server") -> None:
     """What a server's command line alone refuses (checked again before any server starts, from the command
     each would run: forge.lab.preflight): more requests than its --max-num-seqs (per data-parallel rank), or
     a --max-model-len that leaves a request of `tokens` no room for the profiled steps."""
-    dp = _last_int(argv, "--data-parallel-size", "-dp") or 1
-    seqs = _last_int(argv, "--max-num-seqs")
+    dp = options.last_int(argv, "--data-parallel-size", "-dp") or 1
+    seqs = options.last_int(argv, "--max-num-seqs")
     if seqs is not None and batch > seqs * dp:
         raise ForgeError(f"--profile-batch {batch}: {who} runs at most {seqs * dp} requests at once "
                          f"(--max-num-seqs {seqs}" + (f" on each of {dp} data-parallel ranks" if dp > 1 else "")
                          + f"), so {batch} never decode together", hint=f"give --profile-batch {seqs * dp} or less")
-    limit = _last_int(argv, "--max-model-len")
+    limit = options.last_int(argv, "--max-model-len")
     if limit is not None and limit - tokens - PROMPT_SLACK < decode_steps + HEADROOM:
         raise ForgeError(f"--profile-prefill {tokens} --profile-decode {decode_steps}: {who}'s --max-model-len "
                          f"{limit} leaves each request {max(limit - tokens - PROMPT_SLACK, 0)} output tokens, and the "

@@ -26,7 +26,7 @@ from pathlib import Path
 from shutil import which
 from typing import Callable, Mapping
 
-from .. import proc
+from .. import options, proc
 from ..contest.cards import DEVICE_VARS, listed
 from ..errors import ForgeError
 from ..model import capacity as capacity_mod
@@ -74,20 +74,6 @@ def card_memory(environ: Mapping[str, str] | None = None,
     return totals, source
 
 
-def _last_value(argv: list[str], *options: str) -> str | None:
-    """The value vLLM's parser keeps for an option (its last occurrence, any of its spellings, `--opt V` or
-    `--opt=V`), or None."""
-    vals = [v for i, a in enumerate(argv) for o in options
-            for v in ([argv[i + 1]] if a == o and i + 1 < len(argv) else [a[len(o) + 1:]] if a.startswith(o + "=")
-                      else [])]
-    return vals[-1] if vals else None
-
-
-def _last_int(argv: list[str], *options: str) -> int | None:
-    v = _last_value(argv, *options)
-    return int(v) if v is not None and v.isdigit() else None
-
-
 def check_fit(launches: dict[str, list[str]], utilization: float, kv_bytes: int | None, model: Path,
               memory: tuple[list[int], str] | None) -> dict:
     """Refuse servers (`launches`: each one's command line, all on the same cards) that the GPU cannot hold
@@ -96,7 +82,7 @@ def check_fit(launches: dict[str, list[str]], utilization: float, kv_bytes: int 
         return {"checked": False, "why": "no nvidia-smi, hy-smi or rocm-smi answered: the GPU's memory unknown"}
     totals, source = memory
     n = len(launches)
-    ranks = {name: (_last_int(a, "--tensor-parallel-size", "-tp") or 1, _last_int(a, "--data-parallel-size", "-dp") or 1)
+    ranks = {name: (options.last_int(a, "--tensor-parallel-size", "-tp") or 1, options.last_int(a, "--data-parallel-size", "-dp") or 1)
              for name, a in launches.items()}
     cards = max(tp * dp for tp, dp in ranks.values())
     if len(totals) < cards:
@@ -145,16 +131,16 @@ def kv_holds_batch(argv: list[str], kv_bytes: int | None, model: Path, tokens: i
     (no --kv-cache-memory-bytes), its KV dtype or the model is one the planner does not know, the server's
     log is read instead once it runs (batch_profile.refuse_unfit); returns what was checked, or None."""
     kv_dtype = {None: "bf16", "auto": "bf16", "bfloat16": "bf16", "int8": "int8"}.get(
-        _last_value(argv, "--kv-cache-dtype"), "?")
+        options.last_value(argv, "--kv-cache-dtype"), "?")
     if not kv_bytes or kv_dtype == "?":
         return None
     try:
         shape = shape_mod.load_shape(model)
-        tp = _last_int(argv, "--tensor-parallel-size", "-tp") or 1
+        tp = options.last_int(argv, "--tensor-parallel-size", "-tp") or 1
         cap = capacity_mod.capacity(shape, tp=tp, kv_dtype=kv_dtype, kv_cache_memory_bytes=kv_bytes)
     except ForgeError:
         return None
-    dp = _last_int(argv, "--data-parallel-size", "-dp") or 1
+    dp = options.last_int(argv, "--data-parallel-size", "-dp") or 1
     per_rank = math.ceil(batch / dp)
     need = per_rank * cap.blocks_for(tokens + decode_steps)
     if need > cap.usable_blocks:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import options
 from ..run import runs
 from .servers import plan
 
@@ -34,17 +35,11 @@ def guess_s(requests: list[list[int]], warmups: int, inflight: int = 1) -> float
     return CLIENT_TURN_S + body + warmups * (one[0] if one else 0.0)
 
 
-def _last_int(argv: list[str], option: str) -> int | None:
-    """The value vLLM's parser keeps for `option` in argv (its last occurrence), or None."""
-    vals = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == option]
-    return int(vals[-1]) if vals and vals[-1].isdigit() else None
-
-
 def inflight(client_argv: list[str], server_argv: list[str]) -> int:
     """Requests a tier keeps in flight: the client's --max-concurrency, capped by the server's
     --max-num-seqs (each as the last occurrence the parsers keep)."""
-    conc = _last_int(client_argv, "--max-concurrency") or 1
-    seqs = _last_int(server_argv, "--max-num-seqs")
+    conc = options.last_int(client_argv, "--max-concurrency") or 1
+    seqs = options.last_int(server_argv, "--max-num-seqs")
     return min(conc, seqs) if seqs else conc
 
 
