@@ -13,6 +13,7 @@ import pytest
 from helpers import forge, probe_bundle
 from test_bad_inputs import refused, writes_nothing
 
+from forge.cli import build_parser
 from forge.errors import ForgeError
 from forge.lab import install
 from forge.run.gpu_harness import SITE_MARKER
@@ -70,3 +71,41 @@ def test_an_install_pip_refuses_leaves_the_site_as_it_found_it(tmp_path):
             install.install_bundle(bundle, site, man)
     assert not (tmp_path / "new").exists()
     assert (tmp_path / "empty").is_dir() and not any((tmp_path / "empty").iterdir())
+
+
+def test_install_only_refuses_the_run_options_it_would_ignore(tmp_path):
+    """--install-only installs and exits: any other option given a value other than its default (read from
+    the verb's own parser, so an option added later is covered too) is refused by name before anything is
+    installed; before, they were silently ignored."""
+    site = tmp_path / "site"
+    bundle = probe_bundle(tmp_path)
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "e2e-gpu", "--install-only", "--bundle", str(bundle), "--site", str(site),
+                  "--profiles", "fast-int8", "--kv-cache-memory-bytes", "1073741824", "--no-fault",
+                  "--round", "final", "--out", str(tmp_path / "out"))
+    line = refused(r, "--install-only", "run without --install-only")
+    # every one named, in the order --help lists them, and no other (--bundle and --site are what it uses)
+    assert line.split(" so ", 1)[1].split(" would be ignored")[0] == \
+        "--profiles, --out, --round, --kv-cache-memory-bytes, --no-fault", line
+    assert not site.exists()
+    # an option given its default value is not a run's option: installed
+    r = forge(tmp_path, "e2e-gpu", "--install-only", "--bundle", str(bundle), "--site", str(site),
+              "--deadline-s", "560", "--round", "preliminary")
+    assert r.returncode == 0 and (site / SITE_MARKER).is_file(), r.stderr[-2000:]
+
+
+def test_install_only_help_says_the_other_options_are_refused(tmp_path):
+    r = forge(tmp_path, "e2e-gpu", "--help")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    assert "any other option set to other than its default is refused" in text
+
+
+def test_every_option_of_e2e_gpu_is_named_as_its_destination_says():
+    """The --install-only refusal names an option from its argparse destination (--opt-name from opt_name): true
+    of every option the verb has, a later one included."""
+    sub = next(a for a in build_parser()._actions if a.dest == "verb").choices["e2e-gpu"]
+    for a in sub._actions:
+        if a.dest != "help":
+            assert f"--{a.dest.replace('_', '-')}" in a.option_strings, a.option_strings
+

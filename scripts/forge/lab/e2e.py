@@ -39,6 +39,8 @@ folder, and one being resumed as it was.
 
 from __future__ import annotations
 
+import argparse
+import functools
 import signal
 import sys
 import threading
@@ -73,7 +75,23 @@ GUESS_START_S = 345.0
 MAX_PROFILE_DECODE = 512             # decode steps in one profiled request (a trace grows ~1 MiB per 10 steps)
 
 
-def cmd_e2e(args) -> int:
+# what --install-only uses; the verb's every other option is the run's
+INSTALL_ONLY_USES = ("bundle", "site", "install_only", "func")
+
+
+def refuse_install_only_extras(args, parser: argparse.ArgumentParser) -> None:
+    """--install-only installs and exits: an option of the run given a value other than its default (the
+    parser's own defaults, so an option added later is covered) would be ignored, and is refused by name."""
+    defaults = vars(parser.parse_args([]))
+    given = [f"--{k.replace('_', '-')}" for k, v in defaults.items()
+             if k not in INSTALL_ONLY_USES and getattr(args, k, v) != v]
+    if given:
+        raise ForgeError(f"--install-only installs the bundle into --site and exits, so {', '.join(given)} would be "
+                         "ignored; run without --install-only to install and run with them",
+                         hint="or drop them to install only")
+
+
+def cmd_e2e(args, parser: argparse.ArgumentParser) -> int:
     if args.stop_servers:
         if not args.out:
             raise ForgeError("--stop-servers needs --out: the results folder whose servers to stop",
@@ -82,6 +100,7 @@ def cmd_e2e(args) -> int:
         ui.info(f"{n} server(s) stopped" if n else f"no server of {args.out} is up; nothing to stop")
         return 0
     if args.install_only:
+        refuse_install_only_extras(args, parser)
         return install_only(args.bundle, Path(args.site))
     if args.profile_decode and not args.profile_prefill:
         raise ForgeError(f"--profile-decode {args.profile_decode} profiles the decode steps of the request that "
@@ -234,7 +253,7 @@ def runs_alive(st: dict) -> bool:
 
 def register(sub) -> None:
     p = sub.add_parser("e2e-gpu", help="the end-to-end run on a GPU machine (serve, bench, plumbing, fault, score)",
-                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bundle", default=str(gpu_bundle.BUNDLE),
                    help="the bundle from `make gpu-bundle` (default build/gpu-bundle); '' uses the installed vLLM")
     p.add_argument("--site", type=options.nonempty("--site"), default=DEFAULT_SITE,
@@ -242,7 +261,8 @@ def register(sub) -> None:
                         "the folder whole, so a folder holding anything but an earlier install is refused")
     p.add_argument("--install-only", action="store_true",
                    help="verify the bundle, install its wheels into --site and exit (nothing else runs; prints the "
-                        "site and the bundle's model directory): what `forge sweep --round final --harness` needs")
+                        "site and the bundle's model directory): what `forge sweep --round final --harness` needs; it uses only "
+                        "--bundle and --site, and any other option set to other than its default is refused")
     p.add_argument("--harness", type=options.nonempty("--harness"), help="harness settings (default: harness/gpu/harness.yaml)")
     p.add_argument("--model", type=options.nonempty("--model"), help="model directory (default: the bundle's)")
     p.add_argument("--profiles", type=options.nonempty("--profiles"), help="comma-separated profiles (default: harness/gpu/harness.yaml profiles)")
@@ -319,4 +339,4 @@ def register(sub) -> None:
     final_round.register_options(p)
     p.add_argument("--no-plumbing", action="store_true")
     p.add_argument("--no-fault", action="store_true")
-    p.set_defaults(func=cmd_e2e)
+    p.set_defaults(func=functools.partial(cmd_e2e, parser=p))
