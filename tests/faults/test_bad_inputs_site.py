@@ -7,6 +7,7 @@ marker) and an empty folder are installed into. Before, any --site was deleted f
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,69 @@ def test_every_option_of_e2e_gpu_is_named_as_its_destination_says():
         if a.dest != "help":
             assert f"--{a.dest.replace('_', '-')}" in a.option_strings, a.option_strings
 
+def _bad_bundle(tmp_path: Path) -> Path:
+    bundle = tmp_path / "bad-bundle"
+    (bundle / "wheels").mkdir(parents=True)
+    whl = bundle / "wheels" / "vllm-0.18.1-py3-none-any.whl"
+    whl.write_bytes(b"not a zip archive")
+    man = {"version": "bad", "vllm_wheel": whl.name, "python": "3.12",
+           "files": {f"wheels/{whl.name}": {"sha256": hashlib.sha256(whl.read_bytes()).hexdigest()}}}
+    (bundle / "manifest.json").write_text(json.dumps(man))
+    return bundle
+
+
+def _tree(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+def test_a_bundle_pip_refuses_leaves_an_earlier_install_as_it_was(tmp_path):
+    """A good install, then a bundle pip cannot install into the same --site: refused, and the earlier install
+    is there exactly as it was, with no working folder left beside it (before, the site was emptied first)."""
+    site = tmp_path / "site"
+    assert _install(tmp_path, site).returncode == 0
+    before = _tree(site)
+    assert (site / "forgeprobe" / "__init__.py").is_file()
+    man = json.loads((_bad_bundle(tmp_path) / "manifest.json").read_text())
+    with pytest.raises(ForgeError, match="pip could not install its wheels"):
+        install.install_bundle(tmp_path / "bad-bundle", site, man)
+    assert _tree(site) == before
+    assert [p.name for p in tmp_path.iterdir() if "site" in p.name] == ["site"]
+
+
+def test_an_install_cut_off_between_its_two_renames_is_repaired_by_a_rerun(tmp_path):
+    """The new install is complete beside the site and the earlier one renamed aside, and the site itself is
+    gone (cut off between the renames): a rerun of the same bundle moves the new one in (no pip) and removes
+    the earlier one; a rerun of another bundle installs it. A working folder beside the site that holds
+    something else is refused by name and left as it was."""
+    site = tmp_path / "site"
+    assert _install(tmp_path, site).returncode == 0
+    new, old = install.sibling(site, "new"), install.sibling(site, "old")
+    assert new.parent == old.parent == site.parent and new.name.startswith(".site") and old.name != new.name
+    # simulate: the install being replaced aside, the new one complete beside it, no site
+    site.rename(new)
+    old.mkdir()
+    (old / SITE_MARKER).write_text("{}")
+    (old / "oldpkg").mkdir()
+    r = _install(tmp_path, site)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "already installed" in r.stderr + r.stdout                     # repaired, not reinstalled
+    assert (site / "forgeprobe" / "__init__.py").is_file() and not new.exists() and not old.exists()
+    # the same state, then a rerun with another bundle: installed, nothing left beside the site
+    site.rename(new)
+    old.mkdir()
+    (old / SITE_MARKER).write_text("{}")
+    (new / SITE_MARKER).write_text("another bundle's")
+    r = _install(tmp_path, site)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "installing 1 wheels" in r.stderr + r.stdout
+    assert (site / "forgeprobe" / "__init__.py").is_file() and not new.exists() and not old.exists()
+    # cut off after both renames: the earlier install aside is removed by the next run
+    old.mkdir()
+    (old / SITE_MARKER).write_text("{}")
+    assert _install(tmp_path, site).returncode == 0 and not old.exists()
+    # a folder of something else where the install would work: refused, untouched
+    new.mkdir()
+    (new / "mine.txt").write_text("mine")
+    (site / SITE_MARKER).write_text("another bundle's")
+    with writes_nothing(tmp_path):
+        refused(_install(tmp_path, site), "--site", new.name, "holds other files")

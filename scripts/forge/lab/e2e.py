@@ -258,7 +258,9 @@ def register(sub) -> None:
                    help="the bundle from `make gpu-bundle` (default build/gpu-bundle); '' uses the installed vLLM")
     p.add_argument("--site", type=options.nonempty("--site"), default=DEFAULT_SITE,
                    help=f"where the bundle's wheels are installed (default {DEFAULT_SITE}); the install replaces "
-                        "the folder whole, so a folder holding anything but an earlier install is refused")
+                        "the folder whole, so a folder holding anything but an earlier install is refused; the new install is "
+                        "written beside it (.SITE.forge-new, in the same parent folder) and swapped in once pip "
+                        "succeeds, so a failed install leaves an earlier one as it was")
     p.add_argument("--install-only", action="store_true",
                    help="verify the bundle, install its wheels into --site and exit (nothing else runs; prints the "
                         "site and the bundle's model directory): what `forge sweep --round final --harness` needs; it uses only "

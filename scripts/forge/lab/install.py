@@ -4,6 +4,7 @@ versions its Python then sees."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -30,39 +31,86 @@ def refuse_foreign_site(site: Path) -> None:
                          hint="give a new or empty folder (default /tmp/forge-e2e-site)")
 
 
+def sibling(site: Path, role: str) -> Path:
+    """The folder beside `site` an install writes into ("new") or puts the install it replaces aside in
+    ("old") until the swap: in the site's own parent, so both moves are renames, named after the site."""
+    where = Path(os.path.abspath(site))
+    if not where.name:
+        raise ForgeError(f"--site {site}: names no folder of its own; the bundle is installed into a folder beside "
+                         "which it writes the new install before swapping it in",
+                         hint="give a new folder (default /tmp/forge-e2e-site)")
+    return where.parent / f".{where.name}.forge-{role}"
+
+
+def _ours(d: Path) -> bool:
+    """`d` is a folder an install of ours wrote (its marker, or an interrupted one's) or an empty one."""
+    return d.is_dir() and not d.is_symlink() and \
+        ((d / SITE_MARKER).is_file() or (d / PARTIAL).is_file() or not any(d.iterdir()))
+
+
+def _settle(site: Path, new: Path, old: Path) -> None:
+    """Finish a swap an earlier install was cut off in, then remove what it left beside the site: with no
+    site, a complete new install is moved in (cut off between the two renames), else the install put aside
+    is moved back. Folders of something else under those names are left for install_bundle to refuse."""
+    if not site.exists() and not site.is_symlink():
+        if _ours(new) and (new / SITE_MARKER).is_file() and not (new / PARTIAL).exists():
+            new.rename(site)
+        elif _ours(old):
+            old.rename(site)
+    for d in (new, old):
+        if _ours(d):
+            shutil.rmtree(d)
+
+
 def install_bundle(bundle: Path, site: Path, man: dict | None = None) -> dict:
     """Install the bundle's wheels into `site` (skipped where they are installed already); `man`: the
     manifest verify_bundle returned, where the caller verified the bundle already. A site of another
-    install (or of an interrupted one) is replaced; any other non-empty folder is refused."""
+    install (or of an interrupted one) is replaced; any other non-empty folder is refused. The wheels go
+    into a folder beside the site first (sibling "new"), swapped in only once pip succeeded: the site is
+    renamed aside ("old"), the new folder renamed in, the old one removed; a pip failure removes only the
+    new folder (and the folders made for it), so an earlier install stays exactly as it was, and the next
+    install finishes a swap an interruption cut off (_settle)."""
     man = man or gpu_bundle.verify_bundle(bundle)
     marker = site / SITE_MARKER
     wheels = sorted(str(bundle / n) for n in man["files"] if n.startswith("wheels/") and n.endswith(".whl"))
     key = json.dumps({n: e["sha256"] for n, e in man["files"].items() if n.startswith("wheels/")}, sort_keys=True)
+    new, old = sibling(site, "new"), sibling(site, "old")
+    _settle(site, new, old)
     if marker.is_file() and marker.read_text() == key:
         ui.info(f"bundle already installed in {site}")
-    else:
-        refuse_foreign_site(site)
-        # the topmost folder this install creates (None: the site exists), removed again if pip fails
-        made = next((p for p in (site, *site.parents) if p.parent.exists()), site) if not site.exists() else None
-        shutil.rmtree(site, ignore_errors=True)
-        site.mkdir(parents=True, exist_ok=True)
-        (site / PARTIAL).write_text(key)
+        return man
+    refuse_foreign_site(site)
+    for d in (new, old):
+        if d.exists() or d.is_symlink():
+            raise ForgeError(f"--site {site}: {d.name} beside it holds other files; the install writes the new "
+                             "install there (and puts the earlier one aside) before swapping it in, so it is left "
+                             "as it is", hint=f"move {d} away, or give another --site")
+    # the topmost folder this install creates (None: the site's parent exists), removed again if pip fails
+    made = None if new.parent.exists() else next(p for p in (new.parent, *new.parent.parents) if p.parent.exists())
+    new.mkdir(parents=True)
+    try:
+        (new / PARTIAL).write_text(key)
         with ui.step(f"installing {len(wheels)} wheels into {site}"):
             r = proc.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                          "--no-cache-dir", "--target", str(site), *wheels], capture=True, check=False, what="pip")
+                          "--no-cache-dir", "--target", str(new), *wheels], capture=True, check=False, what="pip")
             if r.returncode != 0:          # one line: pip's errors (its last line where it marks none)
-                # what this install wrote goes: a new site (and the folders made for it) entirely, an existing
-                # one (empty, or an earlier install of ours, removed above) is left empty
-                shutil.rmtree(made or site, ignore_errors=True)
-                if made is None:
-                    site.mkdir(exist_ok=True)
                 lines = [x.strip() for x in r.stderr.splitlines() if x.strip()]
                 why = "; ".join(x for x in lines if x.startswith("ERROR")) or (lines[-1] if lines else "no output")
-                raise ForgeError(f"--bundle {bundle}: pip could not install its wheels into --site {site}: {why[-1000:]}",
-                                 hint="the bundle is built for Python " + man.get("python", "?")
-                                      + "; rebuild it with `make gpu-bundle` for this machine's Python")
-        marker.write_text(key)
-        (site / PARTIAL).unlink()
+                raise ForgeError(f"--bundle {bundle}: pip could not install its wheels into --site {site}: "
+                                 f"{why[-1000:]}", hint="the bundle is built for Python " + man.get("python", "?")
+                                 + "; rebuild it with `make gpu-bundle` for this machine's Python")
+        (new / SITE_MARKER).write_text(key)
+        (new / PARTIAL).unlink()
+    except BaseException:
+        # only what this install wrote goes: the new folder (and the folders made for it); the site is untouched
+        shutil.rmtree(made or new, ignore_errors=True)
+        raise
+    # the swap: an interruption between the renames leaves the complete new folder and the earlier install
+    # aside, which the next install's _settle moves in and removes
+    if site.exists():
+        site.rename(old)
+    new.rename(site)
+    shutil.rmtree(old, ignore_errors=True)
     return man
 
 
