@@ -150,3 +150,33 @@ def test_a_folder_of_the_earlier_round_layout_is_refused_before_anything_runs(tm
     assert "a folder of an earlier harness" in r.stderr and "Traceback" not in r.stderr
     assert not health(port) and not (tmp_path / "replay.log").exists()
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def _files(root: Path) -> dict:
+    """Every file under `root` and its bytes and time, but the live servers' own logs (a /health check adds a line)."""
+    return {str(p): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != "server.log"}
+
+
+def test_a_deadline_that_holds_no_tier_is_refused_when_every_server_is_reused(tmp_path):
+    """Every server the invocation needs is left up by an earlier one: no start is counted, but the shortest tier
+    still to measure (8-16K for both profiles, guessed well over 30 s) and the reserve must still fit --deadline-s.
+    Refused before anything is written, with or without --keep-servers, the servers left up as they were (before,
+    the check was skipped: the servers were adopted and every tier skipped)."""
+    args = ("--no-fault", "--no-plumbing")
+    r, port, out = e2e_fake(tmp_path, *args, "--tier-order", "4-8K", "--keep-servers")
+    try:
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        up = {n: _state(out, n) for n in ("fast-int8", "upstream")}
+        before = {**_files(out), **_files(tmp_path / "pack")}
+        for keep in (("--keep-servers",), ()):
+            r, port, out = e2e_fake(tmp_path, *args, "--tier-order", "4-8K,8-16K", "--deadline-s", "30", "--reserve-s",
+                                    "0", *keep, port=port)
+            assert r.returncode == 2, (keep, r.stdout[-3000:] + r.stderr[-3000:])
+            assert "no tier would be measured" in r.stderr and "the shortest tier left, 8-16K, for fast-int8, upstream" \
+                in r.stderr and "reused" in r.stderr and "Traceback" not in r.stderr, r.stderr
+            assert {**_files(out), **_files(tmp_path / "pack")} == before, keep
+            assert all(_alive(st) for st in up.values()) and health(port) and health(port + 1)
+    finally:
+        forge(tmp_path, "e2e-gpu", "--stop-servers", "--out", str(out))
+    assert not health(port) and not health(port + 1)

@@ -285,7 +285,9 @@ def register(sub) -> None:
                    help=f"the servers' start and warm-up as guessed before any tier (default {GUESS_START_S:.0f}: "
                         "two side by side on an H200, empty Triton cache): a deadline that cannot hold it, the "
                         "shortest tier still to measure and the reserve is refused before any server starts "
-                        "(with --keep-servers they start all the same, for the next invocation)")
+                        "(with --keep-servers they start all the same, for the next invocation); where every "
+                        "server is reused (left up by --keep-servers) no start is counted, and a deadline that "
+                        "cannot hold that tier and the reserve is refused")
     p.add_argument("--reserve-s", type=float, default=15.0,
                    help="seconds kept after the tiers for stopping the servers and writing the reports "
                         f"(default 15; {FAULT_NEED_S:.0f} s more while the fault check is still to run)")

@@ -1,10 +1,10 @@
 """What `forge e2e-gpu` settles before it writes or starts anything (`prepare`): the bundle verified, the
 client and the differences from the organizers' command, the tiers' prompts built aside, a folder being
-resumed found comparable, the servers to start and to reuse, the deadline able to hold a tier, a batch
-profile the servers can decode, the servers fitting the GPU they share (forge.lab.gpufit), and the
-bundle's wheels installed. Only then is the results folder made and the prompts moved into it: a refusal
-(a ForgeError: one line naming the option and its fix, exit code 2) leaves nothing new on disk, and a
-folder being resumed as it was."""
+resumed found comparable, the servers to start and to reuse, the deadline able to hold a tier (also
+where every server is reused and none starts), a batch profile the servers can decode, the servers
+fitting the GPU they share (forge.lab.gpufit), and the bundle's wheels installed. Only then is the
+results folder made and the prompts moved into it: a refusal (a ForgeError: one line naming the option
+and its fix, exit code 2) leaves nothing new on disk, and a folder being resumed as it was."""
 
 from __future__ import annotations
 
@@ -58,18 +58,26 @@ def _client(run: Run, model: Path) -> None:
 def some_tier_fits(run: Run, model: Path, names: list[str], datasets: dict[str, Path], to_start: list[str]) -> None:
     """Before servers start: refuse a run whose deadline cannot hold their start and even the shortest
     tier still to measure (they would start, every tier be skipped, and they be stopped again); with
-    --keep-servers they are started all the same, for the next invocation to reuse."""
+    --keep-servers they are started all the same, for the next invocation to reuse. Where every server
+    is reused (`to_start` empty: left up by an earlier invocation) no start is counted, and the shortest
+    tier and the reserve must still fit: refused with or without --keep-servers (nothing would start)."""
     shortest = shortest_tier_need(run, model, names, datasets)
     if shortest is None:
         return
     tname, todo, guess = shortest
     reserve = tiers_reserve(run.args, run.summary, names)
-    need = run.args.start_guess_s + guess + reserve
+    start = run.args.start_guess_s if to_start else 0.0
+    need = start + guess + reserve
     if run.left() >= need:
         return
-    why = (f"{run.left():.0f} s left of --deadline-s {run.args.deadline_s:g}, and starting {', '.join(to_start)} "
-           f"(~{run.args.start_guess_s:.0f} s) then the shortest tier left, {tname}, for {', '.join(todo)} "
-           f"(~{guess:.0f} s, guessed) with the {reserve:.0f} s reserve need ~{need:.0f} s")
+    first = (f"starting {', '.join(to_start)} (~{start:.0f} s) then " if to_start else
+             "every server reused (left up by an earlier invocation, no start counted), ")
+    why = (f"{run.left():.0f} s left of --deadline-s {run.args.deadline_s:g}, and {first}the shortest tier left, "
+           f"{tname}, for {', '.join(todo)} (~{guess:.0f} s, guessed) with the {reserve:.0f} s reserve need ~{need:.0f} s")
+    if not to_start:
+        raise ForgeError(f"{why}: no tier would be measured",
+                         hint="raise --deadline-s or lower --num-prompts; the servers left up stay up for the next "
+                              "invocation (--stop-servers stops them)")
     if run.args.keep_servers:
         ui.warn(f"{why}: the servers start for the next invocation (--keep-servers), and this one may measure no tier")
         return
@@ -131,8 +139,7 @@ def prepare(run: Run) -> Prepared:
         up = reusable(run, model)         # servers an earlier invocation left up, that this one reuses
         kept = [n for n in names if fully_kept(run, n, built)]
         to_start = [n for n in names if n not in kept and n not in up]
-        if to_start:
-            some_tier_fits(run, model, names, built, to_start)
+        some_tier_fits(run, model, names, built, to_start)     # also where every server is reused
         on_gpu = [n for n in names if n in up or n in to_start]
         if on_gpu:
             servers_fit(run, model, on_gpu)
