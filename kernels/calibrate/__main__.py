@@ -65,9 +65,10 @@ def main(argv=None) -> int:
                geometry={"tp": args.tp, "heads": list(args.heads)})
     common.write_doc(args.out, doc)
     args.ledger.finish()
-    bad = [r for r in doc["records"] if not r["ok"]]
+    bad = [r for r in doc["records"] if common.failed(r)]
+    skipped = sum(1 for r in doc["records"] if r.get("not_timed"))
     print(f"[calibrate {args.family}] done in {doc['seconds']} s: {len(doc['records'])} records, "
-          f"{len(bad)} failed", flush=True)
+          f"{len(bad)} failed" + (f", {skipped} not timed" if skipped else ""), flush=True)
     return 0
 
 

@@ -10,6 +10,10 @@ one candidate at one point of one decision:
      "weight": 1.0, "ok": bool, "err": float | None, "tol": float, "error": str | None,
      "us": {"median": float, "p10": float, "p90": float, "n": int} | None}
 
+plus "not_timed": str on a candidate that was not run at that point because the kernel in use cannot take it
+(the GEMV family's skinny GEMM from a wheel built before its 32-row tile, at 24 or 32 tokens): ok false,
+no error, no time; it is neither chosen nor counted as failed.
+
 "upstream" is what vLLM 0.18.1 runs without our change (the anchor a tie goes to), "builtin" our
 kernel's launch without a table (today's hand-picked choice), "ours" every other launch of our
 kernel, "vendor" a vendor library path that is measured but that this build cannot route to. A launch
@@ -88,10 +92,20 @@ def prefill_points(prompts: dict | None = None, chunk: int = CHUNK) -> list[tupl
 
 
 def record(decision, candidate, kind, *, point, weight=1.0, launch=None, selectable=True, ok=False,
-           err=None, tol=None, error=None, us=None) -> dict:
-    return {"decision": decision, "candidate": candidate, "kind": kind, "launch": launch,
-            "selectable": selectable and kind != "vendor", "point": point, "weight": weight, "ok": ok,
-            "err": err, "tol": tol, "error": error, "us": us}
+           err=None, tol=None, error=None, us=None, not_timed=None) -> dict:
+    """One record; `not_timed` (a reason) marks a candidate that was not run at this point because the
+    kernel in use cannot take it (not ok, yet no failure: the record says why and what to do)."""
+    r = {"decision": decision, "candidate": candidate, "kind": kind, "launch": launch,
+         "selectable": selectable and kind != "vendor", "point": point, "weight": weight, "ok": ok,
+         "err": err, "tol": tol, "error": error, "us": us}
+    if not_timed:
+        r.update(ok=False, err=None, error=None, us=None, not_timed=not_timed)
+    return r
+
+
+def failed(r: dict) -> bool:
+    """A record of a candidate that ran and failed (wrong or an error), not one that was not timed."""
+    return not r["ok"] and not r.get("not_timed")
 
 
 def short_error(e: BaseException) -> str:

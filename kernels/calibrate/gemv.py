@@ -19,7 +19,9 @@ for gate_up, the fused `skinny_gemm_silu_mul`) at its built-in launch and at eve
 "mma" (what the table then names); on ROCm, vLLM's skinny kernels (wvSplitK / LLMM1) where the
 installed vLLM has `_rocm_C`, timed as vendor paths this build does not route to. Every candidate is
 checked against float64 on fresh random inputs (into a NaN-poisoned output where it takes one) before it
-is timed; one that is wrong or fails is recorded and never timed.
+is timed; one that is wrong or fails is recorded and never timed. A skinny GEMM that cannot take the row
+count (an installed wheel built before the kernel's 32-row tile, at 24 and 32 tokens) is recorded as not
+timed, with the reason and the fix, never as failed (`mma_not_timed`).
 
 Timing: CUDA/HIP graphs of many launches rotating over enough weight copies to exceed the L2 cache
 (weights come from memory, as in decode), replayed; median, p10, p90 per launch.
@@ -81,6 +83,31 @@ def load_mma(kernels: str):
     sys.path.insert(0, os.path.join(HERE, ".."))
     from forge_triton import skinny_gemm as sk  # imports triton: only where the family runs on a GPU
     return sk, "the skinny GEMM (mma) from kernels/forge_triton/skinny_gemm.py"
+
+
+def mma_not_timed(sk, M: int, kernels: str) -> str | None:
+    """Why the skinny GEMM module `sk` is not timed at M tokens, or None when it takes M rows. Read from the
+    module itself, no GPU: its MAX_M (16 in a copy built before the 32-row tile, so an older installed wheel
+    cannot run the graphs' 24 and 32); a module naming none is asked through its launch_config (arithmetic
+    only), which refuses rows past the kernel's tile. Such a candidate is recorded as not timed, never as
+    failed: it is not wrong, it is a kernel older than this calibration."""
+    limit = getattr(sk, "MAX_M", None)
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        if M <= limit:
+            return None
+        takes = f"takes 1-{limit} rows (its MAX_M {limit})"
+    else:
+        try:
+            sk.launch_config(M, 64, 128, 1)
+            return None
+        except ValueError as e:
+            takes = f"refuses {M} rows ({C.short_error(e)})"
+    if kernels == "installed":
+        return (f"not timed at {M} tokens: the installed vLLM's skinny GEMM (vllm/model_executor/layers/"
+                f"forge_skinny_gemm.py) {takes}, a wheel built before the kernel's 32-row tile; rebuild and install "
+                "the wheel from this checkout (make wheel), or calibrate with --kernels checkout")
+    return (f"not timed at {M} tokens: the skinny GEMM of kernels/forge_triton/skinny_gemm.py {takes}; "
+            "update the checkout's kernels")
 
 
 def mma_workspace(torch, sk, N: int, K: int, fused: bool, device="cuda"):
@@ -211,8 +238,12 @@ def run(torch, args, emit) -> dict:
                                     reps=5 if args.quick else 12)
 
             def candidate(name, kind, fn, launch=None, selectable=True, decision=dec, reference=ref,
-                          shape_out=(M, N), poison=None):
+                          shape_out=(M, N), poison=None, not_timed=None):
                 if not L.begin(decision, name, kind, launch):
+                    return
+                if not_timed:       # the kernel in use cannot take this point: said, not run, not failed
+                    L.add(C.record(decision, name, kind, point=point, launch=launch, selectable=selectable,
+                                   tol=TOL, weight=C.CALLS_PER_TOKEN[layer], not_timed=not_timed))
                     return
                 r = C.record(decision, name, kind, point=point, launch=launch, selectable=selectable,
                              tol=TOL, weight=C.CALLS_PER_TOKEN[layer])
@@ -245,9 +276,12 @@ def run(torch, args, emit) -> dict:
                 name = "forge built-in" if (block, rows) == (0, 0) else f"forge b{block} r{rows}"
                 candidate(name, "builtin" if (block, rows) == (0, 0) else "ours", ours, launch=[block, rows],
                           poison=y)
+            mma_why = mma_not_timed(sk, M, args.kernels) if sk else None
+            if mma_why and mma_why not in notes:
+                notes.append(mma_why)
             if sk:
                 candidate("forge mma", "ours", lambda w: sk.skinny_gemm(x, w, y, workspace=mma_ws), launch=MMA,
-                          poison=y)
+                          poison=y, not_timed=mma_why)
             if layer == "gate_up":
                 half = N // 2
                 fref = F.silu(ref[:, :half]) * ref[:, half:]
@@ -269,7 +303,8 @@ def run(torch, args, emit) -> dict:
                               decision=fdec, reference=fref, shape_out=(M, half), poison=ys)
                 if sk:
                     candidate("forge fused mma", "ours", lambda w: sk.skinny_gemm_silu_mul(x, w, ys, workspace=mma_fws),
-                              launch=MMA, decision=fdec, reference=fref, shape_out=(M, half), poison=ys)
+                              launch=MMA, decision=fdec, reference=fref, shape_out=(M, half), poison=ys,
+                              not_timed=mma_why)
         ws = w0 = mma_ws = mma_fws = None
         torch.cuda.empty_cache()
     return {"records": L.records, "notes": notes}

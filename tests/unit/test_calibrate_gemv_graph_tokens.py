@@ -88,23 +88,28 @@ MMA = SimpleNamespace(MAX_M=32, num_compute_units=lambda: 8, workspace_numel=lam
 
 
 def measure(tmp_path, monkeypatch, hip: bool) -> list[dict]:
+    return run_family(tmp_path, monkeypatch, hip)["records"]
+
+
+def run_family(tmp_path, monkeypatch, hip: bool, mma=MMA, kernels: str = "checkout") -> dict:
+    """The family's document from its loop on the CPU, the skinny GEMM module `mma` loaded as --kernels says."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(C, "linear", lambda tp=1: SHAPES)
     monkeypatch.setattr(C, "time_graph", lambda torch, fns, reps=15: {"median": 10.0, "p10": 9.9, "p90": 10.1,
                                                                        "n": reps})
     monkeypatch.setattr(G, "load_ops", lambda torch, ops: (Gemv, "the GEMV (a stand-in)"))
-    monkeypatch.setattr(G, "load_mma", lambda kernels: (MMA, "the skinny GEMM (a stand-in)"))
+    monkeypatch.setattr(G, "load_mma", lambda kernels: (mma, "the skinny GEMM (a stand-in)"))
     monkeypatch.setattr(G, "activation", lambda torch, F: (_silu_mul, "silu_and_mul"))
     linear = lambda x, w: F.linear(x, w)  # noqa: E731
     monkeypatch.setattr(G, "upstream_gemm", lambda torch, F: (linear, ROUTE if hip else "F.linear"))
     monkeypatch.setattr(G, "skinny", lambda torch: {"wvSplitK": linear, "LLMM1": linear} if hip else {})
     Gemv.rows = []
-    args = SimpleNamespace(ops="build", kernels="checkout", quick=False, seed=7, tp=1,
+    args = SimpleNamespace(ops="build", kernels=kernels, quick=False, seed=7, tp=1,
                            ledger=C.Ledger(str(tmp_path / "gemv.json"), False))
     doc = G.run(CudaOnCpu(hip), args, lambda done, total, what: None)
     for i, r in enumerate(doc["records"]):
         cd.check_record(r, cd.Doc("gemv.json", "hint"), "gemv", f"records[{i}]")
-    return doc["records"]
+    return doc
 
 
 def by_token_count(records: list[dict]) -> dict[int, dict[str, set[str]]]:

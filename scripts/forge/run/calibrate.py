@@ -156,8 +156,8 @@ def run_family(family: str, out_dir: Path, args) -> dict:
             except ForgeError as e:
                 why = f"it wrote a damaged document ({e.message}), set aside as {paths.set_aside(path).name}"
                 break
-            bad = sum(1 for r in doc["records"] if not r["ok"])
-            ui.info(f"{family}: {len(doc['records'])} records, {bad} failed, {time.monotonic() - t0:.0f} s")
+            bad, skipped = sum(1 for r in doc["records"] if not r["ok"]), sum(1 for r in doc["records"] if r.get("not_timed"))
+            ui.info(f"{family}: {len(doc['records'])} records, {bad - skipped} failed, {skipped} not timed, {time.monotonic() - t0:.0f} s")
             return doc
         why = (f"the process was killed by signal {-code} (a GPU fault or a crash)" if code < 0
                else f"the process exited {code}")
@@ -346,8 +346,8 @@ def cmd_calibrate(args) -> int:
     doc, out = res["doc"], res["out"]
     calibrate_options.check_install(args, doc, paths.rel(out))
     sel_ = doc["selection"]
-    failed = sum(len(d["failed"]) for d in sel_.values())
-    ui.info(f"calibration: {len(sel_)} decisions, {failed} failing candidate(s) left out; "
+    failed, skipped = (sum(len(d.get(k) or {}) for d in sel_.values()) for k in ("failed", "not_timed"))
+    ui.info(f"calibration: {len(sel_)} decisions, {failed} failing candidate(s) left out, {skipped} not timed; "
             f"report {paths.rel(out / 'calibration.md')}; table {paths.rel(out / 'table.json')}")
     slug = device_slug(doc["device"]) + rank_geometry.suffix(args.tp)
     text = json.dumps(doc["table"], indent=1, sort_keys=True) + "\n"      # validated before it was written

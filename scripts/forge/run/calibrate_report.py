@@ -70,10 +70,11 @@ def render(doc: dict, records: list[dict]) -> str:
                 lines.append(f"| {d} | {s.get('chosen') or '-'} | {_us(s.get('us'))} | {_us(up)} | {_us(bi)} | {sp} | "
                              f"{vb} | {s.get('noise', 0):.1%} | {s['why']} |")
             lines.append("")
-        fam_recs = [r for r in records if _family(r["decision"]) == fam]
+        fam_recs = [r for r in records if _family(r["decision"]) == fam and not r.get("not_timed")]
         bad = [r for r in fam_recs if not r["ok"]]
         lines.append(f"Correctness: {len(fam_recs) - len(bad)} of {len(fam_recs)} candidate-points passed "
                      "(max error against float64, or codes/scales for the write).")
+        lines += _not_timed([r for r in records if _family(r["decision"]) == fam and r.get("not_timed")])
         if bad:
             lines += ["", "| decision | candidate | point | error | tolerance | failure |", "|---|---|---|---|---|---|"]
             for r in bad[:60]:
@@ -92,6 +93,18 @@ def render(doc: dict, records: list[dict]) -> str:
     describe = forge_tuned.describe
     lines += [f"- {line}" for line in describe(t)] or ["- (empty: every decision kept the built-in defaults)"]
     return "\n".join(lines) + "\n"
+
+
+def _not_timed(recs: list[dict]) -> list[str]:
+    """The report's lines on candidate-points not run (the kernel in use could not take them), by reason:
+    neither passed nor failed."""
+    by_why: dict[str, list[str]] = {}
+    for r in recs:
+        by_why.setdefault(r["not_timed"], []).append(f"{r['decision']} {r['candidate']}")
+    out = ["", f"Not timed: {len(recs)} candidate-point(s), neither passed nor failed:"] if recs else []
+    for why, where in by_why.items():
+        out.append(f"- {why} ({len(where)}: {', '.join(where[:6])}{', …' if len(where) > 6 else ''})")
+    return out
 
 
 def chart(doc: dict, fam: str) -> bytes | None:

@@ -4,7 +4,8 @@ speed-ups the time model takes. Pure functions over the records the families wri
 
 Selection, per decision:
   - a candidate is eligible only when it was correct (within its tolerance against float64) and timed
-    at every point of the decision; a failing one is never selected, and the report says why;
+    at every point of the decision; a failing one is never selected, and the report says why; one the
+    kernel in use could not take (a record's "not_timed") is listed as not timed with its reason, not failed;
   - a candidate's time is the weighted sum of its median times over the points, its spread the
     weighted sum of (p90 - p10) / 2;
   - the fastest eligible selectable candidate wins over the upstream path only by more than the noise
@@ -30,6 +31,11 @@ def _totals(recs: list[dict]) -> dict | None:
     return {"us": t, "spread_us": s, "points": len(recs)}
 
 
+def not_timed(recs: list[dict]) -> str | None:
+    """Why a candidate was not timed (the first of its records that says so), or None."""
+    return next((r["not_timed"] for r in recs if r.get("not_timed")), None)
+
+
 def why_failed(recs: list[dict]) -> str:
     for r in recs:
         if r.get("error"):
@@ -43,7 +49,8 @@ def why_failed(recs: list[dict]) -> str:
 
 def select(records: list[dict], noise_floor: float = NOISE_FLOOR) -> dict:
     """{decision: {"chosen", "kind", "launch", "us", "upstream", "builtin", "speedup", "noise",
-    "candidates": {name: {...}}, "failed": {name: why}, "why"}} for every decision with records."""
+    "candidates": {name: {...}}, "failed": {name: why}, "why"}} for every decision with records, plus
+    "not_timed": {name: why} where a candidate was not timed (the kernel in use could not take it)."""
     by_dec: dict[str, dict[str, list[dict]]] = {}
     for r in records:
         if r["decision"].split(".")[0] in CHECK_ONLY:
@@ -53,8 +60,11 @@ def select(records: list[dict], noise_floor: float = NOISE_FLOOR) -> dict:
     for dec, cands in sorted(by_dec.items()):
         # the points some candidate was timed at (a candidate that failed everywhere adds none)
         points = {r["point"] for recs in cands.values() for r in recs if r.get("ok") and r.get("us")}
-        info, failed = {}, {}
+        info, failed, skipped = {}, {}, {}
         for name, recs in cands.items():
+            if not_timed(recs):
+                skipped[name] = not_timed(recs)
+                continue
             tot = _totals(recs)
             if tot is None or tot["points"] < len(points):
                 failed[name] = why_failed(recs)
@@ -69,7 +79,7 @@ def select(records: list[dict], noise_floor: float = NOISE_FLOOR) -> dict:
         best = ours[0] if ours else None
         builtin = next((n for n, i in info.items() if i["kind"] == "builtin"), None)
         d = {"candidates": info, "failed": failed, "upstream": up if up in info else None,
-             "builtin": builtin, "best_ours": best}
+             "builtin": builtin, "best_ours": best, **({"not_timed": skipped} if skipped else {})}
         if up in info and best:
             rel = lambda n: info[n]["spread_us"] / info[n]["us"] if info[n]["us"] else 0.0  # noqa: E731
             noise = max(rel(up), rel(best), noise_floor)
@@ -82,7 +92,8 @@ def select(records: list[dict], noise_floor: float = NOISE_FLOOR) -> dict:
             chosen, why = best, ("no upstream candidate in this decision" if up is None else
                                  f"the upstream path failed ({failed.get(up)}): the fastest correct of ours")
         elif up in info:
-            chosen, why = up, "none of our candidates is correct and timed: upstream stays"
+            chosen, why = up, ("none of our candidates is correct and timed"
+                               + (f" ({', '.join(skipped)} not timed)" if skipped else "") + ": upstream stays")
         else:
             chosen, why = None, "no candidate is correct and timed"
         d.update(chosen=chosen, why=why)

@@ -139,6 +139,9 @@ def check_record(r, d: Doc, family: str, key: str) -> None:
     d.need(tol is None or _nonneg(tol), f"{key}.tol", tol, "a finite tolerance >= 0 or null")
     d.need(r.get("error") is None or isinstance(r.get("error"), str), f"{key}.error", r.get("error"),
            "a message or null")
+    skipped = r.get("not_timed")
+    d.need(skipped is None or _text(skipped) and not r.get("ok") and r.get("us") is None and r.get("error") is None,
+           f"{key}.not_timed", skipped, "absent, or why the candidate was not run (then ok false, no time, no error)")
     us = r.get("us")
     if us is None:
         return
@@ -207,6 +210,9 @@ def _check_entry(s, d: Doc, key: str, family: str | None = None) -> None:
     failed = s.get("failed")
     d.need(isinstance(failed, dict) and all(isinstance(v, str) for v in failed.values()), f"{key}.failed", failed,
            "an object of candidate: why it failed")
+    skipped = s.get("not_timed", {})
+    d.need(isinstance(skipped, dict) and all(isinstance(v, str) for v in skipped.values()), f"{key}.not_timed",
+           skipped, "absent, or an object of candidate: why it was not timed")
     for ref in ("upstream", "builtin", "best_ours", "chosen"):
         v = s.get(ref)
         d.need(v is None or isinstance(v, str) and v in cands, f"{key}.{ref}", v,
