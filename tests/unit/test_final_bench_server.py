@@ -126,6 +126,33 @@ def test_the_tiers_concurrency_is_the_one_its_start_resolved(tmp_path, model, da
         forge(tmp_path, "stop", env=env)
 
 
+@pytest.mark.parametrize("tiers", [(), ("--tiers", "4-8K")], ids=["the-servers-tier", "--tiers"])
+def test_only_the_tiers_the_run_measures_read_their_concurrency_variable(tmp_path, model, data_dir, tiers):
+    """CONCURRENCY_<tier> of a tier the run does not measure is not read (before, a run against a final-round
+    server of tier 4-8K, without --tiers, planned every tier first and refused an out-of-bounds
+    CONCURRENCY_16_32K that it would never use); the variable of the tier it runs is still checked, citing
+    the rule and naming the variable, before anything is written or run."""
+    env = env_of(tmp_path)
+    serve(tmp_path, model, env, "--round", "final", "--tier", "4-8K", "--profile", "final-tp2")
+    try:
+        r = bench(tmp_path, model, data_dir, {**env, "CONCURRENCY_16_32K": "0", "CONCURRENCY_8_16K": "ten"},
+                  "--round", "final", *tiers)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert [c["tier"] for c in calls(tmp_path)] == ["4-8K"]
+        cs = json.loads((tmp_path / "runs" / "r1" / "manifest.json").read_text())["client_settings"]["tiers"]
+        assert sorted(cs) == ["4-8K"]
+        before = (tmp_path / "runs" / "r1" / "manifest.json").read_text()
+        r = bench(tmp_path, model, data_dir, {**env, "CONCURRENCY_4_8K": "0", "CONCURRENCY_16_32K": "0"},
+                  "--round", "final", "--run-id", "r2", *tiers)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert "tier 4-8K: CONCURRENCY_4_8K: concurrency 0 is out of bounds" in r.stderr
+        assert "rule 'final_unlocked'" in r.stderr and "tier 16-32K" not in r.stderr
+        assert not (tmp_path / "runs" / "r2").exists() and len(calls(tmp_path)) == 1
+        assert (tmp_path / "runs" / "r1" / "manifest.json").read_text() == before
+    finally:
+        forge(tmp_path, "stop", env=env)
+
+
 def test_a_run_measured_over_per_tier_starts_keeps_each_tiers_server_record(tmp_path, model, data_dir):
     """The final round serves each tier from its own start (its own settings): the run's manifest keeps each
     tier's server record (before, only one, whichever bench ran last, so a tier served on another topology or

@@ -191,16 +191,16 @@ def run_tiers(*, profile: str | None = None, run_id: str | None = None, model: s
     tier has failed requests."""
     contest = contest or contest_mod.load_contest()
     rnd = final_client.check_round(contest, round_name)
-    # what the command line says is checked before anything is asked of a server
-    chosen = contest["tiers"]
+    # the command line is checked before a server is asked; only tiers run read their CONCURRENCY_<tier>:
+    # without --tiers those are known once the server is (a final-round server runs its own tier)
+    chosen, plan = contest["tiers"], None
     if tiers is not None:
         unknown = [w for w in tiers if w not in contest_mod.tier_names(contest)]
         if unknown or not tiers:
             raise ForgeError(f"unknown tier(s) {', '.join(unknown)}" if unknown else "--tiers names no tier",
                              hint=f"tiers: {', '.join(contest_mod.tier_names(contest))}")
-        chosen = [t for t in chosen if t["name"] in tiers]
-    chosen, plan = final_client.tier_plan(contest, rnd, chosen, num_prompts=num_prompts,
-                                          concurrency=concurrency)
+        chosen, plan = final_client.tier_plan(contest, rnd, [t for t in chosen if t["name"] in tiers],
+                                              num_prompts=num_prompts, concurrency=concurrency)
     if run_id is not None:
         runs.check_run_id(run_id)
     if profile is not None:
@@ -231,6 +231,8 @@ def run_tiers(*, profile: str | None = None, run_id: str | None = None, model: s
         chosen, plan = final_client.tier_plan(contest, rnd, [t for t in contest["tiers"] if t["name"] in own],
                                               num_prompts=num_prompts, concurrency=concurrency or conc,
                                               **({} if concurrency else {"concurrency_from": whence}))
+    elif plan is None:
+        chosen, plan = final_client.tier_plan(contest, rnd, chosen, num_prompts=num_prompts, concurrency=concurrency)
     created = not rdir.exists()
     rdir = runs.run_dir(run_id)
     try:

@@ -42,7 +42,8 @@ def tier_plan(contest: dict, rnd: rounds.Round, tiers: list[dict], *, num_prompt
     client options the round sets: {option: value}) and the round's `num_prompts`; record is
     {"round", "tiers": {name: settings}, "differences": [what differs from the round's client]}.
     `concurrency` (the sweep's; `concurrency_from` says whence) wins over the environment's
-    CONCURRENCY_<tier>, which wins over the round's value; each is checked against the round's bounds."""
+    CONCURRENCY_<tier>, which wins over the round's value; each is checked against the round's bounds.
+    Only the tiers given read their variable: pass the tiers the run measures, never more."""
     environ = os.environ if environ is None else environ
     out, rec, diffs = [], {}, []
     for t in tiers:
