@@ -60,12 +60,8 @@ def test_an_empty_new_earlier_or_interrupted_site_is_installed_into(tmp_path):
 def test_an_install_pip_refuses_leaves_the_site_as_it_found_it(tmp_path):
     """A wheel pip cannot install: a new --site (and the folders made for it) is gone again, an empty one stays
     empty (before, the site was left holding the install's partial marker)."""
-    bundle = tmp_path / "bundle"
-    (bundle / "wheels").mkdir(parents=True)
-    whl = bundle / "wheels" / "vllm-0.18.1-py3-none-any.whl"
-    whl.write_bytes(b"not a zip archive")
-    man = {"version": "test", "vllm_wheel": whl.name, "python": "3.12",
-           "files": {f"wheels/{whl.name}": {"sha256": hashlib.sha256(whl.read_bytes()).hexdigest()}}}
+    bundle = _bad_bundle(tmp_path)
+    man = json.loads((bundle / "manifest.json").read_text())
     (tmp_path / "empty").mkdir()
     for site in (tmp_path / "new" / "deeper" / "site", tmp_path / "empty"):
         with pytest.raises(ForgeError, match="pip could not install its wheels"):
