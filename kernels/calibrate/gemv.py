@@ -87,21 +87,12 @@ def load_mma(kernels: str):
 
 def mma_not_timed(sk, M: int, kernels: str) -> str | None:
     """Why the skinny GEMM module `sk` is not timed at M tokens, or None when it takes M rows. Read from the
-    module itself, no GPU: its MAX_M (16 in a copy built before the 32-row tile, so an older installed wheel
-    cannot run the graphs' 24 and 32); a module naming none is asked through its launch_config (arithmetic
-    only), which refuses rows past the kernel's tile. Such a candidate is recorded as not timed, never as
-    failed: it is not wrong, it is a kernel older than this calibration."""
-    limit = getattr(sk, "MAX_M", None)
-    if isinstance(limit, int) and not isinstance(limit, bool):
-        if M <= limit:
-            return None
-        takes = f"takes 1-{limit} rows (its MAX_M {limit})"
-    else:
-        try:
-            sk.launch_config(M, 64, 128, 1)
-            return None
-        except ValueError as e:
-            takes = f"refuses {M} rows ({C.short_error(e)})"
+    module itself, no GPU: its MAX_M (every copy of the kernel names it; 16 in one built before the 32-row
+    tile, so an older installed wheel cannot run the graphs' 24 and 32). Such a candidate is recorded as not
+    timed, never as failed: it is not wrong, it is a kernel older than this calibration."""
+    if M <= sk.MAX_M:
+        return None
+    takes = f"takes 1-{sk.MAX_M} rows (its MAX_M {sk.MAX_M})"
     if kernels == "installed":
         return (f"not timed at {M} tokens: the installed vLLM's skinny GEMM (vllm/model_executor/layers/"
                 f"forge_skinny_gemm.py) {takes}, a wheel built before the kernel's 32-row tile; rebuild and install "

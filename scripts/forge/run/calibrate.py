@@ -156,8 +156,8 @@ def run_family(family: str, out_dir: Path, args) -> dict:
             except ForgeError as e:
                 why = f"it wrote a damaged document ({e.message}), set aside as {paths.set_aside(path).name}"
                 break
-            bad, skipped = sum(1 for r in doc["records"] if not r["ok"]), sum(1 for r in doc["records"] if r.get("not_timed"))
-            ui.info(f"{family}: {len(doc['records'])} records, {bad - skipped} failed, {skipped} not timed, {time.monotonic() - t0:.0f} s")
+            bad, skipped = (sum(1 for r in doc["records"] if not r["ok"] and bool(r.get("not_timed")) is nt) for nt in (False, True))
+            ui.info(f"{family}: {len(doc['records'])} records, {bad} failed, {skipped} not timed, {time.monotonic() - t0:.0f} s")
             return doc
         why = (f"the process was killed by signal {-code} (a GPU fault or a crash)" if code < 0
                else f"the process exited {code}")

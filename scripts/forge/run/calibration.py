@@ -62,8 +62,9 @@ def select(records: list[dict], noise_floor: float = NOISE_FLOOR) -> dict:
         points = {r["point"] for recs in cands.values() for r in recs if r.get("ok") and r.get("us")}
         info, failed, skipped = {}, {}, {}
         for name, recs in cands.items():
-            if not_timed(recs):
-                skipped[name] = not_timed(recs)
+            why_not = not_timed(recs)
+            if why_not:
+                skipped[name] = why_not
                 continue
             tot = _totals(recs)
             if tot is None or tot["points"] < len(points):
