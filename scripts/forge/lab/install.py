@@ -17,6 +17,12 @@ from . import gpu_bundle
 PARTIAL = SITE_MARKER + ".partial"   # written first by an install, removed last: an interrupted one is ours too
 
 
+def _ours(d: Path) -> bool:
+    """`d` is a folder an install of ours wrote (its marker, or an interrupted one's) or an empty one."""
+    return d.is_dir() and not d.is_symlink() and \
+        ((d / SITE_MARKER).is_file() or (d / PARTIAL).is_file() or not any(d.iterdir()))
+
+
 def refuse_foreign_site(site: Path) -> None:
     """An install replaces the site folder whole: refused (before anything is removed) where `site` is not a
     folder, or holds files of something else (neither an earlier install's marker nor an interrupted one's,
@@ -24,8 +30,7 @@ def refuse_foreign_site(site: Path) -> None:
     if site.is_symlink() or (site.exists() and not site.is_dir()):
         raise ForgeError(f"--site {site}: not a folder; the bundle is installed into a folder of its own",
                          hint="give a new folder (default /tmp/forge-e2e-site)")
-    if site.is_dir() and not (site / SITE_MARKER).is_file() and not (site / PARTIAL).is_file() \
-            and any(site.iterdir()):
+    if site.is_dir() and not _ours(site):
         raise ForgeError(f"--site {site}: the folder holds other files and no {SITE_MARKER} of an earlier install; "
                          "installing replaces the folder whole, so it is left as it is",
                          hint="give a new or empty folder (default /tmp/forge-e2e-site)")
@@ -40,12 +45,6 @@ def sibling(site: Path, role: str) -> Path:
                          "which it writes the new install before swapping it in",
                          hint="give a new folder (default /tmp/forge-e2e-site)")
     return where.parent / f".{where.name}.forge-{role}"
-
-
-def _ours(d: Path) -> bool:
-    """`d` is a folder an install of ours wrote (its marker, or an interrupted one's) or an empty one."""
-    return d.is_dir() and not d.is_symlink() and \
-        ((d / SITE_MARKER).is_file() or (d / PARTIAL).is_file() or not any(d.iterdir()))
 
 
 def _settle(site: Path, new: Path, old: Path) -> None:
