@@ -7,25 +7,91 @@ the model length), each recorded with its reason in the run's serve.json (`harne
 the finals' client (`forge e2e-gpu --install-only` installs it). harness.yaml's side-by-side sizing is
 not applied: the sweep serves one configuration at a time, with the configuration's own
 --gpu-memory-utilization. `--kv-cache-memory-bytes BYTES` (with `--kv-why`) gives every server a fixed KV
-cache instead, e.g. a DCU card's (`forge plan` prints its bytes), as e2e-gpu takes it."""
+cache instead, e.g. a DCU card's (`forge plan` prints its bytes), as e2e-gpu takes it. `--kv-cache-memory-bytes
+dcu` gives each server the cache a DCU card holds for its own configuration (`for_config`): the capacity
+planner's bytes per rank for its topology, KV dtype, utilization and batched tokens, so a sweep over TP2
+and DP2 (whose caches per rank differ eightfold) and over utilizations compares configurations at the
+capacity they would have on the contest's cards."""
 
 from __future__ import annotations
 
+import argparse
 import os
+from dataclasses import dataclass
 
-from .. import ui
+from .. import options, ui
 from ..errors import ForgeError
+from ..model import capacity
+from ..model.shape import load_shape
 from . import gpu_harness
+
+DCU = "dcu"         # --kv-cache-memory-bytes dcu: each configuration's own DCU-card cache (for_config)
 
 OPTIONS = (("--site", "site"), ("--kv-cache-memory-bytes", "kv_cache_memory_bytes"), ("--kv-why", "kv_why"))
 
 
-def servers(harness: bool, *, site: str | None = None, kv_cache_memory_bytes: int | None = None,
+@dataclass
+class DcuSized(gpu_harness.Servers):
+    """Harness servers whose KV cache is sized per configuration (--kv-cache-memory-bytes dcu): `why`, the
+    reason given (--kv-why), else each configuration's own is written."""
+    why: str | None = None
+
+
+def kv_size(text: str) -> int | str:
+    """--kv-cache-memory-bytes of a sweep: a whole number of bytes, or `dcu`."""
+    if text.strip().lower() == DCU:
+        return DCU
+    v = options.parse_whole(text)
+    if v is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a whole number of bytes nor 'dcu' (each configuration "
+                                         "gets a DCU card's KV cache for its topology, KV dtype and utilization)")
+    return v
+
+
+def dcu_capacity(values: dict, kv_dtype: str) -> capacity.Capacity:
+    """One rank's KV cache on a DCU card for a configuration (the round's settings: its topology, utilization
+    and batched tokens; a DP replica is a TP1 server of its own), as `forge plan` computes it."""
+    return capacity.capacity(load_shape(), tp=values["tensor_parallel_size"], kv_dtype=kv_dtype, card_name="dcu",
+                             utilization=values["gpu_memory_utilization"],
+                             max_num_batched_tokens=values["max_num_batched_tokens"])
+
+
+def _dcu_label(values: dict, kv_dtype: str) -> str:
+    return (f"TP{values['tensor_parallel_size']}/DP{values['data_parallel_size']} {kv_dtype} at "
+            f"--gpu-memory-utilization {values['gpu_memory_utilization']:g}, --max-num-batched-tokens "
+            f"{values['max_num_batched_tokens']}")
+
+
+def for_config(hs: gpu_harness.Servers | None, values: dict, kv_dtype: str) -> gpu_harness.Servers | None:
+    """The servers of one configuration: under --kv-cache-memory-bytes dcu, with its own DCU card's KV cache
+    per rank (recorded with the planner's figures); otherwise the sweep's servers as they are."""
+    if not isinstance(hs, DcuSized):
+        return hs
+    cap = dcu_capacity(values, kv_dtype)
+    why = hs.why or (f"a DCU card's KV cache per rank for {_dcu_label(values, kv_dtype)} (forge plan: {cap.num_blocks} "
+                     f"blocks of {cap.group_size} x {cap.page_bytes:,} B, reported by vLLM as {cap.reported_tokens:,} "
+                     "tokens); the GPU's own memory does not size it")
+    return gpu_harness.Servers([*hs.changes, {"args": ["--kv-cache-memory-bytes", str(cap.kv_memory_for())], "why": why}],
+                               dict(hs.process_env))
+
+
+def _refuse_no_dcu_cache(configs: list[tuple[dict, str]]) -> None:
+    """Under --kv-cache-memory-bytes dcu, a configuration whose DCU card holds no KV cache beside its weights
+    (under 256 MiB, as a given size is refused: no request of any tier fits) is refused before anything is
+    written."""
+    bad = sorted({_dcu_label(v, k) for v, k in configs if dcu_capacity(v, k).kv_memory_for() < 1 << 28})
+    if bad:
+        raise ForgeError(f"--kv-cache-memory-bytes dcu: a DCU card holds no KV cache (under 256 MiB) beside the weights at "
+                         f"{'; '.join(bad)} (forge plan)", hint="drop those values from the search space")
+
+
+def servers(harness: bool, *, site: str | None = None, kv_cache_memory_bytes: int | str | None = None,
             kv_why: str | None = None, image: str | None = None,
-            cands: list | None = None) -> gpu_harness.Servers | None:
+            cands: list | None = None, baseline: dict | None = None) -> gpu_harness.Servers | None:
     """The harness's servers of a sweep (None without --harness), every option checked: the sizing
     options only with --harness, no image (the site's bundle runs natively), a site with the bundle
-    installed (default: e2e-gpu's)."""
+    installed (default: e2e-gpu's). With --kv-cache-memory-bytes dcu: a `DcuSized`, every candidate's
+    and the baseline's (`baseline`: its settings, bf16) DCU cache checked first."""
     values = {"site": site, "kv_cache_memory_bytes": kv_cache_memory_bytes, "kv_why": kv_why}
     given = [opt for opt, key in OPTIONS if values[key] is not None]
     if not harness:
@@ -38,8 +104,15 @@ def servers(harness: bool, *, site: str | None = None, kv_cache_memory_bytes: in
         raise ForgeError(f"--harness with an image ({image}): a harness server runs the bundle installed in --site "
                          "natively, not in a container", hint="drop --image (and unset IMAGE) for a harness sweep")
     changes = [dict(c) for c in gpu_harness.harness_config()["server_args"]]
-    changes += gpu_harness.sizing_changes(kv_cache_memory_bytes, None, kv_why)
+    dcu = kv_cache_memory_bytes == DCU
+    if dcu:
+        _refuse_no_dcu_cache([(c.settings_values(), c.kv_dtype) for c in cands or []]
+                             + ([(baseline, "bf16")] if baseline else []))
+    else:
+        changes += gpu_harness.sizing_changes(kv_cache_memory_bytes, None, kv_why)
     where = gpu_harness.installed_site(site or gpu_harness.DEFAULT_SITE)
+    if dcu:
+        return DcuSized(changes, gpu_harness.site_env(where), why=kv_why)
     if kv_cache_memory_bytes is not None:
         _say_one_cache(cands or [])
     return gpu_harness.Servers(changes, gpu_harness.site_env(where))
@@ -55,11 +128,13 @@ def _say_one_cache(cands: list) -> None:
         ui.warn(f"--kv-cache-memory-bytes gives every server the same KV cache per GPU, while {' and '.join(several)} "
                 "take several values here: a DCU card's cache per rank differs by topology (forge plan), and the "
                 "utilization no longer sizes the cache; one topology and utilization per sweep compares like "
-                "with like")
+                "with like, or --kv-cache-memory-bytes dcu sizes each configuration's cache as a DCU card holds it")
 
 
 def record(hs: gpu_harness.Servers | None) -> dict:
     """What the sweep's record keeps of its harness servers (a resume must serve them alike)."""
+    if isinstance(hs, DcuSized):
+        return {"harness_server_args": hs.args, "harness_kv_cache": DCU, "harness_kv_why": hs.why}
     return {"harness_server_args": hs.args} if hs else {}
 
 
@@ -71,9 +146,11 @@ def add_arguments(s) -> None:
                         "harness, scored only against a harness baseline")
     s.add_argument("--site", help=f"final, with --harness: the folder `forge e2e-gpu --install-only` installed the "
                                   f"bundle in (default {gpu_harness.DEFAULT_SITE})")
-    s.add_argument("--kv-cache-memory-bytes", type=int, metavar="BYTES",
+    s.add_argument("--kv-cache-memory-bytes", type=kv_size, metavar="BYTES|dcu",
                    help="final, with --harness: every server's KV cache in bytes per GPU, e.g. a DCU card's (`forge "
-                        "plan` prints them per topology and KV dtype); default: sized by the configuration's "
+                        "plan` prints them per topology and KV dtype); `dcu`: each configuration's (and the "
+                        "baseline's) own, the bytes of a DCU card's cache per rank for its topology, KV dtype, "
+                        "utilization and batched tokens; default: sized by the configuration's "
                         "--gpu-memory-utilization")
     s.add_argument("--kv-why", metavar="TEXT", help="final, with --harness: why the KV cache has that size, for the "
                                                     "runs' records")

@@ -105,8 +105,10 @@ def _refuse_short_cards(rnd: rounds.Round, cands: list[Candidate], baseline_prof
     rounds.check_cards(rnd, widest, rounds.visible_cards(os.environ), where="sweep")
 
 
-def _measure(prof: Path, tier: str, run_id: str, concurrency: int, kw: dict, contest: dict) -> str:
-    """Serve `prof` for `tier`, run the tier with the finals' client, stop the server: the outcome."""
+def _measure(prof: Path, tier: str, run_id: str, concurrency: int, kw: dict, contest: dict,
+             servers=None) -> str:
+    """Serve `prof` for `tier` (a harness sweep's servers: `servers`, this configuration's), run the tier
+    with the finals' client, stop the server: the outcome."""
     rdir = runs.run_dir(run_id, create=False)
     if not runs.tier_done(rdir, tier, keep_failed=True):
         log = rdir / "server.log"
@@ -114,7 +116,7 @@ def _measure(prof: Path, tier: str, run_id: str, concurrency: int, kw: dict, con
         try:
             serve.serve_profile(str(prof), kw["model"], image=kw["image"], vllm_cmd=kw["vllm_cmd"], port=kw["port"],
                                 run_id=run_id, timeout=kw["timeout"], shm_size=kw["shm_size"], contest=contest,
-                                round_name="final", tier=tier, harness=kw["servers"])
+                                round_name="final", tier=tier, harness=servers)
         except ForgeError as e:
             if (log.stat().st_size if log.is_file() else -1) == size:
                 raise                   # refused before a server was launched: the user's to fix, not a result
@@ -124,7 +126,7 @@ def _measure(prof: Path, tier: str, run_id: str, concurrency: int, kw: dict, con
             bench.run_tiers(profile=prof.stem, run_id=run_id, model=kw["model"], data_dir=kw["data_dir"], tiers=[tier],
                             num_prompts=kw["num_prompts"], client=kw["client"], port=kw["port"], contest=contest,
                             round_name="final", concurrency={tier: concurrency}, keep_failed=True,
-                            harness=kw["harness"], client_env=kw["servers"] and kw["servers"].process_env)
+                            harness=kw["harness"], client_env=servers and servers.process_env)
         except ForgeError as e:
             if not runs.tier_done(rdir, tier, keep_failed=True):
                 raise
@@ -184,7 +186,7 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
                 vllm_cmd: str | None = None, data_dir: str | None = None, num_prompts: int | None = None,
                 client: str | None = None, port: int | None = None, timeout: float = 1800,
                 shm_size: str = "64g", harness: bool = False, site: str | None = None,
-                kv_cache_memory_bytes: int | None = None, kv_why: str | None = None) -> dict:
+                kv_cache_memory_bytes: int | str | None = None, kv_why: str | None = None) -> dict:
     """The search (see the module's docstring). Returns the sweep's record."""
     contest = contest_mod.load_contest()
     rnd = rounds.load_round(contest, "final")
@@ -209,7 +211,7 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
         raise ForgeError("no model directory given", hint="pass --model DIR (make sweep MODEL=DIR)")
     cands = final_space.space(rnd, **(space_args or {}))
     hs = final_harness.servers(harness, site=site, kv_cache_memory_bytes=kv_cache_memory_bytes, kv_why=kv_why,
-                               image=image, cands=cands)
+                               image=image, cands=cands, baseline=rnd.baseline.as_dict())
     for name in (base_profile, *([baseline_profile] if baseline_profile else [])):
         paths.plain_name(name, "profile")
     sweep_id = runs.check_run_id(sweep_id) if sweep_id else runs.new_run_id("final-sweep")
@@ -233,7 +235,7 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
     _refuse_short_cards(rnd, cands, baseline_profile)     # the machine last: the inputs' own refusals first
     rank = ranker or model_ranker(contest, rnd, model_build)
     kw = dict(model=model, image=image, vllm_cmd=vllm_cmd, port=port, timeout=timeout, shm_size=shm_size,
-              data_dir=data_dir, num_prompts=num_prompts, client=client, harness=harness, servers=hs)
+              data_dir=data_dir, num_prompts=num_prompts, client=client, harness=harness)
     save = lambda: runs.write_json(sdir / "sweep.json", st)          # noqa: E731
     sdir.mkdir(parents=True, exist_ok=True)
     ui.info(f"sweep {sweep_id}: {len(cands)} configurations per tier, the best {top} served (resume: --sweep-id {sweep_id})")
@@ -257,7 +259,8 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
             prof = final_space.write_profile(sdir, f"{tier}-baseline",
                                   final_space.profile_text(baseline_profile, rnd, tier, values, None, "the finals' baseline"))
             with ui.step(f"tier {tier}: the baseline ({baseline_profile} at the finals' baseline configuration)"):
-                how = _measure(prof, tier, bid, values["concurrency"], kw, contest)
+                how = _measure(prof, tier, bid, values["concurrency"], kw, contest,
+                               final_harness.for_config(hs, values, "bf16"))
             if how != "measured":
                 raise ForgeError(f"tier {tier}: the baseline server did not start ({how})",
                                  hint="fix it (see the run's server.log), then rerun with --sweep-id " + sweep_id)
@@ -280,7 +283,8 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
                     "a sweep candidate"))
                 with ui.step(f"tier {tier} {i}/{top}: {cand.label} (predicted {r['predicted'].get('tok_s') or 0:.1f} tok/s)"):
                     r["run"] = run_id
-                    r["outcome"] = _measure(prof, tier, run_id, cand.concurrency, kw, contest)
+                    r["outcome"] = _measure(prof, tier, run_id, cand.concurrency, kw, contest,
+                                            final_harness.for_config(hs, cand.settings_values(), cand.kv_dtype))
                     save()
                     if r["outcome"] != "measured":
                         r.update(tok_s=None, score=None, zeroed_by=None)
