@@ -44,7 +44,9 @@ class ForgeParser(argparse.ArgumentParser):
         return super()._parse_optional(arg_string)
 
     def add_argument(self, *args, **kw):
-        action = super().add_argument(*args, **_strict_numbers(kw))
+        return self._nonempty(super().add_argument(*args, **_strict_numbers(kw)))
+
+    def _nonempty(self, action):
         if not self.keep_empty and action.nargs != 0 and action.type is None and action.choices is None:
             action.type = options.nonempty(action.option_strings[-1] if action.option_strings else
                                            (action.metavar or action.dest).upper(),
@@ -52,9 +54,10 @@ class ForgeParser(argparse.ArgumentParser):
         return action
 
     def add_argument_group(self, *args, **kw):
+        # a group's options follow the parser's rules too (an empty value in a group was taken as omitted)
         group = super().add_argument_group(*args, **kw)
         plain = group.add_argument
-        group.add_argument = lambda *a, **k: plain(*a, **_strict_numbers(k))
+        group.add_argument = lambda *a, **k: self._nonempty(plain(*a, **_strict_numbers(k)))
         return group
 
     def parse_args(self, args=None, namespace=None):
