@@ -27,6 +27,13 @@ CARDS = {"CUDA_VISIBLE_DEVICES": "0,1"}
     (["--round", "final", "--speedup", "gemv=1.2", "--concurrency", ""], ["--concurrency", "an empty value"]),
     (["--round", "final", "--speedup", "gemv=1.2", "--max-num-batched-tokens", ""],
      ["--max-num-batched-tokens", "an empty value"]),
+    # the finals' model priced the speed-ups and said nothing of the DCU times or the label given
+    (["--round", "final", "--speedup", "gemv=1.2", "--ttft-s", "1,2,3", "--tpot-ms", "1,2,3"],
+     ["--ttft-s, --tpot-ms", "not read by the final round's prediction"]),
+    (["--round", "final", "--speedup", "gemv=1.2", "--label", "mine"], ["--label", "not read by the final round"]),
+    # the preliminary's prediction ignored the finals' options it was given
+    (["--speedup", "gemv=1.2", "--kv-dtype", "int8", "--link", "oneshot"],
+     ["--kv-dtype, --link", "not read by the preliminary round's prediction", "--round final"]),
 ])
 def test_predict_reads_every_option_it_is_given(tmp_path, args, words):
     with writes_nothing(tmp_path):

@@ -211,10 +211,31 @@ def e2e_jobs(root: Path, folder: Path, ref_name: str, contest: dict, workload: d
     return jobs
 
 
+# options only one round's prediction reads, with their defaults (the other's silently ignored them)
+FINAL_ONLY = {"outputs": "eos", "kv_dtype": None, "concurrency": None, "max_num_batched_tokens": None,
+              "link": "pcie", "top": 5}
+PRELIMINARY_ONLY = {"run": None, "reference": None, "e2e": None, "check_e2e": None, "ttft_s": None, "tpot_ms": None,
+                    "baseline_name": "official", "label": None}
+
+
+def refuse_other_rounds_options(args) -> None:
+    """An option the round's prediction does not read, given a value, is refused by name."""
+    final = args.round == "final"
+    other = PRELIMINARY_ONLY if final else FINAL_ONLY
+    given = ["--" + d.replace("_", "-") for d, default in other.items() if getattr(args, d) != default]
+    if given:
+        raise ForgeError(f"{', '.join(given)}: not read by the {'final' if final else 'preliminary'} round's prediction"
+                         + (" (the finals' time model prices the product from --calibration or --speedup/--speedups)"
+                            if final else " (the finals' time model reads them: --round final)"),
+                         hint="leave them out" + (", or drop --round final for the preliminary's prediction" if final
+                                                   else ", or add --round final"))
+
+
 def cmd_predict(args) -> int:
     contest = contest_mod.load_contest()
     workload = synth.load_workload(contest)
     names = contest_mod.tier_names(contest)
+    refuse_other_rounds_options(args)
     if args.round == "final":            # the finals' time model (run/predict_final.py, model/finals.py)
         sp = parse_speedups(args.speedup, args.speedups) if args.speedup or args.speedups is not None else None
         return predict_final.run(args, contest, workload, sp)
