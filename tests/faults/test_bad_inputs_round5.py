@@ -18,6 +18,22 @@ RULE = "(rule 'final_unlocked')"
 CARDS = {"CUDA_VISIBLE_DEVICES": "0,1"}
 
 
+# --- plan / predict --round final: the files go where results go ----------------------------------------
+
+@pytest.mark.parametrize("args", [
+    # plan.json and plan.md were written among the tool's sources (and into the checkout's root with ".")
+    ["plan", "--round", "final", "--out", "scripts/forge/plan-out"],
+    ["plan", "--round", "final", "--out", "."],
+    # predict-final.json / validation.json likewise
+    ["predict", "--round", "final", "--speedup", "gemv=1.2", "--out", "scripts/forge/predict-out"],
+    ["predict", "--round", "final", "--validate", "--out", "."],
+])
+def test_an_out_among_the_tools_sources_is_refused(tmp_path, args):
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *args)
+    refused(r, "--out", "inside this checkout, outside build/ and reports/")
+
+
 # --- predict: every option read, none silently dropped ---------------------------------------------------
 
 @pytest.mark.parametrize("args,words", [

@@ -131,6 +131,8 @@ def cmd_plan(args) -> int:
         raise ForgeError(f"--kv-dtype {args.kv_dtype}: a dtype given twice (its rows would be printed twice)",
                          hint="bf16, int8 or bf16,int8")
     out = paths.target_folder(args.out, "--out") if args.out is not None else None
+    if out is not None:               # plan.json and plan.md landed among the tool's sources
+        paths.outside_sources(args.out, "--out")
     if out is not None and (out / "plan.json").exists() and not options.forced(args.force):
         raise ForgeError(f"{paths.rel(out / 'plan.json')}: a plan is recorded there",
                          hint="--force replaces it (FORCE=1), or give another --out")

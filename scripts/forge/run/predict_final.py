@@ -179,6 +179,8 @@ def render_validation(v: dict) -> list[str]:
 def run(args, contest: dict, workload: dict, speedups: dict | None) -> int:
     """The --round final branch of `forge predict`."""
     out = paths.target_folder(args.out, "--out") if args.out is not None else None
+    if out is not None:               # the prediction's files landed among the tool's sources
+        paths.outside_sources(args.out, "--out")
     name = "validation" if args.validate else "predict-final"
     if out is not None and (out / f"{name}.json").exists() and not options.forced(args.force):
         raise ForgeError(f"{paths.rel(out / (name + '.json'))}: a result is recorded there",
