@@ -55,3 +55,10 @@ def test_predict_reads_every_option_it_is_given(tmp_path, args, words):
     with writes_nothing(tmp_path):
         r = forge(tmp_path, "predict", *args, "--out", str(tmp_path / "out"))
     refused(r, *words)
+
+
+def test_a_long_whole_number_is_out_of_bounds_not_a_fraction(tmp_path):
+    """20 digits were called 'not a whole number' (the check compared it with its float, which rounds)."""
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "plan", "--round", "final", "--concurrency", "99999999999999999999")
+    refused(r, "--concurrency", "99999999999999999999 is out of bounds (1..256)", RULE)

@@ -217,7 +217,7 @@ def _coerce(raw: Any, typ: str, what: str, where: str, hint: str) -> float | int
     if not math.isfinite(v):
         raise ForgeError(f"{where}: {what} {raw!r} is not a finite number", hint=hint)
     if typ == "int":
-        if float(v) != int(v):
+        if isinstance(v, float) and not v.is_integer():       # float(v) of a long whole number rounds: not this
             raise ForgeError(f"{where}: {what} {raw!r} is not a whole number", hint=hint)
         return int(v)
     return float(v)
