@@ -10,6 +10,8 @@ each says what the user sees today."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from helpers import forge
 from test_bad_inputs import refused, writes_nothing
@@ -62,3 +64,27 @@ def test_a_long_whole_number_is_out_of_bounds_not_a_fraction(tmp_path):
     with writes_nothing(tmp_path):
         r = forge(tmp_path, "plan", "--round", "final", "--concurrency", "99999999999999999999")
     refused(r, "--concurrency", "99999999999999999999 is out of bounds (1..256)", RULE)
+
+
+# --- the tier-environment file: the final round's, checked before it is shipped or added to ---------------
+
+def _tier_env(path, **top) -> None:
+    env = {"TENSOR_PARALLEL_SIZE": "1", "DATA_PARALLEL_SIZE": "2", "MAX_NUM_SEQS": "32",
+           "MAX_NUM_BATCHED_TOKENS": "8192", "GPU_MEMORY_UTILIZATION": "0.9", "CONCURRENCY_8_16K": "12"}
+    doc = {"round": "final", "tiers": {"8-16K": {"environment": env, "engine_options": {}, "kv_dtype": "bf16",
+                                                 "run": "r-8-16K", "sweep": "s1", "tok_s": 120.5, "lift": 0.25}}}
+    doc.update(top)
+    for k in [k for k, v in top.items() if v is None]:
+        del doc[k]
+    path.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("verb", [["report", "--out", "{tmp}/report"], ["submission", "--into", "{tmp}/sub"]])
+@pytest.mark.parametrize("round_value", ["preliminary", None])
+def test_a_tier_environment_file_of_another_round_is_not_shipped(tmp_path, verb, round_value):
+    """Its environment went into the submission's ENVIRONMENT.md as the finals' (the 'round' key was never read)."""
+    _tier_env(tmp_path / "te.json", round=round_value)
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, verb[0], "--round", "final", "--tier-env", str(tmp_path / "te.json"),
+                  *[a.replace("{tmp}", str(tmp_path)) for a in verb[1:]])
+    refused(r, "te.json: key 'round'", "not the final round's tier environment")

@@ -121,6 +121,9 @@ def read_tier_env(path: Path) -> dict:
         raise ForgeError(f"{paths.rel(path)}: not a tier-environment file ({{\"round\", \"tiers\": {{tier: "
                          "{\"environment\": {VAR: value}}}}})",
                          hint="give the file forge sweep --round final wrote, or restore it")
+    if d.get("round") != "final":     # the environment of another round (or of none) was shipped as the finals'
+        raise ForgeError(f"{paths.rel(path)}: key 'round': {d.get('round')!r}, not the final round's tier environment",
+                         hint="give the file forge sweep --round final wrote (its 'round' is \"final\"), or restore it")
     # what the submission ships as the team's environment per tier is what the finals' script and client take
     rnd = rounds.load_round(contest_mod.load_contest(), "final")
     kv = sorted(v for v in KV_DTYPES.values() if v)
