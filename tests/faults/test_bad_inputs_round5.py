@@ -13,11 +13,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import forge
+from helpers import forge, tiny_model
 from test_bad_inputs import refused, writes_nothing
 
 RULE = "(rule 'final_unlocked')"
 CARDS = {"CUDA_VISIBLE_DEVICES": "0,1"}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("round5-model"))
 
 
 # --- plan / predict --round final: the files go where results go ----------------------------------------
@@ -88,3 +93,24 @@ def test_a_tier_environment_file_of_another_round_is_not_shipped(tmp_path, verb,
         r = forge(tmp_path, verb[0], "--round", "final", "--tier-env", str(tmp_path / "te.json"),
                   *[a.replace("{tmp}", str(tmp_path)) for a in verb[1:]])
     refused(r, "te.json: key 'round'", "not the final round's tier environment")
+
+
+SWEEP = ["sweep", "--round", "final", "--baseline-profile", "upstream", "--tiers", "4-8K", "--topologies", "tp2",
+         "--kv-dtypes", "bf16", "--max-num-seqs", "64", "--max-num-batched-tokens", "4096",
+         "--gpu-memory-utilization", "0.95", "--concurrency", "8", "--top", "1", "--vllm", "false", "--client", "false",
+         "--timeout", "5"]
+
+
+@pytest.mark.parametrize("content,words", [
+    ("MAX_NUM_SEQS=32\n", ["te.json: not valid JSON"]),
+    ("PRELIMINARY", ["te.json: key 'round'", "'preliminary'"]),
+])
+def test_a_forced_sweep_reads_its_tier_environment_file_first(tmp_path, model, content, words):
+    """With --force the file was read only when the winners were added to it, after every tier was served."""
+    if content == "PRELIMINARY":
+        _tier_env(tmp_path / "te.json", round="preliminary")
+    else:
+        (tmp_path / "te.json").write_text(content)
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *SWEEP, "--model", str(model), "--tier-env", str(tmp_path / "te.json"), "--force", **CARDS)
+    refused(r, *words)

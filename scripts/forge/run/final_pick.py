@@ -156,9 +156,11 @@ def refuse_recorded(path: Path, tiers: list[str], sweep_id: str, force: bool) ->
         raise ForgeError(f"--tier-env {path}: the winners are written to a JSON file there, and "
                          f"{above} is {'a folder' if above == path else 'not a folder'}",
                          hint="give a file's path, e.g. --tier-env reports/final-round/tier-environment.json")
-    if force or not path.is_file():
+    if not path.is_file():
         return
-    d = read_tier_env(path)
+    d = read_tier_env(path)           # read even with force: the winners are added to it at the end
+    if force:
+        return
     taken = [t for t in tiers if t in d["tiers"] and d["tiers"][t].get("sweep") != sweep_id]
     if taken:
         e = d["tiers"][taken[0]]
