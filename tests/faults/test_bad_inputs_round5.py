@@ -11,6 +11,7 @@ each says what the user sees today."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 from helpers import forge, tiny_model
@@ -18,6 +19,10 @@ from test_bad_inputs import refused, writes_nothing
 
 RULE = "(rule 'final_unlocked')"
 CARDS = {"CUDA_VISIBLE_DEVICES": "0,1"}
+
+
+def fix_line(r: subprocess.CompletedProcess) -> str:
+    return next((x for x in r.stderr.splitlines() if x.startswith("  fix: ")), "")
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +119,17 @@ def test_a_forced_sweep_reads_its_tier_environment_file_first(tmp_path, model, c
     with writes_nothing(tmp_path):
         r = forge(tmp_path, *SWEEP, "--model", str(model), "--tier-env", str(tmp_path / "te.json"), "--force", **CARDS)
     refused(r, *words)
+
+
+# --- sweep --round final: the space's lists -------------------------------------------------------------------
+
+@pytest.mark.parametrize("topologies", [",", "tp2,,dp2"])
+def test_an_empty_topology_is_refused_as_the_other_lists_empty_items_are(tmp_path, topologies):
+    """"tp2,,dp2" skipped the empty item (--max-num-seqs 16,,32 is refused); "," was refused as 'every
+    --max-num-batched-tokens is below every --max-num-seqs'."""
+    args = [*SWEEP]
+    args[args.index("--topologies") + 1] = topologies
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *args, "--model", str(tmp_path / "model"), **CARDS)
+    refused(r, "--topologies", "'' is not a topology of the final round")
+    assert "tp2, tp2dp1" in fix_line(r), r.stderr

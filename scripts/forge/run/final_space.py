@@ -156,7 +156,9 @@ def space(rnd: rounds.Round, *, topologies: str | None = None, kv_dtypes: str | 
     if rnd.name == rounds.DEFAULT_ROUND:
         raise ForgeError("the preliminary round has no search space: it unlocks nothing",
                          hint="forge sweep --round final ...; the preliminary's sweep takes profiles")
-    topos = ([topology_of(x, rnd) for x in topologies.split(",") if x.strip()] if topologies
+    # an empty item is refused as the other lists' are (it was skipped; "," alone left an empty space
+    # refused as batched tokens below sequences); one topology named twice ("tp2,tp2dp1") is one
+    topos = (list(dict.fromkeys(topology_of(x, rnd) for x in topologies.split(","))) if topologies
              else list(rnd.topologies))
     kvs = _list(kv_dtypes, "--kv-dtypes", str, DEFAULTS["kv_dtypes"])
     bad = [k for k in kvs if k not in KV_DTYPES]
