@@ -133,3 +133,21 @@ def test_an_empty_topology_is_refused_as_the_other_lists_empty_items_are(tmp_pat
         r = forge(tmp_path, *args, "--model", str(tmp_path / "model"), **CARDS)
     refused(r, "--topologies", "'' is not a topology of the final round")
     assert "tp2, tp2dp1" in fix_line(r), r.stderr
+
+
+# --- e2e-gpu --round final: the messages say what was given and how to give it ------------------------------
+
+@pytest.mark.parametrize("args,words,fix", [
+    # "no tier named  in configs/contest.yaml": the empty name printed as nothing
+    (["--tier-order", "4-8K,,8-16K"], ["--tier-order", "no tier named ''"], "4-8K, 8-16K, 16-32K"),
+    # the fix said what the other options do, not how to write this one
+    (["--capacity", "contest:bogus=4"], ["--capacity", "'bogus=4' is not one of max-num-seqs=N"],
+     "e.g. --capacity contest:max-num-seqs=4"),
+])
+def test_e2e_gpu_final_round_messages(tmp_path, model, args, words, fix):
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "e2e-gpu", "--bundle", "", "--model", str(model), "--round", "final", "--profiles",
+                  "contest,upstream", "--out", str(tmp_path / "out"), "--vllm", "false", "--client", "false",
+                  "--no-plumbing", "--no-fault", "--start-guess-s", "0", *args)
+    refused(r, *words)
+    assert fix in fix_line(r), r.stderr

@@ -248,7 +248,7 @@ def test_e2e_deadline_leaves_tiers_out_and_says_so(tmp_path):
 def test_e2e_refuses_a_tier_or_profile_it_does_not_know_before_starting_anything(tmp_path):
     r, port, out = _e2e(tmp_path, "--no-fault", "--tier-order", "4-8k,16-32K")
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "no tier named 4-8k" in r.stderr and "4-8K, 8-16K, 16-32K" in r.stderr and "Traceback" not in r.stderr
+    assert "no tier named '4-8k'" in r.stderr and "4-8K, 8-16K, 16-32K" in r.stderr and "Traceback" not in r.stderr
     assert not health(port) and not (tmp_path / "replay.log").exists()     # nothing started, nothing run
     assert not out.exists()                                                # and no empty results folder
     r, port, out = _e2e(tmp_path, "--no-fault", "--profiles", "fast-int9,upstream")

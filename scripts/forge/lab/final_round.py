@@ -82,7 +82,8 @@ def capacity_changes(contest: dict, specs: list[str] | None, names: list[str], r
             if not eq or opt not in CAPACITY_OPTIONS:
                 raise ForgeError(f"--capacity {spec!r}: {item.strip() or '(empty)'!r} is not one of "
                                  f"{', '.join(o[2:] + '=N' for o in CAPACITY_OPTIONS)}",
-                                 hint="--gpu-memory-utilization and --kv-cache-memory-bytes size every server alike")
+                                 hint=f"e.g. --capacity {name}:max-num-seqs=4 (--gpu-memory-utilization and "
+                                      "--kv-cache-memory-bytes size every server alike)")
             if any(c["args"][0] == opt for c in out.get(name, [])):
                 raise ForgeError(f"--capacity: {opt} given twice for {name}", hint="give each option once per profile")
             try:

@@ -57,7 +57,7 @@ class Run:
         known = contest_mod.tier_names(self.contest)
         unknown = [t for t in (args.tier_order or []) if t not in known]
         if unknown:
-            raise ForgeError(f"--tier-order {','.join(args.tier_order)}: no tier named {', '.join(unknown)} "
+            raise ForgeError(f"--tier-order {','.join(args.tier_order)}: no tier named {', '.join(map(repr, unknown))} "
                              "in configs/contest.yaml", hint=f"name tiers from: {', '.join(known)}")
         for opt, v in (("--deadline-s", args.deadline_s), ("--reserve-s", args.reserve_s),
                        ("--start-guess-s", getattr(args, "start_guess_s", 0.0))):
