@@ -1,6 +1,6 @@
-"""The final round's newest surfaces, given what a user types or keeps by mistake: `forge plan` and
-`forge predict --round final` writing their files (--out) and reading their options (an empty value, an
-option the round's prediction does not read), `forge sweep --round final`'s topology list and its
+"""The final round's newest surfaces, given what a user types or keeps by mistake: `forge plan`,
+`forge predict --round final` and `forge report` writing their files (--out), predict reading its options
+(an empty value, an option the round's prediction does not read), `forge sweep --round final`'s topology list and its
 tier-environment file under --force, the tier-environment file `forge report` / `forge submission` ship
 (its round), `forge e2e-gpu`'s --tier-order and --capacity messages, and a few values of serve,
 bench-all-tiers and calibrate kept as regression cases. Each mistake is refused before anything is
@@ -31,7 +31,7 @@ def model(tmp_path_factory):
     return tiny_model(tmp_path_factory.mktemp("round5-model"))
 
 
-# --- plan / predict --round final: the files go where results go ----------------------------------------
+# --- plan / predict --round final / report: the files go where results go ----------------------------
 
 @pytest.mark.parametrize("args", [
     # plan.json and plan.md were written among the tool's sources (and into the checkout's root with ".")
@@ -40,6 +40,9 @@ def model(tmp_path_factory):
     # predict-final.json / validation.json likewise
     ["predict", "--round", "final", "--speedup", "gemv=1.2", "--out", "scripts/forge/predict-out"],
     ["predict", "--round", "final", "--validate", "--out", "."],
+    # the submission's documents, env-vars.md and the plan likewise
+    ["report", "--round", "final", "--out", "scripts/forge/report-out"],
+    ["report", "--out", "."],
 ])
 def test_an_out_among_the_tools_sources_is_refused(tmp_path, args):
     with writes_nothing(tmp_path):
