@@ -1,12 +1,12 @@
 """The final round's newest surfaces, given what a user types or keeps by mistake: `forge plan`,
 `forge predict --round final` and `forge report` writing their files (--out), predict reading its options
-(an empty value, an option the round's prediction does not read), `forge sweep --round final`'s topology list and its
-tier-environment file under --force, the tier-environment file `forge report` / `forge submission` ship
-(its round), `forge e2e-gpu`'s --tier-order and --capacity messages, and a few values of serve,
-bench-all-tiers and calibrate kept as regression cases. Each mistake is refused before anything is
-written or started: exit code 2, one error line naming the option, variable, file or key and a `fix:` line,
-`git status` as it was. The cases marked xfail are mistakes still found late (in the sweep's own module);
-each says what the user sees today."""
+(an empty value, an option the round's prediction does not read), `forge sweep --round final`'s topology
+list and its tier-environment file under --force, the tier-environment file `forge report` / `forge
+submission` ship (its round), `forge e2e-gpu`'s --tier-order and --capacity messages and the cards of
+--finals-servers, and a few values of serve, bench-all-tiers and calibrate kept as regression cases. Each
+mistake is refused before anything is written or started: exit code 2, one error line naming the option,
+variable, file or key and a `fix:` line, `git status` as it was. The cases marked xfail are mistakes still
+found late (in the sweep's own module); each says what the user sees today."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def test_a_tier_environment_file_of_another_round_is_not_shipped(tmp_path, verb,
 SWEEP = ["sweep", "--round", "final", "--baseline-profile", "upstream", "--tiers", "4-8K", "--topologies", "tp2",
          "--kv-dtypes", "bf16", "--max-num-seqs", "64", "--max-num-batched-tokens", "4096",
          "--gpu-memory-utilization", "0.95", "--concurrency", "8", "--top", "1", "--vllm", "false", "--client", "false",
-         "--timeout", "5"]
+         "--timeout", "1"]
 
 
 @pytest.mark.parametrize("content,words", [
@@ -155,6 +155,17 @@ def test_e2e_gpu_final_round_messages(tmp_path, model, args, words, fix):
                   "--no-plumbing", "--no-fault", "--start-guess-s", "0", *args)
     refused(r, *words)
     assert fix in fix_line(r), r.stderr
+
+
+@pytest.mark.parametrize("visible", ["", "0"])
+def test_e2e_gpu_finals_servers_short_of_cards_is_refused_before_the_results_folder(tmp_path, model, visible):
+    """--help says the cards are checked before anything starts; each server's start found it, after the results
+    folder, its prompts and summary were written ('no server came up')."""
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "e2e-gpu", "--bundle", "", "--model", str(model), "--round", "final", "--finals-servers",
+                  "--profiles", "contest,upstream", "--out", str(tmp_path / "out"), "--vllm", "false", "--client",
+                  "false", "--no-plumbing", "--no-fault", "--start-guess-s", "0", CUDA_VISIBLE_DEVICES=visible)
+    refused(r, "profile contest", f"TP=2/DP=1 needs 2 cards, {len(visible)} visible")
 
 
 # --- regression cases: values the verbs already refuse by name ----------------------------------------------

@@ -20,7 +20,7 @@ from ..run import bench
 from ..run.gpu_harness import site_env
 from . import batch_profile, final_round, gpu_bundle, gpufit
 from .install import install_bundle
-from .servers import plan, port_of, reusable
+from .servers import check_cards, plan, port_of, reusable
 from .session import device_name
 from .tiers import (
     build_datasets,
@@ -139,6 +139,8 @@ def prepare(run: Run) -> Prepared:
         up = reusable(run, model)         # servers an earlier invocation left up, that this one reuses
         kept = [n for n in names if fully_kept(run, n, built)]
         to_start = [n for n in names if n not in kept and n not in up]
+        for n in to_start:                # found at each start before, after the results folder was written
+            check_cards(run, model, n)
         some_tier_fits(run, model, names, built, to_start)     # also where every server is reused
         on_gpu = [n for n in names if n in up or n in to_start]
         if on_gpu:

@@ -85,6 +85,15 @@ def plan(run: Run, model: Path, name: str) -> dict:
             "process_env": dict(run.child_env), "bundle_wheel_sha256": run.identity.get("bundle_wheel_sha256")}
 
 
+def check_cards(run: Run, model: Path, name: str) -> None:
+    """A --finals-servers server's cards (one per rank of its topology), visible to it: checked as its
+    start checks them, so a machine short of cards is refused before the results folder is made."""
+    if run.rnd is not None:
+        _, extra_env = _launch_parts(run, name)
+        serve.render(run.profiles[name], model, run.contest, run.rnd, run.serve_tier,
+                     env={**run.child_env, **extra_env})
+
+
 def _launch(run: Run, model: Path, name: str) -> dict | None:
     hargs, extra_env = _launch_parts(run, name)
     prof = run.profiles[name]
