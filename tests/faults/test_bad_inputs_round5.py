@@ -125,6 +125,23 @@ def test_a_forced_sweep_reads_its_tier_environment_file_first(tmp_path, model, c
     refused(r, *words)
 
 
+@pytest.mark.parametrize("force,words", [
+    # the refusal of a recorded winner says "--force (FORCE=1) replaces it", and FORCE=1 was not read: refused again
+    ("1", ["--model", "no such folder"]),
+    # FORCE=yes was read as no, where every other verb refuses it
+    ("yes", ["FORCE='yes'", "1 (yes) or 0 (no)"]),
+])
+def test_a_sweep_reads_force_from_the_environment_as_its_refusal_says(tmp_path, force, words):
+    env = {"TENSOR_PARALLEL_SIZE": "2", "DATA_PARALLEL_SIZE": "1", "MAX_NUM_SEQS": "64",
+           "MAX_NUM_BATCHED_TOKENS": "4096", "GPU_MEMORY_UTILIZATION": "0.95", "CONCURRENCY_4_8K": "8"}
+    (tmp_path / "te.json").write_text(json.dumps({"round": "final", "tiers": {"4-8K": {
+        "environment": env, "engine_options": {}, "run": "r-4-8K", "sweep": "another"}}}))
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *SWEEP, "--model", str(tmp_path / "model"), "--tier-env", str(tmp_path / "te.json"),
+                  FORCE=force, **CARDS)
+    refused(r, *words)
+
+
 # --- sweep --round final: the space's lists -------------------------------------------------------------------
 
 @pytest.mark.parametrize("topologies", [",", "tp2,,dp2"])

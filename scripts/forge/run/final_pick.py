@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import paths, records
+from .. import options, paths, records
 from ..contest import rounds
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
@@ -151,6 +151,7 @@ def refuse_recorded(path: Path, tiers: list[str], sweep_id: str, force: bool) ->
     """Refuse (before anything runs) to replace a tier another sweep recorded in `path`, unless force, and
     a `path` the winners cannot be written to (a folder, or below a file): found at the end of a sweep,
     it would have cost every measurement's results file."""
+    force = options.forced(force)     # FORCE=1, as the refusal says (FORCE=yes refused, not read as no)
     above = next((a for a in (path, *path.parents) if a.exists()), None)
     if (path.exists() and not path.is_file()) or (above not in (None, path) and not above.is_dir()):
         raise ForgeError(f"--tier-env {path}: the winners are written to a JSON file there, and "
@@ -171,6 +172,7 @@ def refuse_recorded(path: Path, tiers: list[str], sweep_id: str, force: bool) ->
 
 def write_winners(path: Path, round_name: str, winners: dict[str, dict], sweep_id: str, force: bool) -> None:
     """Add each tier's winner to the tier-environment file, atomically."""
+    force = options.forced(force)
     refuse_recorded(path, list(winners), sweep_id, force)
     d = read_tier_env(path) if path.is_file() else {"round": round_name, "tiers": {}}
     if d.get("round") != round_name:
