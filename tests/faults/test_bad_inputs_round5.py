@@ -50,6 +50,16 @@ def test_an_out_among_the_tools_sources_is_refused(tmp_path, args):
     refused(r, "--out", "inside this checkout, outside build/ and reports/")
 
 
+def test_plan_gives_no_cache_size_for_a_gpu_run_where_a_dcu_card_holds_none(tmp_path):
+    """At --gpu-memory-utilization 0.1 (within the round's bounds) plan told a GPU run to pass
+    --kv-cache-memory-bytes 0, which `sweep --harness` and `e2e-gpu` refuse (under 256 MiB)."""
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "plan", "--round", "final", "--tier", "4-8K", "--gpu-memory-utilization", "0.1")
+    assert r.returncode == 0, r.stderr
+    gpu = [x for x in r.stdout.splitlines() if x.startswith("GPU run, ")]
+    assert len(gpu) == 4 and all("holds no KV cache" in x and "--kv-cache-memory-bytes" not in x for x in gpu), gpu
+
+
 # --- predict: every option read, none silently dropped ---------------------------------------------------
 
 @pytest.mark.parametrize("args,words", [

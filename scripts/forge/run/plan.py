@@ -96,6 +96,10 @@ def render(res: dict) -> list[str]:
              "largest's resident count, per replica); -: no cap needed")
     for dt, g in res["dcu_on_another_card"].items():
         tp = g.get("tp", 1)
+        if not g["dcu_num_blocks"]:        # "--kv-cache-memory-bytes 0 gives ... 0 blocks": no size to give a GPU run
+            L.append(f"GPU run, {dt.split('-')[0]} KV: none; a DCU card holds no KV cache at TP{tp} beside the "
+                     "weights at this utilization and batched tokens")
+            continue
         L.append(f"GPU run, {dt.split('-')[0]} KV: --kv-cache-memory-bytes {g['kv_cache_memory_bytes']} gives the DCU "
                  f"card's {g['dcu_num_blocks']} blocks at TP{tp}{' per rank' if tp > 1 else ''} "
                  f"({g['dcu_reported_tokens']:,} tokens reported)")
