@@ -1,12 +1,13 @@
 """The final round's newest surfaces, given what a user types or keeps by mistake: `forge plan`,
 `forge predict --round final` and `forge report` writing their files (--out), predict reading its options
 (an empty value, an option the round's prediction does not read), `forge sweep --round final`'s topology
-list and its tier-environment file under --force, the tier-environment file `forge report` / `forge
-submission` ship (its round), `forge e2e-gpu`'s --tier-order and --capacity messages and the cards of
---finals-servers, and a few values of serve, bench-all-tiers and calibrate kept as regression cases. Each
-mistake is refused before anything is written or started: exit code 2, one error line naming the option,
-variable, file or key and a `fix:` line, `git status` as it was. The cases marked xfail are mistakes still
-found late (in the sweep's own module); each says what the user sees today."""
+list and its tier-environment file (read first under --force, not among the tool's sources, FORCE=1 read),
+the tier-environment file `forge report` / `forge submission` ship (its round), `forge e2e-gpu`'s
+--tier-order and --capacity messages and the cards of --finals-servers, and a few values of serve,
+bench-all-tiers and calibrate kept as regression cases. Each mistake is refused before anything is written
+or started: exit code 2, one error line naming the option, variable, file or key and a `fix:` line, `git
+status` as it was. The cases marked xfail are mistakes still found late (in the sweep's own module); each
+says what the user sees today."""
 
 from __future__ import annotations
 
@@ -150,6 +151,14 @@ def test_a_sweep_reads_force_from_the_environment_as_its_refusal_says(tmp_path, 
         r = forge(tmp_path, *SWEEP, "--model", str(tmp_path / "model"), "--tier-env", str(tmp_path / "te.json"),
                   FORCE=force, **CARDS)
     refused(r, *words)
+
+
+@pytest.mark.parametrize("where", ["scripts/forge/tier-environment.json", "tier-environment.json"])
+def test_a_sweeps_tier_environment_file_among_the_tools_sources_is_refused(tmp_path, where):
+    """The winners were to be written there at the end of the sweep (the checkout's root with a bare name)."""
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *SWEEP, "--model", str(tmp_path / "model"), "--tier-env", where, **CARDS)
+    refused(r, f"--tier-env {where}", "inside this checkout, outside build/ and reports/")
 
 
 # --- sweep --round final: the space's lists -------------------------------------------------------------------

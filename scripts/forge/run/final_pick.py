@@ -152,6 +152,7 @@ def refuse_recorded(path: Path, tiers: list[str], sweep_id: str, force: bool) ->
     a `path` the winners cannot be written to (a folder, or below a file): found at the end of a sweep,
     it would have cost every measurement's results file."""
     force = options.forced(force)     # FORCE=1, as the refusal says (FORCE=yes refused, not read as no)
+    paths.outside_sources(path, "--tier-env")        # the winners were written among the tool's sources
     above = next((a for a in (path, *path.parents) if a.exists()), None)
     if (path.exists() and not path.is_file()) or (above not in (None, path) and not above.is_dir()):
         raise ForgeError(f"--tier-env {path}: the winners are written to a JSON file there, and "
