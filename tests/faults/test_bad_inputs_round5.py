@@ -6,8 +6,7 @@ the tier-environment file `forge report` / `forge submission` ship (its round), 
 --tier-order and --capacity messages and the cards of --finals-servers, and a few values of serve,
 bench-all-tiers and calibrate kept as regression cases. Each mistake is refused before anything is written
 or started: exit code 2, one error line naming the option, variable, file or key and a `fix:` line, `git
-status` as it was. The cases marked xfail are mistakes still found late (in the sweep's own module); each
-says what the user sees today."""
+status` as it was."""
 
 from __future__ import annotations
 
@@ -222,10 +221,8 @@ def test_values_refused_by_name(tmp_path, args, env, words):
     refused(r, *words)
 
 
-# --- found late today, in forge sweep --round final's own module (run/final_sweep.py) ------------------------
+# --- forge sweep --round final's own inputs: the model folder, the profiles, the tiers, a resumed record ------
 
-@pytest.mark.xfail(strict=True, reason="the model folder's config.json is checked at the first server: the sweep "
-                                       "folder, its record, a profile and the baseline's run folder are written first")
 def test_a_model_folder_without_a_config_is_refused_before_the_sweep_is_written(tmp_path):
     (tmp_path / "model").mkdir()
     with writes_nothing(tmp_path):
@@ -233,8 +230,6 @@ def test_a_model_folder_without_a_config_is_refused_before_the_sweep_is_written(
     refused(r, "config.json")
 
 
-@pytest.mark.xfail(strict=True, reason="a profile that is not there is found when its server is started, after "
-                                       "the sweep folder and its record were written")
 @pytest.mark.parametrize("option", ["--baseline-profile", "--base-profile"])
 def test_a_profile_that_is_not_there_is_refused_before_the_sweep_is_written(tmp_path, model, option):
     args = [*SWEEP, "--model", str(model)]
@@ -247,7 +242,6 @@ def test_a_profile_that_is_not_there_is_refused_before_the_sweep_is_written(tmp_
     refused(r, "'nonexist'")
 
 
-@pytest.mark.xfail(strict=True, reason="--tiers ',' is read as no --tiers: every tier is searched")
 def test_a_tiers_list_of_nothing_is_refused(tmp_path, model):
     args = [*SWEEP]
     args[args.index("--tiers") + 1] = ","
@@ -256,8 +250,6 @@ def test_a_tiers_list_of_nothing_is_refused(tmp_path, model):
     refused(r, "--tiers")
 
 
-@pytest.mark.xfail(strict=True, reason="a ranked configuration without 'predicted' passes the resume's check and "
-                                       "ends in a KeyError traceback once the baseline is measured")
 def test_a_resumed_ranking_entry_without_its_prediction_is_named(tmp_path, model):
     base = [*SWEEP, "--model", str(model), "--sweep-id", "s1", "--num-prompts", "2", "--port", str(free_port())]
     forge(tmp_path, *base, **CARDS)                  # --vllm false: ranks, then the baseline fails to start
@@ -270,3 +262,20 @@ def test_a_resumed_ranking_entry_without_its_prediction_is_named(tmp_path, model
     served[served.index("--client") + 1] = f"{sys.executable} {SUPPORT / 'benchclient.py'}"
     r = forge(tmp_path, *served, timeout=120, FAKE_TTFT_MS="50", FAKE_TOKEN_MS="1", **CARDS)
     refused(r, "sweep.json", "predicted")
+
+
+def test_two_new_sweeps_in_one_second_get_two_ids(tmp_path, monkeypatch):
+    """A new sweep's id is one no sweep folder has (the runs' folders alone were checked: a second sweep
+    started within the same second took the first's id and was refused, or resumed it)."""
+    from forge.run import final_sweep, runs
+    monkeypatch.setenv("FORGE_RUNS_DIR", str(tmp_path / "runs"))
+    first = runs.new_run_id("final-sweep", root=final_sweep.sweeps_root())
+    (final_sweep.sweeps_root() / first).mkdir(parents=True)
+    second = runs.new_run_id("final-sweep", root=final_sweep.sweeps_root())
+    assert second != first and not (tmp_path / "runs").exists()
+
+
+def test_a_kv_size_too_large_is_named_so(tmp_path, model):
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *SWEEP, "--model", str(model), "--harness", "--kv-cache-memory-bytes", "9" * 40, **CARDS)
+    refused(r, "--kv-cache-memory-bytes", "too large a number of bytes")

@@ -42,6 +42,9 @@ def kv_size(text: str) -> int | str:
     if text.strip().lower() == DCU:
         return DCU
     v = options.parse_whole(text)
+    if v is None and text.strip().isascii() and text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text.strip()[:40]}: too large a number of bytes (`forge plan` prints a "
+                                         "DCU card's, e.g. 7501512704 at TP1, bf16)")
     if v is None:
         raise argparse.ArgumentTypeError(f"{text!r} is neither a whole number of bytes nor 'dcu' (each configuration "
                                          "gets a DCU card's KV cache for its topology, KV dtype and utilization)")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import paths, ui
-from ..contest import rounds
+from ..contest import profiles, rounds
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..model import capacity, costs, finals
@@ -169,8 +169,8 @@ def _check_tiers(st: dict, sj: Path, rnd: rounds.Round) -> None:
             raise bad(f"tiers.{tier}", "not a tier of the final round with its ranking (a list) and winner")
         for i, r in enumerate(ts.get("ranking", [])):
             key = f"tiers.{tier}.ranking[{i}]"
-            nums = [r.get(k) for k in ("tok_s", "score")] + [(r.get("predicted") or {}).get("tok_s")] \
-                if isinstance(r, dict) and isinstance(r.get("predicted", {}), dict) else ["x"]
+            nums = [r.get(k) for k in ("tok_s", "score")] + [r["predicted"].get("tok_s")] \
+                if isinstance(r, dict) and isinstance(r.get("predicted"), dict) else ["x"]
             if any(v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))) for v in nums) \
                     or not isinstance(r.get("outcome", ""), str):
                 raise bad(key, "not a ranked configuration (candidate, predicted, outcome, tok/s, score)")
@@ -191,7 +191,7 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
     contest = contest_mod.load_contest()
     rnd = rounds.load_round(contest, "final")
     # everything the command line says is checked before a server starts
-    tiers = list(tiers or rnd.tier_order)
+    tiers = list(rnd.tier_order) if tiers is None else list(tiers)      # [] (--tiers ','): refused below
     bad = [t for t in tiers if t not in rnd.tier_order]
     if bad or not tiers:
         raise ForgeError(f"--tiers: {', '.join(bad) or 'none'} not a tier of the final round",
@@ -214,7 +214,8 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
                                image=image, cands=cands, baseline=rnd.baseline.as_dict())
     for name in (base_profile, *([baseline_profile] if baseline_profile else [])):
         paths.plain_name(name, "profile")
-    sweep_id = runs.check_run_id(sweep_id) if sweep_id else runs.new_run_id("final-sweep")
+        profiles.load_profile(name, contest, rnd=rnd)      # there and valid, before the sweep is written
+    sweep_id = runs.check_run_id(sweep_id) if sweep_id else runs.new_run_id("final-sweep", root=sweeps_root())
     _refuse_env_overrides(rnd, tiers)
     out_file = final_pick.tier_env_path(tier_env)
     final_pick.refuse_recorded(out_file, tiers, sweep_id, force)
@@ -229,9 +230,12 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
               "base_profile": base_profile, "baseline": str(base_run) if base_run else None,
               "baseline_profile": baseline_profile, "num_prompts": num_prompts, "model_build": model_build,
               "harness": harness, **final_harness.record(hs)}
-    st = _state(sdir, sweep_id, record, rnd)
-    if not Path(model).is_dir():                # found at the first server, after the sweep's record was written
+    if not Path(model).is_dir():
         raise ForgeError(f"--model {model}: no such folder", hint="pass --model DIR (make sweep MODEL=DIR)")
+    if not (Path(model) / "config.json").is_file():
+        raise ForgeError(f"--model {model}: no config.json there, so no server can load it",
+                         hint="pass the model's folder (the one holding config.json), e.g. build/gpu-bundle/model")
+    st = _state(sdir, sweep_id, record, rnd)
     _refuse_short_cards(rnd, cands, baseline_profile)     # the machine last: the inputs' own refusals first
     rank = ranker or model_ranker(contest, rnd, model_build)
     kw = dict(model=model, image=image, vllm_cmd=vllm_cmd, port=port, timeout=timeout, shm_size=shm_size,

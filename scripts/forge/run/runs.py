@@ -26,12 +26,12 @@ def runs_root() -> Path:
     return Path(os.environ.get("FORGE_RUNS_DIR", RUNS))
 
 
-def new_run_id(profile: str | None, suffix: str = "") -> str:
-    """<time>-<profile><suffix>, whose folder does not exist yet (-2, -3, ... within the same second):
-    a new run never lands in an earlier one."""
+def new_run_id(profile: str | None, suffix: str = "", root: Path | None = None) -> str:
+    """<time>-<profile><suffix>, whose folder under `root` (default: the runs) does not exist yet (-2, -3,
+    ... within the same second): a new run (or sweep) never lands in an earlier one."""
     base = f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{profile or 'run'}{suffix}"
     run_id, k = base, 1
-    while (runs_root() / run_id).exists():
+    while ((root or runs_root()) / run_id).exists():
         k += 1
         run_id = f"{base}-{k}"
     return run_id
