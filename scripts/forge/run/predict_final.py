@@ -45,6 +45,9 @@ def _ints(text: str, what: str, rnd: rounds.Round) -> list[int]:
     vals = [options.parse_whole(x.strip()) for x in text.split(",")]
     if not vals or any(v is None or v < 1 for v in vals):
         raise ForgeError(f"{what} {text!r}: whole numbers >= 1, comma-separated", hint=f"e.g. {what} 8,10,12")
+    if len(set(vals)) < len(vals):     # as plan refuses a dtype given twice: its configurations were modelled once
+        raise ForgeError(f"{what} {text}: a value given twice (its configurations would be modelled once)",
+                         hint="give each value once")
     final_space.check_each(rnd, what, vals)
     return vals
 
@@ -73,6 +76,9 @@ def predict_final(args, contest: dict, workload: dict, speedups: dict | None) ->
     for k in kv:
         if k not in KV_DTYPES:
             raise ForgeError(f"--kv-dtype {k!r}: not a KV cache dtype the model knows", hint="bf16, int8 or bf16,int8")
+    if len(set(kv)) < len(kv):        # as plan refuses it: the dtype's configurations were modelled once
+        raise ForgeError(f"--kv-dtype {args.kv_dtype}: a dtype given twice (its configurations would be modelled once)",
+                         hint="bf16, int8 or bf16,int8")
     space = {"topology": [tuple(t) for t in rnd.topologies], "kv_dtype": kv,
              "concurrency": _ints(args.concurrency or DEFAULT_CONCURRENCY, "--concurrency", rnd),
              "max_num_batched_tokens": _ints(args.max_num_batched_tokens or DEFAULT_BATCHED, "--max-num-batched-tokens",

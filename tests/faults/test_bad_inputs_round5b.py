@@ -1,0 +1,30 @@
+"""Round 5 of bad inputs, second part: `forge predict --round final` given a value twice in one of its
+lists, or given with --validate an option the validation does not read, and the tier-environment file
+`forge report` / `forge submission` ship holding a `harness` that is not true or false, a number that is
+not finite, or a value the round's option does not take as written (surrounding spaces, empty). Each
+mistake is refused before anything is written: exit code 2, one error line naming the option or key and a
+`fix:` line, `git status` as it was."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import forge
+from test_bad_inputs import refused, writes_nothing
+
+SPEEDUP = ["--speedup", "gemv=1.2"]
+
+
+# --- predict --round final: every value given is modelled, every option given is read --------------------
+
+@pytest.mark.parametrize("args,words", [
+    # the dtype given twice was modelled once; plan refuses the same list
+    (["--kv-dtype", "int8,int8"], ["--kv-dtype int8,int8", "given twice"]),
+    (["--kv-dtype", "bf16, int8,bf16"], ["--kv-dtype bf16, int8,bf16", "given twice"]),
+    (["--concurrency", "8,8"], ["--concurrency 8,8", "given twice"]),
+    (["--concurrency", "8,12,08"], ["--concurrency 8,12,08", "given twice"]),
+    (["--max-num-batched-tokens", "4096,4096"], ["--max-num-batched-tokens 4096,4096", "given twice"]),
+])
+def test_predict_final_refuses_a_value_given_twice(tmp_path, args, words):
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "predict", "--round", "final", *SPEEDUP, *args, "--out", str(tmp_path / "out"))
+    refused(r, *words)
