@@ -28,3 +28,20 @@ def test_predict_final_refuses_a_value_given_twice(tmp_path, args, words):
     with writes_nothing(tmp_path):
         r = forge(tmp_path, "predict", "--round", "final", *SPEEDUP, *args, "--out", str(tmp_path / "out"))
     refused(r, *words)
+
+
+@pytest.mark.parametrize("args,named", [
+    # the validation prices its own build on the public runs' settings: each of these was ignored (exit 0)
+    (SPEEDUP, "--speedup"),
+    (["--speedups", "{tmp}/sp.yaml"], "--speedups"),
+    (["--calibration", "{tmp}"], "--calibration"),
+    (["--kv-dtype", "int8"], "--kv-dtype"),
+    (["--concurrency", "8", "--max-num-batched-tokens", "8192"], "--concurrency, --max-num-batched-tokens"),
+    (["--outputs", "forced", "--link", "oneshot", "--top", "3"], "--outputs, --link, --top"),
+])
+def test_predict_validate_refuses_an_option_it_does_not_read(tmp_path, args, named):
+    (tmp_path / "sp.yaml").write_text("gemv: 1.2\n")
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "predict", "--round", "final", "--validate",
+                  *[a.replace("{tmp}", str(tmp_path)) for a in args], "--out", str(tmp_path / "out"))
+    refused(r, named, "not read by --validate")

@@ -216,6 +216,9 @@ FINAL_ONLY = {"outputs": "eos", "kv_dtype": None, "concurrency": None, "max_num_
               "link": "pcie", "top": 5}
 PRELIMINARY_ONLY = {"run": None, "reference": None, "e2e": None, "check_e2e": None, "ttft_s": None, "tpot_ms": None,
                     "baseline_name": "official", "label": None}
+# options the final round's prediction reads and --validate does not (it prices its own build on the public
+# runs' settings and requests): given with it, each was silently ignored
+NOT_VALIDATED = {"speedup": None, "speedups": None, "calibration": None, **FINAL_ONLY}
 
 
 def refuse_other_rounds_options(args) -> None:
@@ -229,6 +232,11 @@ def refuse_other_rounds_options(args) -> None:
                             if final else " (the finals' time model reads them: --round final)"),
                          hint="leave them out" + (", or drop --round final for the preliminary's prediction" if final
                                                    else ", or add --round final"))
+    given = ["--" + d.replace("_", "-") for d, default in NOT_VALIDATED.items() if getattr(args, d) != default]
+    if final and args.validate and given:
+        raise ForgeError(f"{', '.join(given)}: not read by --validate (it holds the finals' time model, with its own "
+                         "build, settings and requests, against the public figures)",
+                         hint="leave them out, or drop --validate for the prediction of the product")
 
 
 def cmd_predict(args) -> int:
@@ -332,7 +340,8 @@ def register(sub) -> None:
                         "the finals' time model for the product (--calibration or --speedup), the pick per tier and why")
     f.add_argument("--validate", action="store_true",
                    help="with --round final: the model against the public DP2 / DP1 / TP2 figures and the planner "
-                        "against the public KV tokens (validation.md/json in --out)")
+                        "against the public KV tokens (validation.md/json in --out); it prices its own build, so takes no "
+                        "--speedup, --calibration or other option of the model")
     f.add_argument("--outputs", choices=("eos", "forced"), default="eos",
                    help="each request's own end-of-text (default) or 1024 forced output tokens")
     f.add_argument("--kv-dtype", help="KV cache dtypes to consider: bf16, int8 or both (default both)")
