@@ -7,6 +7,8 @@ mistake is refused before anything is written: exit code 2, one error line namin
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from helpers import forge
 from test_bad_inputs import refused, writes_nothing
@@ -45,3 +47,38 @@ def test_predict_validate_refuses_an_option_it_does_not_read(tmp_path, args, nam
         r = forge(tmp_path, "predict", "--round", "final", "--validate",
                   *[a.replace("{tmp}", str(tmp_path)) for a in args], "--out", str(tmp_path / "out"))
     refused(r, named, "not read by --validate")
+
+
+# --- the tier-environment file: what it holds is what is shipped --------------------------------------------
+
+def _tier_env(path, env=None, **entry) -> None:
+    environment = {"TENSOR_PARALLEL_SIZE": "1", "DATA_PARALLEL_SIZE": "2", "MAX_NUM_SEQS": "32",
+                   "MAX_NUM_BATCHED_TOKENS": "8192", "GPU_MEMORY_UTILIZATION": "0.9", "CONCURRENCY_8_16K": "12"}
+    environment.update(env or {})
+    e = {"environment": environment, "engine_options": {}, "kv_dtype": "bf16", "run": "r-8-16K", "sweep": "s1",
+         "tok_s": 120.5, "lift": 0.25, "score": 40.0, "harness": False}
+    e.update(entry)
+    path.write_text(json.dumps({"round": "final", "tiers": {"8-16K": e}}))
+
+
+def _ship(tmp_path, verb):
+    """`forge report` (refuses in a moment) or `forge submission` (some seconds: one case per finding)."""
+    out = ["--out", str(tmp_path / "report")] if verb == "report" else ["--into", str(tmp_path / "sub")]
+    with writes_nothing(tmp_path):
+        return forge(tmp_path, verb, "--round", "final", "--tier-env", str(tmp_path / "te.json"), *out)
+
+
+def test_a_good_tier_environment_file_is_shipped_as_written(tmp_path):
+    _tier_env(tmp_path / "te.json")
+    r = forge(tmp_path, "report", "--round", "final", "--tier-env", str(tmp_path / "te.json"),
+              "--out", str(tmp_path / "report"))
+    assert r.returncode == 0, r.stderr
+    doc = (tmp_path / "report" / "submission" / "ENVIRONMENT.md").read_text()
+    assert "MAX_NUM_SEQS=32 " in doc and "(120.50 output tok/s, +25.0 % against the baseline)" in doc, doc
+
+
+@pytest.mark.parametrize("verb,value", [("report", "no"), ("report", 0), ("report", None), ("submission", "false")])
+def test_a_harness_that_is_not_true_or_false_is_refused(tmp_path, verb, value):
+    """"no" was read as a harness winner (refused as measured on a GPU machine), 0 or null as a DCU one."""
+    _tier_env(tmp_path / "te.json", harness=value)
+    refused(_ship(tmp_path, verb), "te.json: key 'tiers.8-16K.harness'", "not true or false")

@@ -12,7 +12,9 @@ checked by `forge score --round final` over the three tiers), or when completion
 The tier-environment file (default reports/final-round/tier-environment.json; `forge report` and
 `forge submission --round final --tier-env FILE` list it): {"round", "tiers": {tier: {"environment":
 the start script's variables and the tier's CONCURRENCY_<tier>, "engine_options": what the profile adds
-(--kv-cache-dtype), "settings", "max_num_seqs_planned" (the max-num-seqs is the capacity planner's), "profile", "run", "sweep", "tok_s", "lift", "score", "baseline"}}}.
+(--kv-cache-dtype), "settings", "max_num_seqs_planned" (the max-num-seqs is the capacity planner's), "profile",
+"run", "sweep", "tok_s", "lift", "score", "baseline", "harness" (true or false: a harness sweep's winner is
+never shipped)}}}.
 Written atomically; a tier recorded there by another sweep is replaced only with --force."""
 
 from __future__ import annotations
@@ -140,6 +142,9 @@ def read_tier_env(path: Path) -> dict:
         except ForgeError as err:
             raise ForgeError(err.message, hint="forge sweep --round final writes values within the round's bounds; "
                                                "restore the file, or run the sweep again") from None
+        if "harness" in e and not isinstance(e["harness"], bool):   # "no" read as a harness winner, 0 as a DCU one
+            raise ForgeError(f"{where}.harness': {e['harness']!r:.60} is not true or false",
+                             hint="forge sweep --round final writes true (a harness sweep) or false; restore the file")
         opts = e.get("engine_options") or {}
         if not isinstance(opts, dict) or any(k != "--kv-cache-dtype" or v not in kv for k, v in opts.items()):
             raise ForgeError(f"{where}.engine_options': {opts!r:.120} is not an option the sweep adds",
