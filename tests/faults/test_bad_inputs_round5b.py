@@ -82,3 +82,13 @@ def test_a_harness_that_is_not_true_or_false_is_refused(tmp_path, verb, value):
     """"no" was read as a harness winner (refused as measured on a GPU machine), 0 or null as a DCU one."""
     _tier_env(tmp_path / "te.json", harness=value)
     refused(_ship(tmp_path, verb), "te.json: key 'tiers.8-16K.harness'", "not true or false")
+
+
+@pytest.mark.parametrize("verb,key,text", [("report", "tok_s", "NaN"), ("report", "tok_s", "Infinity"),
+                                           ("report", "lift", "-Infinity"), ("report", "score", "NaN"),
+                                           ("report", "tok_s", '"120.5"'), ("submission", "tok_s", "NaN")])
+def test_a_number_that_is_not_finite_is_refused(tmp_path, verb, key, text):
+    """A NaN tok/s was shipped in ENVIRONMENT.md as '(nan output tok/s, ...)'."""
+    _tier_env(tmp_path / "te.json", **{key: 7.0})
+    (tmp_path / "te.json").write_text((tmp_path / "te.json").read_text().replace(f'"{key}": 7.0', f'"{key}": {text}'))
+    refused(_ship(tmp_path, verb), f"te.json: key 'tiers.8-16K.{key}'", "not a finite number")

@@ -14,11 +14,12 @@ The tier-environment file (default reports/final-round/tier-environment.json; `f
 the start script's variables and the tier's CONCURRENCY_<tier>, "engine_options": what the profile adds
 (--kv-cache-dtype), "settings", "max_num_seqs_planned" (the max-num-seqs is the capacity planner's), "profile",
 "run", "sweep", "tok_s", "lift", "score", "baseline", "harness" (true or false: a harness sweep's winner is
-never shipped)}}}.
+never shipped)}}}; "tok_s", "lift" and "score" are finite numbers where given.
 Written atomically; a tier recorded there by another sweep is replaced only with --force."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from .. import options, paths, records
@@ -145,6 +146,12 @@ def read_tier_env(path: Path) -> dict:
         if "harness" in e and not isinstance(e["harness"], bool):   # "no" read as a harness winner, 0 as a DCU one
             raise ForgeError(f"{where}.harness': {e['harness']!r:.60} is not true or false",
                              hint="forge sweep --round final writes true (a harness sweep) or false; restore the file")
+        for k in ("tok_s", "lift", "score"):       # ENVIRONMENT.md printed a NaN tok/s as "nan output tok/s"
+            v = e.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+                raise ForgeError(f"{where}.{k}': {v!r:.60} is not a finite number",
+                                 hint="forge sweep --round final writes the winner's measured numbers; restore the file, "
+                                      "or run the sweep again")
         opts = e.get("engine_options") or {}
         if not isinstance(opts, dict) or any(k != "--kv-cache-dtype" or v not in kv for k, v in opts.items()):
             raise ForgeError(f"{where}.engine_options': {opts!r:.120} is not an option the sweep adds",
