@@ -92,3 +92,13 @@ def test_a_number_that_is_not_finite_is_refused(tmp_path, verb, key, text):
     _tier_env(tmp_path / "te.json", **{key: 7.0})
     (tmp_path / "te.json").write_text((tmp_path / "te.json").read_text().replace(f'"{key}": 7.0', f'"{key}": {text}'))
     refused(_ship(tmp_path, verb), f"te.json: key 'tiers.8-16K.{key}'", "not a finite number")
+
+
+@pytest.mark.parametrize("verb,var,value", [("report", "MAX_NUM_SEQS", " 32"), ("report", "MAX_NUM_SEQS", "32 "),
+                                            ("report", "CONCURRENCY_8_16K", "\t12"),
+                                            ("submission", "GPU_MEMORY_UTILIZATION", "")])
+def test_a_value_the_option_does_not_take_as_written_is_refused(tmp_path, verb, var, value):
+    """' 32' passed the bounds (read stripped, as the process environment is) and was shipped as MAX_NUM_SEQS=' 32';
+    an empty value was checked as the baseline's and shipped as GPU_MEMORY_UTILIZATION=''."""
+    _tier_env(tmp_path / "te.json", env={var: value})
+    refused(_ship(tmp_path, verb), f"te.json: key 'tiers.8-16K.environment.{var}'", repr(value))

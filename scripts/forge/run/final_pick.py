@@ -14,7 +14,8 @@ The tier-environment file (default reports/final-round/tier-environment.json; `f
 the start script's variables and the tier's CONCURRENCY_<tier>, "engine_options": what the profile adds
 (--kv-cache-dtype), "settings", "max_num_seqs_planned" (the max-num-seqs is the capacity planner's), "profile",
 "run", "sweep", "tok_s", "lift", "score", "baseline", "harness" (true or false: a harness sweep's winner is
-never shipped)}}}; "tok_s", "lift" and "score" are finite numbers where given.
+never shipped)}}}; "tok_s", "lift" and "score" are finite numbers where given, and each environment value is
+taken as written (one with spaces around it, or an empty one, is refused: the finals' script would get it so).
 Written atomically; a tier recorded there by another sweep is replaced only with --force."""
 
 from __future__ import annotations
@@ -138,6 +139,17 @@ def read_tier_env(path: Path) -> dict:
         if sorted(e["environment"]) != want:
             raise ForgeError(f"{where}.environment': sets {', '.join(sorted(e['environment'])) or 'nothing'}; the finals' "
                              f"start script and client read {', '.join(want)}", hint="give each of them, and no other")
+        for var, v in e["environment"].items():
+            # the bounds read a value stripped, as in the process environment, and an empty one as unset; the
+            # file's value is shipped as written (MAX_NUM_SEQS=' 32', GPU_MEMORY_UTILIZATION=''): refused, as
+            # the file's other keys are taken only as the sweep writes them
+            if not v or v != v.strip():
+                raise ForgeError(f"{where}.environment.{var}': {v!r:.60} is "
+                                 + ("empty" if not v.strip() else "not the value alone (spaces around it)")
+                                 + ": the finals' start script and client would get it as written",
+                                 hint=f"write {var}'s value alone"
+                                      + (f", e.g. {v.strip()!r:.40}" if v.strip() else "")
+                                      + ", as forge sweep --round final writes it; or run the sweep again")
         try:
             rounds.tier_settings(rnd, tier, environ=e["environment"], where=f"{where}.environment'")
         except ForgeError as err:
