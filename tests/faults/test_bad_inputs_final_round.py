@@ -181,11 +181,17 @@ def _sweep_record(tmp_path, edit) -> None:
     (tmp_path / "sweeps" / "s1" / "sweep.json").write_text(json.dumps(rec))
 
 
+def _model_folder(tmp_path):
+    """A model folder the sweep takes (its config.json is checked before the sweep's folder is read)."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}\n")
+
+
 def test_a_sweep_id_whose_folder_holds_other_files_is_refused(tmp_path):
     """A folder without a sweep record was taken as a new sweep's, and its files of the same names replaced."""
     (tmp_path / "sweeps" / "s1" / "profiles").mkdir(parents=True)
     (tmp_path / "sweeps" / "s1" / "profiles" / "4-8K-baseline.yaml").write_text("description: mine\n")
-    (tmp_path / "model").mkdir()
+    _model_folder(tmp_path)
     with writes_nothing(tmp_path):
         r = forge(tmp_path, *SWEEP, "--model", str(tmp_path / "model"), "--sweep-id", "s1")
     refused(r, "sweeps/s1", "no sweep record")
@@ -197,6 +203,7 @@ def test_a_sweep_id_whose_folder_holds_other_files_is_refused(tmp_path):
 ])
 def test_a_resumed_sweep_reads_its_record_strictly(tmp_path, edit, words):
     _sweep_record(tmp_path, edit)
+    _model_folder(tmp_path)
     with writes_nothing(tmp_path):
         r = forge(tmp_path, *SWEEP, "--model", str(tmp_path / "model"), "--sweep-id", "s1")
     refused(r, "sweeps/s1/sweep.json", *words)
