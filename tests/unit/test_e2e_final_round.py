@@ -57,6 +57,13 @@ def test_the_sizing_replaces_the_side_by_side_values_and_says_why():
     diffs = {d["args"][0]: d for d in tiers.differences(h, [])}
     assert diffs["--kv-cache-memory-bytes"]["why"] == "a DCU card's"
     assert diffs["--request-rate"]["side"] == "client"
+    # the run's own share, not harness.yaml's reason for its 0.44 (a run of one server said "two servers share
+    # one GPU, side by side")
+    why = diffs["--gpu-memory-utilization"]["why"]
+    assert "(--gpu-memory-utilization)" in why and "side by side" not in why, why
+    default = {d["args"][0]: d for d in tiers.differences(final_round.apply_to_harness(gpu_bundle.harness_config(),
+                                                                                       _args(round="final")), [])}
+    assert "side by side" in default["--gpu-memory-utilization"]["why"]
 
 
 def test_the_final_rounds_requests_are_official_prompt_lengths_with_1024_outputs():
