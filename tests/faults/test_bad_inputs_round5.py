@@ -50,14 +50,19 @@ def test_an_out_among_the_tools_sources_is_refused(tmp_path, args):
     refused(r, "--out", "inside this checkout, outside build/ and reports/")
 
 
-def test_plan_gives_no_cache_size_for_a_gpu_run_where_a_dcu_card_holds_none(tmp_path):
+@pytest.mark.parametrize("util,tp1_only", [("0.1", False), ("0.842", True), ("0.844", True)])
+def test_plan_gives_no_cache_size_for_a_gpu_run_where_a_dcu_card_holds_none(tmp_path, util, tp1_only):
     """At --gpu-memory-utilization 0.1 (within the round's bounds) plan told a GPU run to pass
-    --kv-cache-memory-bytes 0, which `sweep --harness` and `e2e-gpu` refuse (under 256 MiB)."""
+    --kv-cache-memory-bytes 0, and at 0.842-0.844 (1-4 blocks at TP1) a size under 256 MiB: `sweep --harness`
+    and `e2e-gpu` refuse both."""
     with writes_nothing(tmp_path):
-        r = forge(tmp_path, "plan", "--round", "final", "--tier", "4-8K", "--gpu-memory-utilization", "0.1")
+        r = forge(tmp_path, "plan", "--round", "final", "--tier", "4-8K", "--gpu-memory-utilization", util)
     assert r.returncode == 0, r.stderr
     gpu = [x for x in r.stdout.splitlines() if x.startswith("GPU run, ")]
-    assert len(gpu) == 4 and all("holds no KV cache" in x and "--kv-cache-memory-bytes" not in x for x in gpu), gpu
+    none = [x for x in gpu if "holds no KV cache" in x and "--kv-cache-memory-bytes" not in x]
+    sized = [int(x.split("--kv-cache-memory-bytes ")[1].split()[0]) for x in gpu if x not in none]
+    assert len(gpu) == 4 and all(b >= 1 << 28 for b in sized), gpu
+    assert (sorted(x.split(" at TP")[1][0] for x in none) == ["1", "1"]) if tp1_only else len(none) == 4, gpu
 
 
 # --- predict: every option read, none silently dropped ---------------------------------------------------
@@ -264,15 +269,34 @@ def test_a_resumed_ranking_entry_without_its_prediction_is_named(tmp_path, model
     refused(r, "sweep.json", "predicted")
 
 
-def test_two_new_sweeps_in_one_second_get_two_ids(tmp_path, monkeypatch):
-    """A new sweep's id is one no sweep folder has (the runs' folders alone were checked: a second sweep
-    started within the same second took the first's id and was refused, or resumed it)."""
+def test_two_new_sweeps_in_one_second_get_two_ids(tmp_path, monkeypatch, model):
+    """A new sweep's id is one no sweep folder has: with the clock stopped, a sweep folder of that second
+    already there (another sweep's), the new sweep takes the next id; before, the runs' folders alone were
+    checked, so it took the other's id and was refused ("started with other ...") or resumed it."""
+    import datetime as dt
+
+    from forge.errors import ForgeError
     from forge.run import final_sweep, runs
+
+    class Frozen(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(2026, 12, 5, 12, 0, 0)
+    monkeypatch.setattr(runs._dt, "datetime", Frozen)
     monkeypatch.setenv("FORGE_RUNS_DIR", str(tmp_path / "runs"))
-    first = runs.new_run_id("final-sweep", root=final_sweep.sweeps_root())
-    (final_sweep.sweeps_root() / first).mkdir(parents=True)
-    second = runs.new_run_id("final-sweep", root=final_sweep.sweeps_root())
-    assert second != first and not (tmp_path / "runs").exists()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    taken = final_sweep.sweeps_root() / "20261205-120000-final-sweep"
+    taken.mkdir(parents=True)
+    (taken / "sweep.json").write_text(json.dumps({"sweep": taken.name, "round": "final", "top": 9, "tiers": {}}))
+    with pytest.raises(ForgeError, match="the baseline server did not start"):     # --vllm false
+        final_sweep.sweep_final(["4-8K"], model=str(model), top=1, baseline_profile="upstream",
+                                space_args={"topologies": "tp2", "kv_dtypes": "bf16", "max_num_seqs": "64",
+                                            "max_num_batched_tokens": "4096", "gpu_memory_utilization": "0.95",
+                                            "concurrency": "8"},
+                                tier_env=str(tmp_path / "reports" / "te.json"), vllm_cmd="false", client="false",
+                                timeout=1, port=free_port())
+    assert sorted(p.name for p in final_sweep.sweeps_root().iterdir()) == [taken.name, taken.name + "-2"]
+    assert json.loads((taken / "sweep.json").read_text())["top"] == 9           # the other sweep's, untouched
 
 
 def test_a_kv_size_too_large_is_named_so(tmp_path, model):

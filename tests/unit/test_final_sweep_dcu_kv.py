@@ -75,6 +75,13 @@ def test_each_configuration_and_the_baseline_get_their_own_dcu_cache(tmp_path, m
     st = json.loads(next((tmp_path / "sweeps").iterdir()).joinpath("sweep.json").read_text())
     assert st["harness_kv_cache"] == "dcu" and st["harness_kv_why"] is None
     assert "--kv-cache-memory-bytes" not in st["harness_server_args"]      # per configuration, not the sweep's
+    # resumed as a sweep sized by the GPU's own memory, its remaining configurations would get many times a
+    # DCU card's cache and be scored against the DCU-sized baseline: refused (it was accepted)
+    sid = next((tmp_path / "sweeps").iterdir()).name
+    r = _sweep(tmp_path, model, "--harness", "--site", str(tmp_path / "site"), "--sweep-id", sid,
+               "--topologies", "tp2,dp2", "--kv-dtypes", "bf16", "--gpu-memory-utilization", "0.95", "--force")
+    assert r.returncode == 2 and f"sweep {sid} was started with other" in r.stderr, r.stderr[-2000:]
+    assert "harness_kv_cache" in r.stderr
 
 
 def test_a_reason_given_is_recorded_for_every_configuration():
@@ -106,6 +113,9 @@ def test_a_dcu_sized_sweep_refuses_before_anything_is_written(tmp_path, model, a
 
 def test_the_size_option_reads_bytes_or_dcu():
     assert final_harness.kv_size(" Dcu ") == "dcu" and final_harness.kv_size("7501512704") == 7_501_512_704
+    assert final_harness.kv_size(" 7501512704 ") == 7_501_512_704          # was called "too large"
+    with pytest.raises(Exception, match="too large a number of bytes"):
+        final_harness.kv_size("9" * 31)
     for bad in ("7.5e9", "", "0x10", "dcu card"):
         with pytest.raises(Exception, match="neither a whole number"):
             final_harness.kv_size(bad)

@@ -39,11 +39,12 @@ class DcuSized(gpu_harness.Servers):
 
 def kv_size(text: str) -> int | str:
     """--kv-cache-memory-bytes of a sweep: a whole number of bytes, or `dcu`."""
-    if text.strip().lower() == DCU:
+    t = text.strip()
+    if t.lower() == DCU:
         return DCU
-    v = options.parse_whole(text)
-    if v is None and text.strip().isascii() and text.strip().isdigit():
-        raise argparse.ArgumentTypeError(f"{text.strip()[:40]}: too large a number of bytes (`forge plan` prints a "
+    v = options.parse_whole(t)
+    if v is None and t.isascii() and t.isdigit() and len(t) > 30:
+        raise argparse.ArgumentTypeError(f"{t[:40]}…: too large a number of bytes (`forge plan` prints a "
                                          "DCU card's, e.g. 7501512704 at TP1, bf16)")
     if v is None:
         raise argparse.ArgumentTypeError(f"{text!r} is neither a whole number of bytes nor 'dcu' (each configuration "
@@ -82,7 +83,8 @@ def _refuse_no_dcu_cache(configs: list[tuple[dict, str]]) -> None:
     """Under --kv-cache-memory-bytes dcu, a configuration whose DCU card holds no KV cache beside its weights
     (under 256 MiB, as a given size is refused: no request of any tier fits) is refused before anything is
     written."""
-    bad = sorted({_dcu_label(v, k) for v, k in configs if dcu_capacity(v, k).kv_memory_for() < 1 << 28})
+    bad = sorted({_dcu_label(v, k) for v, k in configs
+                  if dcu_capacity(v, k).kv_memory_for() < gpu_harness.MIN_KV_CACHE_BYTES})
     if bad:
         raise ForgeError(f"--kv-cache-memory-bytes dcu: a DCU card holds no KV cache (under 256 MiB) beside the weights at "
                          f"{'; '.join(bad)} (forge plan)", hint="drop those values from the search space")
@@ -138,7 +140,9 @@ def record(hs: gpu_harness.Servers | None) -> dict:
     """What the sweep's record keeps of its harness servers (a resume must serve them alike)."""
     if isinstance(hs, DcuSized):
         return {"harness_server_args": hs.args, "harness_kv_cache": DCU, "harness_kv_why": hs.why}
-    return {"harness_server_args": hs.args} if hs else {}
+    # None, not absent: a sweep sized per configuration (dcu) is not resumed as one sized by the GPU; a record
+    # written before the key existed reads None, as it was
+    return {"harness_server_args": hs.args, "harness_kv_cache": None} if hs else {}
 
 
 def add_arguments(s) -> None:

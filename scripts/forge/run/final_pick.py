@@ -149,12 +149,12 @@ def read_tier_env(path: Path) -> dict:
                                  + ": the finals' start script and client would get it as written",
                                  hint=f"write {var}'s value alone"
                                       + (f", e.g. {v.strip()!r:.40}" if v.strip() else "")
-                                      + ", as forge sweep --round final writes it; or run the sweep again")
+                                      + ", as forge sweep --round final writes it; or move the file away (or give another --tier-env) and run the sweep again")
         try:
             rounds.tier_settings(rnd, tier, environ=e["environment"], where=f"{where}.environment'")
         except ForgeError as err:
             raise ForgeError(err.message, hint="forge sweep --round final writes values within the round's bounds; "
-                                               "restore the file, or run the sweep again") from None
+                                               "restore the file, or move it away (or give another --tier-env) and run the sweep again") from None
         if "harness" in e and not isinstance(e["harness"], bool):   # "no" read as a harness winner, 0 as a DCU one
             raise ForgeError(f"{where}.harness': {e['harness']!r:.60} is not true or false",
                              hint="forge sweep --round final writes true (a harness sweep) or false; restore the file")
@@ -163,7 +163,7 @@ def read_tier_env(path: Path) -> dict:
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
                 raise ForgeError(f"{where}.{k}': {v!r:.60} is not a finite number",
                                  hint="forge sweep --round final writes the winner's measured numbers; restore the file, "
-                                      "or run the sweep again")
+                                      "or move the file away (or give another --tier-env) and run the sweep again")
         opts = e.get("engine_options") or {}
         if not isinstance(opts, dict) or any(k != "--kv-cache-dtype" or v not in kv for k, v in opts.items()):
             raise ForgeError(f"{where}.engine_options': {opts!r:.120} is not an option the sweep adds",

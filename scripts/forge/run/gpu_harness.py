@@ -67,6 +67,9 @@ def server_differences(changes: list[dict]) -> list[dict]:
     return [{"side": "server", "args": list(c["args"]), "why": c["why"]} for c in changes]
 
 
+MIN_KV_CACHE_BYTES = 1 << 28        # 256 MiB: a fixed KV cache under it holds no request of any tier
+
+
 def sizing_changes(kv_cache_memory_bytes: int | None, gpu_memory_utilization: float | None,
                    why: str | None) -> list[dict]:
     """This invocation's server sizing (--kv-cache-memory-bytes with --kv-why, --gpu-memory-utilization),
@@ -76,7 +79,7 @@ def sizing_changes(kv_cache_memory_bytes: int | None, gpu_memory_utilization: fl
         raise ForgeError("--kv-why: it records why the KV cache has the size --kv-cache-memory-bytes gives, and "
                          "none is given", hint="add --kv-cache-memory-bytes BYTES, or leave out --kv-why")
     if kv_cache_memory_bytes is not None:
-        if kv_cache_memory_bytes < 1 << 28:
+        if kv_cache_memory_bytes < MIN_KV_CACHE_BYTES:
             raise ForgeError(f"--kv-cache-memory-bytes {kv_cache_memory_bytes}: under 256 MiB holds no request "
                              "of any tier", hint="`forge plan` prints the bytes of a DCU card's KV cache")
         if kv_cache_memory_bytes > LARGEST_CARD.memory_bytes:

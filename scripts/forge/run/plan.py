@@ -30,7 +30,7 @@ from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..model import capacity as cap_mod
 from ..model.shape import KV_DTYPES, load_shape
-from . import final_space, runs, synth
+from . import final_space, gpu_harness, runs, synth
 
 TOPOLOGIES = {"preliminary": [(1, 1)], "final": [(1, 1), (1, 2), (2, 1)]}
 
@@ -96,9 +96,9 @@ def render(res: dict) -> list[str]:
              "largest's resident count, per replica); -: no cap needed")
     for dt, g in res["dcu_on_another_card"].items():
         tp = g.get("tp", 1)
-        if not g["dcu_num_blocks"]:        # "--kv-cache-memory-bytes 0 gives ... 0 blocks": no size to give a GPU run
-            L.append(f"GPU run, {dt.split('-')[0]} KV: none; a DCU card holds no KV cache at TP{tp} beside the "
-                     "weights at this utilization and batched tokens")
+        if g["kv_cache_memory_bytes"] < gpu_harness.MIN_KV_CACHE_BYTES:   # a size sweep and e2e-gpu refuse
+            L.append(f"GPU run, {dt.split('-')[0]} KV: none; a DCU card holds no KV cache (under 256 MiB) at TP{tp} "
+                     "beside the weights at this utilization and batched tokens")
             continue
         L.append(f"GPU run, {dt.split('-')[0]} KV: --kv-cache-memory-bytes {g['kv_cache_memory_bytes']} gives the DCU "
                  f"card's {g['dcu_num_blocks']} blocks at TP{tp}{' per rank' if tp > 1 else ''} "
