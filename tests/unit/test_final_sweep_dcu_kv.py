@@ -26,10 +26,11 @@ def model(tmp_path_factory):
     return tiny_model(tmp_path_factory.mktemp("model"))
 
 
-def _sweep(tmp_path, model, *extra, top="1"):
+def _sweep(tmp_path, model, *extra, top="1", baseline=True):
     return forge(tmp_path, "sweep", "--round", "final", "--tiers", "4-8K", "--model", str(model), "--vllm", FAKE,
                  "--client", BENCH, "--port", str(free_port()), "--num-prompts", "2", "--timeout", "30",
-                 "--top", top, "--tier-env", str(tmp_path / "tier-env.json"), "--baseline-profile", "upstream",
+                 "--top", top, "--tier-env", str(tmp_path / "tier-env.json"),
+                 *(["--baseline-profile", "upstream"] if baseline else []),
                  "--max-num-seqs", "64", "--max-num-batched-tokens", "4096", "--concurrency", "8", *extra,
                  timeout=300, **{"CUDA_VISIBLE_DEVICES": "0,1", "FAKE_TTFT_MS": "400", "FAKE_TOKEN_MS": "8"})
 
@@ -82,6 +83,17 @@ def test_each_configuration_and_the_baseline_get_their_own_dcu_cache(tmp_path, m
                "--topologies", "tp2,dp2", "--kv-dtypes", "bf16", "--gpu-memory-utilization", "0.95", "--force")
     assert r.returncode == 2 and f"sweep {sid} was started with other" in r.stderr, r.stderr[-2000:]
     assert "harness_kv_cache" in r.stderr
+    assert st["harness_kv_baseline_bytes"] == int(base["args"][1])       # a planner change is not resumed silently
+    # a baseline run given (--baseline RUN) is taken only when it was served with the baseline's DCU cache
+    kw = ["--harness", "--site", str(tmp_path / "site"), "--kv-cache-memory-bytes", "dcu", "--topologies", "dp2",
+          "--kv-dtypes", "bf16", "--gpu-memory-utilization", "0.95", "--force"]
+    before = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    r = _sweep(tmp_path, model, *kw, "--baseline", str(runs["tp1dp2-bf16-s64-b4096-u0.95-c8"]), baseline=False)
+    assert r.returncode == 2 and f"--kv-cache-memory-bytes {dp2['args'][1]}" in r.stderr, r.stderr[-2000:]
+    assert f"the finals' baseline's {tp2['args'][1]} bytes" in r.stderr
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == before
+    r = _sweep(tmp_path, model, *kw, "--baseline", str(runs["baseline"]), baseline=False)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
 
 
 def test_a_reason_given_is_recorded_for_every_configuration():

@@ -16,6 +16,7 @@ capacity they would have on the contest's cards."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from dataclasses import dataclass
 
@@ -123,6 +124,27 @@ def servers(harness: bool, *, site: str | None = None, kv_cache_memory_bytes: in
     return gpu_harness.Servers(changes, gpu_harness.site_env(where))
 
 
+def check_baseline_run(hs: gpu_harness.Servers | None, run_dir, baseline: dict) -> None:
+    """Under --kv-cache-memory-bytes dcu, a baseline run (--baseline RUN) must have been served with the DCU
+    card's cache of the finals' baseline (TP2, bf16): its server's recorded --kv-cache-memory-bytes, else the
+    scores compare other capacities."""
+    if not isinstance(hs, DcuSized):
+        return
+    want = for_config(hs, baseline, "bf16").changes[-1]["args"][1]
+    try:
+        args = json.loads((run_dir / "serve.json").read_text()).get("harness_args") or []
+    except (OSError, ValueError, AttributeError):
+        args = []
+    got = args[args.index("--kv-cache-memory-bytes") + 1] if "--kv-cache-memory-bytes" in args[:-1] else None
+    if got != want:
+        raise ForgeError(f"baseline run {run_dir.name}: served with "
+                         + (f"--kv-cache-memory-bytes {got}" if got else "no fixed KV cache (its serve.json names none)")
+                         + f"; this sweep gives every server a DCU card's cache, the finals' baseline's {want} bytes "
+                           f"({_dcu_label(baseline, 'bf16')})",
+                         hint="give a baseline run served with that cache, or --baseline-profile upstream (the sweep "
+                              "measures it)")
+
+
 def _say_one_cache(cands: list) -> None:
     """A fixed KV cache is the same bytes per GPU for every configuration: a DCU card's cache per rank
     differs between TP2 and DP2 (forge plan), and --gpu-memory-utilization no longer sizes it."""
@@ -136,10 +158,14 @@ def _say_one_cache(cands: list) -> None:
                 "with like, or --kv-cache-memory-bytes dcu sizes each configuration's cache as a DCU card holds it")
 
 
-def record(hs: gpu_harness.Servers | None) -> dict:
-    """What the sweep's record keeps of its harness servers (a resume must serve them alike)."""
+def record(hs: gpu_harness.Servers | None, baseline: dict | None = None) -> dict:
+    """What the sweep's record keeps of its harness servers (a resume must serve them alike). Sized per
+    configuration: also the baseline's bytes (`baseline`: its settings), so a resume after the planner's
+    figures changed is refused rather than served with other caches."""
     if isinstance(hs, DcuSized):
-        return {"harness_server_args": hs.args, "harness_kv_cache": DCU, "harness_kv_why": hs.why}
+        base = int(for_config(hs, baseline, "bf16").changes[-1]["args"][1]) if baseline else None
+        return {"harness_server_args": hs.args, "harness_kv_cache": DCU, "harness_kv_why": hs.why,
+                "harness_kv_baseline_bytes": base}
     # None, not absent: a sweep sized per configuration (dcu) is not resumed as one sized by the GPU; a record
     # written before the key existed reads None, as it was
     return {"harness_server_args": hs.args, "harness_kv_cache": None} if hs else {}

@@ -221,6 +221,8 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
     final_pick.refuse_recorded(out_file, tiers, sweep_id, force)
     base_run = runs.resolve_run(baseline) if baseline else None
     base_metrics = final_pick.baseline_tiers(base_run, contest, "final", tiers) if base_run else None
+    if base_run:
+        final_harness.check_baseline_run(hs, base_run, rnd.baseline.as_dict())
     if base_metrics and any(m["harness"] != harness for m in base_metrics.values()):
         raise ForgeError(f"baseline run {base_run.name} is {'' if not harness else 'not '}a harness run (random "
                          f"weights); this sweep is {'' if harness else 'not '}one: a run is scored only against a "
@@ -229,7 +231,7 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
     record = {"round": "final", "space": {k: (space_args or {}).get(k) for k in SPACE_OPTIONS}, "top": top,
               "base_profile": base_profile, "baseline": str(base_run) if base_run else None,
               "baseline_profile": baseline_profile, "num_prompts": num_prompts, "model_build": model_build,
-              "harness": harness, **final_harness.record(hs)}
+              "harness": harness, **final_harness.record(hs, rnd.baseline.as_dict())}
     if not Path(model).is_dir():
         raise ForgeError(f"--model {model}: no such folder", hint="pass --model DIR (make sweep MODEL=DIR)")
     if not (Path(model) / "config.json").is_file():
