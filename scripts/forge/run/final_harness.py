@@ -61,6 +61,11 @@ def dcu_capacity(values: dict, kv_dtype: str) -> capacity.Capacity:
                              max_num_batched_tokens=values["max_num_batched_tokens"])
 
 
+def dcu_bytes(values: dict, kv_dtype: str) -> int:
+    """--kv-cache-memory-bytes giving another card a DCU card's blocks for this configuration (per rank)."""
+    return dcu_capacity(values, kv_dtype).kv_memory_for()
+
+
 def _dcu_label(values: dict, kv_dtype: str) -> str:
     return (f"TP{values['tensor_parallel_size']}/DP{values['data_parallel_size']} {kv_dtype} at "
             f"--gpu-memory-utilization {values['gpu_memory_utilization']:g}, --max-num-batched-tokens "
@@ -84,8 +89,7 @@ def _refuse_no_dcu_cache(configs: list[tuple[dict, str]]) -> None:
     """Under --kv-cache-memory-bytes dcu, a configuration whose DCU card holds no KV cache beside its weights
     (under 256 MiB, as a given size is refused: no request of any tier fits) is refused before anything is
     written."""
-    bad = sorted({_dcu_label(v, k) for v, k in configs
-                  if dcu_capacity(v, k).kv_memory_for() < gpu_harness.MIN_KV_CACHE_BYTES})
+    bad = sorted({_dcu_label(v, k) for v, k in configs if dcu_bytes(v, k) < gpu_harness.MIN_KV_CACHE_BYTES})
     if bad:
         raise ForgeError(f"--kv-cache-memory-bytes dcu: a DCU card holds no KV cache (under 256 MiB) beside the weights at "
                          f"{'; '.join(bad)} (forge plan)", hint="drop those values from the search space")
@@ -130,7 +134,7 @@ def check_baseline_run(hs: gpu_harness.Servers | None, run_dir, baseline: dict) 
     scores compare other capacities."""
     if not isinstance(hs, DcuSized):
         return
-    want = for_config(hs, baseline, "bf16").changes[-1]["args"][1]
+    want = str(dcu_bytes(baseline, "bf16"))
     try:
         args = json.loads((run_dir / "serve.json").read_text()).get("harness_args") or []
     except (OSError, ValueError, AttributeError):
@@ -163,7 +167,7 @@ def record(hs: gpu_harness.Servers | None, baseline: dict | None = None) -> dict
     configuration: also the baseline's bytes (`baseline`: its settings), so a resume after the planner's
     figures changed is refused rather than served with other caches."""
     if isinstance(hs, DcuSized):
-        base = int(for_config(hs, baseline, "bf16").changes[-1]["args"][1]) if baseline else None
+        base = dcu_bytes(baseline, "bf16") if baseline else None
         return {"harness_server_args": hs.args, "harness_kv_cache": DCU, "harness_kv_why": hs.why,
                 "harness_kv_baseline_bytes": base}
     # None, not absent: a sweep sized per configuration (dcu) is not resumed as one sized by the GPU; a record

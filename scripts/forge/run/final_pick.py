@@ -196,8 +196,7 @@ def refuse_recorded(path: Path, tiers: list[str], sweep_id: str, force: bool) ->
 
 
 def write_winners(path: Path, round_name: str, winners: dict[str, dict], sweep_id: str, force: bool) -> None:
-    """Add each tier's winner to the tier-environment file, atomically."""
-    force = options.forced(force)
+    """Add each tier's winner to the tier-environment file, atomically (FORCE=1 read by refuse_recorded)."""
     refuse_recorded(path, list(winners), sweep_id, force)
     d = read_tier_env(path) if path.is_file() else {"round": round_name, "tiers": {}}
     if d.get("round") != round_name:
