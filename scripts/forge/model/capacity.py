@@ -50,7 +50,8 @@ class Card:
 
 # The H200 of the GPU machine, measured 2026-12-04 (reports/plan/2026-12-04-h200-kv-check): the
 # runtime's total memory (torch.cuda.mem_get_info) and vLLM's report at TP1, 0.90, bf16, with the
-# harness's --language-model-only; the same servers at 0.95 int8 reported 656,496 tokens (the check).
+# harness's --language-model-only; the same servers at 0.95 reported 656,496 tokens with int8 and (2026-12-06)
+# 333,200 with bf16 (the checks).
 H200_MEMORY = 150_109_880_320
 H200_FIT = (1, 0.90, "bf16", 304_976)
 
