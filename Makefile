@@ -5,8 +5,8 @@
 # vllm_cscc checkout), INTO, FROM, CALIBRATE_ARGS, CALIBRATION, WORKERS (pytest processes for check and test, at most
 # the cores), ROUND (the contest round: preliminary, the default, or final; passed as --round to serve, bench-all-tiers,
 # score, sweep, predict, report and submission), TIER (the final round's tier a server is started for), TIER_ENV (the
-# final round's tier-environment file forge sweep --round final writes; report and submission list it), KV_DTYPE, CARD, UTIL (forge plan's
-# KV cache dtypes, card and --gpu-memory-utilization). The yes/no variables FORCE and THREEWAY take 1 (yes), 0 or nothing (no); another value is refused.
+# final round's tier-environment file forge sweep --round final writes; report and submission list it), KV_DTYPE, CARD, UTIL, AGAINST (forge plan's
+# KV cache dtypes, card, --gpu-memory-utilization and the served run it checks the planner against). The yes/no variables FORCE and THREEWAY take 1 (yes), 0 or nothing (no); another value is refused.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -109,8 +109,8 @@ import-throughput: ## the organizers' run_throughput.sh results as a run folder 
 compare: ## per-tier deltas between runs A and B, with a noise band (A=<run> B=<run>; REFERENCE=<run>: score both against it)
 	@$(FORGE) compare $(if $(A),--a $(A)) $(if $(B),--b $(B)) $(if $(REFERENCE),--reference $(REFERENCE))
 
-plan: ## the KV cache and requests resident per tier and topology (capacity planner): vLLM's reported tokens, preemption yes/no (ROUND=final, TIER=, KV_DTYPE=bf16,int8, CARD=dcu|h200, UTIL=0.95, OUT=<folder>, FORCE=1)
-	@$(FORGE) plan $(if $(ROUND),--round $(ROUND)) $(if $(TIER),--tier $(TIER)) $(if $(KV_DTYPE),--kv-dtype $(KV_DTYPE)) $(if $(CARD),--card $(CARD)) $(if $(UTIL),--gpu-memory-utilization $(UTIL)) $(if $(OUT),--out $(OUT)) $(if $(filter 1,$(FORCE)),--force)
+plan: ## the KV cache and requests resident per tier and topology (capacity planner): vLLM's reported tokens, preemption yes/no (ROUND=final, TIER=, KV_DTYPE=bf16,int8, CARD=dcu|h200, UTIL=0.95, OUT=<folder>, FORCE=1; AGAINST=<run>: checked against a served run's report)
+	@$(FORGE) plan $(if $(AGAINST),--against $(AGAINST)) $(if $(ROUND),--round $(ROUND)) $(if $(TIER),--tier $(TIER)) $(if $(KV_DTYPE),--kv-dtype $(KV_DTYPE)) $(if $(CARD),--card $(CARD)) $(if $(UTIL),--gpu-memory-utilization $(UTIL)) $(if $(OUT),--out $(OUT)) $(if $(filter 1,$(FORCE)),--force)
 
 sweep: ## serve, bench all tiers, score and stop for each profile in turn (PROFILES="a b"); ROUND=final: the search per tier (BASELINE=<final-round run> or BASELINE_PROFILE=<profile measured at the baseline>, TIER_ENV=, FORCE=1 replaces a recorded winner; more with forge sweep --help)
 	@$(FORGE) sweep $(PROFILES) $(if $(ROUND),--round $(ROUND)) $(if $(BASELINE),--baseline $(BASELINE)) $(if $(BASELINE_PROFILE),--baseline-profile $(BASELINE_PROFILE)) $(if $(TIER_ENV),--tier-env $(TIER_ENV)) $(if $(filter 1,$(FORCE)),--force)

@@ -1,0 +1,120 @@
+"""`forge plan --against RUN`: the capacity planner checked against what a served run's vLLM reported.
+
+A server started by `forge serve` records in its run folder's serve.json the command it ran and the KV
+cache each of its engines reported (vLLM's "GPU KV cache size: N tokens", one per data-parallel rank); an
+end-to-end run's profile folder (`forge e2e-gpu`) has the command, and its server log beside it
+(`server.log`) or in the run's `logs/server-<profile>.log`. From the command: the tensor- and
+data-parallel sizes, the KV cache dtype (`--kv-cache-dtype int8`, else the model's bf16), the
+utilization (vLLM's 0.9 where none is given) and batched tokens (the last occurrence of each, as vLLM's
+parser keeps it; a command without --max-num-batched-tokens is refused) and a fixed
+`--kv-cache-memory-bytes` where one was given (vLLM then takes those bytes and skips its memory profile:
+the check is of the page math alone). The planner prices that configuration on `--card` (the card the
+run was served on: `dcu`, the default, for a run on the contest's card) and each rank's reported tokens
+are compared with it; a rank more than 2 % off fails the check (exit 1), naming the card's figures
+to look at."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import options, paths, records
+from ..errors import ForgeError
+from ..model import capacity as cap_mod
+from ..model.shape import load_shape
+from . import runs, serverlog
+
+TOLERANCE = 0.02          # the planner's stated bound against vLLM's report (±2 %)
+_KV_DTYPES = {None: "bf16", "auto": "bf16", "bfloat16": "bf16", "int8": "int8"}
+
+
+def served_config(argv: list[str], where: str) -> dict:
+    """The configuration a server command ran at, as vLLM's parser reads it."""
+    def whole(*opts: str, default: int) -> int:
+        v = options.last_value(argv, *opts)
+        if v is None:
+            return default
+        n = options.parse_whole(v)
+        if n is None or n < 1:
+            raise ForgeError(f"{where}: {opts[0]} {v!r} in the recorded command is not a whole number >= 1",
+                             hint="the record is not a server command forge wrote; serve the run again")
+        return n
+    kv = options.last_value(argv, "--kv-cache-dtype")
+    if kv not in _KV_DTYPES:
+        raise ForgeError(f"{where}: --kv-cache-dtype {kv} in the recorded command: the planner knows the model's bf16 "
+                         "and int8", hint="check a run served with bf16 or int8 KV")
+    util_text = options.last_value(argv, "--gpu-memory-utilization")
+    util = 0.9 if util_text is None else options.parse_number(util_text)
+    if util is None or not 0 < util <= 1:
+        raise ForgeError(f"{where}: --gpu-memory-utilization {util_text!r} in the recorded command is not in (0, 1]",
+                         hint="the record is not a server command forge wrote; serve the run again")
+    fixed = options.last_value(argv, "--kv-cache-memory-bytes")
+    if options.last_value(argv, "--max-num-batched-tokens") is None:
+        raise ForgeError(f"{where}: the recorded command sets no --max-num-batched-tokens (the non-KV peak grows with "
+                         "it, and vLLM's default depends on the machine)", hint="check a run served with the start "
+                         "script's --max-num-batched-tokens (every forge profile sets it)")
+    return {"tp": whole("--tensor-parallel-size", "-tp", default=1),
+            "dp": whole("--data-parallel-size", "-dp", default=1), "kv_dtype": _KV_DTYPES[kv],
+            "gpu_memory_utilization": util, "max_num_batched_tokens": whole("--max-num-batched-tokens", default=0),
+            "kv_cache_memory_bytes": None if fixed is None else whole("--kv-cache-memory-bytes", default=1)}
+
+
+def _report(rdir: Path, serve: dict, dp: int) -> tuple[dict, str]:
+    """{rank: tokens} the run's engines reported, and where it was read."""
+    if isinstance(serve.get("kv_cache"), dict) and serve["kv_cache"].get("tokens"):
+        return serve["kv_cache"], "serve.json"
+    profile = serve.get("profile") if isinstance(serve.get("profile"), str) else ""
+    logs = [rdir / "server.log"] + ([rdir.parent.parent / "logs" / f"server-{profile}.log"]
+                                    if paths.name_problem(profile) is None else [])
+    for log in logs:
+        if log.is_file():
+            rep = serverlog.kv_cache_report(log.read_text(errors="replace"), dp)
+            if rep["tokens"]:
+                return rep, paths.rel(log)
+    raise ForgeError(f"{paths.rel(rdir)}: no KV cache report (serve.json has none, and no server log beside it says "
+                     "\"GPU KV cache size\")", hint="give a run `forge serve` started and saw ready, or an e2e-gpu "
+                     "profile folder (unpacked: forge unpack-run)")
+
+
+def check(run: str, card: str = "dcu") -> dict:
+    rdir = runs.resolve_run(run)
+    spath = rdir / "serve.json"
+    if not spath.is_file():
+        raise ForgeError(f"{paths.rel(rdir)}: no serve.json (the record of the server a run was served with)",
+                         hint="give a run folder `forge serve` or `forge e2e-gpu` wrote (reports/runs/<id>, "
+                              "or <e2e folder>/runs/<profile>)")
+    serve = records.read_json(spath)
+    argv = serve.get("launch") or serve.get("command") if isinstance(serve, dict) else None
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        raise ForgeError(f"{paths.rel(spath)}: no server command recorded (launch)", hint="serve the run again")
+    cfg = served_config(argv, paths.rel(spath))
+    report, source = _report(rdir, serve, cfg["dp"])
+    cap = cap_mod.capacity(load_shape(), tp=cfg["tp"], kv_dtype=cfg["kv_dtype"], card_name=card,
+                           utilization=cfg["gpu_memory_utilization"], max_num_batched_tokens=cfg["max_num_batched_tokens"],
+                           kv_cache_memory_bytes=cfg["kv_cache_memory_bytes"])
+    ranks = []
+    for rank, tokens in sorted(report["tokens"].items()):
+        err = cap.reported_tokens / tokens - 1 if tokens else float("inf")
+        ranks.append({"rank": rank, "reported_tokens": tokens, "planned_tokens": cap.reported_tokens,
+                      "error": err, "within": abs(err) <= TOLERANCE})
+    return {"run": paths.rel(rdir), "report_from": source, "card": card, "config": cfg, "ranks": ranks,
+            "flag": report.get("flag"), "tolerance": TOLERANCE, "ok": all(r["within"] for r in ranks),
+            "planner": {"num_blocks": cap.num_blocks, "block_size": cap.block_size, "kv_bytes": cap.kv_bytes}}
+
+
+def render(res: dict) -> list[str]:
+    c = res["config"]
+    how = (f"--kv-cache-memory-bytes {c['kv_cache_memory_bytes']} (fixed: the page math alone)"
+           if c["kv_cache_memory_bytes"] else f"card {res['card']}, --gpu-memory-utilization {c['gpu_memory_utilization']}")
+    L = [f"run {res['run']}: TP{c['tp']}/DP{c['dp']} {c['kv_dtype']} KV, {how}, --max-num-batched-tokens "
+         f"{c['max_num_batched_tokens']}; vLLM's report from {res['report_from']}",
+         f"{'rank':>5} {'vLLM reported':>14} {'planner':>10} {'error':>8}  within ±{res['tolerance']:.0%}"]
+    for r in res["ranks"]:
+        L.append(f"{'DP' + r['rank']:>5} {r['reported_tokens']:>14,} {r['planned_tokens']:>10,} {r['error']:>+8.2%}  "
+                 f"{'yes' if r['within'] else 'NO'}")
+    if res["flag"]:
+        L.append(f"flag: {res['flag']}")
+    if not res["ok"]:
+        note = cap_mod.CARDS[res["card"]].note
+        L.append(f"the planner misses this run's report: check that --card {res['card']} is the card it was served on "
+                 f"({note}); its plan's preemption verdicts for this card are off by as much")
+    return L
