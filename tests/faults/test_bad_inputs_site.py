@@ -172,3 +172,19 @@ def test_an_install_cut_off_between_its_two_renames_is_repaired_by_a_rerun(tmp_p
     (site / SITE_MARKER).write_text("another bundle's")
     with writes_nothing(tmp_path):
         refused(_install(tmp_path, site), "--site", new.name, "holds other files")
+
+
+def test_stop_servers_refuses_the_run_options_it_would_ignore(tmp_path):
+    """--stop-servers stops what an earlier invocation left up and exits: given with a run's options (as if it
+    meant "stop the servers at the end"), it is refused naming each before anything is stopped or written;
+    before, it stopped nothing, said so and exited 0, and the run never happened."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "e2e-gpu", "--stop-servers", "--out", str(out), "--round", "final",
+                  "--profiles", "contest,upstream", "--tier-order", "4-8K", "--num-prompts", "12")
+    line = refused(r, "--stop-servers stops the servers", "run without --stop-servers")
+    assert line.split(" so ", 1)[1].split(" would be ignored")[0] == \
+        "--profiles, --num-prompts, --tier-order, --round", line
+    r = forge(tmp_path, "e2e-gpu", "--stop-servers", "--out", str(out))
+    assert r.returncode == 0 and "nothing to stop" in r.stderr + r.stdout, r.stderr

@@ -75,24 +75,29 @@ GUESS_START_S = 345.0
 MAX_PROFILE_DECODE = 512             # decode steps in one profiled request (a trace grows ~1 MiB per 10 steps)
 
 
-# what --install-only uses; the verb's every other option is the run's
-INSTALL_ONLY_USES = ("bundle", "site", "install_only", "func")
+# what --install-only and --stop-servers use; the verb's every other option is the run's
+ALONE_USES = {"install_only": ("bundle", "site", "install_only", "func"), "stop_servers": ("out", "stop_servers", "func")}
+ALONE_DOES = {"install_only": "installs the bundle into --site and exits",
+              "stop_servers": "stops the servers an earlier invocation left up in --out and exits (a run without "
+                              "--keep-servers stops its own at its end)"}
 
 
-def refuse_install_only_extras(args, parser: argparse.ArgumentParser) -> None:
-    """--install-only installs and exits: an option of the run given a value other than its default (the
-    parser's own defaults, so an option added later is covered) would be ignored, and is refused by name."""
+def refuse_alone_extras(args, parser: argparse.ArgumentParser, flag: str) -> None:
+    """--install-only and --stop-servers each do one thing and exit: an option of the run given a value other
+    than its default (the parser's own defaults, so an option added later is covered) would be ignored, and
+    is refused by name."""
     defaults = vars(parser.parse_args([]))
     given = [f"--{k.replace('_', '-')}" for k, v in defaults.items()
-             if k not in INSTALL_ONLY_USES and getattr(args, k, v) != v]
+             if k not in ALONE_USES[flag] and getattr(args, k, v) != v]
     if given:
-        raise ForgeError(f"--install-only installs the bundle into --site and exits, so {', '.join(given)} would be "
-                         "ignored; run without --install-only to install and run with them",
-                         hint="or drop them to install only")
+        name = "--" + flag.replace("_", "-")
+        raise ForgeError(f"{name} {ALONE_DOES[flag]}, so {', '.join(given)} would be ignored; run without {name} "
+                         "to run with them", hint=f"or drop them to use {name} alone")
 
 
 def cmd_e2e(args, parser: argparse.ArgumentParser) -> int:
     if args.stop_servers:
+        refuse_alone_extras(args, parser, "stop_servers")
         if not args.out:
             raise ForgeError("--stop-servers needs --out: the results folder whose servers to stop",
                              hint="give the --out of the invocation that left them up (--keep-servers)")
@@ -100,7 +105,7 @@ def cmd_e2e(args, parser: argparse.ArgumentParser) -> int:
         ui.info(f"{n} server(s) stopped" if n else f"no server of {args.out} is up; nothing to stop")
         return 0
     if args.install_only:
-        refuse_install_only_extras(args, parser)
+        refuse_alone_extras(args, parser, "install_only")
         return install_only(args.bundle, Path(args.site))
     if args.profile_decode and not args.profile_prefill:
         raise ForgeError(f"--profile-decode {args.profile_decode} profiles the decode steps of the request that "
@@ -339,7 +344,9 @@ def register(sub) -> None:
                         "--out with the same settings reuses them instead of starting new ones (without this "
                         "option an invocation stops them at its end)")
     p.add_argument("--stop-servers", action="store_true",
-                   help="only stop the servers an earlier invocation of --out left up (--keep-servers), then exit")
+                   help="only stop the servers an earlier invocation of --out left up (--keep-servers), then exit; "
+                        "any other option set to other than its default is refused (a run stops its own "
+                        "servers at its end)")
     final_round.register_options(p)
     p.add_argument("--no-plumbing", action="store_true")
     p.add_argument("--no-fault", action="store_true")
