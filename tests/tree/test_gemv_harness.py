@@ -49,6 +49,24 @@ def test_missing_source_is_named(tmp_path):
     assert "FORGE_GEMV_SOURCE" in res.stderr and "nope.cu" in res.stderr
 
 
+def test_missing_source_names_the_mode_that_asked_for_it(tmp_path):
+    """With no VLLM_FORGE_GEMV set (auto) on a machine where nvidia-smi answers, the error says auto asked
+    for the build, not VLLM_FORGE_GEMV=1 (which nobody set), and where the default source is looked for."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 9.0\n")
+    smi.chmod(0o755)
+    path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    res = subprocess.run([sys.executable, "-c", LOAD], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={**{k: v for k, v in os.environ.items() if not k.startswith(("VLLM_FORGE_GEMV",
+                                                                                             "FORGE_GEMV"))},
+                              "PATH": path})
+    assert res.returncode != 0
+    assert "VLLM_FORGE_GEMV=auto (an NVIDIA GPU is visible)" in res.stderr and "VLLM_FORGE_GEMV=1" not in res.stderr
+    assert str(tmp_path / "kernels" / "csrc" / "forge_gemv.cu") in res.stderr, res.stderr[-2000:]
+
+
 def test_source_outside_a_checkout_is_named(tmp_path):
     """The stand-in builds through the product's builder beside the source (kernels/bench/gemv_ext.py):
     a source without it is refused, naming the builder, before anything is compiled."""

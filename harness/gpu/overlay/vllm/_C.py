@@ -272,15 +272,17 @@ def _register_forge_gemv() -> None:
     mode = os.environ.get("VLLM_FORGE_GEMV", "auto")
     if mode == "0" or (mode != "1" and _cuda_arch_list(default="") == ""):
         return
+    asked = "VLLM_FORGE_GEMV=1" if mode == "1" else f"VLLM_FORGE_GEMV={mode} (an NVIDIA GPU is visible)"
     src = Path(os.environ.get("FORGE_GEMV_SOURCE") or Path.cwd() / "kernels" / "csrc" / "forge_gemv.cu")
     if not src.is_file():
-        raise RuntimeError(f"VLLM_FORGE_GEMV=1: the GEMV source {src} does not exist; set FORGE_GEMV_SOURCE "
-                           "to kernels/csrc/forge_gemv.cu of the checkout (or VLLM_FORGE_GEMV=0)")
+        raise RuntimeError(f"{asked}: the GEMV source {src} does not exist (FORGE_GEMV_SOURCE, else kernels/csrc/ "
+                           "under the server's working folder); set FORGE_GEMV_SOURCE to kernels/csrc/forge_gemv.cu "
+                           "of the checkout (or VLLM_FORGE_GEMV=0)")
     # built by the product's own builder (kernels/bench/gemv_ext.py beside the source: the same build
     # directory, FORGE_GEMV_BUILD_DIR, and its check of the C++ runtime); torch.ops.forge_gemv_ext.*
     builder = src.resolve().parents[1] / "bench" / "gemv_ext.py"
     if not builder.is_file():
-        raise RuntimeError(f"VLLM_FORGE_GEMV=1: {builder} (the GEMV's builder) does not exist; "
+        raise RuntimeError(f"{asked}: {builder} (the GEMV's builder) does not exist; "
                            "FORGE_GEMV_SOURCE must name kernels/csrc/forge_gemv.cu of a checkout")
     import importlib.util
     spec = importlib.util.spec_from_file_location("forge_gemv_build", builder)
