@@ -34,7 +34,9 @@ the bundle and its install, a folder being resumed, the deadline, a batch profil
 lines allow, and the servers' memory on the GPU they share (the card's total as nvidia-smi, hy-smi or
 rocm-smi reports it: servers x --gpu-memory-utilization at most 1, and each server's
 --kv-cache-memory-bytes within its share beside its weights per rank); a refusal leaves no results
-folder, and one being resumed as it was.
+folder, and one being resumed as it was. While it runs, the card's own tool (nvidia-smi, hy-smi or rocm-smi)
+samples the GPU every 5 s into logs/gpu-monitor.log: clocks, power, utilization, memory and the processes on
+the card (forge.lab.gpumon).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from .. import options, paths, proc, ui
 from ..errors import ForgeError
 from ..run import serve, synth
 from ..run.gpu_harness import DEFAULT_SITE
-from . import batch_profile, e2e_decode, final_round, gpu_bundle, prefill_profile, preflight
+from . import batch_profile, e2e_decode, final_round, gpu_bundle, gpumon, prefill_profile, preflight
 from .client import client_runner
 from .fault import fault_check
 from .install import install_only, versions
@@ -142,6 +144,10 @@ def cmd_e2e(args, parser: argparse.ArgumentParser) -> int:
     run.step("bundle installed" if site else "using the installed vLLM", model=str(model))
     scored: dict = {}
     keep = args.keep_servers
+    # the card beside the run (other processes, clocks): logs/gpu-monitor.log
+    monitor = gpumon.Monitor(run.out / "logs" / "gpu-monitor.log")
+    monitor.start()
+    run.summary["gpu_monitor"] = monitor.record()
 
     def on_term(signum, frame):            # a machine's time limit: end like an interrupt
         raise KeyboardInterrupt
@@ -221,6 +227,8 @@ def cmd_e2e(args, parser: argparse.ArgumentParser) -> int:
         raise
     finally:
         signal.signal(signal.SIGTERM, old_term)
+        monitor.stop()
+        run.summary["gpu_monitor"] = monitor.record()
         if keep:
             up = {n: {"pid": st["pid"], "port": st["port"]} for n, st in run.servers.items()
                   if runs_alive(st)}

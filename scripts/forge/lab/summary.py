@@ -161,6 +161,12 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
                  if rooms else "") + "."]
     elif fit:
         L += ["", f"GPU memory not checked before the start: {fit.get('why')}."]
+    mon = s.get("gpu_monitor") or {}
+    if mon.get("tool"):
+        L += ["", f"The GPU beside the run ({mon['tool']} every {mon['interval_s']:g} s: clocks, power, utilization, "
+                  f"memory and the processes on it): `{mon['log']}`, {mon.get('samples', 0)} samples."]
+    elif mon:
+        L += ["", f"The GPU beside the run: not sampled ({mon.get('why')})."]
     if s.get("servers_left_up"):
         L += ["", "Left up at the end (--keep-servers): " + ", ".join(
             f"{n} (pid {v['pid']}, port {v['port']})" for n, v in s["servers_left_up"].items())]

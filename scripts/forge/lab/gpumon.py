@@ -1,0 +1,87 @@
+"""The GPU beside an end-to-end run: its clocks, power, temperature, utilization and memory, and the
+processes on it, every few seconds into the results folder (`logs/gpu-monitor.log`), so that a slow
+window in one profile's tier can be told apart from another process on the card or a throttled clock
+(a comparison is made within one run: what else ran on the GPU during it is part of its record).
+
+The card's own management tool is asked (the first of nvidia-smi, hy-smi, rocm-smi on PATH, the tools
+the run's memory check reads); without one the run records that it had no monitor. Each sample is a
+time stamp and the tool's answers as it printed them; a query that fails or hangs is written as such
+and the monitor goes on."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+INTERVAL_S = 5.0
+QUERY_TIMEOUT_S = 10.0
+# per tool, the queries of one sample
+QUERIES = {
+    "nvidia-smi": [["--query-gpu=index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,memory.used",
+                    "--format=csv,noheader"],
+                   ["--query-compute-apps=gpu_uuid,pid,process_name,used_memory", "--format=csv,noheader"]],
+    "hy-smi": [["--showuse", "--showpower", "--showmemuse", "--showpids"]],
+    "rocm-smi": [["--showuse", "--showpower", "--showmemuse", "--showpids"]],
+}
+
+
+class Monitor:
+    """Samples the card into `path` (appended: a resumed folder keeps the earlier invocations' samples)
+    from start() until stop()."""
+
+    def __init__(self, path: Path, interval_s: float = INTERVAL_S):
+        self.path, self.interval_s = path, interval_s
+        self.tool = next((t for t in QUERIES if shutil.which(t)), None)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.samples = 0
+
+    def record(self) -> dict:
+        """What the run's summary says of the monitor."""
+        if self.tool is None:
+            return {"tool": None, "why": "no nvidia-smi, hy-smi or rocm-smi on PATH: the GPU was not sampled"}
+        return {"tool": self.tool, "interval_s": self.interval_s, "log": f"logs/{self.path.name}",
+                "samples": self.samples}
+
+    def _sample(self) -> str:
+        lines = [time.strftime("%Y-%m-%dT%H:%M:%S%z")]
+        for args in QUERIES[self.tool]:
+            try:
+                r = subprocess.run([self.tool, *args], capture_output=True, text=True, timeout=QUERY_TIMEOUT_S)
+                out = r.stdout.strip() or f"(no output; exit {r.returncode})"
+            except subprocess.TimeoutExpired:
+                out = f"(no answer in {QUERY_TIMEOUT_S:g} s)"
+            except OSError as e:
+                out = f"({type(e).__name__}: {e})"
+            lines.append("\n".join("  " + x for x in out.splitlines()))
+        return "\n".join(lines) + "\n"
+
+    def _loop(self) -> None:
+        while True:
+            text = self._sample()
+            try:
+                with self.path.open("a") as f:
+                    f.write(text)
+                self.samples += 1
+            except OSError:
+                return                 # the folder went away: nothing more to record
+            if self._stop.wait(self.interval_s):
+                return
+
+    def start(self) -> None:
+        if self.tool is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(f"# {self.tool}, every {self.interval_s:g} s; queries: "
+                    + " | ".join(" ".join(q) for q in QUERIES[self.tool]) + "\n")
+        self._thread = threading.Thread(target=self._loop, name="gpu-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=QUERY_TIMEOUT_S * 2 + 1)
