@@ -87,6 +87,8 @@ def test_refusals_name_the_record_and_write_nothing(tmp_path):
         (run_folder(tmp_path, "noreport", START), [], "no KV cache report"),
         (run_folder(tmp_path, "flags", START, kv_cache=ok_cache), ["--kv-dtype", "int8"], "--kv-dtype"),
         (tmp_path / "missing", [], "not found"),
+        (run_folder(tmp_path, "badtokens", START, kv_cache={"tokens": {"0": "28,224"}}), [], "kv_cache.tokens"),
+        (run_folder(tmp_path, "zerotokens", START, kv_cache={"tokens": {"0": 0}}), [], "kv_cache.tokens"),
     ]
     (tmp_path / "nolaunch").mkdir()
     (tmp_path / "nolaunch" / "serve.json").write_text(json.dumps({"profile": "x"}))

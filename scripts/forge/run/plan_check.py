@@ -61,6 +61,11 @@ def served_config(argv: list[str], where: str) -> dict:
 def _report(rdir: Path, serve: dict, dp: int) -> tuple[dict, str]:
     """{rank: tokens} the run's engines reported, and where it was read."""
     if isinstance(serve.get("kv_cache"), dict) and serve["kv_cache"].get("tokens"):
+        tokens = serve["kv_cache"]["tokens"]
+        if not isinstance(tokens, dict) or not all(isinstance(k, str) and k.isdigit() and type(v) is int and v > 0
+                                                   for k, v in tokens.items()):
+            raise ForgeError(f"{paths.rel(rdir / 'serve.json')}: kv_cache.tokens is not a map of data-parallel rank to a "
+                             f"token count ({str(tokens)[:80]})", hint="serve the run again (forge serve records it)")
         return serve["kv_cache"], "serve.json"
     profile = serve.get("profile") if isinstance(serve.get("profile"), str) else ""
     logs = [rdir / "server.log"] + ([rdir.parent.parent / "logs" / f"server-{profile}.log"]
