@@ -5,9 +5,10 @@ reports/e2e/2026-12-06-h200-final-4-8k-uncapped) and on made-up ones that must f
 from __future__ import annotations
 
 import json
+import sys
 import tarfile
 
-from helpers import ROOT, forge
+from helpers import ROOT, SUPPORT, forge, forge_env, free_port, tiny_model
 
 KV_LOGS = ROOT / "reports" / "plan" / "2026-12-04-h200-kv-check"
 E2E = ROOT / "reports" / "e2e" / "2026-12-06-h200-final-4-8k-uncapped" / "raw.tgz"
@@ -107,3 +108,36 @@ def test_refusals_name_the_record_and_write_nothing(tmp_path):
     assert forge(tmp_path, "plan", "--against", str(d), "--out", str(tmp_path / "o"), "--force").returncode == 0
     r = forge(tmp_path, "plan", "--against", str(d), "--out", str(ROOT / "scripts" / "forge" / "plan-out"))
     assert r.returncode == 2 and not (ROOT / "scripts" / "forge" / "plan-out").exists(), r.stderr
+
+
+def test_a_run_forge_serve_recorded_is_checked_rank_by_rank(tmp_path):
+    """The record as `forge serve --round final` writes it (the final round's DP2 profile, a launcher that
+    prints two ranks' KV lines before the fake server): given by its run id, each replica's report is
+    priced as a DCU card's TP1 cache at the profile's utilization; equal ranks pass, a cold-start rank of
+    24,304 tokens fails (exit 1) and the record's flag is printed."""
+    model = tiny_model(tmp_path / "model")
+    env = forge_env(tmp_path, HIP_VISIBLE_DEVICES="0,1")
+    for k in ("ROUND", "TIER", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "TENSOR_PARALLEL_SIZE",
+              "DATA_PARALLEL_SIZE", "MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS", "GPU_MEMORY_UTILIZATION"):
+        env.pop(k, None)
+    for rid, dp1 in (("even", "28,224"), ("cold", "24,304")):
+        log = tmp_path / f"{rid}.txt"
+        log.write_text("".join(f"(EngineCore_DP{r} pid=10{r}) INFO 12-04 17:00:40 [kv_cache_utils.py:1318] GPU KV "
+                               f"cache size: {n} tokens\n" for r, n in ((0, "28,224"), (1, dp1))))
+        launcher = tmp_path / f"{rid}.sh"
+        launcher.write_text(f'#!/bin/sh\ncat {log}\nexec {sys.executable} {SUPPORT / "fakeserver.py"} "$@"\n')
+        r = forge(tmp_path, "serve", "--round", "final", "--tier", "4-8K", "--profile", "final-dp2", "--model",
+                  str(model), "--vllm", f"sh {launcher}", "--port", str(free_port()), "--run-id", rid, "--timeout",
+                  "30", env=env)
+        try:
+            assert r.returncode == 0, r.stderr
+        finally:
+            forge(tmp_path, "stop", env=env)
+        r = forge(tmp_path, "plan", "--against", rid, env=env)
+        assert ("TP1/DP2 bf16" in r.stdout) and ("card dcu" in r.stdout), r.stdout + r.stderr
+        rows = {x.split()[0]: x.split() for x in r.stdout.splitlines() if x.strip().startswith("DP")}
+        assert rows["DP0"][1:3] == ["28,224", "28,224"], r.stdout
+        if rid == "even":
+            assert r.returncode == 0 and rows["DP1"][-1] == "yes", r.stdout
+        else:
+            assert r.returncode == 1 and rows["DP1"][-1] == "NO" and "unequal KV caches" in r.stdout, r.stdout
