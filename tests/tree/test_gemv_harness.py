@@ -67,6 +67,23 @@ def test_missing_source_names_the_mode_that_asked_for_it(tmp_path):
     assert str(tmp_path / "kernels" / "csrc" / "forge_gemv.cu") in res.stderr, res.stderr[-2000:]
 
 
+def test_a_failing_nvidia_smi_sees_no_gpu(tmp_path):
+    """nvidia-smi that answers "NVIDIA-SMI has failed ..." and exits 9 (a driver that does not load): "auto"
+    takes its text for no compute capability and builds nothing, where it used to read the words as
+    capabilities and fail for a missing GEMV source."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA "
+                   "driver.'\nexit 9\n")
+    smi.chmod(0o755)
+    res = subprocess.run([sys.executable, "-c", LOAD], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={**{k: v for k, v in os.environ.items() if not k.startswith(("VLLM_FORGE_GEMV",
+                                                                                             "FORGE_GEMV"))},
+                              "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"})
+    assert res.returncode == 0 and "HAS False False" in res.stdout, res.stderr[-2000:]
+
+
 def test_source_outside_a_checkout_is_named(tmp_path):
     """The stand-in builds through the product's builder beside the source (kernels/bench/gemv_ext.py):
     a source without it is refused, naming the builder, before anything is compiled."""

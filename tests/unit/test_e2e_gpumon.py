@@ -18,7 +18,7 @@ case "$*" in
   *memory.total*) echo 143771 ;;
   *--query-gpu=name*) echo "NVIDIA H200" ;;
   *query-compute-apps*) echo "GPU-0, 4242, python3, 52000 MiB" ;;
-  *clocks.sm*) if [ -n "$SMI_HANG" ]; then sleep 30; fi; echo "0, 1980 MHz, 3201 MHz, 250.00 W, 41, 75 %, 109719 MiB" ;;
+  *clocks.sm*) if [ -n "$SMI_HANG" ]; then exec sleep 30; fi; echo "0, 1980 MHz, 3201 MHz, 250.00 W, 41, 75 %, 109719 MiB" ;;
   *) echo "NVIDIA H200" ;;
 esac
 """
@@ -69,7 +69,9 @@ def test_a_query_that_hangs_is_written_and_the_monitor_stops(tmp_path, monkeypat
     t = time.monotonic()
     while m.samples < 2 and time.monotonic() - t < 20:
         time.sleep(0.1)
+    t = time.monotonic()
     m.stop()
+    assert time.monotonic() - t < 3 and not m._thread.is_alive()   # not held up by the query in flight
     text = (tmp_path / "logs" / "gpu-monitor.log").read_text()
     assert m.samples >= 2 and "(no answer in 0.5 s)" in text, text
     assert "4242, python3" in text

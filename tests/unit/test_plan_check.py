@@ -5,10 +5,13 @@ reports/e2e/2026-12-06-h200-final-4-8k-uncapped) and on made-up ones that must f
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import tarfile
 
 from helpers import ROOT, SUPPORT, forge, forge_env, free_port, tiny_model
+
+from forge import paths
 
 KV_LOGS = ROOT / "reports" / "plan" / "2026-12-04-h200-kv-check"
 E2E = ROOT / "reports" / "e2e" / "2026-12-06-h200-final-4-8k-uncapped" / "raw.tgz"
@@ -51,9 +54,13 @@ def test_an_e2e_profile_folder_with_a_fixed_cache_checks_the_page_math(tmp_path)
     """The recorded e2e run's contest server, given a DCU card's bytes, reported 28,224 tokens: its log is in
     the run's logs/ folder, its serve.json has no report of its own."""
     with tarfile.open(E2E) as t:
-        t.extractall(tmp_path / "e2e", filter="data")
+        paths.extract_tar(t, tmp_path / "e2e")
     r = forge(tmp_path, "plan", "--against", str(tmp_path / "e2e" / "runs" / "contest"))
     assert r.returncode == 0, r.stdout + r.stderr
+    # given relative to the profile folder itself: the run's logs/ are still found
+    rel = subprocess.run([sys.executable, "-m", "forge", "plan", "--against", "."], cwd=tmp_path / "e2e" / "runs" /
+                         "contest", env=forge_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert rel.returncode == 0 and "server-contest.log" in rel.stdout, rel.stdout + rel.stderr
     assert "--kv-cache-memory-bytes 7501512704 (fixed" in r.stdout and "server-contest.log" in r.stdout
     row = next(x.split() for x in r.stdout.splitlines() if x.strip().startswith("DP0"))
     assert row[1:4] == ["28,224", "28,224", "+0.00%"] and row[-1] == "yes", r.stdout
@@ -69,10 +76,16 @@ def test_each_rank_is_checked_and_unequal_ranks_are_flagged(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     rows = {x.split()[0]: x.split() for x in r.stdout.splitlines() if x.strip().startswith("DP")}
     assert rows["DP0"][-1] == "yes" and rows["DP1"][-1] == "NO" and flag in r.stdout
-    d = run_folder(tmp_path, "tp2", START + ["--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.95"],
+    d = run_folder(tmp_path, "tp2", START + ["--tensor_parallel_size=2", "--gpu-memory-utilization", "0.95"],
                    kv_cache={"tokens": {"0": 268128}, "equal": True, "flag": None})
-    r = forge(tmp_path, "plan", "--against", str(d))
+    r = forge(tmp_path, "plan", "--against", str(d))          # vLLM's parser takes the underscore spelling too
     assert r.returncode == 0 and "TP2/DP1 bf16" in r.stdout, r.stdout + r.stderr
+    # a DP2 command of which one rank reported: the other is not checked, so the check fails
+    d = run_folder(tmp_path, "dp2one", START + ["-dp", "2", "--gpu-memory-utilization", "0.95"],
+                   log="(EngineCore_DP0 pid=1) INFO GPU KV cache size: 28,224 tokens\n")
+    r = forge(tmp_path, "plan", "--against", str(d))
+    assert r.returncode == 1 and "(no report)" in r.stdout and "rank(s) 1 of the command's 2" in r.stdout, r.stdout
+    assert "misses" not in r.stdout, r.stdout
 
 
 def test_refusals_name_the_record_and_write_nothing(tmp_path):
@@ -88,6 +101,10 @@ def test_refusals_name_the_record_and_write_nothing(tmp_path):
         (run_folder(tmp_path, "noreport", START), [], "no KV cache report"),
         (run_folder(tmp_path, "flags", START, kv_cache=ok_cache), ["--kv-dtype", "int8"], "--kv-dtype"),
         (tmp_path / "missing", [], "not found"),
+        (run_folder(tmp_path, "pp", START + ["-pp", "2"], kv_cache=ok_cache), [], "pipeline parallelism"),
+        (run_folder(tmp_path, "dp1two", START, kv_cache={"tokens": {"0": 28224, "1": 28224}}), [],
+         "rank(s) 1 reported a KV cache"),
+        (run_folder(tmp_path, "zerolog", START, log="INFO GPU KV cache size: 0 tokens\n"), [], "0 tokens"),
         (run_folder(tmp_path, "badtokens", START, kv_cache={"tokens": {"0": "28,224"}}), [], "kv_cache.tokens"),
         (run_folder(tmp_path, "zerotokens", START, kv_cache={"tokens": {"0": 0}}), [], "kv_cache.tokens"),
     ]

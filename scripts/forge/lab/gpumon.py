@@ -24,8 +24,12 @@ QUERIES = {
                     "--format=csv,noheader"],
                    ["--query-compute-apps=gpu_uuid,pid,process_name,used_memory", "--format=csv,noheader"]],
     "hy-smi": [["--showuse", "--showpower", "--showmemuse", "--showpids"]],
-    "rocm-smi": [["--showuse", "--showpower", "--showmemuse", "--showpids"]],
+    "rocm-smi": [["--showuse", "--showpower", "--showmemuse", "--showclocks", "--showtemp", "--showpids"]],
 }
+# what a sample holds, per tool (the summary says it)
+WHAT = {"nvidia-smi": "clocks, power, temperature, utilization, memory and the processes on the card",
+        "hy-smi": "utilization, power, memory and the processes on the card",
+        "rocm-smi": "utilization, power, memory, clocks, temperature and the processes on the card"}
 
 
 class Monitor:
@@ -43,8 +47,8 @@ class Monitor:
         """What the run's summary says of the monitor."""
         if self.tool is None:
             return {"tool": None, "why": "no nvidia-smi, hy-smi or rocm-smi on PATH: the GPU was not sampled"}
-        return {"tool": self.tool, "interval_s": self.interval_s, "log": f"logs/{self.path.name}",
-                "samples": self.samples}
+        return {"tool": self.tool, "what": WHAT[self.tool], "interval_s": self.interval_s,
+                "log": f"logs/{self.path.name}", "samples": self.samples}
 
     def _sample(self) -> str:
         lines = [time.strftime("%Y-%m-%dT%H:%M:%S%z")]
@@ -62,6 +66,8 @@ class Monitor:
     def _loop(self) -> None:
         while True:
             text = self._sample()
+            if self._stop.is_set():
+                return                 # stopped while the tool answered: the run has ended
             try:
                 with self.path.open("a") as f:
                     f.write(text)
@@ -82,6 +88,8 @@ class Monitor:
         self._thread.start()
 
     def stop(self) -> None:
+        """Ends the sampling without waiting for a query in flight (the run's end is not held up by a tool
+        that hangs: the thread writes nothing more and ends with the query)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=QUERY_TIMEOUT_S * 2 + 1)
+            self._thread.join(timeout=1.0)

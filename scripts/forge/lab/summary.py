@@ -163,8 +163,8 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
         L += ["", f"GPU memory not checked before the start: {fit.get('why')}."]
     mon = s.get("gpu_monitor") or {}
     if mon.get("tool"):
-        L += ["", f"The GPU beside the run ({mon['tool']} every {mon['interval_s']:g} s: clocks, power, utilization, "
-                  f"memory and the processes on it): `{mon['log']}`, {mon.get('samples', 0)} samples."]
+        L += ["", f"The GPU beside the run ({mon['tool']} every {mon['interval_s']:g} s: {mon.get('what', 'its state')}): "
+                  f"`{mon['log']}`, {mon.get('samples', 0)} samples in this invocation."]
     elif mon:
         L += ["", f"The GPU beside the run: not sampled ({mon.get('why')})."]
     if s.get("servers_left_up"):

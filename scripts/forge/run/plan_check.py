@@ -27,8 +27,20 @@ TOLERANCE = 0.02          # the planner's stated bound against vLLM's report (±
 _KV_DTYPES = {None: "bf16", "auto": "bf16", "bfloat16": "bf16", "int8": "int8"}
 
 
+def _dashed(argv: list[str]) -> list[str]:
+    """vLLM's parser takes --an_option as --an-option: the recorded command in the dashed spelling."""
+    def one(a: str) -> str:
+        if not a.startswith("--"):
+            return a
+        name, eq, value = a.partition("=")
+        return name.replace("_", "-") + eq + value
+    return [one(a) for a in argv]
+
+
 def served_config(argv: list[str], where: str) -> dict:
     """The configuration a server command ran at, as vLLM's parser reads it."""
+    argv = _dashed(argv)
+
     def whole(*opts: str, default: int) -> int:
         v = options.last_value(argv, *opts)
         if v is None:
@@ -48,6 +60,9 @@ def served_config(argv: list[str], where: str) -> dict:
         raise ForgeError(f"{where}: --gpu-memory-utilization {util_text!r} in the recorded command is not in (0, 1]",
                          hint="the record is not a server command forge wrote; serve the run again")
     fixed = options.last_value(argv, "--kv-cache-memory-bytes")
+    if whole("--pipeline-parallel-size", "-pp", default=1) > 1:
+        raise ForgeError(f"{where}: the recorded command runs pipeline parallelism (--pipeline-parallel-size > 1): "
+                         "the planner prices TP and DP only", hint="check a TP or DP run")
     if options.last_value(argv, "--max-num-batched-tokens") is None:
         raise ForgeError(f"{where}: the recorded command sets no --max-num-batched-tokens (the non-KV peak grows with "
                          "it, and vLLM's default depends on the machine)", hint="check a run served with the start "
@@ -68,11 +83,14 @@ def _report(rdir: Path, serve: dict, dp: int) -> tuple[dict, str]:
                              f"token count ({str(tokens)[:80]})", hint="serve the run again (forge serve records it)")
         return serve["kv_cache"], "serve.json"
     profile = serve.get("profile") if isinstance(serve.get("profile"), str) else ""
-    logs = [rdir / "server.log"] + ([rdir.parent.parent / "logs" / f"server-{profile}.log"]
+    logs = [rdir / "server.log"] + ([rdir.resolve().parent.parent / "logs" / f"server-{profile}.log"]
                                     if paths.name_problem(profile) is None else [])
     for log in logs:
         if log.is_file():
             rep = serverlog.kv_cache_report(log.read_text(errors="replace"), dp)
+            if any(n <= 0 for n in rep["tokens"].values()):
+                raise ForgeError(f"{paths.rel(log)}: a rank reported a KV cache of 0 tokens (the server could not "
+                                 "hold a request)", hint="nothing to check the planner against: serve it again")
             if rep["tokens"]:
                 return rep, paths.rel(log)
     raise ForgeError(f"{paths.rel(rdir)}: no KV cache report (serve.json has none, and no server log beside it says "
@@ -96,9 +114,19 @@ def check(run: str, card: str = "dcu") -> dict:
     cap = cap_mod.capacity(load_shape(), tp=cfg["tp"], kv_dtype=cfg["kv_dtype"], card_name=card,
                            utilization=cfg["gpu_memory_utilization"], max_num_batched_tokens=cfg["max_num_batched_tokens"],
                            kv_cache_memory_bytes=cfg["kv_cache_memory_bytes"])
+    extra = sorted(r for r in report["tokens"] if int(r) >= cfg["dp"])
+    if extra:
+        raise ForgeError(f"{source}: data-parallel rank(s) {', '.join(extra)} reported a KV cache, but the recorded "
+                         f"command runs {cfg['dp']} rank(s)", hint="the report and the command are of other servers: "
+                         "serve the run again")
     ranks = []
-    for rank, tokens in sorted(report["tokens"].items()):
-        err = cap.reported_tokens / tokens - 1 if tokens else float("inf")
+    for rank in (str(r) for r in range(cfg["dp"])):
+        tokens = report["tokens"].get(rank)
+        if tokens is None:                 # a rank that never reported: nothing checked, so not within
+            ranks.append({"rank": rank, "reported_tokens": None, "planned_tokens": cap.reported_tokens,
+                          "error": None, "within": False})
+            continue
+        err = cap.reported_tokens / tokens - 1
         ranks.append({"rank": rank, "reported_tokens": tokens, "planned_tokens": cap.reported_tokens,
                       "error": err, "within": abs(err) <= TOLERANCE})
     return {"run": paths.rel(rdir), "report_from": source, "card": card, "config": cfg, "ranks": ranks,
@@ -114,11 +142,17 @@ def render(res: dict) -> list[str]:
          f"{c['max_num_batched_tokens']}; vLLM's report from {res['report_from']}",
          f"{'rank':>5} {'vLLM reported':>14} {'planner':>10} {'error':>8}  within ±{res['tolerance']:.0%}"]
     for r in res["ranks"]:
+        if r["reported_tokens"] is None:
+            L.append(f"{'DP' + r['rank']:>5} {'(no report)':>14} {r['planned_tokens']:>10,} {'—':>8}  NO")
+            continue
         L.append(f"{'DP' + r['rank']:>5} {r['reported_tokens']:>14,} {r['planned_tokens']:>10,} {r['error']:>+8.2%}  "
                  f"{'yes' if r['within'] else 'NO'}")
     if res["flag"]:
         L.append(f"flag: {res['flag']}")
-    if not res["ok"]:
+    missing = [r["rank"] for r in res["ranks"] if r["reported_tokens"] is None]
+    if missing:
+        L.append(f"rank(s) {', '.join(missing)} of the command's {len(res['ranks'])} reported no KV cache: not checked")
+    if any(r["reported_tokens"] is not None and not r["within"] for r in res["ranks"]):
         note = cap_mod.CARDS[res["card"]].note
         L.append(f"the planner misses this run's report: check that --card {res['card']} is the card it was served on "
                  f"({note}); its plan's preemption verdicts for this card are off by as much")

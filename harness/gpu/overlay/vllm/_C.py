@@ -254,10 +254,13 @@ _set_triton_allocator()
 def _cuda_arch_list(default: str = "9.0") -> str:
     """The visible GPUs' compute capabilities without initialising CUDA in this process (vLLM forks
     workers after importing _C)."""
+    import re
     import subprocess
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30).stdout.split()
+        r = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30)
+        # a failing nvidia-smi ("NVIDIA-SMI has failed ...", exit 9) sees no GPU: only its capabilities count
+        out = [x for x in r.stdout.split() if re.fullmatch(r"\d+\.\d+", x)] if r.returncode == 0 else []
     except (OSError, subprocess.SubprocessError):
         out = []
     return ";".join(sorted(set(out))) or default
