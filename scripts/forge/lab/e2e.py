@@ -35,8 +35,8 @@ lines allow, and the servers' memory on the GPU they share (the card's total as 
 rocm-smi reports it: servers x --gpu-memory-utilization at most 1, and each server's
 --kv-cache-memory-bytes within its share beside its weights per rank); a refusal leaves no results
 folder, and one being resumed as it was. While it runs, the card's own tool (nvidia-smi, hy-smi or rocm-smi)
-samples the GPU every 5 s into logs/gpu-monitor.log: clocks, power, utilization, memory and the processes on
-the card (forge.lab.gpumon).
+samples the GPU every 5 s into logs/gpu-monitor.log: utilization, power, memory and the processes on the
+card, clocks and temperature too with nvidia-smi and rocm-smi (forge.lab.gpumon).
 """
 
 from __future__ import annotations
