@@ -11,10 +11,12 @@ and the monitor goes on."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import threading
 import time
 from pathlib import Path
+
+from .. import proc
+from ..errors import ForgeError
 
 INTERVAL_S = 5.0
 QUERY_TIMEOUT_S = 10.0
@@ -54,10 +56,11 @@ class Monitor:
         lines = [time.strftime("%Y-%m-%dT%H:%M:%S%z")]
         for args in QUERIES[self.tool]:
             try:
-                r = subprocess.run([self.tool, *args], capture_output=True, text=True, timeout=QUERY_TIMEOUT_S)
+                r = proc.run([self.tool, *args], check=False, capture=True, timeout=QUERY_TIMEOUT_S,
+                             what=f"{self.tool} (GPU monitor)")
                 out = r.stdout.strip() or f"(no output; exit {r.returncode})"
-            except subprocess.TimeoutExpired:
-                out = f"(no answer in {QUERY_TIMEOUT_S:g} s)"
+            except ForgeError as e:         # it hung (cut at the timeout) or went from PATH
+                out = f"(no answer in {QUERY_TIMEOUT_S:g} s)" if "timed out" in e.message else f"({e.message})"
             except OSError as e:
                 out = f"({type(e).__name__}: {e})"
             lines.append("\n".join("  " + x for x in out.splitlines()))
