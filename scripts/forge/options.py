@@ -141,9 +141,18 @@ def forced(given: bool) -> bool:
     return flag("FORCE", given, hint="make ... FORCE=1 (or --force) replaces or discards what the command would keep")
 
 
+def _dashed(token: str) -> str:
+    """A long option as vLLM's parser reads it: `--max_num_seqs=4` is `--max-num-seqs=4` (the value kept)."""
+    if not token.startswith("--"):
+        return token
+    name, eq, value = token.partition("=")
+    return name.replace("_", "-") + eq + value
+
+
 def last_value(argv: list[str], *options: str) -> str | None:
     """The value a command line's parser keeps for an option (vLLM's, the benchmark client's: its last
-    occurrence, any of its spellings, `--opt V` or `--opt=V`), or None."""
+    occurrence, any of its spellings, `--opt V`, `--opt=V` or `--opt_name V`), or None."""
+    argv = [_dashed(a) for a in argv]
     vals = [v for i, a in enumerate(argv) for o in options
             for v in ([argv[i + 1]] if a == o and i + 1 < len(argv) else [a[len(o) + 1:]] if a.startswith(o + "=")
                       else [])]

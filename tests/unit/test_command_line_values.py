@@ -19,6 +19,15 @@ def test_the_last_occurrence_of_any_spelling_wins():
     assert options.last_int(["--max-num-seqs", "x"], "--max-num-seqs") is None
 
 
+def test_the_underscore_spelling_is_the_same_option():
+    # vLLM's parser reads --max_num_seqs as --max-num-seqs: before, a command written so counted as unset
+    # (a TP2 record priced as TP1 by plan --against, a capped server guessed as uncapped)
+    argv = ["serve", "m", "--tensor_parallel_size", "2", "--max_num_seqs=4", "--served-model-name", "a_b"]
+    assert options.last_int(argv, "--tensor-parallel-size", "-tp") == 2
+    assert options.last_int(argv, "--max-num-seqs") == 4
+    assert options.last_value(argv, "--served-model-name") == "a_b"          # values keep their underscores
+
+
 def test_the_tier_guess_reads_an_equals_spelling_too():
     # before, the tier time guess read only `--opt N`: a server given --max-num-seqs=4 counted as uncapped
     assert tierguess.inflight(["--max-concurrency", "10"], ["--max-num-seqs=4"]) == 4

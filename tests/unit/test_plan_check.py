@@ -10,6 +10,7 @@ import sys
 import tarfile
 
 from helpers import ROOT, SUPPORT, forge, forge_env, free_port, tiny_model
+from test_final_round_serve import clean_env
 
 from forge import paths
 
@@ -133,10 +134,7 @@ def test_a_run_forge_serve_recorded_is_checked_rank_by_rank(tmp_path):
     priced as a DCU card's TP1 cache at the profile's utilization; equal ranks pass, a cold-start rank of
     24,304 tokens fails (exit 1) and the record's flag is printed."""
     model = tiny_model(tmp_path / "model")
-    env = forge_env(tmp_path, HIP_VISIBLE_DEVICES="0,1")
-    for k in ("ROUND", "TIER", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "TENSOR_PARALLEL_SIZE",
-              "DATA_PARALLEL_SIZE", "MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS", "GPU_MEMORY_UTILIZATION"):
-        env.pop(k, None)
+    env = clean_env(tmp_path, HIP_VISIBLE_DEVICES="0,1")
     for rid, dp1 in (("even", "28,224"), ("cold", "24,304")):
         log = tmp_path / f"{rid}.txt"
         log.write_text("".join(f"(EngineCore_DP{r} pid=10{r}) INFO 12-04 17:00:40 [kv_cache_utils.py:1318] GPU KV "

@@ -130,9 +130,8 @@ def kv_holds_batch(argv: list[str], kv_bytes: int | None, model: Path, tokens: i
     at once (they would wait for each other and never decode together). Where the cache is sized by vLLM
     (no --kv-cache-memory-bytes), its KV dtype or the model is one the planner does not know, the server's
     log is read instead once it runs (batch_profile.refuse_unfit); returns what was checked, or None."""
-    kv_dtype = {None: "bf16", "auto": "bf16", "bfloat16": "bf16", "int8": "int8"}.get(
-        options.last_value(argv, "--kv-cache-dtype"), "?")
-    if not kv_bytes or kv_dtype == "?":
+    kv_dtype = shape_mod.served_kv_dtype(argv)
+    if not kv_bytes or kv_dtype is None:
         return None
     try:
         shape = shape_mod.load_shape(model)

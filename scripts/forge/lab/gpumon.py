@@ -17,10 +17,11 @@ from pathlib import Path
 
 from .. import proc
 from ..errors import ForgeError
+from .gpufit import SMI
 
 INTERVAL_S = 5.0
 QUERY_TIMEOUT_S = 10.0
-# per tool, the queries of one sample
+# per tool (gpufit.SMI's, in its order), the queries of one sample
 QUERIES = {
     "nvidia-smi": [["--query-gpu=index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,memory.used",
                     "--format=csv,noheader"],
@@ -40,7 +41,7 @@ class Monitor:
 
     def __init__(self, path: Path, interval_s: float = INTERVAL_S):
         self.path, self.interval_s = path, interval_s
-        self.tool = next((t for t in QUERIES if shutil.which(t)), None)
+        self.tool = next((t for t, _ in SMI if shutil.which(t)), None)    # as the run's memory check finds it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.samples = 0

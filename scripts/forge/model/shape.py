@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import options
 from ..errors import ForgeError
 from ..paths import CONFIGS, rel
 
@@ -111,6 +112,15 @@ class Shape:
         lo, hi = min(self.attn_layers, self.gdn_layers), max(self.attn_layers, self.gdn_layers)
         size = hi if hi < lo * 1.5 else lo
         return size, cdiv(self.attn_layers, size), cdiv(self.gdn_layers, size)
+
+
+# vLLM's --kv-cache-dtype values the planner knows, by the planner's name (absent or auto: the model's bf16)
+SERVED_KV_DTYPES = {None: "bf16", "auto": "bf16", "bfloat16": "bf16", "int8": "int8"}
+
+
+def served_kv_dtype(argv: list[str]) -> str | None:
+    """The KV dtype a server command runs (bf16 or int8), or None for one the planner does not know (fp8...)."""
+    return SERVED_KV_DTYPES.get(options.last_value(argv, "--kv-cache-dtype"))
 
 
 def kv_dtype_bytes(kv_dtype: str) -> tuple[int, int]:

@@ -20,27 +20,14 @@ from pathlib import Path
 from .. import options, paths, records
 from ..errors import ForgeError
 from ..model import capacity as cap_mod
-from ..model.shape import load_shape
+from ..model.shape import load_shape, served_kv_dtype
 from . import runs, serverlog
 
 TOLERANCE = 0.02          # the planner's stated bound against vLLM's report (±2 %)
-_KV_DTYPES = {None: "bf16", "auto": "bf16", "bfloat16": "bf16", "int8": "int8"}
-
-
-def _dashed(argv: list[str]) -> list[str]:
-    """vLLM's parser takes --an_option as --an-option: the recorded command in the dashed spelling."""
-    def one(a: str) -> str:
-        if not a.startswith("--"):
-            return a
-        name, eq, value = a.partition("=")
-        return name.replace("_", "-") + eq + value
-    return [one(a) for a in argv]
 
 
 def served_config(argv: list[str], where: str) -> dict:
     """The configuration a server command ran at, as vLLM's parser reads it."""
-    argv = _dashed(argv)
-
     def whole(*opts: str, default: int) -> int:
         v = options.last_value(argv, *opts)
         if v is None:
@@ -50,16 +37,16 @@ def served_config(argv: list[str], where: str) -> dict:
             raise ForgeError(f"{where}: {opts[0]} {v!r} in the recorded command is not a whole number >= 1",
                              hint="the record is not a server command forge wrote; serve the run again")
         return n
-    kv = options.last_value(argv, "--kv-cache-dtype")
-    if kv not in _KV_DTYPES:
-        raise ForgeError(f"{where}: --kv-cache-dtype {kv} in the recorded command: the planner knows the model's bf16 "
-                         "and int8", hint="check a run served with bf16 or int8 KV")
+    kv = served_kv_dtype(argv)
+    if kv is None:
+        raise ForgeError(f"{where}: --kv-cache-dtype {options.last_value(argv, '--kv-cache-dtype')} in the recorded "
+                         "command: the planner knows the model's bf16 and int8", hint="check a run served with bf16 or "
+                         "int8 KV")
     util_text = options.last_value(argv, "--gpu-memory-utilization")
     util = 0.9 if util_text is None else options.parse_number(util_text)
     if util is None or not 0 < util <= 1:
         raise ForgeError(f"{where}: --gpu-memory-utilization {util_text!r} in the recorded command is not in (0, 1]",
                          hint="the record is not a server command forge wrote; serve the run again")
-    fixed = options.last_value(argv, "--kv-cache-memory-bytes")
     if whole("--pipeline-parallel-size", "-pp", default=1) > 1:
         raise ForgeError(f"{where}: the recorded command runs pipeline parallelism (--pipeline-parallel-size > 1): "
                          "the planner prices TP and DP only", hint="check a TP or DP run")
@@ -68,9 +55,9 @@ def served_config(argv: list[str], where: str) -> dict:
                          "it, and vLLM's default depends on the machine)", hint="check a run served with the start "
                          "script's --max-num-batched-tokens (every forge profile sets it)")
     return {"tp": whole("--tensor-parallel-size", "-tp", default=1),
-            "dp": whole("--data-parallel-size", "-dp", default=1), "kv_dtype": _KV_DTYPES[kv],
+            "dp": whole("--data-parallel-size", "-dp", default=1), "kv_dtype": kv,
             "gpu_memory_utilization": util, "max_num_batched_tokens": whole("--max-num-batched-tokens", default=0),
-            "kv_cache_memory_bytes": None if fixed is None else whole("--kv-cache-memory-bytes", default=1)}
+            "kv_cache_memory_bytes": whole("--kv-cache-memory-bytes", default=0) or None}
 
 
 def _report(rdir: Path, serve: dict, dp: int) -> tuple[dict, str]:
