@@ -93,7 +93,8 @@ def test_a_bundle_pip_cannot_install_leaves_no_results_folder(tmp_path):
 
 def test_a_batch_profile_over_the_servers_max_num_seqs_is_refused_before_any_server(tmp_path):
     """It was found after the tiers, when the batch was about to be sent (a server error in the summary)."""
-    r = _refused_nothing_started(tmp_path, "--server-args=--max-num-seqs 4", "--profile-prefill", "2000",
+    r = _refused_nothing_started(tmp_path, "--round", "final", "--capacity", "fast-int8:max-num-seqs=4",
+                                 "--profile-prefill", "2000",
                                  "--profile-decode", "16", "--profile-batch", "8")
     refused(r, "--profile-batch 8", "the fast-int8 server runs at most 4 requests at once (--max-num-seqs 4)")
 

@@ -33,7 +33,8 @@ Nothing is written or started before every check that can refuse the invocation 
 the bundle and its install, a folder being resumed, the deadline, a batch profile the servers' command
 lines allow, and the servers' memory on the GPU they share (the card's total as nvidia-smi, hy-smi or
 rocm-smi reports it: servers x --gpu-memory-utilization at most 1, and each server's
---kv-cache-memory-bytes within its share beside its weights per rank); a refusal leaves no results
+--kv-cache-memory-bytes within its share beside its weights per rank; where none of these tools answers,
+the memory is not checked and the run's summary says so); a refusal leaves no results
 folder, and one being resumed as it was. While it runs, the card's own tool (nvidia-smi, hy-smi or rocm-smi)
 samples the GPU every 5 s into logs/gpu-monitor.log: utilization, power, memory and the processes on the
 card, clocks and temperature too with nvidia-smi and rocm-smi (forge.lab.gpumon).
@@ -309,9 +310,12 @@ def register(sub) -> None:
     p.add_argument("--vllm", type=options.nonempty("--vllm"), help="how to start vLLM (default: this Python's vllm.entrypoints.cli.main)")
     p.add_argument("--client", type=options.nonempty("--client"), help="command that runs vLLM's CLI for `bench serve` (default: as forge bench-all-tiers)")
     p.add_argument("--server-arg", action="append", type=options.nonempty("--server-arg"),
-                   help="one more server argument (repeatable; write --server-arg=--opt for options)")
-    p.add_argument("--server-args", help="more server arguments as one shell-quoted string, e.g. "
-                                         "--server-args='--tensor-parallel-size 2 --disable-custom-all-reduce'")
+                   help="one more server argument (repeatable; write --server-arg=--opt for options); an "
+                        "option the contest's rules forbid, one the organizers' command sets, and in the final "
+                        "round a setting it opens per tier (give those through --capacity or --finals-servers) "
+                        "are refused, citing the rule")
+    p.add_argument("--server-args", help="more server arguments as one shell-quoted string, checked as "
+                                         "--server-arg, e.g. --server-args='--enforce-eager'")
     p.add_argument("--triton-cache", type=options.nonempty("--triton-cache"), help="TRITON_CACHE_DIR shared by the servers (default /tmp/forge-triton "
                                           "when --triton-cache-from or --triton-cache-pack is given)")
     p.add_argument("--triton-cache-from", metavar="DIR", type=options.nonempty("--triton-cache-from"),

@@ -70,6 +70,7 @@ class Run:
             raise ForgeError(f"--model {args.model}: no such folder", hint="pass --model (or MODEL=) with the served "
                                                                          "model's directory")
         self.extra = check_values(args, self.names)   # the extra server arguments, split as a shell does
+        check_extra_rules(self.contest, self.extra, args.round)
         self.out = Path(args.out) if args.out else default_out()
         earlier = sorted(self.out.glob("runs/*/rounds"))
         if earlier:
@@ -209,6 +210,36 @@ def check_values(args, names: list[str]) -> list[str]:
     if args.triton_cache_from:
         check_triton_source(Path(args.triton_cache_from))
     return extra
+
+
+def check_extra_rules(contest: dict, extra: list[str], round_name: str | None) -> None:
+    """An extra server argument may try what the harness measures beside the contest's command, never what the
+    rules forbid or what the start scripts set: a forbidden option (speculative decoding, weight quantization,
+    the scheduler's options, in any spelling), an option of the organizers' command (the last one given wins in
+    vLLM, so it would change the command under test), or a setting the final round opens per tier (given
+    through --capacity or --finals-servers, where it is checked within the round's bounds; in the preliminary
+    the scheduler's options are forbidden)."""
+    opened = {u.option: u for u in rounds.load_round(contest, "final").unlocked} if round_name == "final" else {}
+    for a in extra:
+        if not a.startswith("-") or a == "-" or a[1:2].isdigit():
+            continue                      # a value, not an option
+        base = contest_mod.option_base(a)
+        if base in opened:
+            u = opened[base]
+            how = (f"--capacity PROFILE:{u.option[2:]}=N (checked within the final round's bounds)"
+                   if u.option in final_round.CAPACITY_OPTIONS else "--finals-servers (the final round's start script "
+                                                              "renders the topology, each rank on a card of its own)")
+            raise ForgeError(f"--server-arg/--server-args {a}: {u.option} is a setting the final round opens per "
+                             f"tier (rule '{u.rule}'); an extra argument would pass it unchecked", hint=f"give {how}")
+        kind, entry = contest_mod.lookup_option(contest, a)
+        if kind == "forbidden":
+            raise ForgeError(f"--server-arg/--server-args {a}: forbidden by the contest rules: "
+                             f"\"{contest_mod.rule_text(contest, entry['rule'])}\" (rule '{entry['rule']}')",
+                             hint="leave it out: the harness measures what the contest allows")
+        if kind == "organizers":
+            raise ForgeError(f"--server-arg/--server-args {a}: the organizers' start script sets {entry['option']}; "
+                             f"given again it would win over it (rule '{entry['rule']}')",
+                             hint="leave it out: the harness measures the organizers' command")
 
 
 def default_out() -> Path:

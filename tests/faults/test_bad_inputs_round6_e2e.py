@@ -1,0 +1,60 @@
+"""`forge e2e-gpu`'s extra server arguments (--server-arg, --server-args) against the contest's rules: an
+option the rules forbid (speculative decoding, weight quantization, the scheduler's options, in any
+spelling: `--opt=v`, `--opt_name`, a short alias), one the organizers' command sets (the last one given wins
+in vLLM, so it would change the command under test) and, in the final round, a setting the round opens per
+tier (given through --capacity or --finals-servers, where it is checked within the round's bounds) were all
+appended to every server's command. Each is refused before anything is written or started: exit code 2, the
+argument and the rule named, a `fix:` line, `git status` as it was; an argument the rules leave open still
+passes the check."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import forge, tiny_model
+from test_bad_inputs import refused, writes_nothing
+from test_bad_inputs_round5 import fix_line
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("round6-model"))
+
+
+def e2e(tmp_path, model, round_name, *extra):
+    return forge(tmp_path, "e2e-gpu", "--bundle", "", "--model", str(model), "--round", round_name, "--profiles",
+                 "contest,upstream", "--out", str(tmp_path / "out"), "--vllm", "false", "--client", "false",
+                 "--no-plumbing", "--no-fault", "--start-guess-s", "0", *extra)
+
+
+@pytest.mark.parametrize("round_name,arg,words,fix", [
+    ("final", '--server-arg=--speculative-config={"method":"ngram"}', ["--speculative-config", "rule 'spec_decode'"],
+     "leave it out"),
+    ("final", "--server-arg=-q", ["-q", "rule 'weight_quant'"], "leave it out"),
+    ("preliminary", "--server-args=--quantization fp8", ["--quantization", "rule 'weight_quant'"], "leave it out"),
+    # the harness sets 32768 itself; vLLM keeps the last value given
+    ("final", "--server-arg=--max_model_len=100", ["--max_model_len=100", "rule 'locked_command'"], "leave it out"),
+    # past the round's bound of 1..1024 that --capacity enforces
+    ("final", "--server-arg=--max-num-seqs=5000", ["--max-num-seqs=5000", "rule 'final_unlocked'"],
+     "--capacity PROFILE:max-num-seqs=N"),
+    ("final", "--server-args=--max-num-batched-tokens 8192", ["--max-num-batched-tokens", "rule 'final_unlocked'"],
+     "--capacity PROFILE:max-num-batched-tokens=N"),
+    ("final", "--server-arg=--tensor-parallel-size=2", ["--tensor-parallel-size=2", "rule 'final_topology'"],
+     "--finals-servers"),
+    # the preliminary opens none of them: the organizers' start script sets --max-num-seqs
+    ("preliminary", "--server-arg=--max-num-seqs=4", ["--max-num-seqs=4", "start script sets --max-num-seqs"],
+     "leave it out"),
+])
+def test_extra_server_arguments_the_rules_close_are_refused(tmp_path, model, round_name, arg, words, fix):
+    with writes_nothing(tmp_path):
+        r = e2e(tmp_path, model, round_name, arg)
+    refused(r, *words)
+    assert fix in fix_line(r), r.stderr
+
+
+def test_an_extra_argument_the_rules_leave_open_passes_the_rules_check(tmp_path, model):
+    """--enforce-eager (not among the forbidden or the organizers' options): the run goes past the check and is
+    refused later, by the deadline it cannot hold, not by a rule."""
+    with writes_nothing(tmp_path):
+        r = e2e(tmp_path, model, "final", "--server-arg=--enforce-eager", "--deadline-s", "1")
+    err = refused(r, "--deadline-s")
+    assert "rule" not in err, err
