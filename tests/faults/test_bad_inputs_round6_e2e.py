@@ -5,7 +5,9 @@ in vLLM, so it would change the command under test) and, in the final round, a s
 tier (given through --capacity or --finals-servers, where it is checked within the round's bounds) were all
 appended to every server's command. Each is refused before anything is written or started: exit code 2, the
 argument and the rule named, a `fix:` line, `git status` as it was; an argument the rules leave open still
-passes the check."""
+passes the check. Also `forge bench-all-tiers`' --num-prompts 0 (read as "not given": the whole tier ran) and
+--progress-every 0 or below.
+"""
 
 from __future__ import annotations
 
@@ -58,3 +60,16 @@ def test_an_extra_argument_the_rules_leave_open_passes_the_rules_check(tmp_path,
         r = e2e(tmp_path, model, "final", "--server-arg=--enforce-eager", "--deadline-s", "1")
     err = refused(r, "--deadline-s")
     assert "rule" not in err, err
+
+
+@pytest.mark.parametrize("args,words", [
+    # 0 was read as "not given": the whole tier ran (80 requests in the final round), exit 0
+    (["--round", "final", "--num-prompts", "0"], ["--num-prompts", "'0' is not a count"]),
+    (["--progress-every", "0"], ["--progress-every", "'0' is not seconds > 0"]),
+    (["--progress-every", "-1"], ["--progress-every", "'-1' is not seconds > 0"]),
+])
+def test_bench_all_tiers_counts_and_seconds(tmp_path, args, words):
+    """bench-all-tiers' --num-prompts 0 and --progress-every 0 or below (before any server is looked for)."""
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "bench-all-tiers", *args)
+    refused(r, *words)

@@ -373,8 +373,8 @@ def register(sub) -> None:
     p.add_argument("--data-dir", help="folder with the official tier files (default: $DATA_DIR)")
     p.add_argument("--tiers", help="comma-separated subset of tiers (default: all; in the final round, against a "
                                    "server forge serve started for a tier: that tier, and no other)")
-    p.add_argument("--num-prompts", type=int,
-                   help="prompts per tier (default: every official prompt with DATA_DIR, else every request of "
+    p.add_argument("--num-prompts", type=options.count,
+                   help="prompts per tier, 1 or more (default: every official prompt with DATA_DIR, else every request of "
                         "configs/workload.yaml; fewer: a subset evenly spaced by output length)")
     p.add_argument("--harness", action="store_true",
                    help="the server runs random weights (a GPU machine's harness): end-of-text is ignored so "
@@ -384,7 +384,7 @@ def register(sub) -> None:
                                     "this Python's vllm module); `bench serve ...` is appended")
     p.add_argument("--port", type=options.port, default=None,
                    help="server port when not started by forge serve (default: the running server's, else 8001)")
-    p.add_argument("--progress-every", type=float, default=30.0, help="seconds between progress lines")
+    p.add_argument("--progress-every", type=options.number_in(0, 86400, "seconds", "30", True), default=30.0, help="seconds between progress lines")
     p.add_argument("--round", default=None,
                    help="the round whose client runs (default: the preliminary's, one request at a time at rate "
                         "1); final: per tier --max-concurrency (CONCURRENCY_4_8K, CONCURRENCY_8_16K, "
