@@ -99,6 +99,9 @@ def render(res: dict) -> list[str]:
              "reported tokens understate it: the GDN groups take one block per request)")
     L.append("planned seqs: the --max-num-seqs that keeps them resident where the concurrency would preempt (the "
              "largest's resident count, per replica); -: no cap needed")
+    if any((r["tp"], r["dp"]) == (1, 1) for r in res["rows"]):
+        L.append("TP1/DP1: one card, as the preliminary serves it; for reference (the final round's topologies are "
+                 "TP1/DP2 and TP2/DP1)")
     for dt, g in res["dcu_on_another_card"].items():
         tp = g.get("tp", 1)
         if g["kv_cache_memory_bytes"] < gpu_harness.MIN_KV_CACHE_BYTES:   # a size sweep and e2e-gpu refuse
@@ -198,7 +201,8 @@ def register(sub) -> None:
     p = sub.add_parser("plan", help="the KV cache and requests resident per tier and topology (capacity planner)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--round", choices=rounds.ROUNDS, default=rounds.DEFAULT_ROUND,
-                   help="the contest round (final: TP1/DP1, TP1/DP2 and TP2/DP1 over two cards)")
+                   help="the contest round (final: its two topologies over two cards, TP1/DP2 and TP2/DP1, and "
+                        "TP1/DP1, one card as the preliminary serves it, for reference)")
     p.add_argument("--tier", help="one tier (default: every tier of the round)")
     p.add_argument("--kv-dtype", help="bf16, int8 or both comma-separated (default both)")
     p.add_argument("--card", choices=sorted(cap_mod.CARDS), default="dcu", help="the card's memory (default dcu)")
