@@ -100,8 +100,8 @@ def render(res: dict) -> list[str]:
     L.append("planned seqs: the --max-num-seqs that keeps them resident where the concurrency would preempt (the "
              "largest's resident count, per replica); -: no cap needed")
     if any((r["tp"], r["dp"]) == (1, 1) for r in res["rows"]):
-        L.append("TP1/DP1 rows: one card, as the preliminary serves it, for reference; the final round's two "
-                 "topologies are the TP1 x 2 replicas and TP2 rows")
+        L.append("one replica at TP1 (one card, as the preliminary serves it): for reference; the final round's two "
+                 "topologies are two replicas at TP1 (DP2) and TP2")
     for dt, g in res["dcu_on_another_card"].items():
         tp = g.get("tp", 1)
         if g["kv_cache_memory_bytes"] < gpu_harness.MIN_KV_CACHE_BYTES:   # a size sweep and e2e-gpu refuse
