@@ -166,6 +166,22 @@ def _os_error(e: OSError) -> str:
 
 
 STARTING = "forge: interrupted while starting; nothing was done"
+# the verbs whose finished stages a rerun keeps and goes on from (read from each verb's code): the verified
+# source cache, the tree's recorded commits, the wheel and the rehearsals' venvs and stand-in base (reused
+# while their inputs are unchanged), the image's build cache, a run's served record and finished tiers
+# (--run-id), a sweep's measured configurations (--sweep-id), a calibration's families, an accuracy
+# evaluation's records, an e2e results folder's tiers, `make test`'s image rehearsal. Every other verb has
+# nothing to resume: Ctrl-C says so (interrupted() below).
+RESUMES = frozenset({"fetch", "tree", "wheel", "image", "rehearsal", "image-rehearsal", "toolchain-check", "test",
+                     "serve", "bench-all-tiers", "sweep", "calibrate", "accuracy", "e2e-gpu"})
+
+
+def interrupted(verb: str, how: str) -> str:
+    """The line for a verb ended by Ctrl-C or a signal (`how`): a resuming verb (RESUMES) keeps its
+    finished stages; any other (plan, predict, ...) has none to resume, and is simply run again."""
+    if verb in RESUMES:
+        return f"forge {verb}: {how}; finished stages are kept, rerun to resume"
+    return f"forge {verb}: {how}; it has no stages to resume: rerun the command"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,6 +210,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         signum = e.signum if isinstance(e, proc.Terminated) else signal.SIGINT
         how = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-        print(f"forge {args.verb}: {how}; finished stages are kept, rerun to resume", file=sys.stderr)
+        print(interrupted(args.verb, how), file=sys.stderr)
         return 128 + int(signum)
     return int(rc or 0)

@@ -23,6 +23,7 @@ tokens against the public DCU figures (model/validation.py) and writes that repo
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -205,9 +206,8 @@ def run(args, contest: dict, workload: dict, speedups: dict | None) -> int:
         doc = predict_md(data, lines)
     print("\n".join(lines))
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        paths.write_atomic(out / f"{name}.md", doc)
-        runs.write_json(out / f"{name}.json", data)
+        # both files or neither: an interrupt leaves the folder as it was
+        paths.write_files(out, {f"{name}.md": doc, f"{name}.json": json.dumps(data, indent=2) + "\n"})
         ui.info(f"wrote {paths.rel(out / (name + '.json'))}, {paths.rel(out / (name + '.md'))}")
     if args.validate and not data["passed"]:
         ui.warn("the model does not reproduce the public figures within their gates: do not use its ranking")
