@@ -7,13 +7,16 @@ for free-form mappings with typed values.
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from .errors import ForgeError
-from .paths import CONFIGS, ROOT, name_problem, rel
+from .paths import CONFIGS, LOOP_HINT, ROOT, name_problem, rel
 
 _MISSING = object()
 
@@ -42,18 +45,14 @@ def plain_name(value: Any) -> str | None:
 
 
 def load_yaml(path: Path) -> Any:
-    """A YAML file's content ({} for an empty file). A file that is missing, a folder, not UTF-8 text,
-    not YAML, or a mapping that gives one key twice (YAML would silently keep the last) is a
-    ForgeError naming the file."""
+    """A YAML file's content ({} for an empty file). A file that is missing, a folder, not a regular file
+    (a FIFO, a device: read_regular), not UTF-8 text, not YAML, or a mapping that gives one key twice (YAML
+    would silently keep the last) is a ForgeError naming the file."""
     import yaml  # lazy: the bootstrap step runs before PyYAML is guaranteed
 
     path = Path(path)
-    if path.is_dir():
-        raise ForgeError(f"{rel(path)}: is a folder, not a file", hint="give the YAML file itself")
-    if not path.is_file():
-        raise ForgeError(f"{rel(path)}: file not found", hint="check the path (configs live in configs/)")
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_regular(path).decode("utf-8")
     except UnicodeDecodeError as e:
         raise ForgeError(f"{rel(path)}: not UTF-8 text (byte {e.start}), so not YAML",
                          hint="save the file as UTF-8 text") from None
@@ -63,6 +62,35 @@ def load_yaml(path: Path) -> Any:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise ForgeError(f"{rel(path)}: not valid YAML: {where}{getattr(e, 'problem', None) or e}") from None
+
+
+def read_regular(path: Path) -> bytes:
+    """The bytes of a regular file. Missing, a folder, a symlink loop, or not a regular file (a FIFO, a
+    device such as /dev/zero, a socket) is a ForgeError naming it. Anything but a regular file is refused
+    before it is opened, and the file is opened without blocking and checked again once open, so a FIFO
+    (even one put in its place meanwhile) never waits for a writer."""
+    fd = None
+    try:
+        mode = os.stat(path).st_mode
+        if stat.S_ISREG(mode):
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        raise ForgeError(f"{rel(path)}: file not found", hint="check the path (configs live in configs/)") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ForgeError(f"{rel(path)}: a symlink loop", hint=LOOP_HINT) from None
+        raise
+    if fd is not None:
+        with os.fdopen(fd, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if stat.S_ISREG(mode):
+                return f.read()
+    if stat.S_ISDIR(mode):
+        raise ForgeError(f"{rel(path)}: is a folder, not a file", hint="give the YAML file itself")
+    kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a special file")
+    raise ForgeError(f"{rel(path)}: not a regular file but {kind}; nothing was read from it",
+                     hint="give a regular file: write what a pipe or <(...) would give into a file first")
 
 
 def _unique_keys_loader(yaml):

@@ -31,8 +31,25 @@ def rel(path: Path) -> str:
     """Path for messages: relative to the repo root when inside it."""
     try:
         return str(Path(path).resolve().relative_to(ROOT))
-    except ValueError:
+    except (ValueError, OSError, RuntimeError):     # a symlink loop: as given, the message is not lost
         return str(path)
+
+
+LOOP_HINT = "a link on the path leads back to itself: remove or repoint it (ls -l shows where it leads)"
+
+
+def resolved(path: Path, what: str = "") -> Path:
+    """Path(path).resolve(), or a ForgeError naming `path` (and the option `what`) where a symbolic link on
+    it leads back to itself: stat says ELOOP on every Python (resolve raises RuntimeError on some)."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ForgeError(f"{what + ' ' if what else ''}{path}: a symlink loop", hint=LOOP_HINT) from None
+    try:
+        return Path(path).resolve()
+    except (OSError, RuntimeError):
+        raise ForgeError(f"{what + ' ' if what else ''}{path}: a symlink loop", hint=LOOP_HINT) from None
 
 
 def write_atomic(path: Path, data: "str | bytes") -> None:
@@ -136,7 +153,7 @@ def name_problem(value) -> str | None:
 def tracked_files(folder: Path) -> list[str]:
     """The files under `folder` that git tracks in this checkout (none where it lies outside the
     checkout, or git cannot say): a recorded result that only `--force` may replace."""
-    real = Path(folder).resolve()
+    real = resolved(folder)
     if real != ROOT and ROOT not in real.parents:
         return []
     try:
@@ -153,10 +170,10 @@ def target_folder(value: str, what: str, *, outside_checkout: bool = False, hint
     if value is None or not str(value).strip():
         raise ForgeError(f"{what} {value!r}: empty", hint=f"give a folder for {what}, or leave the option out")
     p = Path(value).expanduser()
+    real = resolved(p, what)                   # a symlink loop: refused, not a traceback
     if p.exists() and not p.is_dir():          # found only when the verb's work was done (a calibration's too)
         raise ForgeError(f"{what} {value}: a file, not a folder", hint=f"give a folder for {what}")
     if outside_checkout:
-        real = p.resolve()
         if real == ROOT or ROOT in real.parents:
             raise ForgeError(f"{what} {value}: inside this checkout ({ROOT}); writing there would overwrite "
                              "the tool's own files", hint=hint or "give a folder outside the checkout, e.g. a "
@@ -168,7 +185,7 @@ def outside_sources(value: str, what: str) -> Path:
     """A path the tool writes its results to (--out, --pack): refused, naming `what`, when it lies inside
     this checkout but outside build/ and reports/ (the results would land among the tool's own files)."""
     p = Path(value).expanduser()
-    real = p.resolve()
+    real = resolved(p, what)
     if (real == ROOT or ROOT in real.parents) and not any(
             real == ROOT / d or ROOT / d in real.parents for d in ("build", "reports")):
         raise ForgeError(f"{what} {value}: inside this checkout, outside build/ and reports/; the results would "

@@ -27,6 +27,13 @@ ARCHIVE = "raw.tgz"
 # per-profile scores are in the archive; `forge unpack-run` brings them back for the tools that read them)
 DOCUMENT_NAMES = frozenset({"README.md", "summary.md", "decode.md"})
 MTIME = 0           # members' time in the archive (the files' own times are not part of the record)
+# what makes a folder a run folder, at its top level: an e2e results folder (summary.json, runs/ with a
+# folder per profile, prefill-profile/ of --profile-prefill) or a run of reports/runs/ (serve.json,
+# manifest.json). Any other folder (reports/predict/, a plan's logs) is refused: packing it would remove them.
+RUN_MARKS = {"summary.json": Path.is_file, "runs": Path.is_dir, "serve.json": Path.is_file,
+             "manifest.json": Path.is_file, "prefill-profile": Path.is_dir}
+RUN_FOLDER_HINT = ("give a run folder: an e2e results folder (reports/e2e/<run>/, with summary.json and runs/) or "
+                   "a run of reports/runs/<run>/ (with serve.json and manifest.json)")
 
 
 def is_document(rel: Path) -> bool:
@@ -72,7 +79,7 @@ def pack_run(folder: Path, remove: bool = True) -> dict:
     an unpacked one (every member back in the folder) is packed again."""
     folder = Path(folder)
     dest = folder / ARCHIVE
-    if check_packable(folder):
+    if check_packable(folder, remove=remove):
         return {"archive": dest, "members": None, "removed": []}
     raw = raw_files(folder)
     members = folder_files(folder)
@@ -88,12 +95,13 @@ def pack_run(folder: Path, remove: bool = True) -> dict:
     return {"archive": dest, "members": members, "removed": removed}
 
 
-def check_packable(folder: Path) -> bool:
+def check_packable(folder: Path, remove: bool = True) -> bool:
     """Refuse (naming it) a folder `pack_run` cannot pack; True when it is packed already. Every folder of
-    one `forge pack-run` is checked before the first is packed."""
+    one `forge pack-run` is checked before the first is packed: a symlink loop, not a run folder
+    (RUN_MARKS), a link out of it, and (with `remove`) a raw file that git tracks are refused."""
+    real, root = paths.resolved(folder), paths.ROOT
     if not folder.is_dir():
         raise ForgeError(f"{folder}: not a folder", hint="give a run folder, e.g. reports/e2e/<date>-<device>")
-    real, root = folder.resolve(), paths.ROOT
     if real == root or real in root.parents or (root in real.parents and not any(
             root / d in real.parents for d in ("reports", "build"))):
         where = ("a folder of this checkout outside reports/ and build/" if root in real.parents else
@@ -118,17 +126,40 @@ def check_packable(folder: Path) -> bool:
     if not raw:
         raise ForgeError(f"{paths.rel(folder)}: no raw files to pack (only documents)",
                          hint="a run folder holds runs/, logs/ or per-tier results next to its summary")
+    if not any(is_mark(folder / name) for name, is_mark in RUN_MARKS.items()):
+        marks = [n + ("/" if RUN_MARKS[n] is Path.is_dir else "") for n in RUN_MARKS]
+        raise ForgeError(f"{paths.rel(folder)}: not a run folder (none of {', '.join(marks[:-1])} or {marks[-1]} at "
+                         f"its top level); packing would remove its {len(raw)} raw files", hint=RUN_FOLDER_HINT)
     refuse_links_out(folder)
+    if remove:
+        refuse_tracked(folder, real, raw)
     return False
+
+
+def refuse_tracked(folder: Path, real: Path, raw: list[Path]) -> None:
+    """Refuse (naming the first few) raw files of `folder` (resolved: `real`) that git tracks: packing
+    removes them, and the checkout would show them deleted."""
+    tracked = set(paths.tracked_files(real))
+    hit = [rel for rel in raw if (real / rel).relative_to(paths.ROOT).as_posix() in tracked] if tracked else []
+    if hit:
+        names = ", ".join(p.as_posix() for p in hit[:3]) + (", ..." if len(hit) > 3 else "")
+        raise ForgeError(f"{paths.rel(folder)}: {len(hit)} of its raw files are tracked by git ({names}); packing "
+                         "would remove them from the checkout; nothing was packed",
+                         hint=f"pack a copy (cp -r {paths.rel(folder)} /tmp/{real.name}; forge pack-run "
+                              f"/tmp/{real.name}), or untrack them first (git rm --cached) and commit raw.tgz in their place")
 
 
 def refuse_links_out(folder: Path) -> None:
     """Refuse (naming it) a symbolic link under `folder` whose target lies outside it: packing would copy
     a file from elsewhere on the machine into the record (and the removal would leave the link)."""
-    top = folder.resolve()
+    top = paths.resolved(folder)
     for p in sorted(folder.rglob("*")):
         if p.is_symlink():
-            target = p.resolve()
+            try:
+                target = paths.resolved(p)
+            except ForgeError:
+                raise ForgeError(f"{paths.rel(p)}: a symlink loop (a link that leads back to itself); nothing was "
+                                 "packed", hint="a record holds its own files: remove the link") from None
             if target != top and top not in target.parents:
                 raise ForgeError(f"{paths.rel(p)}: a link to {os.readlink(p)}, outside the run folder; nothing was "
                                  "packed", hint="a record holds its own files: replace the link by a copy of what "
@@ -165,7 +196,7 @@ def unpack_run(folder: Path, to: Path | None = None, force: bool = False) -> lis
     if not src.is_file():
         raise ForgeError(f"{paths.rel(src)} not found", hint="give a run folder that holds raw.tgz")
     dest = folder
-    if to is not None and Path(to).resolve() != folder.resolve():
+    if to is not None and paths.resolved(Path(to), "--to") != folder.resolve():
         dest = paths.target_folder(str(to), "--to", outside_checkout=True,
                                    hint=f"leave --to out to unpack in place, or give a folder outside the checkout, "
                                         f"e.g. --to /tmp/{folder.name}")
@@ -217,7 +248,7 @@ def read_hint(folder: Path, hint: str) -> str:
 
 def cmd_pack_run(args) -> int:
     for folder in args.folders:
-        check_packable(Path(folder))
+        check_packable(Path(folder), remove=not args.keep_raw)
     for folder in args.folders:
         r = pack_run(Path(folder), remove=not args.keep_raw)
         if r["members"] is None:
@@ -237,7 +268,10 @@ def cmd_unpack_run(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("pack-run", help="pack a recorded run folder's raw files into its raw.tgz",
                        description="Pack each FOLDER's raw files into FOLDER/raw.tgz and remove them (--keep-raw "
-                                   "leaves them); the documents stay beside it.\n\n" + __doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+                                   "leaves them); the documents stay beside it. A FOLDER must be a run folder (at "
+                                   "its top level summary.json, runs/, serve.json, manifest.json or prefill-profile/), "
+                                   "and a raw file git tracks is never removed: such a folder is refused, nothing "
+                                   "packed.\n\n" + __doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("folders", nargs="+", metavar="FOLDER", help="run folder(s), e.g. reports/e2e/<date>-<device>")
     p.add_argument("--keep-raw", action="store_true", help="write raw.tgz but leave the raw files in place")
     p.set_defaults(func=cmd_pack_run)
