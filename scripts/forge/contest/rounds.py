@@ -264,8 +264,11 @@ def check_settings(rnd: Round, values: Mapping[str, Any], where: str = "settings
     if topo not in rnd.topologies:
         allowed = " or ".join(f"TP={t}/DP={d}" for t, d in rnd.topologies)
         rule = next((u.rule for u in rnd.unlocked if u.key == "tensor_parallel_size"), rnd.organizers_rule)
-        raise ForgeError(f"{where}: TP={topo[0]}/DP={topo[1]} is not a topology of the {rnd.name} round ({allowed}): "
-                         f"{_cite(rule, rules)}", hint=f"set TP x DP to {allowed}")
+        tp, dp = ((sources or {}).get(k) or "the baseline" for k in ("tensor_parallel_size", "data_parallel_size"))
+        envs, said = [v[4:] for v in (tp, dp) if v.startswith("env ")], f" (TP from {tp}, DP from {dp})" if sources else ""
+        raise ForgeError(f"{where}: TP={topo[0]}/DP={topo[1]}{said} is not a topology of the "
+                         f"{rnd.name} round ({allowed}): {_cite(rule, rules)}",
+                         hint=f"set TP x DP to {allowed}" + (f" (unset or change {' and '.join(envs)})" if envs else ""))
     if s.max_num_batched_tokens < s.max_num_seqs:
         u = rnd.unlocked_option("--max-num-batched-tokens")
         said = {k: f" ({v})" for k, v in (sources or {}).items() if v}
