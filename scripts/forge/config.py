@@ -111,6 +111,20 @@ def _unique_keys_loader(yaml):
     return Loader
 
 
+def written_values(path: Path) -> dict:
+    """A YAML mapping's values as the file writes them, for a file load_yaml has read: {key: text} for
+    an unquoted scalar, {key: None} for anything else (a quoted string, a list, a mapping). YAML 1.1
+    reads `1_000`, `0x10` and `1:30` as numbers; a reader that holds a file's numbers to the command
+    line's rule (options.parse_number) reads this text instead of the loaded value."""
+    import yaml  # lazy: as load_yaml, for the bootstrap step
+
+    node = yaml.compose(Path(path).read_bytes().decode("utf-8"), Loader=yaml.SafeLoader)
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {k.value: v.value if isinstance(v, yaml.ScalarNode) and v.style is None else None
+            for k, v in node.value if isinstance(k, yaml.ScalarNode)}
+
+
 def _tname(t: Any) -> str:
     if isinstance(t, dict):
         return "mapping"

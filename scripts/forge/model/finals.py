@@ -198,15 +198,33 @@ def with_planned(space: Iterable[Config] | Mapping[str, list], prompts: list[int
     return list(out.values())
 
 
+def finite(v) -> bool:
+    """A metric that is a number the SLA can be held to (not NaN, not infinite, not missing text)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def sla_check(pred: dict, baseline: Mapping, ratio: float = SLA_RATIO) -> list[str]:
+    """The SLA limits `pred` breaks, [] for none. A tok/s, P99 or limit that is no finite number breaks
+    it: a time past the float range is no time (inf - inf is NaN, and NaN > limit is false)."""
     why = []
     if pred["failed"]:
         why.append(f"{pred['failed']} request(s) never fit the KV cache")
+    if not finite(pred.get("tok_s")):
+        why.append(f"tok/s {pred.get('tok_s')!r} is no finite number")
     for key, name in (("ttft_p99_ms", "TTFT P99"), ("tpot_p99_ms", "TPOT P99")):
         lim, v = baseline.get(key), pred.get(key)
-        if lim and v is not None and v > ratio * lim:
+        if v is not None and not finite(v):
+            why.append(f"{name} {v!r} ms is no finite time")
+        elif lim is not None and not finite(lim):
+            why.append(f"the baseline's {name} {lim!r} ms is no finite time")
+        elif lim and v is not None and v > ratio * lim:
             why.append(f"{name} {v:.0f} ms > {ratio:g} x baseline {lim:.0f} ms")
     return why
+
+
+def _rank_key(p: dict) -> tuple:
+    """Inside the SLA first, then the most tok/s; a tok/s that is no number last (it does not sort)."""
+    return (not p["sla_ok"], -p["tok_s"] if finite(p["tok_s"]) else math.inf)
 
 
 def rank_configurations(tier: str, space: Iterable[Config] | Mapping[str, list], requests: list[tuple[int, int]],
@@ -223,7 +241,7 @@ def rank_configurations(tier: str, space: Iterable[Config] | Mapping[str, list],
         p.update(tier=tier, sla_ok=not why, why=why,
                  lift=(p["tok_s"] / base["tok_s"] - 1) if base.get("tok_s") else None)
         ranked.append((cfg, p))
-    ranked.sort(key=lambda cp: (not cp[1]["sla_ok"], -cp[1]["tok_s"]))
+    ranked.sort(key=lambda cp: _rank_key(cp[1]))
     return ranked
 
 
@@ -232,15 +250,22 @@ def pick(preds: list[dict], limits: Mapping, margin: float = PICK_MARGIN, tie: f
     the one that uses the least of its SLA limits (the larger of TTFT P99 / limit and TPOT P99 / limit)."""
     if not preds:
         raise ForgeError("no configuration to pick from")
-    safe = [p for p in preds if not sla_check(p, limits, SLA_RATIO * (1 - margin))]
-    inside = [p for p in preds if not sla_check(p, limits)]
+    # a row whose tok/s or latency is no finite number is never picked, not even as the fastest
+    usable = [p for p in preds if finite(p.get("tok_s"))
+              and all(p.get(k) is None or finite(p[k]) for k in ("ttft_p99_ms", "tpot_p99_ms"))]
+    if not usable:
+        raise ForgeError(f"none of the {len(preds)} configuration(s) has a finite tok/s, TTFT P99 and TPOT P99 "
+                         "to pick from", hint="the build's speed-ups leave the model no finite time: give factors "
+                                              "nearer 1")
+    safe = [p for p in usable if not sla_check(p, limits, SLA_RATIO * (1 - margin))]
+    inside = [p for p in usable if not sla_check(p, limits)]
     pool, rule = ((safe, f"inside the SLA with {margin:.0%} headroom") if safe else
-                  (inside, "inside the SLA (none with headroom)") if inside else (list(preds), "fastest (none inside the SLA)"))
+                  (inside, "inside the SLA (none with headroom)") if inside else (usable, "fastest (none inside the SLA)"))
     best = max(p["tok_s"] for p in pool)
 
     def parts(p: dict) -> list[float]:
         return [p[k] / (SLA_RATIO * limits[k]) for k in ("ttft_p99_ms", "tpot_p99_ms")
-                if limits.get(k) and p.get(k) is not None] or [0.0]
+                if limits.get(k) and finite(limits[k]) and p.get(k) is not None] or [0.0]
 
     chosen = min((p for p in pool if p["tok_s"] >= (1 - tie) * best),
                  key=lambda p: (round(max(parts(p)), 2), sum(parts(p)), -p["tok_s"]))

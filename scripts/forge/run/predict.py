@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .. import options as opts
 from .. import paths, records, ui
-from ..config import load_yaml
+from ..config import load_yaml, written_values
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from . import archive, predict_calibration, predict_final, results, runs, score, synth
@@ -35,12 +35,15 @@ from .timemodel import (
     COMPONENTS,
     DECODE,
     PREFILL,
+    SPEEDUP_HINT,
+    SPEEDUP_RANGE,
     check_speedups,
     predict_from_components,
     predict_from_ratios,
     predict_from_times,
     print_table,
     score_prediction,
+    speedup_problem,
 )
 
 # --- measured ratios from run folders -------------------------------------------------------------
@@ -164,6 +167,9 @@ def write_outputs(out: Path, label: str, how: str, pred: dict, res: dict, inputs
 # --- command line --------------------------------------------------------------------------------
 
 def parse_speedups(items: list[str], file: str | None) -> dict:
+    """The speed-ups of --speedups FILE and each --speedup NAME=FACTOR, every factor a number in plain
+    digits (options.parse_number, the file's as written: YAML's 1_000 or 0x10 is no number here) within
+    the plausible range (timemodel.SPEEDUP_RANGE), refused naming where it came from."""
     sp: dict = {}
     if file is not None:
         data = load_yaml(Path(file))
@@ -171,11 +177,26 @@ def parse_speedups(items: list[str], file: str | None) -> dict:
             raise ForgeError(f"{file}: " + ("holds no speed-ups" if data in ({}, None) else
                                             "expected a mapping of component: factor"),
                              hint="e.g. a line `prefill_attn: 10` per component (1 = unchanged)")
-        sp.update(data)
+        written = written_values(Path(file))
+        for k, v in data.items():
+            if k not in COMPONENTS:
+                raise ForgeError(f"{file}: key '{k}': unknown component {k!r}",
+                                 hint=f"components: {', '.join(COMPONENTS)}")
+            text = written.get(str(k))
+            f = opts.parse_number(text) if text is not None else None
+            kind = "a list" if isinstance(v, list) else "a mapping" if isinstance(v, dict) else "a string"
+            why = (f"{text!r} is not a number in plain digits (e.g. 1.45)" if f is None and text is not None else
+                   f"{kind}, not a number" if f is None else speedup_problem(f, text))
+            if why:
+                raise ForgeError(f"{file}: key '{k}': {why}", hint=SPEEDUP_HINT)
+            sp[k] = f
     for it in items or []:
         if "=" not in it:
             raise ForgeError(f"--speedup {it!r}: expected NAME=FACTOR", hint="e.g. --speedup prefill_attn=10")
         k, v = it.split("=", 1)
+        if k.strip() not in COMPONENTS:
+            raise ForgeError(f"--speedup {it!r}: unknown component {k.strip()!r}",
+                             hint=f"components: {', '.join(COMPONENTS)}")
         if k.strip() in sp:
             raise ForgeError(f"--speedup {it!r}: {k.strip()} is given twice" + (f" (also in {file})" if file else ""),
                              hint="give each component once")
@@ -184,6 +205,9 @@ def parse_speedups(items: list[str], file: str | None) -> dict:
             raise ForgeError(f"--speedup {it!r}: {v!r} is not a number, so not a finite positive factor (plain "
                              "digits, e.g. 1.45)",
                              hint="e.g. --speedup prefill_attn=10 (10x faster); 1 = unchanged")
+        why = speedup_problem(f, v.strip())
+        if why:
+            raise ForgeError(f"--speedup {it!r}: {why}", hint=SPEEDUP_HINT)
         sp[k.strip()] = f
     return check_speedups(sp)
 
@@ -211,32 +235,40 @@ def e2e_jobs(root: Path, folder: Path, ref_name: str, contest: dict, workload: d
     return jobs
 
 
-# options only one round's prediction reads, with their defaults (the other's silently ignored them)
-FINAL_ONLY = {"outputs": "eos", "kv_dtype": None, "concurrency": None, "max_num_batched_tokens": None,
-              "link": "pcie", "top": 5}
-PRELIMINARY_ONLY = {"run": None, "reference": None, "e2e": None, "check_e2e": None, "ttft_s": None, "tpot_ms": None,
-                    "baseline_name": "official", "label": None}
-# options the final round's prediction reads and --validate does not (it prices its own build on the public
-# runs' settings and requests): given with it, each was silently ignored
-NOT_VALIDATED = {"speedup": None, "speedups": None, "calibration": None, **FINAL_ONLY}
+# Options only one round's prediction reads (the other silently ignored them), and those the final
+# round's prediction reads and --validate does not (it prices its own build on the public runs' settings
+# and requests). Each defaults to None, so one given is refused whatever its value (its default too);
+# DEFAULTS holds the real defaults, set once the check has passed (`--help` shows them).
+FINAL_ONLY = ("outputs", "kv_dtype", "concurrency", "max_num_batched_tokens", "link", "top")
+PRELIMINARY_ONLY = ("run", "reference", "e2e", "check_e2e", "ttft_s", "tpot_ms", "baseline_name", "label")
+NOT_VALIDATED = ("speedup", "speedups", "calibration", *FINAL_ONLY)
+DEFAULTS = {"outputs": "eos", "link": "pcie", "top": 5, "baseline_name": "official"}
+
+
+def given_options(args, dests) -> list[str]:
+    """The options of `dests` (argparse destinations, each defaulting to None) given on the command line."""
+    return ["--" + d.replace("_", "-") for d in dests if getattr(args, d) is not None]
 
 
 def refuse_other_rounds_options(args) -> None:
-    """An option the round's prediction does not read, given a value, is refused by name."""
+    """An option the round's prediction does not read, given at all, is refused by name; then the
+    options left out take their defaults."""
     final = args.round == "final"
-    other = PRELIMINARY_ONLY if final else FINAL_ONLY
-    given = ["--" + d.replace("_", "-") for d, default in other.items() if getattr(args, d) != default]
+    given = given_options(args, PRELIMINARY_ONLY if final else FINAL_ONLY)
     if given:
         raise ForgeError(f"{', '.join(given)}: not read by the {'final' if final else 'preliminary'} round's prediction"
                          + (" (the finals' time model prices the product from --calibration or --speedup/--speedups)"
                             if final else " (the finals' time model reads them: --round final)"),
                          hint="leave them out" + (", or drop --round final for the preliminary's prediction" if final
                                                    else ", or add --round final"))
-    given = ["--" + d.replace("_", "-") for d, default in NOT_VALIDATED.items() if getattr(args, d) != default]
+    given = given_options(args, NOT_VALIDATED)
     if final and args.validate and given:
         raise ForgeError(f"{', '.join(given)}: not read by --validate (it holds the finals' time model, with its own "
                          "build, settings and requests, against the public figures)",
                          hint="leave them out, or drop --validate for the prediction of the product")
+    for d, v in DEFAULTS.items():
+        if getattr(args, d) is None:
+            setattr(args, d, v)
 
 
 def cmd_predict(args) -> int:
@@ -313,8 +345,10 @@ def register(sub) -> None:
                                        "reference profile's name (default upstream)")
     p.add_argument("--e2e", help="an e2e results folder: predict every profile in its runs/ against the reference")
     p.add_argument("--speedup", action="append", metavar="NAME=FACTOR",
-                   help="component speed-up, repeatable (components: " + ", ".join(COMPONENTS) + ")")
-    p.add_argument("--speedups", metavar="FILE", help="YAML mapping of component: factor")
+                   help="component speed-up, repeatable: how many times faster, from {:g} to {:g} (components: "
+                        .format(*SPEEDUP_RANGE) + ", ".join(COMPONENTS) + ")")
+    p.add_argument("--speedups", metavar="FILE",
+                   help="YAML mapping of component: factor, each written as --speedup takes it (plain digits)")
     p.add_argument("--calibration", metavar="DIR",
                    help="a `forge calibrate` output folder: each component's speed-up from its measured kernels")
     p.add_argument("--check-e2e", metavar="DIR",
@@ -322,9 +356,9 @@ def register(sub) -> None:
                         "side); compares the predicted tok/s ratio per tier with the measured one")
     p.add_argument("--ttft-s", help="mean TTFT per tier in seconds, comma-separated (DCU measurements)")
     p.add_argument("--tpot-ms", help="mean TPOT per tier in ms, comma-separated (with --ttft-s)")
-    p.add_argument("--baseline-name", default="official",
-                   help="baseline set of configs/contest.yaml to score against (default: official, the run the "
-                        "prediction is built on)")
+    p.add_argument("--baseline-name",
+                   help=f"baseline set of configs/contest.yaml to score against (default: {DEFAULTS['baseline_name']}, "
+                        "the run the prediction is built on)")
     p.add_argument("--label", help="name of the prediction, a plain name (default: the run's, the speed-ups' or "
                                    "'given times'); not with --e2e, whose profiles name theirs")
     p.add_argument("--out", help="folder for predict.json, predict.md and predict.png (default build/predict/<label>; "
@@ -342,12 +376,12 @@ def register(sub) -> None:
                    help="with --round final: the model against the public DP2 / DP1 / TP2 figures and the planner "
                         "against the public KV tokens (validation.md/json in --out); it prices its own build, so takes no "
                         "--speedup, --calibration or other option of the model")
-    f.add_argument("--outputs", choices=("eos", "forced"), default="eos",
-                   help="each request's own end-of-text (default) or 1024 forced output tokens")
+    f.add_argument("--outputs", choices=("eos", "forced"),
+                   help=f"each request's own end-of-text (eos) or 1024 forced output tokens (default {DEFAULTS['outputs']})")
     f.add_argument("--kv-dtype", help="KV cache dtypes to consider: bf16, int8 or both (default both)")
     f.add_argument("--concurrency", help=f"client concurrencies to consider (default {predict_final.DEFAULT_CONCURRENCY})")
     f.add_argument("--max-num-batched-tokens",
                    help=f"token budgets to consider (default {predict_final.DEFAULT_BATCHED})")
-    f.add_argument("--link", default="pcie", help="the cards' link for TP2's collectives: pcie (default) or oneshot")
-    f.add_argument("--top", type=opts.count, default=5, help="configurations shown per tier (default 5)")
+    f.add_argument("--link", help=f"the cards' link for TP2's collectives: pcie or oneshot (default {DEFAULTS['link']})")
+    f.add_argument("--top", type=opts.count, help=f"configurations shown per tier (default {DEFAULTS['top']})")
     p.set_defaults(func=cmd_predict)

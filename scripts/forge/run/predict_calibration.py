@@ -35,7 +35,7 @@ from ..records import guard_tracked
 from . import archive, results, runs
 from . import calibration as sel
 from . import calibration_docs as cd
-from .timemodel import COMPONENTS, predict_from_components, print_table, score_prediction
+from .timemodel import COMPONENTS, predict_from_components, print_table, score_prediction, speedup_problem
 
 ATTN_LAYERS = 16
 CHUNK = 4096
@@ -124,19 +124,26 @@ class Kernels:
         return ATTN_LAYERS * self._interp(self.dec_ch if ours else self.dec_up, ctx) / 1000
 
 
-def _ratio(up: float, ours: float, decision: str) -> float:
-    """upstream time / ours, both positive: a fit that prices the tier's work at no time or less names
-    its decision (the measured times do not follow the work)."""
+def _ratio(up: float, ours: float, decision: str, comp: str, tier: str, source: str) -> float:
+    """upstream time / ours, both positive, within the plausible range of a speed-up
+    (timemodel.SPEEDUP_RANGE): a fit that prices the tier's work at no time or less, or a factor past
+    the range (a damaged record: the model's times would leave the float range), names its decision."""
+    redo = "(forge calibrate --out FOLDER --force --redo FAMILY)"
     if not (up > 0 and ours > 0 and math.isfinite(up / ours)):
-        raise ForgeError(f"{decision}: the times fitted to the calibration's points price the tier's work at "
+        raise ForgeError(f"{source}: {decision}: the times fitted to the calibration's points price the tier's work at "
                          f"{up:.3g} s upstream and {ours:.3g} s ours; both must be positive",
-                         hint="the measured times do not grow with the work: measure the family again "
-                              "(forge calibrate --out FOLDER --force --redo FAMILY)")
+                         hint=f"the measured times do not grow with the work: measure the family again {redo}")
+    why = speedup_problem(up / ours, f"{up / ours:.3g}")
+    if why:
+        raise ForgeError(f"{source}: {decision}: the speed-up of {comp} at tier {tier} ({up:.3g} upstream / {ours:.3g} "
+                         f"ours): {why}", hint=f"no kernel change comes near that: the records are damaged or were "
+                                               f"measured wrong; measure the family again {redo}")
     return up / ours
 
 
-def factors(doc: dict, records: list[dict], workload: dict) -> dict:
-    """{tier: {component: {"factor", "label", "how"}}} for every component of the DCU time model."""
+def factors(doc: dict, records: list[dict], workload: dict, source: str = "the calibration") -> dict:
+    """{tier: {component: {"factor", "label", "how"}}} for every component of the DCU time model; a
+    factor that is no plausible speed-up is refused naming `source` (the folder as the user gave it)."""
     k = Kernels(doc, records)
     dev = doc.get("device", {})
     on_card = str(dev.get("arch", "")).startswith("gfx936")
@@ -150,17 +157,18 @@ def factors(doc: dict, records: list[dict], workload: dict) -> dict:
         if "prefill_attn" in k.have:
             up = sum(k.prefill_s(s, False) for s, _ in reqs)
             ours = sum(k.prefill_s(s, True) for s, _ in reqs)
-            f["prefill_attn"] = {"factor": _ratio(up, ours, "prefill.16bit"), "label": where,
+            f["prefill_attn"] = {"factor": _ratio(up, ours, "prefill.16bit", "prefill_attn", tier, source), "label": where,
                                  "how": "vLLM unified kernel (16-row tiles) / our chunked-prefill launch, 4096-token "
                                         "chunks of the tier's prompts"}
         if "decode_attn" in k.have:
             up = sum(k.decode_ms(s + n / 2, False) * n for s, n in reqs)
             ours = sum(k.decode_ms(s + n / 2, True) * n for s, n in reqs)
-            f["decode_attn"] = {"factor": _ratio(up, ours, "decode.1.16bit"), "label": where,
+            f["decode_attn"] = {"factor": _ratio(up, ours, "decode.1.16bit", "decode_attn", tier, source), "label": where,
                                 "how": "vLLM unified 3D decode (16 segments) / split-KV decode, batch 1, the tier's "
                                        "contexts"}
         if "gemv" in k.have:
-            f["gemv"] = {"factor": k.gemv_up / k.gemv_ch, "label": where,
+            f["gemv"] = {"factor": _ratio(k.gemv_up, k.gemv_ch, "the gemv decisions", "gemv", tier, source),
+                         "label": where,
                          "how": "platform GEMM / the chosen route of every linear layer at one token, calls per "
                                 "token as weights"}
         if k.gemm:
@@ -289,7 +297,7 @@ def run(args, contest: dict, workload: dict) -> int:
     """Read and check everything (the calibration, the e2e results of --check-e2e), then print and
     write: a damaged input prints no prediction and writes nothing."""
     doc, records = load(Path(args.calibration))
-    fac = factors(doc, records, workload)
+    fac = factors(doc, records, workload, f"--calibration {args.calibration}")
     pred = predict(workload, fac)
     res = score_prediction(contest, workload, pred, args.baseline_name)
     label = args.label or f"calibration-{Path(args.calibration).name}"

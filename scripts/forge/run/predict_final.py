@@ -24,6 +24,7 @@ tokens against the public DCU figures (model/validation.py) and writes that repo
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -35,17 +36,27 @@ from ..model import finals, validation
 from ..model.costs import LINKS, UPSTREAM, Build
 from ..model.shape import KV_DTYPES, load_shape
 from . import final_space, predict_calibration, runs, score
+from .timemodel import SPEEDUP_HINT
 
 INT8 = {"int8_decode_attn": 37 / 47, "int8_prefill_attn": 21.3 / 19.6}
 DEFAULT_CONCURRENCY = "8,10,12,16,24,32"
 DEFAULT_BATCHED = "4096,8192"
 
 
-def _ints(text: str, what: str, rnd: rounds.Round) -> list[int]:
-    """A comma-separated list of whole numbers in plain digits, each within the round's bounds."""
+def _bounds(rnd: rounds.Round, what: str) -> str:
+    """The round's bounds of --concurrency (the client's) or of an unlocked option, as "lo..hi"."""
+    if what == "--concurrency":
+        return "locked" if rnd.concurrency_bounds is None else "{}..{}".format(*rnd.concurrency_bounds[:2])
+    return rnd.unlocked_option(what).bounds()
+
+
+def _ints(text: str, what: str, rnd: rounds.Round, example: str) -> list[int]:
+    """A comma-separated list of whole numbers in plain digits, each within the round's bounds; `example`:
+    a good value of the option (its default) for the fix."""
     vals = [options.parse_whole(x.strip()) for x in text.split(",")]
     if not vals or any(v is None or v < 1 for v in vals):
-        raise ForgeError(f"{what} {text!r}: whole numbers >= 1, comma-separated", hint=f"e.g. {what} 8,10,12")
+        raise ForgeError(f"{what} {text!r}: whole numbers in plain digits within the {rnd.name} round's bounds "
+                         f"({_bounds(rnd, what)}), comma-separated", hint=f"e.g. {what} {example}")
     if len(set(vals)) < len(vals):     # as plan refuses a dtype given twice: its configurations were modelled once
         raise ForgeError(f"{what} {text}: a value given twice (its configurations would be modelled once)",
                          hint="give each value once")
@@ -58,7 +69,7 @@ def product_builds(args, contest: dict, workload: dict, speedups: dict | None) -
     names = [t["name"] for t in contest["tiers"]]
     if args.calibration is not None:
         doc, records = predict_calibration.load(Path(args.calibration))
-        fac = predict_calibration.factors(doc, records, workload)
+        fac = predict_calibration.factors(doc, records, workload, f"--calibration {args.calibration}")
         builds = {t: Build(f"ours ({paths.rel(Path(args.calibration))})", {c: v["factor"] for c, v in fac[t].items()},
                            gemv_rows=4, **INT8, source=f"calibration {args.calibration}") for t in names}
         return builds, {"calibration": str(args.calibration), "factors": fac}
@@ -81,9 +92,9 @@ def predict_final(args, contest: dict, workload: dict, speedups: dict | None) ->
         raise ForgeError(f"--kv-dtype {args.kv_dtype}: a dtype given twice (its configurations would be modelled once)",
                          hint="bf16, int8 or bf16,int8")
     space = {"topology": [tuple(t) for t in rnd.topologies], "kv_dtype": kv,
-             "concurrency": _ints(args.concurrency or DEFAULT_CONCURRENCY, "--concurrency", rnd),
+             "concurrency": _ints(args.concurrency or DEFAULT_CONCURRENCY, "--concurrency", rnd, DEFAULT_CONCURRENCY),
              "max_num_batched_tokens": _ints(args.max_num_batched_tokens or DEFAULT_BATCHED, "--max-num-batched-tokens",
-                                             rnd),
+                                             rnd, DEFAULT_BATCHED),
              "max_num_seqs": [rnd.baseline.max_num_seqs],
              "gpu_memory_utilization": [rnd.baseline.gpu_memory_utilization]}
     tiers = {}
@@ -98,6 +109,8 @@ def predict_final(args, contest: dict, workload: dict, speedups: dict | None) ->
         ui.info(f"{tier}: {len(configs)} configurations ({planned} at the planner's max-num-seqs), {len(reqs)} requests "
                 f"({args.outputs} outputs)")
         ranked = finals.rank_configurations(tier, configs, reqs, builds[tier], base, shape=shape, link=args.link)
+        for _, p in ranked:
+            refuse_no_number(tier, p, builds[tier])
         tiers[tier] = {"baseline": base, "ranked": [p for _, p in ranked], "requests": len(reqs)}
     pooled_base = max(t["baseline"]["tpot_p99_ms"] for t in tiers.values())
     for t in tiers.values():          # the SLA's TPOT limit is pooled: the baseline's largest tier P99
@@ -114,6 +127,18 @@ def predict_final(args, contest: dict, workload: dict, speedups: dict | None) ->
             "baseline_config": finals.FINALS_BASELINE.as_dict(), "tiers": tiers, "score": res,
             "provenance": {"commit": runs.git_commit(), "command": "forge " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                            "model": "scripts/forge/model (capacity, costs, sched, finals)"}}
+
+
+def refuse_no_number(tier: str, pred: dict, build: Build) -> None:
+    """A modelled tok/s or P99 that is no finite number (a time past the float range) is refused, naming
+    the build's speed-ups furthest from 1 first, rather than shown as nan and ranked."""
+    bad = [name for k, name in (("tok_s", "tok/s"), ("ttft_p99_ms", "TTFT P99"), ("tpot_p99_ms", "TPOT P99"))
+           if pred.get(k) is not None and not finals.finite(pred[k])]
+    if bad:
+        sp = sorted(build.speedups.items(), key=lambda kv: -abs(math.log(kv[1])) if kv[1] > 0 else -math.inf)
+        given = ", ".join(f"{c}={v:g}" for c, v in sp if v != 1) or "none"
+        raise ForgeError(f"tier {tier}, {pred['label']}: the model's {', '.join(bad)} is no finite number with the "
+                         f"speed-ups {given} ({build.source})", hint=SPEEDUP_HINT)
 
 
 def reason(pick: dict, ranked: list[dict], base: dict) -> str:

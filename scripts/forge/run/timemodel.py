@@ -103,7 +103,32 @@ def predict_from_components(workload: dict, speedups: dict) -> dict:
     return pred
 
 
+# The speed-ups a user's input may give a component (--speedup, --speedups, a calibration's factors),
+# either way from 1: at most 100x faster, at most 100x slower. The largest shown on the card's
+# components is prefill attention's contiguous flash kernel, 138 vs ~4 TFLOP/s (~35x,
+# model/dcu_time.BEST_PUBLIC); the calibrations under reports/calibration/ give 1.0 to 6.4x (one
+# decision 0.16x to 3.1x); no component's regression comes near 100x. A factor past the range is a
+# typo or a damaged record, and far past it the model's times leave the float range (1e-308: inf - inf,
+# no number at all).
+SPEEDUP_RANGE = (1e-2, 1e2)
+SPEEDUP_HINT = ("a speed-up is how many times faster a component runs (1 = unchanged, 2 = twice as fast), from "
+                f"{SPEEDUP_RANGE[0]:g} to {SPEEDUP_RANGE[1]:g}; e.g. --speedup prefill_attn=10")
+
+
+def speedup_problem(v, text: str | None = None) -> str | None:
+    """What is wrong with a component's speed-up `v` (a finite number within SPEEDUP_RANGE), or None;
+    `text`: the value as the user wrote it, for the message."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+        return f"{v!r} is not a finite positive factor"
+    lo, hi = SPEEDUP_RANGE
+    if not lo <= v <= hi:
+        return f"{text or format(v, 'g')} is outside the plausible range {lo:g} to {hi:g} (at most {hi:g}x faster or slower)"
+    return None
+
+
 def check_speedups(sp: dict) -> dict:
+    """Known components, each a finite positive factor: what the model itself needs (a limit study may
+    go past SPEEDUP_RANGE; the user's inputs are held to it where they are read)."""
     for k, v in sp.items():
         if k not in COMPONENTS:
             raise ForgeError(f"unknown component {k!r} in the speed-ups",
