@@ -73,3 +73,10 @@ def test_bench_all_tiers_counts_and_seconds(tmp_path, args, words):
     with writes_nothing(tmp_path):
         r = forge(tmp_path, "bench-all-tiers", *args)
     refused(r, *words)
+
+
+def test_serve_timeout_of_zero_seconds_is_refused(tmp_path):
+    """--timeout 0 (or below) waited no time for /health; with --dry-run it exited 0."""
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "serve", "--profile", "contest", "--dry-run", "--model", str(tmp_path), "--timeout", "0")
+    refused(r, "--timeout", "'0' is not seconds > 0")

@@ -400,8 +400,10 @@ def register(sub) -> None:
                    help="the tier this server is for (default: $TIER); the final round needs one")
     p.add_argument("--model", help="model directory (default: $MODEL)")
     p.add_argument("--image", help="run in this container image (default: $IMAGE); else the installed wheel")
-    p.add_argument("--dry-run", action="store_true", help="print the checked command and exit")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds to wait for /health (default 1800)")
+    p.add_argument("--dry-run", action="store_true", help="print the command, checked against the contest's rules, "
+                                                            "and exit (the model folder is not looked at)")
+    p.add_argument("--timeout", type=options.number_in(0, 86400, "seconds", "1800", True), default=1800,
+                   help="seconds to wait for /health (default 1800)")
     p.add_argument("--run-id", help="run folder name under reports/runs/ (default: <time>-<profile>)")
     p.add_argument("--shm-size", default="64g", help="container shared memory (default 64g)")
     p.add_argument("--vllm", help="how to start vLLM natively, e.g. 'python3 -m vllm.entrypoints.cli.main' "
