@@ -108,12 +108,16 @@ def test_refusals_name_the_record_and_write_nothing(tmp_path):
         (run_folder(tmp_path, "zerolog", START, log="INFO GPU KV cache size: 0 tokens\n"), [], "0 tokens"),
         (run_folder(tmp_path, "badtokens", START, kv_cache={"tokens": {"0": "28,224"}}), [], "kv_cache.tokens"),
         (run_folder(tmp_path, "zerotokens", START, kv_cache={"tokens": {"0": 0}}), [], "kv_cache.tokens"),
+        # a 30-digit count was printed as the rank's report
+        (run_folder(tmp_path, "hugetokens", START, kv_cache={"tokens": {"0": 10 ** 30}}), [], "kv_cache.tokens"),
     ]
     (tmp_path / "nolaunch").mkdir()
     (tmp_path / "nolaunch" / "serve.json").write_text(json.dumps({"profile": "x"}))
     cases.append((tmp_path / "nolaunch", [], "no server command recorded"))
     (tmp_path / "noserve").mkdir()
     cases.append((tmp_path / "noserve", [], "no serve.json"))
+    (tmp_path / "servedir" / "serve.json").mkdir(parents=True)      # said "no serve.json"
+    cases.append((tmp_path / "servedir", [], "serve.json: not a file (a folder)"))
     for d, extra, msg in cases:
         r = forge(tmp_path, "plan", "--against", str(d), *extra, "--out", str(tmp_path / "o"))
         assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, (d.name, r.stderr)

@@ -24,6 +24,7 @@ from ..model.shape import load_shape, served_kv_dtype
 from . import runs, serverlog
 
 TOLERANCE = 0.02          # the planner's stated bound against vLLM's report (±2 %)
+MOST_TOKENS = 10 ** 9      # a KV cache of a billion tokens or more is no card's (the model's 64 KiB per token)
 
 
 def served_config(argv: list[str], where: str) -> dict:
@@ -64,8 +65,8 @@ def _report(rdir: Path, serve: dict, dp: int) -> tuple[dict, str]:
     """{rank: tokens} the run's engines reported, and where it was read."""
     if isinstance(serve.get("kv_cache"), dict) and serve["kv_cache"].get("tokens"):
         tokens = serve["kv_cache"]["tokens"]
-        if not isinstance(tokens, dict) or not all(isinstance(k, str) and k.isdigit() and type(v) is int and v > 0
-                                                   for k, v in tokens.items()):
+        if not isinstance(tokens, dict) or not all(isinstance(k, str) and k.isdigit() and type(v) is int and
+                                                   0 < v < MOST_TOKENS for k, v in tokens.items()):
             raise ForgeError(f"{paths.rel(rdir / 'serve.json')}: kv_cache.tokens is not a map of data-parallel rank to a "
                              f"token count ({str(tokens)[:80]})", hint="serve the run again (forge serve records it)")
         return serve["kv_cache"], "serve.json"
@@ -88,6 +89,10 @@ def _report(rdir: Path, serve: dict, dp: int) -> tuple[dict, str]:
 def check(run: str, card: str = "dcu") -> dict:
     rdir = runs.resolve_run(run)
     spath = rdir / "serve.json"
+    if spath.is_dir() or (spath.exists() and not spath.is_file()):
+        raise ForgeError(f"{paths.rel(spath)}: not a file (a {'folder' if spath.is_dir() else 'special file'}), where "
+                         "the record of the server a run was served with is read", hint="give a run folder `forge "
+                         "serve` or `forge e2e-gpu` wrote (reports/runs/<id>, or <e2e folder>/runs/<profile>)")
     if not spath.is_file():
         raise ForgeError(f"{paths.rel(rdir)}: no serve.json (the record of the server a run was served with)",
                          hint="give a run folder `forge serve` or `forge e2e-gpu` wrote (reports/runs/<id>, "
