@@ -13,6 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import FIXTURE_RUNS, SUPPORT, fake_server, forge, tier_files, tiny_model  # noqa: E402
 
+from forge.contest import rounds, rules  # noqa: E402
+
 REPLAY = f"{sys.executable} {SUPPORT / 'replayclient.py'}"
 TIERS = ("4-8K", "8-16K", "16-32K")
 FINALS = {"4-8K": 80, "8-16K": 70, "16-32K": 60}          # contest-facts "The final round": requests per tier
@@ -123,12 +125,19 @@ def test_a_bad_concurrency_is_refused_before_anything_runs(tmp_path, model, data
 # --- score --round final -----------------------------------------------------------------------------
 
 def _final_run(tmp_path, name, src):
-    """A copy of a fixture run recorded as a final-round run."""
+    """A copy of a fixture run recorded as a final-round run at the finals' baseline configuration (each tier's
+    server values as forge serve records them, the client at the baseline's concurrency)."""
     d = tmp_path / name
     shutil.copytree(FIXTURE_RUNS / src, d)
     m = json.loads((d / "manifest.json").read_text())
     m["round"] = "final"
+    base = rounds.load_round(rules.load_contest(), "final").baseline.as_dict()
+    m["servers_by_tier"] = {t: {"round": "final", "tier": t, "settings": base, "sources": {k: "baseline" for k in base}}
+                            for t in TIERS}
     (d / "manifest.json").write_text(json.dumps(m))
+    for t in TIERS:
+        res = json.loads((d / f"{t}.json").read_text())
+        (d / f"{t}.json").write_text(json.dumps({**res, "max_concurrency": base["concurrency"]}))
     return d
 
 

@@ -14,6 +14,25 @@ from . import synth
 from .runs import count_lines, tier_done
 
 
+def check_data_dir(data_dir: str | None, tiers: list[dict]) -> dict[str, Path]:
+    """DATA_DIR's official file of each tier (none without DATA_DIR): a folder holding every tier's file. A
+    missing folder, a file, or a tier file missing from it is refused naming it, before anything runs."""
+    if not data_dir:
+        return {}
+    hint = "DATA_DIR must hold the official tier files; leave it unset for synthetic data"
+    folder = Path(data_dir)
+    if not folder.is_dir():
+        raise ForgeError(f"DATA_DIR {data_dir}: " + ("a file, not a folder" if folder.exists() else "no such folder"),
+                         hint=f"give the folder holding the official tier files ({', '.join(t['file'] for t in tiers)}); "
+                              "leave DATA_DIR unset for synthetic data")
+    files = {}
+    for t in tiers:
+        files[t["name"]] = folder / t["file"]
+        if not files[t["name"]].is_file():
+            raise ForgeError(f"DATA_DIR {data_dir}: the tier file {t['file']} is missing", hint=hint)
+    return files
+
+
 def datasets(contest: dict, tiers: list[dict], data_dir: str | None, model: str | None, rdir: Path,
              num_prompts: int | None, manifest: dict, save) -> dict:
     """Each tier's dataset record (the manifest's "datasets"). A tier with a complete result keeps
@@ -22,15 +41,13 @@ def datasets(contest: dict, tiers: list[dict], data_dir: str | None, model: str 
     at once (`save()` writes the manifest), so an interrupted run keeps what it built."""
     recorded = manifest.get("datasets") or {}
     out, todo, workload = {}, [], None
+    files = check_data_dir(data_dir, tiers)
     for t in tiers:                      # first what can be checked without building anything
         name = t["name"]
         prev = recorded.get(name)
         done = bool(prev) and tier_done(rdir, name)
         if data_dir:
-            path = Path(data_dir) / t["file"]
-            if not path.is_file():
-                raise ForgeError(f"DATA_DIR {data_dir}: the tier file {t['file']} is missing",
-                                 hint="DATA_DIR must hold the official tier files; leave it unset for synthetic data")
+            path = files[name]
             n = num_prompts or t["num_prompts"] or count_lines(path)
             out[name] = {"kind": "official", "path": str(path.resolve()), "num_prompts": n,
                          "sha256": sha256_file(path)}

@@ -27,7 +27,7 @@ from .. import options, paths, records
 from ..contest import rounds
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from . import results, runs, score
+from . import final_baseline, results, runs, score
 from .final_space import KV_DTYPES, Candidate
 
 TIER_SCORE = "tier-score.json"
@@ -41,7 +41,8 @@ def tier_env_path(arg: str | None = None) -> Path:
 
 def baseline_tiers(run: Path, contest: dict, round_name: str, tiers: list[str]) -> dict:
     """{tier: {tok_s, ttft_p99_ms, tpot_limit_base_ms, tpot_from}} of a baseline run of `round_name`
-    holding every tier in `tiers`; a run of another round, or one missing a tier, is refused."""
+    holding every tier in `tiers`; a run of another round, one missing a tier, or one not served and measured
+    at the round's baseline configuration (final_baseline) is refused."""
     loaded = score.load_run(run, contest, partial=True)
     if loaded["round"] != round_name:
         raise ForgeError(f"baseline run {run.name} was measured in the {loaded['round']} round; the sweep is of the "
@@ -51,6 +52,8 @@ def baseline_tiers(run: Path, contest: dict, round_name: str, tiers: list[str]) 
     if missing:
         raise ForgeError(f"baseline run {run.name} has no result for tier(s) {', '.join(missing)}",
                          hint=f"finish it: forge bench-all-tiers --round {round_name} --run-id {run.name}")
+    if round_name != rounds.DEFAULT_ROUND:
+        final_baseline.check_run(run, rounds.load_round(contest, round_name), tiers, loaded["harness"])
     pooled = loaded["tpot_p99_pooled_ms"]
     out = {}
     for t in tiers:
@@ -96,6 +99,34 @@ def tier_score(contest: dict, rdir: Path, tier: str, base: dict) -> dict:
             "baseline": base["run"], "run": str(rdir), "harness": loaded["harness"]}
 
 
+def finite(v) -> bool:
+    """A finite number (not a bool): what a record's tok/s, lift and score must be."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def read_tier_score(path: Path, tier: str) -> dict:
+    """A configuration's tier score (tier_score's record, `tier-score.json`), checked as the sweep reads it on
+    a resume: an object of `tier`, its tok/s, lift and contribution finite numbers, what zeroed it a list of
+    reasons, its baseline a run. A damaged one is refused naming the file and key: a NaN was picked as the
+    winner and written into the tier-environment file."""
+    d = runs.read_json(path)
+    hint = (f"delete it: the resume scores the configuration again from its result ({tier}.json beside it; delete "
+            "that too to measure it again), or start a new sweep (omit --sweep-id)")
+    if not isinstance(d, dict):
+        raise ForgeError(f"{paths.rel(path)}: a JSON {type(d).__name__}, not a tier score (an object)", hint=hint)
+    checks = (("tier", lambda v: v == tier, f"the tier {tier!r}"), ("tok_s", finite, "a finite number"),
+              ("lift", finite, "a finite number"), ("contribution", finite, "a finite number"),
+              ("zeroed_by", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of reasons"),
+              ("baseline", lambda v: isinstance(v, str) and v != "", "the baseline run"),
+              ("harness", lambda v: isinstance(v, bool), "true or false"))
+    for key, ok, want in checks:
+        if key not in d:
+            raise ForgeError(f"{paths.rel(path)}: key '{key}' is missing", hint=hint)
+        if not ok(d[key]):
+            raise ForgeError(f"{paths.rel(path)}: key '{key}': {d[key]!r:.60} is not {want}", hint=hint)
+    return d
+
+
 def winner(scored: list[tuple[Candidate, str, dict]]) -> tuple[Candidate, str, dict] | None:
     """The best configuration of a tier: within the SLA, highest contribution, then tok/s; None when
     none is within it."""
@@ -104,6 +135,10 @@ def winner(scored: list[tuple[Candidate, str, dict]]) -> tuple[Candidate, str, d
 
 
 def entry(rnd: rounds.Round, tier: str, cand: Candidate, run_id: str, sweep_id: str, res: dict, profile: str) -> dict:
+    bad = [k for k in ("tok_s", "lift", "contribution") if not finite(res.get(k))]
+    if bad:                     # the tier-environment file's reader refuses it: never written
+        raise ForgeError(f"run {run_id}: tier {tier}'s {', '.join(bad)} {res.get(bad[0])!r:.40} is not a finite number",
+                         hint=f"delete its {TIER_SCORE}: a resume scores the configuration again from its result")
     settings = rounds.check_settings(rnd, cand.settings_values(), where=f"candidate {cand.key}")
     kv = KV_DTYPES[cand.kv_dtype]
     return {"environment": rounds.tier_env(rnd, tier, settings),
@@ -160,7 +195,7 @@ def read_tier_env(path: Path) -> dict:
                              hint="forge sweep --round final writes true (a harness sweep) or false; restore the file")
         for k in ("tok_s", "lift", "score"):       # ENVIRONMENT.md printed a NaN tok/s as "nan output tok/s"
             v = e.get(k)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            if v is not None and not finite(v):
                 raise ForgeError(f"{where}.{k}': {v!r:.60} is not a finite number",
                                  hint="forge sweep --round final writes the winner's measured numbers; restore the file, "
                                       "or move the file away (or give another --tier-env) and run the sweep again")

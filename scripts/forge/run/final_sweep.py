@@ -10,13 +10,14 @@ finals' time model (forge.model.finals.rank_configurations, through final_space'
 the candidate: --base-profile plus the candidate's values), benchmarked with the finals' client at the
 candidate's concurrency and scored against the baseline tier with the SLA (final_pick); the server is
 stopped after each. The baseline is --baseline RUN (a final-round run at the finals' baseline
-configuration, e.g. upstream), or the sweep measures one itself with --baseline-profile P at the round's
-baseline settings, one run per tier.
+configuration, e.g. upstream: its recorded values are checked, final_baseline), or the sweep measures one
+itself with --baseline-profile P at the round's baseline settings, one run per tier.
 
 Each configuration is its own run folder, reports/runs/<sweep>-<tier>-<candidate>; the sweep's record is
 reports/sweeps/<sweep>/sweep.json (the space, the ranking with the model's predictions, each
 configuration's outcome). A rerun with --sweep-id resumes: a configuration with a tier score (or one
-recorded as failed to start) is not run again; one interrupted mid-benchmark resumes its run. The
+recorded as failed to start) is not run again; one interrupted mid-benchmark resumes its run (the record
+and the tier scores kept are checked first, final_resume). The
 winner per tier goes to the tier-environment file (final_pick). With --harness (a GPU machine, random
 weights) the servers are the GPU harness's (final_harness)."""
 
@@ -32,7 +33,7 @@ from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..model import capacity, costs, finals
 from ..model.shape import load_shape
-from . import bench, final_harness, final_pick, final_space, runs, serve, synth
+from . import bench, bench_data, final_harness, final_pick, final_resume, final_space, runs, serve, synth
 from .final_space import Candidate, Ranked
 
 SPACE_OPTIONS = ("topologies", "kv_dtypes", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
@@ -136,49 +137,6 @@ def _measure(prof: Path, tier: str, run_id: str, concurrency: int, kw: dict, con
     return "measured"
 
 
-def _state(sdir: Path, sweep_id: str, record: dict, rnd: rounds.Round) -> dict:
-    """The sweep's record: a new one, or the recorded one when it was started with the same space and
-    settings (a resume); another space under the same id is refused."""
-    sj = sdir / "sweep.json"
-    if not sj.is_file():
-        if sdir.exists() and (not sdir.is_dir() or any(sdir.iterdir())):      # its files would be replaced
-            raise ForgeError(f"{paths.rel(sdir)}: holds files but no sweep record (sweep.json)",
-                             hint="give another --sweep-id (or omit it for a new one), or move that folder away")
-        return {"sweep": sweep_id, **record, "tiers": {}, "created": runs.now_iso()}
-    st = runs.read_json(sj)
-    if not isinstance(st, dict):
-        raise ForgeError(f"{paths.rel(sj)}: not a sweep record", hint="restore it, or start a new sweep (omit --sweep-id)")
-    diff = [k for k in record if st.get(k) != record[k]]
-    if diff:
-        raise ForgeError(f"sweep {sweep_id} was started with other {', '.join(diff)} ({paths.rel(sj)})",
-                         hint="resume it with the same options, or start a new sweep (omit --sweep-id)")
-    _check_tiers(st, sj, rnd)
-    return st
-
-
-def _check_tiers(st: dict, sj: Path, rnd: rounds.Round) -> None:
-    """A resumed record's tiers as the sweep reads them: a damaged or edited one is named, never a traceback,
-    and a configuration it holds is served only as the round allows."""
-    def bad(key: str, what: str) -> ForgeError:
-        return ForgeError(f"{paths.rel(sj)}: key '{key}': {what}", hint="restore it, or start a new sweep (omit --sweep-id)")
-    if not isinstance(st.get("tiers"), dict):
-        raise bad("tiers", "expected an object, tier -> its record")
-    for tier, ts in st["tiers"].items():
-        if tier not in rnd.tier_order or not isinstance(ts, dict) or not isinstance(ts.get("ranking", []), list) \
-                or not isinstance(ts.get("winner") or {}, dict):
-            raise bad(f"tiers.{tier}", "not a tier of the final round with its ranking (a list) and winner")
-        for i, r in enumerate(ts.get("ranking", [])):
-            key = f"tiers.{tier}.ranking[{i}]"
-            nums = [r.get(k) for k in ("tok_s", "score")] + [r["predicted"].get("tok_s")] \
-                if isinstance(r, dict) and isinstance(r.get("predicted"), dict) else ["x"]
-            if any(v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))) for v in nums) \
-                    or not isinstance(r.get("outcome", ""), str):
-                raise bad(key, "not a ranked configuration (candidate, predicted, outcome, tok/s, score)")
-            cand = final_space.from_record(rnd, r.get("candidate"), f"{paths.rel(sj)}: key '{key}.candidate'")
-            if r.get("key") != cand.key:
-                raise bad(f"{key}.key", f"{r.get('key')!r} is not its configuration's name ({cand.key})")
-
-
 def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, sweep_id: str | None = None,
                 baseline: str | None = None, baseline_profile: str | None = None, base_profile: str = "contest",
                 space_args: dict | None = None, ranker: Callable | None = None, model_build: str = "best-public",
@@ -201,7 +159,12 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
         raise ForgeError(f"--tiers: {', '.join(twice)} given twice", hint="name each tier once")
     if top < 1:
         raise ForgeError(f"--top {top}: at least one configuration per tier is served", hint="--top 3")
-    if bool(baseline) == bool(baseline_profile):
+    if baseline and baseline_profile:
+        raise ForgeError("--baseline and --baseline-profile both given; give one: --baseline RUN takes a measured "
+                         "baseline, --baseline-profile P measures one in the sweep",
+                         hint=f"drop --baseline-profile {baseline_profile} to score against run {baseline}, or drop "
+                              "--baseline to measure the baseline")
+    if not baseline and not baseline_profile:
         raise ForgeError("the final round's baseline figures are unpublished: give --baseline RUN (a final-round run "
                          "at the finals' baseline configuration) or --baseline-profile P (the sweep measures it), one",
                          hint="e.g. --baseline-profile upstream (same-run upstream at TP2, 128 / 4096 / 0.95, "
@@ -216,13 +179,15 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
         paths.plain_name(name, "profile")
         profiles.load_profile(name, contest, rnd=rnd)      # there and valid, before the sweep is written
     sweep_id = runs.check_run_id(sweep_id) if sweep_id else runs.new_run_id("final-sweep", root=sweeps_root())
+    data_dir = data_dir or os.environ.get("DATA_DIR") or None         # as bench-all-tiers reads it
+    bench_data.check_data_dir(data_dir, [t for t in contest["tiers"] if t["name"] in tiers])
     _refuse_env_overrides(rnd, tiers)
     out_file = final_pick.tier_env_path(tier_env)
     final_pick.refuse_recorded(out_file, tiers, sweep_id, force)
     base_run = runs.resolve_run(baseline) if baseline else None
-    base_metrics = final_pick.baseline_tiers(base_run, contest, "final", tiers) if base_run else None
-    if base_run:
+    if base_run:            # the cache a harness sweep gives its servers on purpose first, then the values
         final_harness.check_baseline_run(hs, base_run, rnd.baseline.as_dict())
+    base_metrics = final_pick.baseline_tiers(base_run, contest, "final", tiers) if base_run else None
     if base_metrics and any(m["harness"] != harness for m in base_metrics.values()):
         raise ForgeError(f"baseline run {base_run.name} is {'' if not harness else 'not '}a harness run (random "
                          f"weights); this sweep is {'' if harness else 'not '}one: a run is scored only against a "
@@ -237,7 +202,8 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
     if not (Path(model) / "config.json").is_file():
         raise ForgeError(f"--model {model}: no config.json there, so no server can load it",
                          hint="pass the model's folder (the one holding config.json), e.g. build/gpu-bundle/model")
-    st = _state(sdir, sweep_id, record, rnd)
+    st = final_resume.state(sdir, sweep_id, record, rnd)
+    final_resume.check_scores(st, sweep_id, tiers, top)
     _refuse_short_cards(rnd, cands, baseline_profile)     # the machine last: the inputs' own refusals first
     rank = ranker or model_ranker(contest, rnd, model_build)
     kw = dict(model=model, image=image, vllm_cmd=vllm_cmd, port=port, timeout=timeout, shm_size=shm_size,
@@ -279,7 +245,7 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
             cand = Candidate(**{k: r["candidate"][k] for k in r["candidate"]})
             run_id = f"{sweep_id}-{tier}-{cand.key}"
             rdir = runs.run_dir(run_id, create=False)
-            res_file = rdir / final_pick.TIER_SCORE
+            res_file = final_resume.score_file(sweep_id, tier, cand.key)
             if r.get("outcome", "").startswith("failed to start"):
                 ui.info(f"tier {tier} {i}/{top}: {cand.label}: {r['outcome']} (recorded; not retried)")
                 continue
@@ -299,7 +265,7 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
                     runs.write_json(res_file, final_pick.tier_score(contest, rdir, tier, base_metrics[tier]))
             else:
                 ui.info(f"tier {tier} {i}/{top}: {cand.label}: already measured in run {run_id}; kept")
-            res = runs.read_json(res_file)
+            res = final_pick.read_tier_score(res_file, tier)
             r.update(run=run_id, outcome="measured", tok_s=res["tok_s"], score=res["contribution"],
                      zeroed_by=res["zeroed_by"])
             save()
@@ -333,7 +299,9 @@ def add_arguments(s) -> None:
                                                       "per tier (default 3)")
     s.add_argument("--sweep-id", help="final: the sweep to write or resume (default: a new one; printed at the start)")
     s.add_argument("--baseline", help="final: a final-round run at the finals' baseline configuration (same-run "
-                                      "upstream) holding the searched tiers")
+                                      "upstream) holding the searched tiers; its recorded server values and each "
+                                      "tier's client concurrency are checked against it (TP2, 128 / 4096 / 0.95, "
+                                      "concurrency 10); not with --baseline-profile")
     s.add_argument("--baseline-profile", help="final: measure the baseline in the sweep: this profile at the round's "
                                               "baseline settings, one run per tier (e.g. upstream)")
     s.add_argument("--base-profile", default="contest", help="final: the profile every candidate extends (default: "

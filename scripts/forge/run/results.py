@@ -1,6 +1,7 @@
 """The one reader of `vllm bench serve` result files (<run>/<tier>.json): every field the tools read
 (score, compare, predict) is type-checked on the way in, so a damaged file is an error naming the
-file and the key, never a crash or a wrong number."""
+file and the key, never a crash or a wrong number. Also the per-request output lengths of two runs
+compared (output_drift)."""
 
 from __future__ import annotations
 
@@ -104,3 +105,19 @@ def mean_times_ms(res: dict, file: str) -> tuple[float, float]:
         raise ForgeError(f"{file}: no completed request with a TTFT and a TPOT",
                          hint="a tier needs requests of at least two output tokens that completed")
     return float(t), float(q)
+
+
+def output_drift(run: dict, base: dict) -> dict:
+    """Per-request output-length differences against a baseline run: greedy decoding should give
+    the same lengths; a drift changes tok/s for reasons unrelated to speed."""
+    out = {}
+    for name, m in run["tiers"].items():
+        a, b = m.get("output_lens"), base["tiers"][name].get("output_lens")
+        if not a or not b:
+            continue
+        n = min(len(a), len(b))
+        diff = [i for i in range(n) if a[i] != b[i]]
+        out[name] = {"compared": n, "differ": len(diff), "requests": diff[:20],
+                     "total_run": sum(a[:n]), "total_baseline": sum(b[:n]),
+                     "count_mismatch": len(a) != len(b)}
+    return out

@@ -20,9 +20,9 @@ from pathlib import Path
 from .. import options, paths, records, ui
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from . import final_client, results, runs
+from . import final_baseline, final_client, results, runs
 from .archive import ARCHIVE
-from .results import check_result, finite_positive, read_result, request_tpots_ms  # noqa: F401
+from .results import check_result, finite_positive, output_drift, read_result, request_tpots_ms  # noqa: F401
 from .score_doc import HARNESS_LABEL, chart, print_run, print_what_if, render_md
 
 # --- metrics from `vllm bench serve` result files ----------------------------------------------
@@ -269,22 +269,6 @@ def score(contest: dict, run: dict, base: dict) -> dict:
             "unchecked": {"ttft_tiers": unchecked, "tpot": tpot_ok is None}}
 
 
-def output_drift(run: dict, base: dict) -> dict:
-    """Per-request output-length differences against a baseline run: greedy decoding should give
-    the same lengths; a drift changes tok/s for reasons unrelated to speed."""
-    out = {}
-    for name, m in run["tiers"].items():
-        a, b = m.get("output_lens"), base["tiers"][name].get("output_lens")
-        if not a or not b:
-            continue
-        n = min(len(a), len(b))
-        diff = [i for i in range(n) if a[i] != b[i]]
-        out[name] = {"compared": n, "differ": len(diff), "requests": diff[:20],
-                     "total_run": sum(a[:n]), "total_baseline": sum(b[:n]),
-                     "count_mismatch": len(a) != len(b)}
-    return out
-
-
 def write_report(contest: dict, rpath: Path, run: dict, base: dict, drift: dict | None,
                  shown: str | None = None, force: bool = False) -> tuple[dict, bool]:
     """Score a loaded run and write score.json, score.md and score.png into its folder; returns the
@@ -350,6 +334,7 @@ def score_run(run: "str | Path", *, baseline: "str | Path | None" = None, baseli
                              hint="score against another run (--baseline RUN), or a configured set (--baseline-name)")
         base = baseline_from_run(bpath, contest)
         check_pairing(loaded, base, f"run {rpath.name}")
+        final_baseline.check_scored(bpath, base, contest)    # a weaker baseline would raise every lift
         drift = output_drift(loaded, base)
     else:
         base = baseline_from_config(contest, baseline_name, loaded["round"])
@@ -373,6 +358,8 @@ def cmd_score(args) -> int:
                 else baseline_from_config(contest, args.baseline_name, rnd))
         run = {"tiers": {n: {"tok_s": v, "completion": 1.0} for n, v in zip(names, vals)}, "round": rnd}
         check_pairing(run, base, "the what-if tok/s")
+        if args.baseline:
+            final_baseline.check_scored(runs.resolve_run(args.baseline), base, contest)
         print_what_if(score(contest, run, base), base)
         return 0
     if not args.run:
@@ -399,7 +386,9 @@ def register(sub) -> None:
                    help="the round the run was measured in (default: the one its manifest records; given, it must "
                         "match). final: the preliminary's formula and SLA checks against a baseline of the final "
                         "round: its figures are unpublished (configs/contest.yaml baselines.sets.final), so give "
-                        "--baseline RUN, a same-run upstream run at the finals' baseline configuration; a run is "
-                        "never scored against a baseline of another round")
+                        "--baseline RUN, a same-run upstream run at the finals' baseline configuration (its server "
+                        "values as forge serve recorded them per tier, and each tier's client concurrency, are checked "
+                        "against configs/contest.yaml rounds.final.baseline; a harness run's own server arguments are "
+                        "not); a run is never scored against a baseline of another round")
     p.add_argument("--force", action="store_true", help="replace a score already recorded in the run folder")
     p.set_defaults(func=cmd_score)
