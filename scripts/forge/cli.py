@@ -44,7 +44,15 @@ class ForgeParser(argparse.ArgumentParser):
         return super()._parse_optional(arg_string)
 
     def add_argument(self, *args, **kw):
-        return self._nonempty(super().add_argument(*args, **_strict_numbers(kw)))
+        return self._once(self._nonempty(super().add_argument(*args, **_strict_numbers(kw))))
+
+    @staticmethod
+    def _once(action):
+        # an option that holds one value, given twice (a Makefile variable and the same option typed): the
+        # parser kept the last and said nothing
+        if type(action) is argparse._StoreAction and action.option_strings:
+            action.__class__ = _StoreOnce
+        return action
 
     def _nonempty(self, action):
         if not self.keep_empty and action.nargs != 0 and action.type is None and action.choices is None:
@@ -57,11 +65,12 @@ class ForgeParser(argparse.ArgumentParser):
         # a group's options follow the parser's rules too (an empty value in a group was taken as omitted)
         group = super().add_argument_group(*args, **kw)
         plain = group.add_argument
-        group.add_argument = lambda *a, **k: self._nonempty(plain(*a, **_strict_numbers(k)))
+        group.add_argument = lambda *a, **k: self._once(self._nonempty(plain(*a, **_strict_numbers(k))))
         return group
 
     def parse_args(self, args=None, namespace=None):
         argv = sys.argv[1:] if args is None else list(args)
+        _GIVEN.clear()
         ns, extra = self.parse_known_args(argv, namespace)
         if extra:
             prog = f"{self.prog} {ns.verb}" if getattr(ns, "verb", None) else self.prog
@@ -71,6 +80,20 @@ class ForgeParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n  fix: `{self.prog} --help` lists its options\n")
+
+
+_GIVEN: dict[int, str] = {}       # the one-value options given in this parse: the action's id -> its first value
+
+
+class _StoreOnce(argparse._StoreAction):
+    """A one-value option given a second time is refused, naming both values (argparse kept the last)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if id(self) in _GIVEN:
+            raise argparse.ArgumentError(self, f"given twice ({_GIVEN[id(self)]!r}, then {values!r}); it takes one "
+                                               "value")
+        _GIVEN[id(self)] = values
+        super().__call__(parser, namespace, values, option_string)
 
 
 def _strict_numbers(kw: dict) -> dict:

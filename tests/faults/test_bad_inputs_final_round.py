@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 from checkout_copy import forge_in, make_checkout, status
-from helpers import ROOT, forge, free_port
+from helpers import ROOT, args_with, forge, free_port
 from project import make_project
 from project import run as run_in
 from test_bad_inputs import refused, writes_nothing
@@ -136,7 +136,7 @@ SWEEP = ["sweep", "--round", "final", "--baseline-profile", "upstream", "--top",
 ])
 def test_a_sweep_value_is_refused_before_the_sweep_is_written(tmp_path, args, words, fix):
     with writes_nothing(tmp_path):
-        r = forge(tmp_path, *SWEEP, "--model", str(tmp_path / "model"), *args)
+        r = forge(tmp_path, *args_with([*SWEEP, "--model", str(tmp_path / "model")], args))
     refused(r, *words)
     assert fix in fix_line(r) and "MAX_NUM_SEQS" not in r.stderr, r.stderr
 

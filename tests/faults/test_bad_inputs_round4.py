@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from checkout_copy import forge_in, make_checkout, status
-from helpers import FIXTURE_RUNS, ROOT, forge
+from helpers import FIXTURE_RUNS, ROOT, args_with, forge
 from test_bad_inputs import member, refused, tgz, writes_nothing
 from test_bad_inputs_records import CAL_ARGS, family_doc, measured_folder
 
@@ -139,7 +139,7 @@ def test_e2e_gpu_without_a_model_or_bundle_is_refused_before_the_results_folder(
 ])
 def test_calibrate_options_are_refused_before_anything_runs(tmp_path, args, words):
     with writes_nothing(tmp_path, ROOT / "configs" / "kernels"):
-        r = forge(tmp_path, "calibrate", "--out", str(tmp_path / "cal"), *CAL_ARGS, *args, timeout=120)
+        r = forge(tmp_path, *args_with(["calibrate", "--out", str(tmp_path / "cal"), *CAL_ARGS], args), timeout=120)
     refused(r, *words)
 
 

@@ -80,3 +80,16 @@ def test_serve_timeout_of_zero_seconds_is_refused(tmp_path):
     with writes_nothing(tmp_path):
         r = forge(tmp_path, "serve", "--profile", "contest", "--dry-run", "--model", str(tmp_path), "--timeout", "0")
     refused(r, "--timeout", "'0' is not seconds > 0")
+
+
+@pytest.mark.parametrize("args,words", [
+    # the second --tier was planned, the first dropped without a word
+    (["plan", "--round", "final", "--tier", "4-8K", "--tier", "8-16K"], ["--tier", "given twice ('4-8K', then '8-16K')"]),
+    (["serve", "--profile", "contest", "--profile", "upstream", "--dry-run", "--model", "m"],
+     ["--profile", "given twice ('contest', then 'upstream')"]),
+    (["predict", "--round", "final", "--speedup", "gemv=1.1", "--link", "pcie", "--link=oneshot"], ["--link", "given twice"]),
+])
+def test_a_one_value_option_given_twice_is_refused(tmp_path, args, words):
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *args)
+    refused(r, *words)

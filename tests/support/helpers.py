@@ -97,6 +97,21 @@ def fake_server(model: Path, port: int | None = None, **env: str):
                 p.wait(timeout=10)
 
 
+def args_with(base: list[str], extra) -> list[str]:
+    """`base` (a verb, options with their values, flags) without the options that `extra` gives again, then
+    `extra`: a one-value option given twice is refused by every verb, so a test's own value replaces the
+    default its helper gives."""
+    given = {t.split("=", 1)[0] for t in extra if t.startswith("--")}
+    out, i = [], 0
+    while i < len(base):
+        group = base[i:i + 2] if base[i].startswith("--") and i + 1 < len(base) and \
+            not base[i + 1].startswith("--") else base[i:i + 1]
+        if group[0].split("=", 1)[0] not in given:
+            out += group
+        i += len(group)
+    return [*out, *extra]
+
+
 def e2e_fake(tmp: Path, *extra: str, env_extra: dict | None = None, timeout: float = 300,
              port: int | None = None) -> tuple[subprocess.CompletedProcess, int, Path]:
     """`forge e2e-gpu` against two fake servers (tests/support/fakeserver.py) with the replay client:
@@ -111,13 +126,12 @@ def e2e_fake(tmp: Path, *extra: str, env_extra: dict | None = None, timeout: flo
     if not model.is_dir():
         gpu_bundle.write_model_dir({"model": {"config": "configs/models/qwen3.5-27b/config.json",
                                               "vocab_size": 248320, "eos_token_id": 248044}}, model)
-    cmd = [sys.executable, "-m", "forge", "e2e-gpu", "--bundle", "", "--model", str(model), "--vllm",
-           f"{sys.executable} {SUPPORT / 'fakeserver.py'}", "--client", f"{sys.executable} {SUPPORT / 'replayclient.py'}",
-           "--first-port", str(port), "--out", str(tmp / "out"), "--pack", str(tmp / "pack" / "e2e.tgz"),
-           *([] if "--num-prompts" in extra else ["--num-prompts", "1"]),
-           # a fake server starts in about a second, not a GPU server's minutes
-           *([] if "--start-guess-s" in extra else ["--start-guess-s", "0"]),
-           *([] if "--profiles" in extra else ["--profiles", "fast-int8,upstream"]), *extra]
+    cmd = [sys.executable, "-m", "forge", *args_with([
+        "e2e-gpu", "--bundle", "", "--model", str(model), "--vllm", f"{sys.executable} {SUPPORT / 'fakeserver.py'}",
+        "--client", f"{sys.executable} {SUPPORT / 'replayclient.py'}", "--first-port", str(port), "--out",
+        str(tmp / "out"), "--pack", str(tmp / "pack" / "e2e.tgz"), "--num-prompts", "1",
+        # a fake server starts in about a second, not a GPU server's minutes
+        "--start-guess-s", "0", "--profiles", "fast-int8,upstream"], extra)]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     return r, port, tmp / "out"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
-from helpers import FIXTURE_RUNS, ROOT, SUPPORT, fake_server, forge, forge_env, tiny_model  # noqa: E402
+from helpers import FIXTURE_RUNS, ROOT, SUPPORT, args_with, fake_server, forge, forge_env, tiny_model  # noqa: E402
 
 from forge.contest import rules as contest  # noqa: E402
 from forge.run import bench, synth  # noqa: E402
@@ -58,8 +58,9 @@ def test_synthetic_prompts_fall_in_the_tier_range(tmp_path, model):
 
 
 def _run_bench(tmp_path, port, model, *extra, env=None, wait=True):
-    cmd = [sys.executable, "-m", "forge", "bench-all-tiers", "--port", str(port), "--model", str(model),
-           "--num-prompts", "2", "--client", REPLAY, "--run-id", "r1", "--profile", "test", *extra]
+    cmd = [sys.executable, "-m", "forge", *args_with(["bench-all-tiers", "--port", str(port), "--model", str(model),
+                                                      "--num-prompts", "2", "--client", REPLAY, "--run-id", "r1",
+                                                      "--profile", "test"], extra)]
     if not wait:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
-from helpers import SUPPORT, forge, free_port, health, probe_bundle, tiny_model  # noqa: E402
+from helpers import SUPPORT, args_with, forge, free_port, health, probe_bundle, tiny_model  # noqa: E402
 
 from forge.contest import rounds, rules  # noqa: E402
 from forge.errors import ForgeError  # noqa: E402
@@ -29,9 +29,10 @@ def model(tmp_path_factory):
 
 
 def _sweep(tmp_path, model, *extra, top="2", env=None):
-    return forge(tmp_path, "sweep", "--round", "final", "--tiers", "4-8K", "--model", str(model), "--vllm", FAKE,
-                 "--client", BENCH, "--port", str(free_port()), "--num-prompts", "2", "--timeout", "30",
-                 "--top", top, "--tier-env", str(tmp_path / "tier-env.json"), *extra, timeout=300,
+    return forge(tmp_path, *args_with(["sweep", "--round", "final", "--tiers", "4-8K", "--model", str(model), "--vllm",
+                                       FAKE, "--client", BENCH, "--port", str(free_port()), "--num-prompts", "2",
+                                       "--timeout", "30", "--top", top, "--tier-env", str(tmp_path / "tier-env.json")],
+                                      extra), timeout=300,
                  **{"CUDA_VISIBLE_DEVICES": "0,1", "FAKE_TTFT_MS": "400", "FAKE_TOKEN_MS": "2", **(env or {})})
 
 
