@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "support"))
-from helpers import fake_server, forge_env, tiny_model  # noqa: E402
+from helpers import args_with, fake_server, forge_env, tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +31,9 @@ def model(tmp_path_factory):
 
 
 def bench(tmp_path, port, model, client, *extra, wait=True):
-    cmd = [sys.executable, "-m", "forge", "bench-all-tiers", "--port", str(port), "--model", str(model),
-           "--num-prompts", "2", "--client", client, "--progress-every", "5", *extra]
+    cmd = [sys.executable, "-m", "forge", *args_with(["bench-all-tiers", "--port", str(port), "--model", str(model),
+                                                      "--num-prompts", "2", "--client", client, "--progress-every",
+                                                      "5"], extra)]
     env = forge_env(tmp_path)
     if not wait:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
