@@ -20,13 +20,13 @@ Written atomically; a tier recorded there by another sweep is replaced only with
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from .. import options, paths, records
 from ..contest import rounds
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
+from ..model.finals import finite
 from . import final_baseline, results, runs, score
 from .final_space import KV_DTYPES, Candidate
 
@@ -97,11 +97,6 @@ def tier_score(contest: dict, rdir: Path, tier: str, base: dict) -> dict:
             "ttft_p99_ms": m["ttft_p99_ms"], "ttft_p99_limit_ms": ttft_lim, "tpot_p99_ms": m["tpot_p99_ms"],
             "tpot_p99_limit_ms": tpot_lim, "completed": m["completed"], "failed": m["failed"],
             "baseline": base["run"], "run": str(rdir), "harness": loaded["harness"]}
-
-
-def finite(v) -> bool:
-    """A finite number (not a bool): what a record's tok/s, lift and score must be."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def read_tier_score(path: Path, tier: str) -> dict:

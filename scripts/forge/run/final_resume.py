@@ -11,6 +11,7 @@ from pathlib import Path
 from .. import paths
 from ..contest import rounds
 from ..errors import ForgeError
+from ..model.finals import finite
 from . import final_pick, final_space, runs
 
 RESTORE = "restore it, or start a new sweep (omit --sweep-id)"
@@ -54,7 +55,7 @@ def check_tiers(st: dict, sj: Path, rnd: rounds.Round) -> None:
             key = f"tiers.{tier}.ranking[{i}]"
             ok = isinstance(r, dict) and isinstance(r.get("predicted"), dict)
             measured, predicted = ([r.get("tok_s"), r.get("score")], r["predicted"].get("tok_s")) if ok else ([], None)
-            if not ok or any(v is not None and not final_pick.finite(v) for v in measured) \
+            if not ok or any(v is not None and not finite(v) for v in measured) \
                     or (predicted is not None and (isinstance(predicted, bool) or not isinstance(predicted, (int, float)))) \
                     or not isinstance(r.get("outcome", ""), str):
                 raise bad(key, "not a ranked configuration (candidate, predicted, outcome, tok/s, score)")
