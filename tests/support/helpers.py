@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -23,10 +24,19 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(SUPPORT))
 
 
+# Test servers listen below Linux's ephemeral range (32768-60999 by default): a port the kernel handed out
+# by bind(0) is one it may give the next outgoing connection of any test running beside this one, before
+# the server started on it binds it (a server then refused "port in use", a flaky test).
+TEST_PORTS = (20000, 32700)
+_ports = random.Random(os.getpid() ^ time.monotonic_ns())
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    for _ in range(200):
+        p = _ports.randrange(*TEST_PORTS)
+        if port_free(p):
+            return p
+    raise RuntimeError(f"no free port in {TEST_PORTS[0]}-{TEST_PORTS[1]}")
 
 
 def port_free(port: int) -> bool:
