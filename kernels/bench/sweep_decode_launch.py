@@ -32,7 +32,8 @@ sys.path.insert(0, os.path.join(REPO, "kernels"))
 import torch  # noqa: E402
 import triton  # noqa: E402
 from calibrate import common as C  # noqa: E402
-from calibrate.attention import DECODE_LAUNCHES, Shape, decode_batch, decode_ref  # noqa: E402
+from calibrate.attention import DECODE_LAUNCHES, Shape  # noqa: E402
+from calibrate.decode_inputs import decode_batch, decode_ref  # noqa: E402
 from forge_triton import split_kv_decode as DEC  # noqa: E402
 
 sys.path.insert(0, HERE)

@@ -11,8 +11,10 @@ tiles are 64 (10 tokens x 6 heads), 128 (21 x 6) and 256 (42 x 6) rows; a 192-ro
 not a Triton shape.
 
 decode: decisions `decode.<batch>.16bit` (bf16 cache, block 784) and `decode.<batch>.int8` (block
-1552) at the round's concurrencies (batch 1, 4, 10, 16), each over the tiers' decode contexts (median
-prompt + 512) and 32K, on one rank's heads (`--tp`: 24/4 at TP1, 12/2 at TP2); candidates: our
+1552) at the requests a rank decodes at once in the rounds (1, 4, 5, 10), each run as the server runs it:
+padded to its CUDA-graph size (`<batch>` = 1, 4, 8, 16; the padding rows of length 0 with block-table
+rows of -1, as vLLM's runner pads them), over the tiers' decode contexts (median prompt + 512) and 32K,
+on one rank's heads (`--tp`: 24/4 at TP1, 12/2 at TP2); candidates: our
 split-KV kernel at each (segments, TILE_N, warps, stages), the segments from a quarter to four times
 its built-in count (`choose_num_segments`), its built-in choice among them, at each launch of the
 cache kind (`DECODE_LAUNCHES`: int8 tiles go to 128 tokens, as many bytes as bf16's 64); the anchor is
@@ -32,6 +34,7 @@ import os
 import sys
 
 from . import common as C
+from .decode_inputs import decode_batch, decode_ref, rotation
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOL = {"16bit": 2e-2, "int8": 3e-2}   # relative Frobenius error of sampled output rows vs float64
@@ -242,52 +245,6 @@ def decode_candidates(is_hip: bool, quick: bool, smoke: bool, builtin: tuple, kv
     return [("upstream", None), ("builtin", tuple(builtin))] + [("ours", g) for g in grid]
 
 
-def decode_batch(torch, sh: Shape, *, batch: int, context: int, kv: str, block: int, gen, seed: int):
-    """`batch` sequences whose contexts spread over [3/4, 1] x `context` (the last one exactly
-    `context`), one query token each, in one paged cache with a random block table."""
-    rng = torch.Generator().manual_seed(seed)
-    lens = [max(1, int(context * (0.75 + 0.25 * float(torch.rand(1, generator=rng))))) for _ in range(batch - 1)]
-    lens.append(context)
-    need = [math.ceil(L / block) for L in lens]
-    nb = sum(need) + 2
-    perm = torch.randperm(nb, generator=rng)
-    bt = torch.zeros(batch, max(need), dtype=torch.int32)
-    pos = 0
-    for i, n in enumerate(need):
-        bt[i, :n] = perm[pos:pos + n].to(torch.int32)
-        pos += n
-    dt = torch.bfloat16 if sh.dev == "cuda" else torch.float32
-    q = torch.randn(batch, sh.hq, sh.d, generator=gen, device=sh.dev).to(dt)
-    ks = vs = None
-    if kv == "int8":
-        kc = torch.randint(-127, 128, (nb, block, sh.hkv, sh.d), generator=gen, device=sh.dev, dtype=torch.int8)
-        vc = torch.randint(-127, 128, (nb, block, sh.hkv, sh.d), generator=gen, device=sh.dev, dtype=torch.int8)
-        ks = torch.rand(nb, sh.hkv, block, generator=gen, device=sh.dev) * 0.03 + 0.002
-        vs = torch.rand(nb, sh.hkv, block, generator=gen, device=sh.dev) * 0.03 + 0.002
-    else:
-        kc = torch.randn(nb, block, sh.hkv, sh.d, generator=gen, device=sh.dev).to(dt)
-        vc = torch.randn(nb, block, sh.hkv, sh.d, generator=gen, device=sh.dev).to(dt)
-    return dict(q=q, kc=kc, vc=vc, ks=ks, vs=vs, bt=bt.to(sh.dev), lens=lens,
-                sl=torch.tensor(lens, dtype=torch.int32, device=sh.dev))
-
-
-def decode_ref(torch, sh: Shape, c, rows: list[int]):
-    """float64 decode attention of the batch's sequences `rows` over what the cache holds."""
-    g = sh.hq // sh.hkv
-    out = []
-    for i in rows:
-        L = c["lens"][i]
-        blocks = c["bt"][i, :math.ceil(L / c["kc"].shape[1])].long()
-        k = c["kc"][blocks].flatten(0, 1)[:L].double()
-        v = c["vc"][blocks].flatten(0, 1)[:L].double()
-        if c["ks"] is not None:
-            k = k * c["ks"][blocks].permute(0, 2, 1).flatten(0, 1)[:L].double().unsqueeze(-1)
-            v = v * c["vs"][blocks].permute(0, 2, 1).flatten(0, 1)[:L].double().unsqueeze(-1)
-        s = torch.einsum("hgd,lhd->hgl", c["q"][i].double().view(sh.hkv, g, sh.d), k) * sh.scale
-        out.append(torch.einsum("hgl,lhd->hgd", torch.softmax(s, -1), v).reshape(sh.hq, sh.d))
-    return torch.stack(out)
-
-
 def run_unified_decode(torch, uni, sh: Shape, c, out, ws, segments: int):
     """vLLM's unified kernel on a decode batch, in its 3D (segmented) mode as the server runs it."""
     B = c["q"].shape[0]
@@ -301,20 +258,10 @@ def run_unified_decode(torch, uni, sh: Shape, c, out, ws, segments: int):
                           softmax_segm_expsum=ws[2])
 
 
-ROTATE_BYTES = 256 << 20
-
-
-def rotation(sh: Shape, batch: int, context: int, kv: str) -> int:
-    """How many disjoint batches a point's timed launches rotate over (1 off the GPU)."""
-    if sh.dev != "cuda":
-        return 1
-    kv_bytes = batch * context * sh.hkv * sh.d * 2 * (1 if kv == "int8" else 2)
-    return max(1, min(8, math.ceil(ROTATE_BYTES / kv_bytes)))
-
-
 def decode_points(smoke: bool, quick: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(batches, contexts): the round's concurrencies (1, 4, 10, 16) and each tier's decode context (its
-    median prompt and half the 1024 output tokens) plus the longest, 32K; the smoke run: two tiny points."""
+    """(batches, contexts): the requests decoding at once (`C.DECODE_BATCHES`: 1, 4, 5, 10; each run
+    padded to its graph size) and each tier's decode context (its median prompt and half the 1024
+    output tokens) plus the longest, 32K; the smoke run: two tiny points, the second padded (3 -> 4)."""
     if smoke:
         return (1, 3), (97,)
     contexts = tuple(sorted({*(p + 512 for p in C.TIER_PROMPTS.values()), C.MAX_CONTEXT}))
@@ -324,9 +271,10 @@ def decode_points(smoke: bool, quick: bool) -> tuple[tuple[int, ...], tuple[int,
 
 
 def decode(torch, args, emit) -> dict:
-    """One decision per batch size, `decode.<batch>.<16bit|int8>`, over the tier contexts, on this
-    rank's heads (--tp): the segment count and launch of our split-KV kernel, against vLLM's unified
-    kernel in its 3D mode (16 segments, as the server runs it)."""
+    """One decision per padded batch size, `decode.<graph batch>.<16bit|int8>`, over the tier contexts,
+    on this rank's heads (--tp): the segment count and launch of our split-KV kernel, against vLLM's
+    unified kernel in its 3D mode (16 segments, as the server runs it), both on the real requests
+    followed by the graph's padding rows."""
     sh = Shape(args.smoke, getattr(args, "heads", None))
     _, dec, uni = kernels(args.kernels)
     is_hip = bool(getattr(torch.version, "hip", None))
@@ -336,22 +284,25 @@ def decode(torch, args, emit) -> dict:
     cus = torch.cuda.get_device_properties(0).multi_processor_count if C.on_gpu(torch) else 16
     for kv, block in (("16bit", C.BLOCK_BF16), ("int8", C.BLOCK_INT8)):
         for B in batches:
-            builtin_s = dec.choose_num_segments(cus, B, sh.hkv, C.MAX_CONTEXT)
+            # the server plans (and looks the table up) per padded size P: the built-in choice is P's
+            P = C.graph_batch(B)
+            builtin_s = dec.choose_num_segments(cus, P, sh.hkv, C.MAX_CONTEXT)
             builtin = (builtin_s, *dec.default_launch_config(torch.int8 if kv == "int8" else torch.bfloat16, sh.d,
-                                                               is_hip, B))
+                                                               is_hip, P))
             cands = decode_candidates(is_hip, args.quick, args.smoke, builtin, kv)
             # a point's launches rotate over disjoint batches (>= ROTATE_BYTES of KV per replay on a GPU):
             # the L2 cache does not hold the next launch's KV at small batches and contexts
             cases = {L: [decode_batch(torch, sh, batch=B, context=L, kv=kv, block=block, gen=gen,
-                                      seed=args.seed + B + L + 7919 * j) for j in range(rotation(sh, B, L, kv))]
+                                      seed=args.seed + B + L + 7919 * j, pad_to=P)
+                         for j in range(rotation(sh, B, L, kv))]
                      for L in contexts}
             check = sorted({0, B - 1})
             refs = {L: decode_ref(torch, sh, cases[L][0], check) for L in contexts}
-            decision = f"decode.{B}.{kv}"
+            decision = f"decode.{P}.{kv}"
             for n, (kind, launch) in enumerate(cands, 1):
                 name = "vLLM unified 3D (16 segments)" if kind == "upstream" else \
                     "segments {} TILE_N {} warps {} stages {}".format(*launch)
-                emit(n, len(cands), f"{decision} ({sh.hq}/{sh.hkv} heads): {name}")
+                emit(n, len(cands), f"{decision} ({B} requests padded to {P}; {sh.hq}/{sh.hkv} heads): {name}")
                 if not led.begin(decision, name, kind, list(launch) if launch else None):
                     continue
                 for L in contexts:
@@ -360,14 +311,14 @@ def decode(torch, args, emit) -> dict:
                         out = torch.full_like(c["q"], float("nan"))
                         outs.append(out)
                         if kind == "upstream":
-                            ws = (torch.empty(B, sh.hq, 16, sh.d, dtype=torch.float32, device=sh.dev),
-                                  torch.empty(B, sh.hq, 16, dtype=torch.float32, device=sh.dev),
-                                  torch.empty(B, sh.hq, 16, dtype=torch.float32, device=sh.dev))
+                            ws = (torch.empty(P, sh.hq, 16, sh.d, dtype=torch.float32, device=sh.dev),
+                                  torch.empty(P, sh.hq, 16, dtype=torch.float32, device=sh.dev),
+                                  torch.empty(P, sh.hq, 16, dtype=torch.float32, device=sh.dev))
 
                             def call(c=c, out=out, ws=ws):
                                 run_unified_decode(torch, uni, sh, c, out, ws, 16)
                         else:
-                            ws = dec.decode_workspace(B, sh.hq, sh.d, launch[0], sh.dev)
+                            ws = dec.decode_workspace(P, sh.hq, sh.d, launch[0], sh.dev)
 
                             def call(c=c, out=out, ws=ws, launch=launch):
                                 dec.split_kv_decode(c["q"], c["kc"], c["vc"], c["bt"], c["sl"], sh.scale, out,
@@ -391,5 +342,7 @@ def decode(torch, args, emit) -> dict:
             if sh.dev == "cuda":
                 torch.cuda.empty_cache()
     return {"records": led.records, "heads": [sh.hq, sh.hkv],
-            "notes": [f"decode at {sh.hq} q / {sh.hkv} KV heads per rank, batches {', '.join(map(str, batches))}, "
-                      f"contexts {', '.join(map(str, contexts))}; launches and segment counts for both cache kinds"]}
+            "notes": [f"decode at {sh.hq} q / {sh.hkv} KV heads per rank, "
+                      f"{', '.join(f'{b} requests padded to {C.graph_batch(b)}' for b in batches)} (the CUDA-graph "
+                      f"sizes the server runs them at), contexts {', '.join(map(str, contexts))}; launches and "
+                      f"segment counts for both cache kinds"]}

@@ -65,8 +65,22 @@ CHUNK = 4096
 TIER_PROMPTS = {"4-8K": 6677, "8-16K": 14156, "16-32K": 21679}
 DECODE_CONTEXTS = (4096, 8192, 16384, 32768)
 BLOCK_BF16, BLOCK_INT8 = 784, 1552
-# the final round: decode batches of up to the concurrency (10; 16 for headroom), contexts up to max-model-len
-DECODE_BATCHES = (1, 4, 10, 16)
+# the requests decoding at once on one rank: 1 (the preliminary), 4 (the planner's cap at 16-32K), 5 (a DP2
+# replica's share of the final round's concurrency 10; the cap at 8-16K) and 10 (the concurrency); each is
+# measured as the server runs it, padded to its CUDA-graph size (graph_batch: 1, 4, 8, 16)
+DECODE_BATCHES = (1, 4, 5, 10)
+
+
+def graph_batch(batch: int) -> int:
+    """The batch a pure-decode step of `batch` requests runs at under vLLM's default compilation config:
+    the smallest of its CUDA-graph capture sizes (1, 2, 4, multiples of 8 below 256, then of 16:
+    vllm/config/vllm.py, `_set_cudagraph_sizes`) that holds it. The runner pads the step to that size with rows of length 0
+    (their block-table rows -1), and the attention backend plans the split-KV decode (its segment count,
+    the table's `decode.segments.<heads>.<batch>` key) per padded size."""
+    if batch < 1:
+        raise ValueError(f"a decode batch of {batch} requests")
+    step = 8 if batch <= 248 else 16
+    return batch if batch <= 2 else 4 if batch <= 4 else -(-batch // step) * step
 MAX_CONTEXT = 32768
 
 

@@ -30,7 +30,9 @@ A table (JSON, ``schema`` = SCHEMA):
     decode      {"segments": {"<KV heads>": {"<batch>": {"<context>": S}}},
                  "launch": {"16bit"|"int8": [TILE_N, warps, stages]}}: split-KV decode's segments per
                 (sequence, KV head) for a batch of that many sequences on a rank with that many KV
-                heads, measured over contexts up to <context> tokens (the server plans with its
+                heads (the batch the backend plans: under a FULL CUDA graph, the graph's padded size;
+                `forge calibrate` measures it with the round's requests and the padding rows), measured
+                over contexts up to <context> tokens (the server plans with its
                 max-model-len: the smallest measured context at or above it, else the largest);
                 absent: the built-in heuristic (``choose_num_segments``).
 

@@ -250,3 +250,34 @@ def test_min_segment_tokens(dec, dev):
     for mst in (16, 48, 128, 1000):
         out = _run(dec, q, kc, vc, ks, vs, bt, sl, 8, dev, min_segment_tokens=mst)
         assert rel_err(out, ref) <= 1e-3, mst
+
+
+@pytest.mark.parametrize("kind", ["bf16", "int8"])
+@pytest.mark.parametrize("fused", [False, True])
+def test_graph_padded_rows_are_never_read(dec, dev, kind, fused):
+    """A decode step under a FULL CUDA graph: vLLM pads the batch to the graph's size with rows of
+    length 0 whose block-table rows are -1. The real rows match float64 at every segment count; a
+    padding row reads no cache block (its block ids are out of range), so its output is the empty
+    attention's 0; the tickets are back at zero for the graph's next replay."""
+    gen = torch.Generator(device=dev).manual_seed(53)
+    real = [333, 1] if not ON_GPU else [7000, 1, 32768]
+    pad = 2 if not ON_GPU else 13                    # 3 real requests run in the graph of 16
+    bs, hq, hkv = (784, 24, 4) if ON_GPU or kind == "bf16" else (1552, 6, 1)
+    q, kc, vc, ks, vs, bt, sl = _setup(dev, kind, bs, real, hq, hkv, gen, qdtype=torch.float32)
+    ref = decode_ref(q, kc, vc, bt, sl, D ** -0.5, ks, vs)
+    q = torch.cat([q, torch.randn(pad, hq, D, generator=gen, device=dev)])
+    bt = torch.cat([bt, torch.full((pad, bt.shape[1]), -1, dtype=torch.int32, device=dev)])
+    sl = torch.cat([sl, torch.zeros(pad, dtype=torch.int32, device=dev)])
+    n = len(real)
+    for S in (1, 4, dec.choose_num_segments(8, n + pad, hkv, 32768)):
+        ws = dec.decode_workspace(n + pad, hq, D, S, dev)
+        ws[0].fill_(float("nan"))
+        ws[1].fill_(float("nan"))
+        out = torch.full_like(q, float("nan"))
+        dec.split_kv_decode(q, kc, vc, bt, sl, D ** -0.5, out, k_scale_cache=ks, v_scale_cache=vs,
+                            num_segments=S, workspace=ws, fused=fused)
+        if ON_GPU:
+            torch.cuda.synchronize()
+        assert rel_err(out[:n], ref) <= 1e-3, (S, fused)
+        assert (out[n:] == 0).all(), (S, fused, "a padding row read the cache")
+        assert not ws[2].any(), "tickets not reset"

@@ -64,3 +64,24 @@ def test_calibrate_refuses_an_unknown_family():
     r = subprocess.run([sys.executable, "-m", "forge", "calibrate", "--families", "gemv,nope"], capture_output=True,
                        text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT / "scripts")), timeout=120)
     assert r.returncode == 2 and "unknown nope" in r.stderr
+
+
+def test_the_decode_family_measures_each_batch_padded_to_its_cuda_graph(tmp_path, vllm_python):
+    """The decode family on the patched vLLM (smoke: 1 and 3 requests): 3 requests run as the server runs
+    them, in the graph of 4 with one padding row, so the decision and the table's segments are keyed by 4,
+    the size the backend plans for; every candidate, vLLM's kernel included, is checked on the real rows."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "FORGE_CALIBRATE_FAULT")}
+    env["PYTHONPATH"] = str(ROOT / "scripts")
+    out = tmp_path / "cal"
+    r = subprocess.run([sys.executable, "-m", "forge", "calibrate", "--smoke", "--families", "decode",
+                        "--kernels", "installed", "--python", str(vllm_python), "--out", str(out)],
+                       capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    fam = json.loads((out / "decode.json").read_text())
+    assert "3 requests padded to 4" in " ".join(fam["notes"])
+    doc = json.loads((out / "calibration.json").read_text())
+    assert {d for d in doc["selection"] if d.startswith("decode.")} == {
+        f"decode.{b}.{kv}" for b in (1, 4) for kv in ("16bit", "int8")}
+    assert all(r["ok"] for r in fam["records"]), [r for r in fam["records"] if not r["ok"]]
+    table = json.loads((out / "table.json").read_text())
+    assert set(next(iter(table["decode"]["segments"].values()))) == {"1", "4"}
