@@ -23,7 +23,8 @@ Contract (kept backward compatible):
 - `start_argv(rnd, settings, model)`, `tier_env(rnd, tier, settings)` (the per-tier environment a team
   sets), `contest_view(contest, rnd, settings)` (the contest dict `rules.check_command` checks a
   command of this round against; the preliminary's is `contest` itself), `visible_cards(environ)` and
-  `check_cards(rnd, settings, visible)` (forge.contest.cards). The types live in round_types.
+  `check_cards(rnd, settings, visible)` (forge.contest.cards). The types live in round_types; the
+  reading of a value as a setting's number in setting_values.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import re
 import shlex
 from typing import Any, Mapping
 
@@ -41,6 +41,7 @@ from . import cards
 from . import rules as contest_mod
 from .cards import Visible, visible_cards  # noqa: F401  (part of this module's API)
 from .round_types import Round, Settings, TierClient, Unlocked, _num  # noqa: F401  (part of this module's API)
+from .setting_values import coerce, is_number
 
 ROUNDS = ("preliminary", "final")
 DEFAULT_ROUND = "preliminary"
@@ -130,7 +131,7 @@ def _parse(contest: dict, name: str, d: dict) -> Round:
                              f"{u['option']} ${u['env']}", hint="the start script takes each unlocked value from its variable")
         if (u["choices"] is None) == (u["min"] is None or u["max"] is None):
             raise ForgeError(f"{FILE}: key '{key}.unlocked[{i}]': give either choices or min and max")
-        if u["choices"] is not None and not (u["choices"] and all(_is_number(c, u["type"]) for c in u["choices"])):
+        if u["choices"] is not None and not (u["choices"] and all(is_number(c, u["type"]) for c in u["choices"])):
             raise ForgeError(f"{FILE}: key '{key}.unlocked[{i}].choices': {u['choices']!r} is not a list of "
                              f"{'whole numbers' if u['type'] == 'int' else 'numbers'}", hint="e.g. choices: [1, 2]")
         unlocked.append(Unlocked(u["key"], u["option"], u["env"], u["type"],
@@ -174,7 +175,7 @@ def _parse(contest: dict, name: str, d: dict) -> Round:
     if missing or set(d["baseline"]) - set(SETTING_KEYS):
         raise ForgeError(f"{FILE}: key '{key}.baseline': needs exactly {', '.join(SETTING_KEYS)}")
     for k in SETTING_KEYS:
-        if not _is_number(d["baseline"][k], "float" if k == "gpu_memory_utilization" else "int"):
+        if not is_number(d["baseline"][k], "float" if k == "gpu_memory_utilization" else "int"):
             raise ForgeError(f"{FILE}: key '{key}.baseline.{k}': {d['baseline'][k]!r} is not a number",
                              hint="write the value as a plain number, unquoted")
     rnd = Round(name, d["source"], d["cards"], d["start_script"]["command"], d["start_script"]["model_placeholder"],
@@ -190,37 +191,6 @@ def _parse(contest: dict, name: str, d: dict) -> Round:
 
 def _rules(rnd: Round) -> Mapping:
     return rnd._rules                 # set by load_round: the rules its refusals cite
-
-
-# a number as a user types it: ASCII digits, an optional sign, point and exponent (float() would also
-# take "1_000", other scripts' digits and surrounding blanks)
-_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-_WHOLE = re.compile(r"[+-]?[0-9]{1,30}")
-
-
-def _is_number(v: Any, typ: str) -> bool:
-    return not isinstance(v, bool) and (isinstance(v, int) or (typ == "float" and isinstance(v, float)))
-
-
-def _coerce(raw: Any, typ: str, what: str, where: str, hint: str) -> float | int:
-    if isinstance(raw, bool):
-        raise ForgeError(f"{where}: {what} {raw!r} is not a number", hint=hint)
-    if not isinstance(raw, (int, float)) and not (isinstance(raw, str) and _NUMBER.fullmatch(raw)):
-        raise ForgeError(f"{where}: {what} {raw!r} is not a number in plain digits", hint=hint)
-    if typ == "int" and isinstance(raw, str):
-        # the start script and the client pass the text as is, and vLLM reads it with int(): "1e3" and
-        # "4.0" are refused there, so they are here
-        if not _WHOLE.fullmatch(raw):
-            raise ForgeError(f"{where}: {what} {raw!r} is not a whole number in plain digits", hint=hint)
-        return int(raw)
-    v = float(raw) if isinstance(raw, str) else raw
-    if not math.isfinite(v):
-        raise ForgeError(f"{where}: {what} {raw!r} is not a finite number", hint=hint)
-    if typ == "int":
-        if isinstance(v, float) and not v.is_integer():       # float(v) of a long whole number rounds: not this
-            raise ForgeError(f"{where}: {what} {raw!r} is not a whole number", hint=hint)
-        return int(v)
-    return float(v)
 
 
 def check_settings(rnd: Round, values: Mapping[str, Any], where: str = "settings",
@@ -245,7 +215,7 @@ def check_settings(rnd: Round, values: Mapping[str, Any], where: str = "settings
         what = u.option if u else ("concurrency" if k == "concurrency" else "--" + k.replace("_", "-"))
         bounds = (u.bounds() if u else f"{rnd.concurrency_bounds[0]}..{rnd.concurrency_bounds[1]}"
                   if k == "concurrency" and rnd.concurrency_bounds is not None else "locked")
-        v = _coerce(values[k], typ, what, where, f"the {rnd.name} round's bounds: {bounds}")
+        v = coerce(values[k], typ, what, where, f"the {rnd.name} round's bounds: {bounds}")
         if k == "concurrency" and rnd.concurrency_bounds is not None:
             lo, hi, rule = rnd.concurrency_bounds
             if not lo <= v <= hi:
@@ -300,7 +270,7 @@ def check_value(rnd: Round, option: str, value: Any, where: str, name: str | Non
     u = rnd.unlocked_option(option)
     if u is None:
         raise ForgeError(f"{where}: {option} is not unlocked in the {rnd.name} round")
-    v = _coerce(value, u.type, u.option, where, f"the {rnd.name} round's bounds: {u.bounds()}")
+    v = coerce(value, u.type, u.option, where, f"the {rnd.name} round's bounds: {u.bounds()}")
     _in_bounds(u, v, where, _rules(rnd), name)
     return v
 
