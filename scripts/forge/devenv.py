@@ -15,7 +15,7 @@ from . import options, proc
 from .builder import tree as tree_mod
 from .errors import ForgeError
 from .paths import BUILD, DIST, ROOT, TREE, rel
-from .run import serve
+from .run import server_record
 
 
 def cmd_venv(args) -> int:
@@ -52,10 +52,10 @@ def cmd_help_make(args) -> int:
 def _work_clean_would_lose() -> None:
     """Refuse (ForgeError) when build/ holds what `make clean` would lose for good: a running server's
     record (it would keep running with nothing to stop it by) or work in build/vllm not in patches/."""
-    st = serve.running_server()
+    st = server_record.running_server()
     if st:
         raise ForgeError(f"a server started by forge is running (pid {st['pid']}, run {st['run_id']}); clean "
-                         f"would remove its record ({rel(serve.STATE)}) and leave it running",
+                         f"would remove its record ({rel(server_record.STATE)}) and leave it running",
                          hint="stop it first with `make stop`, or remove build/ anyway with `make clean FORCE=1`")
     if not (TREE / ".git").is_dir():
         return

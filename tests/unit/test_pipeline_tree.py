@@ -164,7 +164,7 @@ def test_clean_keeps_unexported_work_and_a_running_servers_record(env, monkeypat
     import argparse
 
     from forge import devenv
-    from forge.run import serve
+    from forge.run import server_record
     build = env["tree"].parent
     monkeypatch.setattr(devenv, "TREE", env["tree"])
     monkeypatch.setattr(devenv, "BUILD", build)
@@ -190,11 +190,11 @@ def test_clean_keeps_unexported_work_and_a_running_servers_record(env, monkeypat
     with pytest.raises(ForgeError, match="no record"):
         devenv.cmd_clean(argparse.Namespace(force=False))
     state.write_bytes(saved)
-    monkeypatch.setattr(serve, "running_server", lambda: {"pid": 4242, "run_id": "r1"})
+    monkeypatch.setattr(server_record, "running_server", lambda: {"pid": 4242, "run_id": "r1"})
     with pytest.raises(ForgeError, match="pid 4242") as e:
         devenv.cmd_clean(argparse.Namespace(force=False))
     assert "make stop" in str(e.value) and env["tree"].is_dir()
-    monkeypatch.setattr(serve, "running_server", lambda: None)
+    monkeypatch.setattr(server_record, "running_server", lambda: None)
     assert devenv.cmd_clean(argparse.Namespace(force=False)) == 0 and not build.exists()
     tree.build_tree(env["tree"], patches_dir=env["pdir"])
     f.write_text(f.read_text() + "WIP = 1\n")

@@ -20,7 +20,7 @@ from ..contest import rules as contest_mod
 from ..contest.profiles import loopback_env
 from ..errors import ForgeError
 from ..hashing import sha256_file
-from . import runs, score, serve
+from . import runs, score, serve, server_record
 
 # --- metrics (LongBench's definitions) -----------------------------------------------------------
 
@@ -271,7 +271,7 @@ def cmd_accuracy(args) -> int:
         return ab(contest, args.a, args.b)
     if args.limit is not None and args.limit < 1:
         raise ForgeError(f"--limit {args.limit}: needs a number of records of at least 1")
-    st = serve.running_server() if args.port is None else None
+    st = server_record.running_server() if args.port is None else None
     port = args.port or (st["port"] if st else serve.LOCKED_PORT)
     host = contest["server"]["host"]
     run_id = args.run_id or (st or {}).get("run_id") or runs.new_run_id("accuracy")

@@ -15,7 +15,7 @@ from ..contest import rules as contest_mod
 from ..contest import unread
 from ..contest.profiles import loopback_env
 from ..errors import ForgeError
-from . import bench_data, final_client, runs, serve
+from . import bench_data, final_client, runs, serve, server_record
 from .runs import result_path, set_aside_failed, tier_done
 
 CLIENT_ENV = "FORGE_BENCH_CLIENT"
@@ -162,7 +162,7 @@ def _tier_outcome(contest: dict, name: str, ds: dict, rc: int, partial: Path, fi
 
 def no_server_error(health: str, port: int, st: dict | None, given_port: bool) -> ForgeError:
     """Why nothing answers `health`: no server at all, or one on another port."""
-    other = serve.running_server() if given_port else None
+    other = server_record.running_server() if given_port else None
     if other and other.get("port") != port:
         return ForgeError(f"no server answers {health}: the server `forge serve` started listens on port "
                           f"{other['port']}, not {port}",
@@ -206,7 +206,7 @@ def run_tiers(*, profile: str | None = None, run_id: str | None = None, model: s
     if profile is not None:
         paths.plain_name(profile, "--profile")      # a label that becomes part of a new run id
     client_launcher(client)
-    st = serve.running_server() if port is None else None
+    st = server_record.running_server() if port is None else None
     host = contest["server"]["host"]
     given_port = port is not None
     port = port or (st["port"] if st else serve.LOCKED_PORT)

@@ -1,5 +1,6 @@
 """`forge serve` / `forge stop`: start the organizers' server command (their start script) with a
-profile's environment (in the image or from the installed wheel), wait until it answers /health, and stop exactly the server we started."""
+profile's environment (in the image or from the installed wheel), wait until it answers /health, and stop exactly the server we started
+(its record, and whether it is still that server: server_record)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,9 @@ from .. import options, paths, proc, ui
 from ..contest import profiles, rounds, unread
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from . import gpu_harness, runs, serverlog
+from . import gpu_harness, runs, server_record, serverlog
 from .serverlog import KNOWN_FAILURES, diagnose  # noqa: F401  (serve's API since before they moved)
 
-STATE = paths.BUILD / "serve" / "server.json"
 render = profiles.render_checked          # the server command of a profile in a round, its cards checked
 LOCKED_PORT = serverlog.SCORED_PORT
 
@@ -32,65 +32,6 @@ DOCKER_DEVICE_ARGS = ["--device=/dev/kfd", "--device=/dev/mkfd", "--device=/dev/
 
 def _env_or(value: str | None, var: str) -> str | None:
     return value or (os.environ.get(var) or None)
-
-
-def _state_hint(state_file: Path) -> str:
-    return (f"a server forge started may still run: find it (ps -ef | grep 'vllm serve'; ss -ltnp | grep :{LOCKED_PORT})"
-            f" and stop it, then remove {paths.rel(state_file)}")
-
-
-_whole = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0  # noqa: E731
-_words = lambda v: isinstance(v, list) and bool(v) and all(isinstance(a, str) for a in v)  # noqa: E731
-RECORD_KEYS = (("pid", _whole, "a process id"), ("pgid", _whole, "a process group id"),
-               ("start_time", lambda v: isinstance(v, str) and v.isdigit(), "the process's start time (clock ticks)"),
-               ("cmdline", _words, "the process's command line"), ("server_args", _words, "the server's arguments"),
-               ("boot_id", lambda v: v is None or isinstance(v, str), "the machine's boot id or null"),
-               ("run_id", lambda v: isinstance(v, str), "a run id"))
-
-
-def read_state() -> dict | None:
-    """The record of the server `forge serve` started (None: none recorded). A record that cannot be
-    read is an error, never "none": the server it describes may still run (a FIFO or a device in its
-    place too: the bounded reader refuses it without waiting on it)."""
-    if not (STATE.exists() or STATE.is_symlink()):
-        return None
-    hint = _state_hint(STATE)
-    try:
-        st = runs.read_json(STATE)
-    except ForgeError as e:
-        raise ForgeError(f"{e.message}; it is the record of the server forge started", hint=hint) from None
-    if not isinstance(st, dict):
-        raise ForgeError(f"{paths.rel(STATE)}: a JSON {type(st).__name__}, not the record of a server", hint=hint)
-    for key, ok, want in RECORD_KEYS:
-        if not ok(st.get(key)):
-            raise ForgeError(f"{paths.rel(STATE)}: key '{key}' is {repr(st.get(key))[:40]}, expected {want}; "
-                             "not the record of a server", hint=hint)
-    return st
-
-
-def still_ours(st: dict, state_file: Path = STATE) -> bool:
-    """Whether the server record `st` names is still running: True only when process `pid` is the one
-    recorded (this boot, its start time, a command line ending with the server's arguments) and leads
-    its process group `pgid`; False when that process is gone (exited, or its pid now names a later
-    process). A live process that answers to the record without being the one recorded is refused
-    (a ForgeError naming `state_file`, the record's own path, never a path the record names): nothing is
-    signalled on a record that does not hold."""
-    pid = st["pid"]
-    why = proc.recorded_process(pid, st["pgid"], st["start_time"], st.get("boot_id"), list(st.get("server_args") or []))
-    if why == proc.GONE:
-        return False                 # exited, its pid now names a later process, or the machine restarted
-    if why:
-        raise ForgeError(f"{paths.rel(state_file)}: pid {pid} is not the server forge started ({why}); "
-                         "nothing was signalled", hint=_state_hint(state_file))
-    return True
-
-
-def running_server() -> dict | None:
-    """The state of the server `forge serve` started, when it is still that process."""
-    st = read_state()
-    if st and still_ours(st):
-        return st
-    return None
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -164,7 +105,7 @@ def serve_profile(profile: str, model: str | None = None, *, image: str | None =
         if probe.returncode != 0:
             raise ForgeError("vLLM is not installed for this Python and no image was given",
                              hint="install our wheel (pip install dist/vllm-*.whl) or pass --image IMAGE")
-    st = running_server()
+    st = server_record.running_server()
     if st:
         raise ForgeError(f"a server started by forge is already running (pid {st['pid']}, run {st['run_id']})",
                          hint="forge stop (make stop) first")
@@ -178,15 +119,15 @@ def serve_profile(profile: str, model: str | None = None, *, image: str | None =
 
 def stop_running_server() -> str:
     """Stop the server `serve_profile` (or `forge serve`) started, if any; returns what happened."""
-    st = read_state()
+    st = server_record.read_state()
     if st is None:
         ui.info("no server started by forge is recorded; nothing to stop")
         return "none recorded"
-    if not still_ours(st):
-        STATE.unlink(missing_ok=True)
+    if not server_record.still_ours(st):
+        server_record.STATE.unlink(missing_ok=True)
         ui.info(f"the recorded server (pid {st['pid']}, run {st['run_id']}) {proc.gone_how(st['pid'])}; state cleared")
         return "already gone"
-    return stop_server(st, state_file=STATE)
+    return stop_server(st, state_file=server_record.STATE)
 
 
 def cmd_serve(args) -> int:
@@ -257,7 +198,7 @@ def start_server(prof: dict, model_path: Path, *, contest: dict, port: int, run_
     server's environment without being recorded (e.g. where a private site folder is). `rnd`/`tier`:
     a server of that round (default: the preliminary) for that tier; the record adds its settings (and
     `differences`, the harness's changes with their reasons)."""
-    state_file = state_file or STATE
+    state_file = state_file or server_record.STATE
     rendered = render(prof, model_path, contest, rnd, tier, env={**(process_env or {}), **(extra_env or {})})
     container = f"forge-serve-{run_id}".lower()
     cmd = launch_command(rendered, image=image, vllm_cmd=vllm_cmd, port=port,
@@ -366,7 +307,7 @@ def stop_server(st: dict, quiet: bool = False, grace_s: float = 30.0, state_file
         proc.run(["docker", "stop", "-t", str(int(grace_s)), st["container"]], check=False, capture=True,
                  timeout=grace_s + 30)
     how = "already gone"
-    if st.get("start_time") is not None and still_ours(st, state_file or STATE):
+    if st.get("start_time") is not None and server_record.still_ours(st, state_file or server_record.STATE):
         how = proc.stop_group(st["pgid"], grace_s=grace_s)
     if st.get("popen") is not None:
         st["popen"].poll()              # reap our own child
