@@ -53,6 +53,9 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from forge_triton import split_kv_decode as DEC  # noqa: E402
 
+sys.path.insert(0, HERE)
+from graph_timing import copy_bandwidth, time_graph  # noqa: E402  (beside this file)
+
 D = 256
 SCALE = D ** -0.5
 MiB = 1 << 20
@@ -76,56 +79,6 @@ def _load(name, path):
 
 
 REF = _load("forge_kernel_reference", os.path.join(REPO, "tests", "kernels", "reference.py"))
-
-
-def time_graph(fns, iters=30, warm=2):
-    """Per-launch device time (us) of a CUDA graph that runs every fn of ``fns`` once: (median, min, max)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(warm):
-            for f in fns:
-                f()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1e3 / len(fns))
-    del g
-    ts.sort()
-    return ts[len(ts) // 2], ts[0], ts[-1]
-
-
-def copy_bandwidth():
-    """Bytes read + written per second by a 2 GiB device-to-device copy (median of 10)."""
-    n = 2 << 30
-    a = torch.empty(n, dtype=torch.uint8, device=DEV).random_()
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    ts = []
-    for _ in range(10):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        b.copy_(a)
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1e-3)
-    ts.sort()
-    del a, b
-    torch.cuda.empty_cache()
-    return 2 * n / ts[len(ts) // 2]
 
 
 class Unified:
@@ -361,7 +314,7 @@ def main():
     except Exception as e:  # noqa: BLE001 - our kernel is still measured
         up = None
         res["errors"].append(f"vLLM's unified kernel not importable: {type(e).__name__}: {e}"[:600])
-    bw = copy_bandwidth()
+    bw = copy_bandwidth(DEV)
     res["copy_bw_tb_s"] = bw * 1e-12
     print(f"== {dev.name}, {ncu} CUs, copy bandwidth {bw * 1e-12:.2f} TB/s", flush=True)
     path = os.path.join(a.out, "decode-batched.json")

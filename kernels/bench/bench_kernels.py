@@ -39,6 +39,9 @@ import triton  # noqa: E402
 from forge_triton import int8_kv_write as WR  # noqa: E402
 from forge_triton import split_kv_decode as DEC  # noqa: E402
 
+sys.path.insert(0, HERE)
+from graph_timing import copy_bandwidth, time_graph  # noqa: E402  (beside this file)
+
 HQ, HKV, D = 24, 4, 256
 SCALE = D ** -0.5
 MiB = 1 << 20
@@ -61,60 +64,6 @@ def log(*a):
     s = " ".join(str(x) for x in a)
     print(s, flush=True)
     LOG.append(s)
-
-
-# ----------------------------------------------------------------------------- timing
-def time_graph(fns, iters=30, warm=2):
-    """Per-launch device time (us) of a CUDA graph that runs every fn of ``fns`` once."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(warm):
-            for f in fns:
-                f()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        e0 = torch.cuda.Event(enable_timing=True)
-        e1 = torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1e3 / len(fns))
-    del g
-    ts.sort()
-    return ts[len(ts) // 2], ts[0], ts[-1]
-
-
-def copy_bandwidth():
-    n = 2 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(10):
-        e0 = torch.cuda.Event(enable_timing=True)
-        e1 = torch.cuda.Event(enable_timing=True)
-        e0.record()
-        b.copy_(a)
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1e-3)
-    ts.sort()
-    t = ts[len(ts) // 2]
-    del a, b
-    torch.cuda.empty_cache()
-    return 2 * n / t  # bytes read + written per second
 
 
 # ----------------------------------------------------------------------------- vLLM kernels

@@ -37,7 +37,7 @@ from calibrate.decode_inputs import decode_batch, decode_ref  # noqa: E402
 from forge_triton import split_kv_decode as DEC  # noqa: E402
 
 sys.path.insert(0, HERE)
-from bench_decode_batched import copy_bandwidth  # noqa: E402  (the same copy rate as the batched benchmark)
+from graph_timing import copy_bandwidth  # noqa: E402  (the same copy rate as the batched benchmark)
 
 D = 256
 BLOCK = {"bf16": 784, "int8": 1552}
