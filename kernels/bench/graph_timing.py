@@ -1,11 +1,20 @@
 """The timing the decode benchmarks share (bench_kernels.py, bench_decode_batched.py and
 sweep_decode_launch.py import it from beside them): the per-launch device time of a CUDA graph
-(`time_graph`), and the device's copy bandwidth (`copy_bandwidth`), the roof a kernel's KV read
-rate is quoted against. Needs only torch."""
+(`time_graph`; its capture and timed replays are the calibration's, kernels/calibrate/common.py),
+and the device's copy bandwidth (`copy_bandwidth`), the roof a kernel's KV read rate is quoted
+against. Needs torch, and kernels/calibrate beside this folder."""
 
 from __future__ import annotations
 
-import torch
+import os
+import sys
+
+KDIR = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+if KDIR not in sys.path:
+    sys.path.insert(0, KDIR)      # kernels/, the import root of calibrate
+
+import torch  # noqa: E402
+from calibrate.common import graph_replay_us  # noqa: E402
 
 
 def time_graph(fns, iters=30, warm=2):
@@ -19,22 +28,7 @@ def time_graph(fns, iters=30, warm=2):
                 f()
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1e3 / len(fns))
-    del g
-    ts.sort()
+    ts = sorted(graph_replay_us(torch, fns, iters))
     return ts[len(ts) // 2], ts[0], ts[-1]
 
 

@@ -167,6 +167,13 @@ def time_graph(torch, fns, reps: int = 15) -> dict:
             f()
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
+    return stats(graph_replay_us(torch, fns, reps))
+
+
+def graph_replay_us(torch, fns, reps: int) -> list[float]:
+    """Capture one CUDA/HIP graph that runs each of `fns` once (warm them up first), replay it once,
+    then time `reps` replays, one event pair each: the per-launch time (us) of each, in replay order.
+    Also kernels/bench/graph_timing.py's."""
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for f in fns:
@@ -182,7 +189,7 @@ def time_graph(torch, fns, reps: int = 15) -> dict:
         b.synchronize()
         out.append(a.elapsed_time(b) * 1e3 / len(fns))
     del g
-    return stats(out)
+    return out
 
 
 def time_events(torch, fn, reps: int = 10, warmup: int = 2) -> dict:
