@@ -1,10 +1,11 @@
 """What `forge e2e-gpu` settles before it writes or starts anything (`prepare`): the bundle verified, the
 client and the differences from the organizers' command, the tiers' prompts built aside, a folder being
-resumed found comparable, the servers to start and to reuse, the deadline able to hold a tier (also
-where every server is reused and none starts), a batch profile the servers can decode, the servers
-fitting the GPU they share (forge.lab.gpufit), and the bundle's wheels installed. Only then is the
-results folder made and the prompts moved into it: a refusal (a ForgeError: one line naming the option
-and its fix, exit code 2) leaves nothing new on disk, and a folder being resumed as it was."""
+resumed found comparable, the servers to start and to reuse, the deadline able to hold a tier (also where
+every server is reused and none starts), a batch profile the servers can decode, the servers fitting the
+GPU they share (forge.lab.gpufit), their ports free and the commands of the servers and the client
+runnable here (forge.lab.launch_check), and the bundle's wheels installed. Only then is the results folder
+made and the prompts moved into it: a refusal (a ForgeError: one line naming the option and its fix, exit
+code 2) leaves nothing new on disk, and a folder being resumed as it was."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from .. import ui
 from ..errors import ForgeError
 from ..run import bench
 from ..run.gpu_harness import site_env
-from . import batch_profile, final_round, gpu_bundle, gpufit
+from . import batch_profile, final_round, gpu_bundle, gpufit, launch_check
 from .install import install_bundle
 from .servers import check_cards, plan, port_of, reusable
 from .session import device_name
@@ -86,9 +87,10 @@ def some_tier_fits(run: Run, model: Path, names: list[str], datasets: dict[str, 
                           "now for the next invocation to reuse")
 
 
-def servers_fit(run: Run, model: Path, on_gpu: list[str]) -> None:
+def servers_fit(run: Run, model: Path, on_gpu: list[str], memory: tuple[list[int], str] | None) -> None:
     """The servers that will be up together (`on_gpu`: started now or reused), from the commands they run:
-    a batch profile each can decode at once, and their memory on the GPU they share."""
+    a batch profile each can decode at once, and their memory on the GPU they share (`memory`:
+    gpufit.card_memory's answer)."""
     launches = {n: [str(a) for a in plan(run, model, n)["launch"]] for n in on_gpu}
     args, side = run.args, run.h["side_by_side"]
     if args.profile_prefill and args.profile_batch > 1:
@@ -98,7 +100,7 @@ def servers_fit(run: Run, model: Path, on_gpu: list[str]) -> None:
             gpufit.kv_holds_batch(argv, side.get("kv_cache_memory_bytes"), model, args.profile_prefill,
                                   args.profile_decode, args.profile_batch, who=f"the {n} server")
     run.summary["gpu_fit"] = gpufit.check_fit(launches, side["gpu_memory_utilization"],
-                                              side.get("kv_cache_memory_bytes"), model, gpufit.card_memory())
+                                              side.get("kv_cache_memory_bytes"), model, memory)
 
 
 def prepare(run: Run) -> Prepared:
@@ -136,15 +138,21 @@ def prepare(run: Run) -> Prepared:
         # the prompts are built aside: a folder being resumed is compared with them before anything is written
         built = build_datasets(run, model, args.num_prompts, ddir=aside)
         check_resume(run, names, built)
-        up = reusable(run, model)         # servers an earlier invocation left up, that this one reuses
+        up, left_ports = reusable(run, model)   # servers an earlier invocation left up; this one reuses `up`
         kept = [n for n in names if fully_kept(run, n, built)]
         to_start = [n for n in names if n not in kept and n not in up]
         for n in to_start:                # found at each start before, after the results folder was written
             check_cards(run, model, n)
         some_tier_fits(run, model, names, built, to_start)     # also where every server is reused
         on_gpu = [n for n in names if n in up or n in to_start]
+        memory = gpufit.card_memory() if on_gpu else None
         if on_gpu:
-            servers_fit(run, model, on_gpu)
+            servers_fit(run, model, on_gpu, memory)
+        # each found at the start of a server or a tier before, once the results folder was written
+        launch_check.check_ports(run, to_start, left_ports)
+        gpu = launch_check.check_commands(run, to_start, bool(on_gpu), memory)
+        if gpu:
+            run.summary["gpu_fit"]["cards"] = gpu
         if man is not None:
             install_bundle(Path(args.bundle), site, man)
         run.open()

@@ -160,10 +160,13 @@ def _left_up(run: Run, model: Path) -> list[tuple[Path, dict | None, str | None]
     return out
 
 
-def reusable(run: Run, model: Path) -> list[str]:
+def reusable(run: Run, model: Path) -> tuple[list[str], set[int]]:
     """The profiles whose server adopt_or_stop would reuse, found before anything is written or stopped
-    (the checks before the servers start count them as up)."""
-    return [st["profile"] for _, st, why in _left_up(run, model) if st is not None and why is None]
+    (the checks before the servers start count them as up), and the ports of every server recorded as up
+    (reused, or stopped before the others start: their ports are not another process's)."""
+    left = [(st, why) for _, st, why in _left_up(run, model) if st is not None]
+    return ([st["profile"] for st, why in left if why is None],
+            {st["port"] for st, _ in left if isinstance(st.get("port"), int)})
 
 
 def stop_left_servers(out: Path) -> int:

@@ -191,6 +191,9 @@ def check_values(args, names: list[str]) -> list[str]:
         raise ForgeError(f"--model {args.model}: no tokenizer (tokenizer.json is missing, and so are "
                          f"{', '.join(synth.Tok.OTHER_FILES)}); the tiers' prompts are made with it",
                          hint="pass --model with the served model's directory, which holds tokenizer.json")
+    if args.model and not (Path(args.model) / "config.json").is_file():      # each server's start refused it
+        raise ForgeError(f"--model {args.model}: no config.json (the servers read the model's shapes from it)",
+                         hint="pass --model with the served model's directory, which holds config.json")
     if args.out and archive.is_packed(Path(args.out)):      # resuming it would write beside its raw.tgz
         raise ForgeError(f"--out {args.out}: a packed record (its files are in {archive.ARCHIVE}); this run would "
                          "start afresh beside the archive", hint=f"forge unpack-run {args.out} to resume it, or give "

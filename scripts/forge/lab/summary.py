@@ -160,7 +160,9 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
               + (f"; KV cache {fit['kv_cache_memory_bytes']:,} bytes each, room beside the weights: {rooms}"
                  if rooms else "") + "."]
     elif fit:
-        L += ["", f"GPU memory not checked before the start: {fit.get('why')}."]
+        seen = fit.get("cards")
+        L += ["", f"GPU memory not checked before the start: {fit.get('why')}"
+              + (f" ({seen['cards']} card(s) visible: {seen['source']})" if seen else "") + "."]
     mon = s.get("gpu_monitor") or {}
     if mon.get("tool"):
         L += ["", f"The GPU beside the run ({mon['tool']} every {mon['interval_s']:g} s: {mon.get('what', 'its state')}): "

@@ -1,0 +1,158 @@
+"""`forge e2e-gpu` inputs found bad only after the results folder was written.
+
+e2e-gpu: a model folder without config.json, a --vllm or --client program that is not there (or a client
+command with an unbalanced quote, or one $FORGE_BENCH_CLIENT names), a server port another process holds,
+vLLM's own CLI where vLLM is not installed, and a machine where no card tool answers and torch sees no GPU (or
+the device variable hides every card): each made the results folder (its prompts, logs and summary) and then
+failed ('no server came up', exit 2) or, for the client, exited 0 with nothing measured. Each is now refused
+before anything is written: exit code 2, one error line naming the option and what is wrong, a `fix:` line, no
+--out folder.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import args_with, forge, forge_env, free_port_pair, tiny_model
+from test_bad_inputs import refused, writes_nothing
+from test_bad_inputs_round5 import fix_line
+
+VLLM_CLI = f"{sys.executable} -m vllm.entrypoints.cli.main"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("round7-model"))
+
+
+def e2e(tmp_path, model, *extra, env=None):
+    base = ["e2e-gpu", "--bundle", "", "--model", str(model), "--profiles", "contest,upstream", "--out",
+            str(tmp_path / "out"), "--vllm", "false", "--client", "false", "--no-plumbing", "--no-fault",
+            "--start-guess-s", "0", "--tier-order", "4-8K", "--num-prompts", "1"]
+    return forge(tmp_path, *args_with(base, extra), env=env)
+
+
+def no_card_tools(tmp_path: Path, answer: str | None = None) -> str:
+    """nvidia-smi, hy-smi and rocm-smi first on PATH, failing as on a machine without a driver (or, with
+    `answer`, nvidia-smi printing it); returns that PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for tool in ("nvidia-smi", "hy-smi", "rocm-smi"):
+        body = f"echo '{answer}'" if answer and tool == "nvidia-smi" else "echo 'NVIDIA-SMI has failed' >&2; exit 9"
+        (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / tool).chmod((bin_dir / tool).stat().st_mode | stat.S_IEXEC)
+    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+
+
+def stand_in_packages(root: Path, torch_body: str) -> Path:
+    """A `vllm` whose CLI exits at once (as vLLM does on a machine without a GPU) and a `torch` of
+    `torch_body`, for the Python the servers run."""
+    cli = root / "vllm" / "entrypoints" / "cli"
+    cli.mkdir(parents=True)
+    for d in (root / "vllm", root / "vllm" / "entrypoints", cli):
+        (d / "__init__.py").write_text("")
+    (cli / "main.py").write_text("raise SystemExit('RuntimeError: Failed to infer device type')\n")
+    (root / "torch").mkdir()
+    (root / "torch" / "__init__.py").write_text(torch_body)
+    return root
+
+
+TORCH_SEES = "class cuda:\n    @staticmethod\n    def device_count():\n        return {n}\n"
+
+
+def gpu_env(tmp_path: Path, torch_body: str, path: str | None = None, **extra: str) -> dict:
+    """The environment of a machine whose card tools do not answer (or answer on `path`), the stand-in
+    packages first on PYTHONPATH, no device variable but those `extra` sets."""
+    pkgs = stand_in_packages(tmp_path / "pkgs", torch_body)
+    env = forge_env(tmp_path, **extra)
+    env["PYTHONPATH"] = f"{env['PYTHONPATH']}{os.pathsep}{pkgs}"
+    env["PATH"] = path or no_card_tools(tmp_path)
+    for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "FORGE_BENCH_CLIENT"):
+        if var not in extra:
+            env.pop(var, None)
+    return env
+
+
+# --- e2e-gpu: refused before the results folder -------------------------------------------------------------
+
+@pytest.mark.parametrize("extra,words,fix", [
+    (["--vllm", "/nonexistent/vllm serve"], ["--vllm '/nonexistent/vllm serve'", "'/nonexistent/vllm' is not installed"],
+     "--vllm 'python3 -m vllm.entrypoints.cli.main'"),
+    (["--client", "/nonexistent/vllm"], ["--client '/nonexistent/vllm'", "is not installed"], "--client"),
+    (["--client", "vllm 'bench"], ["--client \"vllm 'bench\"", "an unbalanced quote"], "quote the command"),
+    # vLLM's own CLI on a Python without site-packages: no vLLM there, and --bundle '' installs none
+    (["--vllm", f"{sys.executable} -S -m vllm.entrypoints.cli.main"], ["vLLM is not installed for", " -S"],
+     "--bundle"),
+    (["--client", f"{sys.executable} -S -m vllm.entrypoints.cli.main"], ["--client", "vLLM is not installed for"],
+     "--bundle"),
+])
+def test_a_server_or_client_command_that_cannot_run_is_refused_before_the_results_folder(tmp_path, model, extra,
+                                                                                         words, fix):
+    with writes_nothing(tmp_path):
+        r = e2e(tmp_path, model, *extra)
+    refused(r, *words)
+    assert fix in fix_line(r), r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_client_of_forge_bench_client_is_named_when_its_program_is_not_there(tmp_path, model):
+    r = forge(tmp_path, "e2e-gpu", "--bundle", "", "--model", str(model), "--profiles", "contest,upstream",
+              "--out", str(tmp_path / "out"), "--vllm", "false", "--no-plumbing", "--no-fault", "--start-guess-s", "0",
+              env=forge_env(tmp_path, FORGE_BENCH_CLIENT="/nonexistent/bench"))
+    refused(r, "$FORGE_BENCH_CLIENT '/nonexistent/bench'", "is not installed")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_folder_without_config_json_is_refused_before_the_results_folder(tmp_path, model):
+    """Each server's start refused it ('no config.json here'), after the folder and its prompts were written."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in model.iterdir():
+        if f.name != "config.json":
+            (bare / f.name).write_bytes(f.read_bytes())
+    with writes_nothing(tmp_path):
+        r = e2e(tmp_path, model, "--model", str(bare))
+    refused(r, f"--model {bare}", "no config.json")
+    assert "config.json" in fix_line(r)
+
+
+def test_a_port_another_process_holds_is_refused_naming_it(tmp_path, model):
+    port = free_port_pair()
+    with socket.socket() as s:                    # the second profile's port: upstream's server's
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port + 1))
+        s.listen()
+        with writes_nothing(tmp_path):
+            r = e2e(tmp_path, model, "--first-port", str(port))
+    refused(r, f"--first-port {port}", f"port {port + 1}, the upstream server's, is in use by another process")
+    assert "another --first-port" in fix_line(r)
+
+
+@pytest.mark.parametrize("torch_body,words", [
+    (TORCH_SEES.format(n=0), ["none of nvidia-smi, hy-smi or rocm-smi answered", "torch.cuda.device_count() is 0"]),
+    ("raise ImportError('libcuda.so.1: cannot open shared object file')",
+     ["none of nvidia-smi, hy-smi or rocm-smi answered", "torch does not import", "libcuda.so.1"]),
+])
+def test_a_machine_with_no_card_tool_and_no_gpu_is_refused_before_the_results_folder(tmp_path, model, torch_body,
+                                                                                      words):
+    """The servers are vLLM's own CLI: with no card tool answering, the GPU's memory was not checked, the
+    folder was written, and every server failed to start ('no server came up')."""
+    env = gpu_env(tmp_path, torch_body)
+    with writes_nothing(tmp_path):
+        r = e2e(tmp_path, model, "--vllm", VLLM_CLI, env=env)
+    refused(r, f"--vllm '{VLLM_CLI}'", "no GPU for the servers", *words)
+    assert "GPU machine" in fix_line(r)
+
+
+def test_a_device_variable_that_hides_every_card_is_refused(tmp_path, model):
+    env = gpu_env(tmp_path, TORCH_SEES.format(n=1), path=no_card_tools(tmp_path, answer="143771"),
+                  CUDA_VISIBLE_DEVICES="")
+    with writes_nothing(tmp_path):
+        r = e2e(tmp_path, model, "--vllm", VLLM_CLI, env=env)
+    refused(r, "no GPU visible to the servers", "CUDA_VISIBLE_DEVICES= leaves none")
+
