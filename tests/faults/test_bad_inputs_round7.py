@@ -2,11 +2,12 @@
 
 e2e-gpu: a model folder without config.json, a --vllm or --client program that is not there (or a client
 command with an unbalanced quote, or one $FORGE_BENCH_CLIENT names), a server port another process holds,
-vLLM's own CLI where vLLM is not installed, and a machine where no card tool answers and torch sees no GPU (or
-the device variable hides every card): each made the results folder (its prompts, logs and summary) and then
-failed ('no server came up', exit 2) or, for the client, exited 0 with nothing measured. Each is now refused
-before anything is written: exit code 2, one error line naming the option and what is wrong, a `fix:` line, no
---out folder.
+vLLM's own CLI where vLLM is not installed, a machine where no card tool answers and torch sees no GPU (or the
+device variable hides every card), and a --profile-prefill longer than the servers' --max-model-len: each made
+the results folder (its prompts, logs and summary) and then failed ('no server came up', exit 2) or exited 0:
+the client's run with nothing measured, the profile's with its request refused after the tiers. Each is now
+refused before anything is written: exit code 2, one error line naming the option and what is wrong, a `fix:`
+line, no --out folder.
 """
 
 from __future__ import annotations
@@ -90,6 +91,11 @@ def gpu_env(tmp_path: Path, torch_body: str, path: str | None = None, **extra: s
      "--bundle"),
     (["--client", f"{sys.executable} -S -m vllm.entrypoints.cli.main"], ["--client", "vLLM is not installed for"],
      "--bundle"),
+    # the servers' --max-model-len is the harness's 32768: vLLM refused the request after the tiers
+    (["--profile-prefill", "40000"], ["--profile-prefill 40000", "--max-model-len 32768", "at most 32703 tokens"],
+     "--profile-prefill 32703 or less"),
+    (["--profile-prefill", "32300", "--profile-decode", "512"], ["--profile-prefill 32300 --profile-decode 512", "at most 32191 tokens"],
+     "or a lower --profile-decode"),
 ])
 def test_a_server_or_client_command_that_cannot_run_is_refused_before_the_results_folder(tmp_path, model, extra,
                                                                                          words, fix):

@@ -31,16 +31,17 @@ again. Results land in --out (default reports/e2e/<date>-<device>/); --pack FILE
 it after every step, so a run cut short still returns what it finished.
 Nothing is written or started before every check that can refuse the invocation has passed: the options, the
 model folder (its config.json and tokenizer), the bundle and its install, a folder being resumed, the
-deadline, a batch profile the servers' command lines allow, the servers' memory on the GPU they share (the
-card's total as nvidia-smi, hy-smi or rocm-smi reports it: servers x --gpu-memory-utilization at most 1, and
-each server's --kv-cache-memory-bytes within its share beside its weights per rank; where none of these tools
-answers, the memory is not checked and the run's summary says so), the servers' ports free, and the commands
-the servers and the client run (--vllm, --client: their program there; where it is vLLM's own CLI, vLLM
-installed for its Python unless the bundle installs it, and for the servers a GPU it sees: where no card tool
-answers, torch's device count in that Python); a refusal (exit code 2) leaves no results folder, and one being
-resumed as it was. While it runs, the card's own tool (nvidia-smi, hy-smi or rocm-smi) samples the GPU every
-5 s into logs/gpu-monitor.log: utilization, power, memory and the processes on the card, clocks and
-temperature too with nvidia-smi and rocm-smi (forge.lab.gpumon).
+deadline, a profile (--profile-prefill, one request or a batch) the servers' command lines allow, the servers'
+memory on the GPU they share (the card's total as nvidia-smi, hy-smi or rocm-smi reports it: servers x
+--gpu-memory-utilization at most 1, and each server's --kv-cache-memory-bytes within its share beside its
+weights per rank; where none of these tools answers, the memory is not checked and the run's summary says so),
+the servers' ports free, and the commands the servers and the client run (--vllm, --client: their program
+there; where it is vLLM's own CLI, vLLM installed for its Python unless the bundle installs it, and for the
+servers a GPU it sees: where no card tool answers, torch's device count in that Python); a refusal
+(exit code 2) leaves no results folder, and one being resumed as it was. While it runs, the card's own tool
+(nvidia-smi, hy-smi or rocm-smi) samples the GPU every 5 s into logs/gpu-monitor.log: utilization, power,
+memory and the processes on the card, clocks and temperature too with nvidia-smi and rocm-smi
+(forge.lab.gpumon).
 """
 
 from __future__ import annotations

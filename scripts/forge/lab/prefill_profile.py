@@ -40,6 +40,20 @@ SUBDIR = "prefill-profile"
 
 # --- on the GPU machine -----------------------------------------------------------------------------
 
+def refuse_by_args(argv: list[str], tokens: int, decode_steps: int, who: str) -> None:
+    """A profiled request a server's --max-model-len cannot hold (its prompt is TOKENS give or take a few, then
+    1 + STEPS output tokens): checked before any server starts (forge.lab.preflight); vLLM refused it after
+    the tiers, recorded as the server's error in a run that exited 0."""
+    limit = options.last_int(argv, "--max-model-len")
+    most = (limit or 0) - batch_profile.PROMPT_SLACK - 1 - decode_steps
+    if limit is not None and tokens > most:
+        raise ForgeError(f"--profile-prefill {tokens}" + (f" --profile-decode {decode_steps}" if decode_steps else "")
+                         + f": {who}'s --max-model-len {limit} holds a prompt of at most {max(most, 0)} tokens (give or "
+                           f"take {batch_profile.PROMPT_SLACK}) with {1 + decode_steps} output token(s)",
+                         hint=f"give --profile-prefill {max(most, 1)} or less" + (" or a lower --profile-decode"
+                                                                                  if decode_steps else ""))
+
+
 def capture(run: Run, name: str, model: Path, tokens: int, decode_steps: int = 0) -> dict:
     st = run.servers[name]
     base = f"http://{st['host']}:{st['port']}"

@@ -1,11 +1,11 @@
 """What `forge e2e-gpu` settles before it writes or starts anything (`prepare`): the bundle verified, the
 client and the differences from the organizers' command, the tiers' prompts built aside, a folder being
 resumed found comparable, the servers to start and to reuse, the deadline able to hold a tier (also where
-every server is reused and none starts), a batch profile the servers can decode, the servers fitting the
-GPU they share (forge.lab.gpufit), their ports free and the commands of the servers and the client
-runnable here (forge.lab.launch_check), and the bundle's wheels installed. Only then is the results folder
-made and the prompts moved into it: a refusal (a ForgeError: one line naming the option and its fix, exit
-code 2) leaves nothing new on disk, and a folder being resumed as it was."""
+every server is reused and none starts), a profile the servers can serve (one request or a batch), the
+servers fitting the GPU they share (forge.lab.gpufit), their ports free and the commands of the servers
+and the client runnable here (forge.lab.launch_check), and the bundle's wheels installed. Only then is the
+results folder made and the prompts moved into it: a refusal (a ForgeError: one line naming the option and
+its fix, exit code 2) leaves nothing new on disk, and a folder being resumed as it was."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from .. import ui
 from ..errors import ForgeError
 from ..run import bench
 from ..run.gpu_harness import site_env
-from . import batch_profile, final_round, gpu_bundle, gpufit, launch_check
+from . import batch_profile, final_round, gpu_bundle, gpufit, launch_check, prefill_profile
 from .install import install_bundle
 from .servers import check_cards, plan, port_of, reusable
 from .session import device_name
@@ -99,6 +99,9 @@ def servers_fit(run: Run, model: Path, on_gpu: list[str], memory: tuple[list[int
                                          who=f"the {n} server")
             gpufit.kv_holds_batch(argv, side.get("kv_cache_memory_bytes"), model, args.profile_prefill,
                                   args.profile_decode, args.profile_batch, who=f"the {n} server")
+    elif args.profile_prefill:
+        for n, argv in launches.items():
+            prefill_profile.refuse_by_args(argv, args.profile_prefill, args.profile_decode, who=f"the {n} server")
     run.summary["gpu_fit"] = gpufit.check_fit(launches, side["gpu_memory_utilization"],
                                               side.get("kv_cache_memory_bytes"), model, memory)
 
