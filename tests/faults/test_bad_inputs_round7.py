@@ -1,4 +1,5 @@
-"""`forge e2e-gpu` inputs found bad only after the results folder was written.
+"""`forge e2e-gpu` inputs found bad only after the results folder was written, and a run that measured no
+comparison reported as a success.
 
 e2e-gpu: a model folder without config.json, a --vllm or --client program that is not there (or a client
 command with an unbalanced quote, or one $FORGE_BENCH_CLIENT names), a server port another process holds,
@@ -7,11 +8,13 @@ device variable hides every card), and a --profile-prefill longer than the serve
 the results folder (its prompts, logs and summary) and then failed ('no server came up', exit 2) or exited 0:
 the client's run with nothing measured, the profile's with its request refused after the tiers. Each is now
 refused before anything is written: exit code 2, one error line naming the option and what is wrong, a `fix:`
-line, no --out folder.
+line, no --out folder. A run where one profile's server never came up exited 0 with nothing scored; it now
+exits 1 naming the server, its error and its log.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
@@ -19,7 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import args_with, forge, forge_env, free_port_pair, tiny_model
+from helpers import args_with, e2e_fake, forge, forge_env, free_port_pair, tiny_model
 from test_bad_inputs import refused, writes_nothing
 from test_bad_inputs_round5 import fix_line
 
@@ -162,3 +165,42 @@ def test_a_device_variable_that_hides_every_card_is_refused(tmp_path, model):
         r = e2e(tmp_path, model, "--vllm", VLLM_CLI, env=env)
     refused(r, "no GPU visible to the servers", "CUDA_VISIBLE_DEVICES= leaves none")
 
+
+def test_a_gpu_torch_sees_passes_and_servers_that_never_come_up_fail_the_run(tmp_path, model):
+    """No card tool, one card torch sees: past the checks (the memory not checked, the cards recorded); the
+    stand-in vLLM exits at once, so no server comes up: the run fails with exit 1 (it ran), not a refusal,
+    naming each server's error and log."""
+    r = e2e(tmp_path, model, "--vllm", VLLM_CLI, env=gpu_env(tmp_path, TORCH_SEES.format(n=1)))
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    err = next(x for x in r.stderr.splitlines() if x.startswith("forge e2e-gpu: error: "))
+    for name in ("contest", "upstream"):
+        assert f"{name}: the server exited (code 1) before it became ready" in err, err
+        assert str(tmp_path / "out" / "runs" / name / "server.log") in err, err
+    assert err.endswith("nothing was measured"), err
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert s["gpu_fit"]["cards"]["cards"] == 1 and not s["gpu_fit"]["checked"]
+    assert s["error"] in err
+    assert "(1 card(s) visible: torch.cuda.device_count() in" in (tmp_path / "out" / "summary.md").read_text()
+
+
+# --- e2e-gpu: a profile whose server never came up fails the run -------------------------------------------
+
+def test_a_reference_whose_server_never_came_up_fails_the_run_naming_its_log(tmp_path):
+    """upstream's server exits at its start; fast-int8's tier is measured and kept, but nothing is scored
+    against the reference: the run exited 0 with 'profiles whose server did not come up' among its skips."""
+    port = free_port_pair()
+    r, port, out = e2e_fake(tmp_path, "--no-fault", "--tier-order", "4-8K", port=port, env_extra={
+        "FAKE_FAIL_START": "RuntimeError: CUDA error: out of memory", "FAKE_FAIL_START_PORT": str(port + 1)})
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    err = [x for x in r.stderr.splitlines() if x.startswith("forge e2e-gpu: error: ")]
+    assert len(err) == 1 and "Traceback" not in r.stderr, r.stderr
+    log = out / "runs" / "upstream" / "server.log"
+    assert "the upstream server did not come up" in err[0] and f"its log: {log}" in err[0], err
+    assert "no profile is scored against the reference (upstream)" in err[0], err
+    assert "CUDA error: out of memory" in log.read_text()
+    assert "run the same --out again" in fix_line(r)
+    s = json.loads(out.joinpath("summary.json").read_text())
+    assert s["skipped"] == ["profiles whose server did not come up: upstream"] and not s.get("scores")
+    assert (out / "runs" / "fast-int8" / "4-8K.json").is_file()          # what it measured is kept
+    assert "## Error" in (out / "summary.md").read_text()

@@ -10,7 +10,8 @@ max_completion_tokens (or FAKE_OUTPUT_TOKENS). Behaviour for tests, from the env
   FAKE_TTFT_MS       delay before the first token in ms (default 5)
   FAKE_OUTPUT_TOKENS cap on reply length (default: as requested)
   FAKE_DIE_AFTER     exit the whole process in the middle of streaming chat request number N
-  FAKE_FAIL_START    print this text and exit with code 1 instead of serving
+  FAKE_FAIL_START    print this text and exit with code 1 instead of serving (with FAKE_FAIL_START_PORT:
+                     only the server on that port)
   FAKE_GARBAGE_PORT  on this port, /v1/completions logprobs are NaN; FAKE_COLLAPSE_PORT: on this
                      port, one token repeated; FAKE_LOGPROB_SHIFT: added to each chosen token's logprob
 A streamed /v1/completions sends one token per chunk with vLLM's continuous usage figures until
@@ -239,7 +240,7 @@ def main(argv=None) -> int:
     ap.add_argument("--served-model-name", default=None)
     ap.add_argument("--host", default="127.0.0.1")
     args, rest = ap.parse_known_args(argv)
-    if os.environ.get("FAKE_FAIL_START"):
+    if os.environ.get("FAKE_FAIL_START") and os.environ.get("FAKE_FAIL_START_PORT", str(args.port)) == str(args.port):
         print(os.environ["FAKE_FAIL_START"], flush=True)
         return 1
     if args.host not in ("127.0.0.1", "localhost", "::1"):

@@ -38,10 +38,12 @@ weights per rank; where none of these tools answers, the memory is not checked a
 the servers' ports free, and the commands the servers and the client run (--vllm, --client: their program
 there; where it is vLLM's own CLI, vLLM installed for its Python unless the bundle installs it, and for the
 servers a GPU it sees: where no card tool answers, torch's device count in that Python); a refusal
-(exit code 2) leaves no results folder, and one being resumed as it was. While it runs, the card's own tool
-(nvidia-smi, hy-smi or rocm-smi) samples the GPU every 5 s into logs/gpu-monitor.log: utilization, power,
-memory and the processes on the card, clocks and temperature too with nvidia-smi and rocm-smi
-(forge.lab.gpumon).
+(exit code 2) leaves no results folder, and one being resumed as it was. A run exits 1 (its results kept)
+where its plumbing check fails, or where a profile's server never came up: nothing was measured on it, so
+nothing is compared against it; the error line names the server, its error and its log. While it runs, the
+card's own tool (nvidia-smi, hy-smi or rocm-smi) samples the GPU every 5 s into logs/gpu-monitor.log:
+utilization, power, memory and the processes on the card, clocks and temperature too with nvidia-smi and
+rocm-smi (forge.lab.gpumon).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ from .install import install_only, versions
 from .packing import TRITON_MANIFEST, TRITON_PART_MIB, pack_triton_cache, seed_triton_cache
 from .plumbing import PLUMBING_PROMPT_TOKENS, plumbing
 from .serverlog import log_facts
-from .servers import adopt_or_stop, guarded, start_all, stop_all, stop_left_servers
+from .servers import adopt_or_stop, guarded, not_up_error, start_all, stop_all, stop_left_servers
 from .session import Run
 from .tiers import (
     DEFAULT_TIER_ORDER,
@@ -148,6 +150,8 @@ def cmd_e2e(args, parser: argparse.ArgumentParser) -> int:
     run.summary["reference"] = ref
     run.step("bundle installed" if site else "using the installed vLLM", model=str(model))
     scored: dict = {}
+    not_up: list[str] = []                # profiles whose server this invocation started and that never came up
+    failed: ForgeError | None = None
     keep = args.keep_servers
     # the card beside the run (other processes, clocks): logs/gpu-monitor.log
     monitor = gpumon.Monitor(run.out / "logs" / "gpu-monitor.log")
@@ -171,11 +175,11 @@ def cmd_e2e(args, parser: argparse.ArgumentParser) -> int:
         to_start = [n for n in names if n not in kept and n not in adopted]
         started = start_all(run, model, to_start) if to_start else []
         live = [n for n in names if n in adopted or n in started]
-        if to_start and not started and not adopted:
-            raise ForgeError("no server came up; see summary.json server_errors and logs/")
-        if started != to_start:
-            run.summary["skipped"].append(f"profiles whose server did not come up: "
-                                          f"{', '.join(n for n in to_start if n not in started)}")
+        not_up = [n for n in to_start if n not in started]
+        if not_up and not live:
+            raise not_up_error(run, not_up)
+        if not_up:
+            run.summary["skipped"].append(f"profiles whose server did not come up: {', '.join(not_up)}")
         measured = [n for n in names if n in live or n in kept]
         if run.summary.get("plumbing"):
             run.step("plumbing check: kept from an earlier invocation")
@@ -227,6 +231,9 @@ def cmd_e2e(args, parser: argparse.ArgumentParser) -> int:
                 run.step("fault check", ok=fc["ok"])
         else:
             run.summary["skipped"].append(f"fault check: {run.left():.0f}s left, needs ~{FAULT_NEED_S:.0f}s")
+        if not_up:
+            failed = not_up_error(run, not_up)
+            run.summary["error"] = failed.message
     except (ForgeError, KeyboardInterrupt) as e:
         run.summary["error"] = getattr(e, "message", None) or "interrupted (SIGTERM or Ctrl-C)"
         raise
@@ -262,6 +269,8 @@ def cmd_e2e(args, parser: argparse.ArgumentParser) -> int:
             except Exception as e:
                 ui.warn(f"Triton cache not packed: {type(e).__name__}: {e}")
         ui.info(f"results: {run.out}")
+    if failed is not None:                # it ran, and a profile of it measured nothing: not a success
+        raise failed
     return 0 if not run.summary.get("plumbing") or run.summary["plumbing"]["ok"] else 1
 
 

@@ -199,6 +199,24 @@ def start_all_at_once(run: Run, model: Path, names: list[str]) -> list[str]:
     return live
 
 
+def not_up_error(run: Run, names: list[str]) -> ForgeError:
+    """The run's failure (exit 1: it ran, and failed) where the servers of `names` never came up: each one's
+    last error and its log, and what the run could not measure for it."""
+    def one(n: str) -> str:
+        err = ((run.summary.get("server_errors") or {}).get(n) or ["no error recorded"])[-1].splitlines()[0][:300]
+        log = run.servers.get(n, {}).get("log")
+        return f"{n}: {err}; " + (f"its log: {paths.rel(Path(log))}" if log else "it did not start, so it wrote no log")
+    live = [n for n in run.servers if n not in names]
+    who = f"the {names[0]} server" if len(names) == 1 else f"the servers of {', '.join(names)}"
+    it = "it" if len(names) == 1 else "them"
+    what = ("nothing was measured" if not live else
+            f"nothing was measured on {it}, so no profile is scored against the reference ({run.ref})"
+            if run.ref in names else f"nothing was measured on {it}, so {' and '.join(names)} got no score")
+    return ForgeError(f"{who} did not come up ({'; '.join(one(n) for n in names)}): {what}",
+                      hint=f"read the log, fix the cause and run the same --out again ({paths.rel(run.out)}): the tiers "
+                           "measured are kept; summary.json server_errors has each error whole", exit_code=1)
+
+
 def guarded(run: Run, name: str, fn, *a):
     """Run one step for server `name`; a failure is recorded against that server (its log is kept)
     and the run goes on with the others."""
