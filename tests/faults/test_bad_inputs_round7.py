@@ -1,5 +1,5 @@
-"""`forge e2e-gpu` inputs found bad only after the results folder was written, and a run that measured no
-comparison reported as a success.
+"""`forge e2e-gpu` inputs found bad only after the results folder was written, a run that measured no comparison
+reported as a success, and `forge plan --against` reading a run it should flag.
 
 e2e-gpu: a model folder without config.json, a --vllm or --client program that is not there (or a client
 command with an unbalanced quote, or one $FORGE_BENCH_CLIENT names), a server port another process holds,
@@ -10,6 +10,10 @@ the client's run with nothing measured, the profile's with its request refused a
 refused before anything is written: exit code 2, one error line naming the option and what is wrong, a `fix:`
 line, no --out folder. A run where one profile's server never came up exited 0 with nothing scored; it now
 exits 1 naming the server, its error and its log.
+
+plan --against: a run served at a topology no contest round runs (TP4, DP3, TP2 x DP2) was priced without a
+word: it is checked (the page math is the planner's at any topology) under a note citing the final round's
+rule.
 """
 
 from __future__ import annotations
@@ -204,3 +208,54 @@ def test_a_reference_whose_server_never_came_up_fails_the_run_naming_its_log(tmp
     assert s["skipped"] == ["profiles whose server did not come up: upstream"] and not s.get("scores")
     assert (out / "runs" / "fast-int8" / "4-8K.json").is_file()          # what it measured is kept
     assert "## Error" in (out / "summary.md").read_text()
+
+
+# --- plan --against --------------------------------------------------------------------------------------------
+
+START = ["python3", "-m", "vllm.entrypoints.cli.main", "serve", "/models/qwen", "--served-model-name", "Qwen3.5-27B",
+         "--port", "8001", "--max-num-seqs", "128", "--max-num-batched-tokens", "4096", "--gpu-memory-utilization",
+         "0.95"]
+
+
+def served(tmp_path: Path, name: str, args: list[str], tokens: dict | None = None, log: str | None = None) -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    rec = {"profile": "contest", "launch": START + args}
+    if tokens is not None:
+        rec["kv_cache"] = {"tokens": tokens, "equal": True, "flag": None}
+    (d / "serve.json").write_text(json.dumps(rec))
+    if log is not None:
+        (d / "server.log").write_text(log)
+    return d
+
+
+@pytest.mark.parametrize("args,tokens,topology", [
+    (["--tensor-parallel-size", "4"], {"0": 700000}, "TP4/DP1"),
+    (["--data-parallel-size", "3"], {"0": 28224, "1": 28224, "2": 28224}, "TP1/DP3"),
+    (["-tp", "2", "-dp", "2"], {"0": 268128, "1": 268128}, "TP2/DP2"),
+])
+def test_a_topology_no_round_runs_is_checked_under_a_note_citing_the_final_rounds_rule(tmp_path, args, tokens,
+                                                                                         topology):
+    """A GPU machine's server may run any topology, and the planner's page math is still checked against it;
+    the check said nothing of the topology being none the contest runs."""
+    d = served(tmp_path, "run", args, tokens)
+    r = forge(tmp_path, "plan", "--against", str(d), "--out", str(tmp_path / "check"))
+    assert r.returncode in (0, 1) and "Traceback" not in r.stderr and "error:" not in r.stderr, r.stdout + r.stderr
+    note = next((x for x in r.stdout.splitlines() if x.startswith("note: ")), "")
+    assert f"{topology} is not a topology of the contest" in note, r.stdout
+    assert "the final round runs TP2/DP1 or TP1/DP2" in note and "(rule 'final_topology')" in note, note
+    assert "the preliminary TP1/DP1" in note, note
+    res = json.loads((tmp_path / "check" / "plan-check.json").read_text())
+    assert res["topology_note"] == note[len("note: "):]
+    assert note in (tmp_path / "check" / "plan-check.md").read_text()
+    rows = [x for x in r.stdout.splitlines() if x.strip().startswith("DP")]
+    assert len(rows) == len(tokens), r.stdout
+
+
+@pytest.mark.parametrize("args,tokens", [([], {"0": 28224}), (["-dp", "2"], {"0": 28224, "1": 28224}),
+                                         (["-tp", "2"], {"0": 268128})])
+def test_a_topology_of_the_contest_gets_no_note(tmp_path, args, tokens):
+    d = served(tmp_path, "run", args, tokens)
+    r = forge(tmp_path, "plan", "--against", str(d))
+    assert r.returncode == 0 and "note:" not in r.stdout, r.stdout + r.stderr
+

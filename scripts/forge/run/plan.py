@@ -20,7 +20,8 @@ DCU card's blocks at TP1 (vLLM then skips its memory profile and takes that many
 `--against RUN` checks the planner against a served run instead: the KV cache each of its engines
 reported (serve.json, or the server log of an e2e-gpu profile folder), against the planner's figure for
 the run's own command (topology, KV dtype, utilization, batched tokens; a fixed --kv-cache-memory-bytes
-checks the page math alone) on --card; exit 1 where a rank is more than 2 % off.
+checks the page math alone) on --card; exit 1 where a rank is more than 2 % off. A topology no contest round
+runs is checked all the same, with a note citing the final round's rule.
 """
 
 from __future__ import annotations
@@ -214,6 +215,7 @@ def register(sub) -> None:
     p.add_argument("--against", metavar="RUN",
                    help="check the planner against a served run's report instead (a run id or folder with serve.json: "
                         "its command gives the configuration; exit 1 where a rank's KV cache is over 2 %% off; "
+                        "a topology no contest round runs, e.g. TP4, is checked with a note saying so; "
                         "writes plan-check.json and .md with --out)")
     p.add_argument("--out", help="folder for plan.json and plan.md (a recorded plan is replaced only with --force)")
     p.add_argument("--force", action="store_true", help="replace a plan recorded in --out")

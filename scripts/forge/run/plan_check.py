@@ -11,13 +11,17 @@ parser keeps it; a command without --max-num-batched-tokens is refused) and a fi
 the check is of the page math alone). The planner prices that configuration on `--card` (the card the
 run was served on: `dcu`, the default, for a run on the contest's card) and each rank's reported tokens
 are compared with it; a rank more than 2 % off fails the check (exit 1), naming the card's figures
-to look at."""
+to look at. A topology no contest round runs (TP4, DP3, TP2 x DP2 on a larger GPU machine) is checked all
+the same, the planner per rank as the server ran, under a note citing the final round's rule: the page math
+is the planner's at any topology, so such a run still checks it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from .. import options, paths, records
+from ..contest import rounds
+from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..model import capacity as cap_mod
 from ..model.shape import load_shape, served_kv_dtype
@@ -86,6 +90,22 @@ def _report(rdir: Path, serve: dict, dp: int) -> tuple[dict, str]:
                      "profile folder (unpacked: forge unpack-run)")
 
 
+def topology_note(tp: int, dp: int) -> str | None:
+    """Where the run's topology is none a contest round runs, what the check then is: the planner against
+    the server as it ran (its figure per rank at TP`tp`: a GPU machine's server may run other topologies, and
+    its page math is still the planner's), not against a server of the contest's; None for a round's."""
+    contest = contest_mod.load_contest()
+    final, first = (rounds.load_round(contest, n) for n in ("final", "preliminary"))
+    if (tp, dp) in final.topologies or (tp, dp) in first.topologies:
+        return None
+    rule = next((u.rule for u in final.unlocked if u.key == "tensor_parallel_size"), final.organizers_rule)
+    return (f"TP{tp}/DP{dp} is not a topology of the contest: the final round runs "
+            + " or ".join(f"TP{t}/DP{d}" for t, d in final.topologies)
+            + f" (\"{contest_mod.rule_text(contest, rule)}\" (rule '{rule}')), the preliminary "
+            + " or ".join(f"TP{t}/DP{d}" for t, d in first.topologies)
+            + f"; this checks the planner per rank at TP{tp} as this server ran, not a server of the contest's")
+
+
 def check(run: str, card: str = "dcu") -> dict:
     rdir = runs.resolve_run(run)
     spath = rdir / "serve.json"
@@ -122,6 +142,7 @@ def check(run: str, card: str = "dcu") -> dict:
         ranks.append({"rank": rank, "reported_tokens": tokens, "planned_tokens": cap.reported_tokens,
                       "error": err, "within": abs(err) <= TOLERANCE})
     return {"run": paths.rel(rdir), "report_from": source, "card": card, "config": cfg, "ranks": ranks,
+            "topology_note": topology_note(cfg["tp"], cfg["dp"]),
             "flag": report.get("flag"), "tolerance": TOLERANCE, "ok": all(r["within"] for r in ranks),
             "planner": {"num_blocks": cap.num_blocks, "block_size": cap.block_size, "kv_bytes": cap.kv_bytes}}
 
@@ -133,6 +154,8 @@ def render(res: dict) -> list[str]:
     L = [f"run {res['run']}: TP{c['tp']}/DP{c['dp']} {c['kv_dtype']} KV, {how}, --max-num-batched-tokens "
          f"{c['max_num_batched_tokens']}; vLLM's report from {res['report_from']}",
          f"{'rank':>5} {'vLLM reported':>14} {'planner':>10} {'error':>8}  within ±{res['tolerance']:.0%}"]
+    if res.get("topology_note"):
+        L.insert(1, f"note: {res['topology_note']}")
     for r in res["ranks"]:
         if r["reported_tokens"] is None:
             L.append(f"{'DP' + r['rank']:>5} {'(no report)':>14} {r['planned_tokens']:>10,} {'—':>8}  NO")
