@@ -1,5 +1,5 @@
 """`forge e2e-gpu` inputs found bad only after the results folder was written, a run that measured no comparison
-reported as a success, and `forge plan --against` reading a run it should flag.
+reported as a success, and `forge plan --against` reading a run it should flag or refuse.
 
 e2e-gpu: a model folder without config.json, a --vllm or --client program that is not there (or a client
 command with an unbalanced quote, or one $FORGE_BENCH_CLIENT names), a server port another process holds,
@@ -13,7 +13,8 @@ exits 1 naming the server, its error and its log.
 
 plan --against: a run served at a topology no contest round runs (TP4, DP3, TP2 x DP2) was priced without a
 word: it is checked (the page math is the planner's at any topology) under a note citing the final round's
-rule.
+rule; a garbled "GPU KV cache size" line was reported as no report at all: it is refused, quoted, with its
+file named.
 """
 
 from __future__ import annotations
@@ -258,4 +259,27 @@ def test_a_topology_of_the_contest_gets_no_note(tmp_path, args, tokens):
     d = served(tmp_path, "run", args, tokens)
     r = forge(tmp_path, "plan", "--against", str(d))
     assert r.returncode == 0 and "note:" not in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("line", ["GPU KV cache size: 12,3x4 tokens", "GPU KV cache size: 12,34 tokens",
+                                  "GPU KV cache size: tokens"])
+def test_a_garbled_kv_cache_line_is_refused_quoted_with_its_file(tmp_path, line):
+    """It read as no report at all: 'no server log beside it says "GPU KV cache size"', where the log did."""
+    d = served(tmp_path, "run", [], log=f"(EngineCore_DP0 pid=7) INFO 12-04 10:00:00 [kv_cache_utils.py:1087] {line}\n")
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "plan", "--against", str(d))
+    err = refused(r, f"{d / 'server.log'}: a KV cache report that cannot be read", line)
+    assert "no KV cache report" not in err
+    assert "serve the run again" in fix_line(r)
+
+
+def test_e2e_and_plan_help_say_what_they_check(tmp_path):
+    e2e_help = " ".join(forge(tmp_path, "e2e-gpu", "--help").stdout.split())
+    for words in ("the servers' ports free", "vLLM installed for its Python unless the bundle installs it",
+                  "torch's device count in that Python", "a refusal (exit code 2) leaves no results folder",
+                  "or where a profile's server never came up"):
+        assert words in e2e_help, words
+    plan_help = " ".join(forge(tmp_path, "plan", "--help").stdout.split())
+    assert "a topology no contest round runs, e.g. TP4, is checked with a note saying so" in plan_help
+    assert "refused, quoted with its file" in plan_help
 

@@ -21,7 +21,8 @@ DCU card's blocks at TP1 (vLLM then skips its memory profile and takes that many
 reported (serve.json, or the server log of an e2e-gpu profile folder), against the planner's figure for
 the run's own command (topology, KV dtype, utilization, batched tokens; a fixed --kv-cache-memory-bytes
 checks the page math alone) on --card; exit 1 where a rank is more than 2 % off. A topology no contest round
-runs is checked all the same, with a note citing the final round's rule.
+runs is checked all the same, with a note citing the final round's rule; a "GPU KV cache size" line not as
+vLLM writes it is refused, quoted with its file.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ run was served on: `dcu`, the default, for a run on the contest's card) and each
 are compared with it; a rank more than 2 % off fails the check (exit 1), naming the card's figures
 to look at. A topology no contest round runs (TP4, DP3, TP2 x DP2 on a larger GPU machine) is checked all
 the same, the planner per rank as the server ran, under a note citing the final round's rule: the page math
-is the planner's at any topology, so such a run still checks it."""
+is the planner's at any topology, so such a run still checks it. A "GPU KV cache size" line not as vLLM
+writes it is refused, quoted with its file (it read as no report at all)."""
 
 from __future__ import annotations
 
@@ -79,7 +80,13 @@ def _report(rdir: Path, serve: dict, dp: int) -> tuple[dict, str]:
                                     if paths.name_problem(profile) is None else [])
     for log in logs:
         if log.is_file():
-            rep = serverlog.kv_cache_report(log.read_text(errors="replace"), dp)
+            text = log.read_text(errors="replace")
+            unread = serverlog.kv_cache_unread(text)
+            if unread:                     # read as no report at all before: "missing"
+                raise ForgeError(f"{paths.rel(log)}: a KV cache report that cannot be read: {unread[0][-200:]!r} (vLLM "
+                                 f"writes \"{serverlog.KV_LINE}: 28,224 tokens\")", hint="the log is damaged or edited: "
+                                 "serve the run again, or give the run's log as vLLM wrote it")
+            rep = serverlog.kv_cache_report(text, dp)
             if any(n <= 0 for n in rep["tokens"].values()):
                 raise ForgeError(f"{paths.rel(log)}: a rank reported a KV cache of 0 tokens (the server could not "
                                  "hold a request)", hint="nothing to check the planner against: serve it again")

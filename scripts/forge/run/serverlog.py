@@ -45,7 +45,9 @@ def diagnose(log_text: str) -> list[tuple[str, str]]:
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_KV = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+KV_LINE = "GPU KV cache size"
+# vLLM's f"{tokens:,}": digits, grouped by three after the first comma
+_KV = re.compile(KV_LINE + r": (\d{1,3}(?:,\d{3})+|\d+) tokens")
 _RANK = re.compile(r"\((?:EngineCore|DPEngineCoreActor)_DP(\d+) pid=\d+\)")
 
 
@@ -61,6 +63,12 @@ def kv_cache_sizes(log_text: str) -> dict[int, int]:
         r = _RANK.search(line)
         out[int(r.group(1)) if r else 0] = int(m.group(1).replace(",", ""))
     return out
+
+
+def kv_cache_unread(log_text: str) -> list[str]:
+    """The lines that say "GPU KV cache size" but not as vLLM writes it ("GPU KV cache size: 28,224 tokens"):
+    a damaged or edited log, whose count kv_cache_sizes does not read."""
+    return [line.strip() for line in _ANSI.sub("", log_text).splitlines() if KV_LINE in line and not _KV.search(line)]
 
 
 _CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
