@@ -9,7 +9,8 @@ the results folder (its prompts, logs and summary) and then failed ('no server c
 the client's run with nothing measured, the profile's with its request refused after the tiers. Each is now
 refused before anything is written: exit code 2, one error line naming the option and what is wrong, a `fix:`
 line, no --out folder. A run where one profile's server never came up exited 0 with nothing scored; it now
-exits 1 naming the server, its error and its log.
+exits 1 naming the server, its error and its log. So does a run whose client failed a (tier, profile): it
+exits 1 naming each, its error and its client log.
 
 plan --against: a run served at a topology no contest round runs (TP4, DP3, TP2 x DP2) was priced without a
 word: it is checked (the page math is the planner's at any topology) under a note citing the final round's
@@ -211,6 +212,28 @@ def test_a_reference_whose_server_never_came_up_fails_the_run_naming_its_log(tmp
     assert "## Error" in (out / "summary.md").read_text()
 
 
+def test_a_client_that_fails_its_tiers_fails_the_run_naming_each_tier_and_its_log(tmp_path):
+    """Both servers up, the client exits 1 on every tier: nothing is measured or scored, and the run exited 0
+    with the failures only in summary.json. It now exits 1 naming each (tier, profile), its error and its
+    client log; a rerun of the same folder with a working client measures them and exits 0."""
+    r, port, out = e2e_fake(tmp_path, "--no-fault", "--tier-order", "4-8K", env_extra={"REPLAY_FAIL": "1"})
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    err = [x for x in r.stderr.splitlines() if x.startswith("forge e2e-gpu: error: ")]
+    assert len(err) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "the client failed 2 (tier, profile) run(s)" in err[0], err
+    for name in ("fast-int8", "upstream"):
+        assert f"tier 4-8K of {name}: " in err[0] and str(out / "runs" / name / "4-8K.client.log") in err[0], err
+    assert "replay: failing as told" in (out / "runs" / "upstream" / "4-8K.client.log").read_text()
+    assert "run the same --out again" in fix_line(r)
+    s = json.loads(out.joinpath("summary.json").read_text())
+    assert s["error"] in err[0] and not s.get("scores")
+    r2, _, _ = e2e_fake(tmp_path, "--no-fault", "--tier-order", "4-8K", port=port)
+    assert r2.returncode == 0, r2.stdout[-2000:] + r2.stderr[-2000:]
+    s2 = json.loads(out.joinpath("summary.json").read_text())
+    assert all((out / "runs" / name / "4-8K.json").is_file() for name in ("fast-int8", "upstream"))
+    assert "error" not in s2, s2.get("error")
+
+
 # --- plan --against --------------------------------------------------------------------------------------------
 
 START = ["python3", "-m", "vllm.entrypoints.cli.main", "serve", "/models/qwen", "--served-model-name", "Qwen3.5-27B",
@@ -277,7 +300,8 @@ def test_e2e_and_plan_help_say_what_they_check(tmp_path):
     e2e_help = " ".join(forge(tmp_path, "e2e-gpu", "--help").stdout.split())
     for words in ("the servers' ports free", "vLLM installed for its Python unless the bundle installs it",
                   "torch's device count in that Python", "a refusal (exit code 2) leaves no results folder",
-                  "or where a profile's server never came up"):
+                  "where a profile's server never came up",
+                  "or where the client's run of a (tier, profile) failed (the line names each, its error and its client log"):
         assert words in e2e_help, words
     plan_help = " ".join(forge(tmp_path, "plan", "--help").stdout.split())
     assert "a topology no contest round runs, e.g. TP4, is checked with a note saying so" in plan_help

@@ -39,8 +39,10 @@ the servers' ports free, and the commands the servers and the client run (--vllm
 there; where it is vLLM's own CLI, vLLM installed for its Python unless the bundle installs it, and for the
 servers a GPU it sees: where no card tool answers, torch's device count in that Python); a refusal
 (exit code 2) leaves no results folder, and one being resumed as it was. A run exits 1 (its results kept)
-where its plumbing check fails, or where a profile's server never came up: nothing was measured on it, so
-nothing is compared against it; the error line names the server, its error and its log. While it runs, the
+where its plumbing check fails, where a profile's server never came up (nothing was measured on it, so
+nothing is compared against it; the error line names the server, its error and its log), or where the
+client's run of a (tier, profile) failed (the line names each, its error and its client log; the next
+invocation of the same --out runs only what is missing). While it runs, the
 card's own tool (nvidia-smi, hy-smi or rocm-smi) samples the GPU every 5 s into logs/gpu-monitor.log:
 utilization, power, memory and the processes on the card, clocks and temperature too with nvidia-smi and
 rocm-smi (forge.lab.gpumon).
@@ -75,6 +77,7 @@ from .tiers import (
     bench_tiers,
     finish_runs,
     scores,
+    tier_failure_error,
 )
 
 FIRST_PORT = serve.LOCKED_PORT
@@ -231,8 +234,8 @@ def cmd_e2e(args, parser: argparse.ArgumentParser) -> int:
                 run.step("fault check", ok=fc["ok"])
         else:
             run.summary["skipped"].append(f"fault check: {run.left():.0f}s left, needs ~{FAULT_NEED_S:.0f}s")
-        if not_up:
-            failed = not_up_error(run, not_up)
+        if not_up or run.tier_failures:
+            failed = not_up_error(run, not_up) if not_up else tier_failure_error(run, run.tier_failures)
             run.summary["error"] = failed.message
     except (ForgeError, KeyboardInterrupt) as e:
         run.summary["error"] = getattr(e, "message", None) or "interrupted (SIGTERM or Ctrl-C)"

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import paths
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..hashing import sha256_file
@@ -293,6 +294,9 @@ def bench_tiers(run: Run, names: list[str], model: Path, datasets: dict[str, Pat
                 health_url=f"http://{st['host']}:{st['port']}{st['health']}"))
             took = time.monotonic() - t
             if status is None:
+                # the client's run of this (tier, profile) failed: the error is in server_errors, its output
+                # in the tier's client log; the run fails at its end (tier_failure_error)
+                run.tier_failures.append((tname, name))
                 continue
             scale = max(scale or 0.0, took / firsts[name])
             res = runs.read_json(runs.result_path(rdir, tname))
@@ -304,6 +308,20 @@ def bench_tiers(run: Run, names: list[str], model: Path, datasets: dict[str, Pat
                      status=status, seconds=round(took, 1), completed=res.get("completed"), preemptions=preempted,
                      failed=res.get("failed"), ttft_ms=res.get("p99_ttft_ms"), tpot_ms=res.get("p99_tpot_ms"))
     return done
+
+
+def tier_failure_error(run: Run, failures: list[tuple[str, str]]) -> ForgeError:
+    """The run's failure (exit 1: it ran, and failed) where the client's run of some (tier, profile)s failed
+    in this invocation: each one's last recorded error and its client log."""
+    def one(tname: str, name: str) -> str:
+        err = ((run.summary.get("server_errors") or {}).get(name) or ["no error recorded"])[-1].splitlines()[0][:300]
+        log = run.run_dir(name, create=False) / f"{tname}.client.log"
+        return f"tier {tname} of {name}: {err}" + (f"; its client log: {paths.rel(log)}" if log.is_file() else "")
+    return ForgeError(f"the client failed {len(failures)} (tier, profile) run(s), which are not measured: "
+                      + "; ".join(one(t, n) for t, n in failures),
+                      hint=f"read the client log, fix the cause and run the same --out again ({paths.rel(run.out)}): "
+                           "the tiers measured are kept and only the failed ones run; summary.json server_errors "
+                           "has each error whole", exit_code=1)
 
 
 def finish_runs(run: Run, names: list[str], done: dict) -> dict[str, Path]:
