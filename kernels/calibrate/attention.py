@@ -10,17 +10,18 @@ vLLM's unified kernel with upstream's 16-row tiles. Triton tiles are powers of t
 tiles are 64 (10 tokens x 6 heads), 128 (21 x 6) and 256 (42 x 6) rows; a 192-row tile (32 x 6) is
 not a Triton shape.
 
-decode: decisions `decode.<batch>.16bit` (bf16 cache, block 784) and `decode.<batch>.int8` (block
-1552) at the requests a rank decodes at once in the rounds (1, 4, 5, 10), each run as the server runs it:
-padded to its CUDA-graph size (`<batch>` = 1, 4, 8, 16; the padding rows of length 0 with block-table
-rows of -1, as vLLM's runner pads them), over the tiers' decode contexts (median prompt + 512) and 32K,
-on one rank's heads (`--tp`: 24/4 at TP1, 12/2 at TP2); candidates: our
-split-KV kernel at each (segments, TILE_N, warps, stages), the segments from a quarter to four times
-its built-in count (`choose_num_segments`), its built-in choice among them, at each launch of the
-cache kind (`DECODE_LAUNCHES`: int8 tiles go to 128 tokens, as many bytes as bf16's 64); the anchor is
-vLLM's unified kernel in its 3D decode mode (16 segments). The table takes one launch per cache kind
-(`decode.launch.16bit`, and `decode.launch.int8` when a launch beats the int8 built-in beyond the
-noise: scripts/forge/run/calibration.py).
+decode: decisions `decode.<batch>.16bit` (bf16 cache, block 784) and `decode.<batch>.int8` (block 1552)
+at the batches the rounds' servers plan their decode attention at (`common.DECODE_SERVED`: 1, 4, 5, 7,
+8, 16, 24), each over the requests decoding at once that run at it, as the server runs them: a step that
+a FULL CUDA graph runs is padded to the graph's size with rows of length 0 and block-table rows of -1
+(10 requests at batch 16 under --max-num-seqs 128; 5 requests at 5 under --max-num-seqs 5, at 8 under
+128: `common.decode_key`), over the tiers' decode contexts (median prompt + 512) and 32K, on one rank's
+heads (`--tp`: 24/4 at TP1, 12/2 at TP2); candidates: our split-KV kernel at each (segments, TILE_N,
+warps, stages), the segments from a quarter to four times its built-in count (`choose_num_segments`),
+its built-in choice among them, at each launch of the cache kind (`DECODE_LAUNCHES`: int8 tiles go to
+128 tokens, as many bytes as bf16's 64); the anchor is vLLM's unified kernel in its 3D decode mode (16
+segments). The table takes one launch per cache kind (`decode.launch.16bit`, and `decode.launch.int8`
+when a launch beats the int8 built-in beyond the noise: scripts/forge/run/calibration.py).
 
 Correctness first: each candidate's output on sampled rows against float64 attention over what the
 cache holds (NaN-poisoned output, random block tables, ragged lengths); a candidate over its
@@ -258,56 +259,63 @@ def run_unified_decode(torch, uni, sh: Shape, c, out, ws, segments: int):
                           softmax_segm_expsum=ws[2])
 
 
-def decode_points(smoke: bool, quick: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(batches, contexts): the requests decoding at once (`C.DECODE_BATCHES`: 1, 4, 5, 10; each run
-    padded to its graph size) and each tier's decode context (its median prompt and half the 1024
-    output tokens) plus the longest, 32K; the smoke run: two tiny points, the second padded (3 -> 4)."""
+def decode_points(smoke: bool, quick: bool) -> tuple[dict[int, list[int]], tuple[int, ...]]:
+    """({planned batch: [requests decoding at once]}, contexts): the rounds' decode steps
+    (`C.DECODE_SERVED`, each at the batch its server's attention plans: `C.decode_key`) and each tier's
+    decode context (its median prompt and half the 1024 output tokens) plus the longest, 32K; the smoke
+    run: two tiny points, the second 3 requests padded to 4."""
     if smoke:
-        return (1, 3), (97,)
+        return C.decode_plan(((1, 128), (3, 128))), (97,)
     contexts = tuple(sorted({*(p + 512 for p in C.TIER_PROMPTS.values()), C.MAX_CONTEXT}))
     if quick:
-        return (1, 10), (contexts[0], contexts[-1])
-    return C.DECODE_BATCHES, contexts
+        return C.decode_plan(C.DECODE_SERVED_QUICK), (contexts[0], contexts[-1])
+    return C.decode_plan(C.DECODE_SERVED), contexts
+
+
+def decode_point(P: int, B: int, L: int) -> str:
+    """A decode record's point: its context, and the requests decoding at once where the step is padded."""
+    return f"ctx={L}" if B == P else f"n={B} ctx={L}"
 
 
 def decode(torch, args, emit) -> dict:
-    """One decision per padded batch size, `decode.<graph batch>.<16bit|int8>`, over the tier contexts,
-    on this rank's heads (--tp): the segment count and launch of our split-KV kernel, against vLLM's
-    unified kernel in its 3D mode (16 segments, as the server runs it), both on the real requests
-    followed by the graph's padding rows."""
+    """One decision per planned batch, `decode.<batch>.<16bit|int8>` (the batch the server's attention
+    plans and looks the table up by), over the tier contexts and the requests decoding at once that run at
+    that batch, on this rank's heads (--tp): the segment count and launch of our split-KV kernel, against
+    vLLM's unified kernel in its 3D mode (16 segments, as the server runs it), both on the real requests
+    followed by a CUDA graph's padding rows where the step is padded."""
     sh = Shape(args.smoke, getattr(args, "heads", None))
     _, dec, uni = kernels(args.kernels)
     is_hip = bool(getattr(torch.version, "hip", None))
-    batches, contexts = decode_points(args.smoke, args.quick)
+    plan, contexts = decode_points(args.smoke, args.quick)
     gen = torch.Generator(device=sh.dev).manual_seed(args.seed + 1)
     led = args.ledger
     cus = torch.cuda.get_device_properties(0).multi_processor_count if C.on_gpu(torch) else 16
     for kv, block in (("16bit", C.BLOCK_BF16), ("int8", C.BLOCK_INT8)):
-        for B in batches:
-            # the server plans (and looks the table up) per padded size P: the built-in choice is P's
-            P = C.graph_batch(B)
+        for P, reals in plan.items():
+            # the server plans (and looks the table up) per batch P: the built-in choice is P's
             builtin_s = dec.choose_num_segments(cus, P, sh.hkv, C.MAX_CONTEXT)
             builtin = (builtin_s, *dec.default_launch_config(torch.int8 if kv == "int8" else torch.bfloat16, sh.d,
                                                                is_hip, P))
             cands = decode_candidates(is_hip, args.quick, args.smoke, builtin, kv)
             # a point's launches rotate over disjoint batches (>= ROTATE_BYTES of KV per replay on a GPU):
             # the L2 cache does not hold the next launch's KV at small batches and contexts
-            cases = {L: [decode_batch(torch, sh, batch=B, context=L, kv=kv, block=block, gen=gen,
-                                      seed=args.seed + B + L + 7919 * j, pad_to=P)
-                         for j in range(rotation(sh, B, L, kv))]
-                     for L in contexts}
-            check = sorted({0, B - 1})
-            refs = {L: decode_ref(torch, sh, cases[L][0], check) for L in contexts}
+            cases = {(B, L): [decode_batch(torch, sh, batch=B, context=L, kv=kv, block=block, gen=gen,
+                                           seed=args.seed + B + L + 7919 * j, pad_to=P)
+                              for j in range(rotation(sh, B, L, kv))]
+                     for B in reals for L in contexts}
+            checks = {B: sorted({0, B - 1}) for B in reals}
+            refs = {(B, L): decode_ref(torch, sh, cases[(B, L)][0], checks[B]) for B, L in cases}
             decision = f"decode.{P}.{kv}"
+            shown = ", ".join(f"{B} requests" + (f" padded to {P}" if B != P else "") for B in reals)
             for n, (kind, launch) in enumerate(cands, 1):
                 name = "vLLM unified 3D (16 segments)" if kind == "upstream" else \
                     "segments {} TILE_N {} warps {} stages {}".format(*launch)
-                emit(n, len(cands), f"{decision} ({B} requests padded to {P}; {sh.hq}/{sh.hkv} heads): {name}")
+                emit(n, len(cands), f"{decision} ({shown}; {sh.hq}/{sh.hkv} heads): {name}")
                 if not led.begin(decision, name, kind, list(launch) if launch else None):
                     continue
-                for L in contexts:
+                for (B, L), batches in cases.items():
                     fns, outs = [], []
-                    for c in cases[L]:
+                    for c in batches:
                         out = torch.full_like(c["q"], float("nan"))
                         outs.append(out)
                         if kind == "upstream":
@@ -329,20 +337,22 @@ def decode(torch, args, emit) -> dict:
                     us, failure, err, ok = None, None, None, False
                     try:
                         fns[0]()
-                        err = C.frob_err(torch, outs[0][check], refs[L])
+                        err = C.frob_err(torch, outs[0][checks[B]], refs[(B, L)])
                         ok = err <= TOL[kv]
                         if ok:
                             us = C.time_graph(torch, fns, reps=5 if args.quick else 15) if C.on_gpu(torch) \
                                 else C.time_events(torch, fns[0], reps=2)
                     except Exception as e:  # noqa: BLE001 - does not compile / fit / run on this device
                         failure, ok = C.short_error(e), False
-                    led.add(C.record(decision, name, kind, point=f"ctx={L}", launch=list(launch) if launch else None,
-                                     ok=ok, err=err, tol=TOL[kv], error=failure, us=us))
+                    led.add(C.record(decision, name, kind, point=decode_point(P, B, L),
+                                     launch=list(launch) if launch else None, ok=ok, err=err, tol=TOL[kv],
+                                     error=failure, us=us))
             cases = refs = None
             if sh.dev == "cuda":
                 torch.cuda.empty_cache()
+    runs_at = "; ".join(f"batch {P}: " + ", ".join(f"{B} requests" + (f" padded to {P}" if B != P else "")
+                                                   for B in reals) for P, reals in plan.items())
     return {"records": led.records, "heads": [sh.hq, sh.hkv],
-            "notes": [f"decode at {sh.hq} q / {sh.hkv} KV heads per rank, "
-                      f"{', '.join(f'{b} requests padded to {C.graph_batch(b)}' for b in batches)} (the CUDA-graph "
-                      f"sizes the server runs them at), contexts {', '.join(map(str, contexts))}; launches and "
-                      f"segment counts for both cache kinds"]}
+            "notes": [f"decode at {sh.hq} q / {sh.hkv} KV heads per rank, at the batches the servers' attention "
+                      f"plans ({runs_at}), contexts {', '.join(map(str, contexts))}; launches and segment counts "
+                      f"for both cache kinds"]}

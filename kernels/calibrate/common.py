@@ -65,10 +65,14 @@ CHUNK = 4096
 TIER_PROMPTS = {"4-8K": 6677, "8-16K": 14156, "16-32K": 21679}
 DECODE_CONTEXTS = (4096, 8192, 16384, 32768)
 BLOCK_BF16, BLOCK_INT8 = 784, 1552
-# the requests decoding at once on one rank: 1 (the preliminary), 4 (the planner's cap at 16-32K), 5 (a DP2
-# replica's share of the final round's concurrency 10; the cap at 8-16K) and 10 (the concurrency); each is
-# measured as the server runs it, padded to its CUDA-graph size (graph_batch: 1, 4, 8, 16)
-DECODE_BATCHES = (1, 4, 5, 10)
+# The decode steps the rounds' servers run, as (requests decoding at once on a rank, the server's
+# --max-num-seqs): the preliminary's one request; the planner's caps at 16-32K (4, bf16; 7, int8) and 8-16K
+# (5); a DP2 replica's share (5) of the finals' concurrency 10, and the concurrency itself (10), at the
+# baseline's 128; and the time model's picks at TP2 (16 at 4-8K, 24 at 8-16K and 16-32K). Each is measured
+# as the server runs it: at the batch its attention backend plans (decode_key; padded with empty rows where
+# a FULL CUDA graph runs it).
+DECODE_SERVED = ((1, 128), (4, 4), (5, 5), (7, 7), (5, 128), (10, 128), (16, 128), (24, 128))
+DECODE_SERVED_QUICK = ((1, 128), (10, 128))
 
 
 def graph_batch(batch: int) -> int:
@@ -81,6 +85,28 @@ def graph_batch(batch: int) -> int:
         raise ValueError(f"a decode batch of {batch} requests")
     step = 8 if batch <= 248 else 16
     return batch if batch <= 2 else 4 if batch <= 4 else -(-batch // step) * step
+
+
+def decode_key(batch: int, max_num_seqs: int) -> int:
+    """The batch the attention backend plans a pure-decode step of `batch` requests at (and looks the
+    table's segments up by) on a server with --max-num-seqs `max_num_seqs`: vLLM registers FULL decode
+    graphs only for capture sizes up to max-num-seqs (vllm/v1/cudagraph_dispatcher.py), so the step is
+    padded to `graph_batch(batch)` where that is at most max-num-seqs, and otherwise runs a PIECEWISE
+    graph whose attention sees the real batch (5 requests under --max-num-seqs 5: 5; under 128: 8)."""
+    if not 1 <= batch <= max_num_seqs:
+        raise ValueError(f"{batch} requests decoding at once under --max-num-seqs {max_num_seqs}")
+    padded = graph_batch(batch)
+    return padded if padded <= max_num_seqs else batch
+
+
+def decode_plan(served) -> dict[int, list[int]]:
+    """{planned batch: [requests decoding at once, ...]} of (requests, --max-num-seqs) pairs, in order."""
+    plan: dict[int, list[int]] = {}
+    for batch, seqs in served:
+        reals = plan.setdefault(decode_key(batch, seqs), [])
+        if batch not in reals:
+            reals.append(batch)
+    return plan
 MAX_CONTEXT = 32768
 
 

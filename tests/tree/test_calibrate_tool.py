@@ -78,7 +78,8 @@ def test_the_decode_family_measures_each_batch_padded_to_its_cuda_graph(tmp_path
                        capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     fam = json.loads((out / "decode.json").read_text())
-    assert "3 requests padded to 4" in " ".join(fam["notes"])
+    assert "batch 4: 3 requests padded to 4" in " ".join(fam["notes"])
+    assert {r["point"] for r in fam["records"] if r["decision"].startswith("decode.4.")} == {"n=3 ctx=97"}
     doc = json.loads((out / "calibration.json").read_text())
     assert {d for d in doc["selection"] if d.startswith("decode.")} == {
         f"decode.{b}.{kv}" for b in (1, 4) for kv in ("16bit", "int8")}

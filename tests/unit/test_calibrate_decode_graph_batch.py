@@ -1,7 +1,9 @@
 """The decode family measures a batch the way the server runs it: under vLLM's default compilation
 config a pure-decode step runs the FULL CUDA graph of the smallest capture size that holds it, padded
-with rows of length 0 (block-table rows -1), and the attention backend plans its split-KV segments per
-padded size. So the calibration's decisions carry the padded size, and its inputs hold the padding."""
+with rows of length 0 (block-table rows -1), where that size is at most the server's --max-num-seqs
+(vLLM registers FULL decode graphs only up to it); otherwise a PIECEWISE graph runs and the attention
+sees the real batch. The attention backend plans its split-KV segments per batch it sees, so the
+calibration's decisions carry that batch, and its inputs hold the padding."""
 
 import ast
 import sys
@@ -28,10 +30,34 @@ def test_graph_batch_is_the_smallest_capture_size_that_holds_the_batch():
     sizes = capture_sizes()
     for b in range(1, 513):
         assert C.graph_batch(b) == min(s for s in sizes if s >= b), b
-    # the round's requests in flight: the preliminary's 1, the planner's caps 4 and 5, the concurrency 10
-    assert [C.graph_batch(b) for b in C.DECODE_BATCHES] == [1, 4, 8, 16]
     with pytest.raises(ValueError):
         C.graph_batch(0)
+
+
+def full_decode_graphs(max_num_seqs: int) -> list[int]:
+    """The batch sizes vLLM captures FULL decode graphs for: the default capture sizes up to
+    min(2 x max-num-seqs, 512), of those the ones at most max-num-seqs (vllm/v1/cudagraph_dispatcher.py)."""
+    top = min(2 * max_num_seqs, 512)
+    return [s for s in capture_sizes() if s <= top and s <= max_num_seqs]
+
+
+@pytest.mark.parametrize("seqs", [1, 4, 5, 7, 8, 10, 14, 16, 128, 256])
+def test_decode_key_is_the_batch_the_attention_backend_sees(seqs):
+    full = full_decode_graphs(seqs)
+    for b in range(1, seqs + 1):
+        fits = [s for s in full if s >= b]
+        assert C.decode_key(b, seqs) == (min(fits) if fits else b), (b, seqs)
+    with pytest.raises(ValueError):
+        C.decode_key(seqs + 1, seqs)
+
+
+def test_the_rounds_decode_steps_and_the_batches_they_are_planned_at():
+    # 5 requests: at 5 under the planner's cap 5, at 8 (padded) under the baseline's 128; 10 and 16 both at 16
+    assert C.decode_plan(C.DECODE_SERVED) == {1: [1], 4: [4], 5: [5], 7: [7], 8: [5], 16: [10, 16], 24: [24]}
+    assert C.decode_plan(C.DECODE_SERVED_QUICK) == {1: [1], 16: [10]}
+    assert attention.decode_points(True, False) == ({1: [1], 4: [3]}, (97,))
+    assert [attention.decode_point(P, B, 7189) for P, B in ((16, 10), (16, 16), (5, 5))] == [
+        "n=10 ctx=7189", "ctx=7189", "ctx=7189"]
 
 
 def test_the_capture_sizes_are_the_pinned_sources():
@@ -45,6 +71,11 @@ def test_the_capture_sizes_are_the_pinned_sources():
                   "range(8, min(max_cudagraph_capture_size + 1, 256), 8)",
                   "range(256, max_cudagraph_capture_size + 1, 16)"):
         assert piece in body, piece
+    assert "self.scheduler_config.max_num_seqs * decode_query_len * 2, 512" in body
+    dispatcher = (VLLM_CONFIG.parents[1] / "v1" / "cudagraph_dispatcher.py").read_text()
+    # FULL decode graphs only up to max-num-seqs tokens of one query token each
+    assert "* self.vllm_config.scheduler_config.max_num_seqs" in dispatcher
+    assert "if x <= max_num_tokens and x >= uniform_decode_query_len" in dispatcher
 
 
 def test_a_padded_decode_batch_holds_the_padding_rows_as_vllm_does():

@@ -1,9 +1,9 @@
 """`forge calibrate` (`make calibrate`): on the card, every kernel family checked against float64 and timed
 against the upstream path and the vendor libraries, at the model's shapes and the work the organizers'
-server schedules (4096-token prefill chunks of each tier's prompts, decode contexts 4K-32K at 1, 4, 5 and 10
-requests each padded to its CUDA graph's size, 1-16 rows for linear layers and the 24 and 32 rows vLLM pads
-a decode batch of 17-32 to); then the selection (the fastest correct candidate; a failing one never; ties to
-upstream), the per-device table the patched vLLM reads at start-up, and one report.
+server schedules (4096-token prefill chunks of each tier's prompts, decode contexts 4K-32K at the batches
+the rounds' servers plan decode at, CUDA-graph padding included, 1-16 rows for linear layers and the 24 and
+32 rows vLLM pads a decode batch of 17-32 to); then the selection (the fastest correct candidate; a failing
+one never; ties to upstream), the per-device table the patched vLLM reads at start-up, and one report.
 
 Runs in the competition container or the image with our wheel installed (`--kernels installed --ops
 vllm`, the default when the installed vLLM carries our kernels), or from a checkout on any GPU
