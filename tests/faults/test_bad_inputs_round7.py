@@ -216,22 +216,42 @@ def test_a_client_that_fails_its_tiers_fails_the_run_naming_each_tier_and_its_lo
     """Both servers up, the client exits 1 on every tier: nothing is measured or scored, and the run exited 0
     with the failures only in summary.json. It now exits 1 naming each (tier, profile), its error and its
     client log; a rerun of the same folder with a working client measures them and exits 0."""
-    r, port, out = e2e_fake(tmp_path, "--no-fault", "--tier-order", "4-8K", env_extra={"REPLAY_FAIL": "1"})
+    r, port, out = e2e_fake(tmp_path, "--no-fault", "--tier-order", "4-8K,8-16K", env_extra={"REPLAY_FAIL": "1"})
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     err = [x for x in r.stderr.splitlines() if x.startswith("forge e2e-gpu: error: ")]
     assert len(err) == 1 and "Traceback" not in r.stderr, r.stderr
-    assert "the client failed 2 (tier, profile) run(s)" in err[0], err
+    assert "the client failed 4 (tier, profile) run(s)" in err[0], err
     for name in ("fast-int8", "upstream"):
-        assert f"tier 4-8K of {name}: " in err[0] and str(out / "runs" / name / "4-8K.client.log") in err[0], err
+        for tier in ("4-8K", "8-16K"):       # each with its own error, as recorded when it failed
+            assert f"tier {tier} of {name}: tier {tier}: vllm bench serve failed" in err[0], err
+            assert str(out / "runs" / name / f"{tier}.client.log") in err[0], err
     assert "replay: failing as told" in (out / "runs" / "upstream" / "4-8K.client.log").read_text()
     assert "run the same --out again" in fix_line(r)
     s = json.loads(out.joinpath("summary.json").read_text())
     assert s["error"] in err[0] and not s.get("scores")
-    r2, _, _ = e2e_fake(tmp_path, "--no-fault", "--tier-order", "4-8K", port=port)
+    r2, _, _ = e2e_fake(tmp_path, "--no-fault", "--tier-order", "4-8K,8-16K", port=port)
     assert r2.returncode == 0, r2.stdout[-2000:] + r2.stderr[-2000:]
     s2 = json.loads(out.joinpath("summary.json").read_text())
-    assert all((out / "runs" / name / "4-8K.json").is_file() for name in ("fast-int8", "upstream"))
+    assert all((out / "runs" / name / f"{t}.json").is_file() for name in ("fast-int8", "upstream") for t in ("4-8K", "8-16K"))
     assert "error" not in s2, s2.get("error")
+
+
+def test_servers_still_starting_at_the_deadline_under_keep_servers_are_left_up_not_failed(tmp_path):
+    """The documented start-them-now run: --keep-servers with a deadline that holds no tier starts the servers
+    for the next invocation. Servers still starting at the deadline are left up, the run exits 0 saying so
+    (a server that never came up would fail it), and --stop-servers stops them."""
+    port = free_port_pair()
+    r, port, out = e2e_fake(tmp_path, "--no-fault", "--tier-order", "4-8K", "--deadline-s", "6", "--keep-servers",
+                            port=port, env_extra={"FAKE_STARTUP_S": "60"})
+    try:
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        s = json.loads(out.joinpath("summary.json").read_text())
+        assert ("servers still starting at the deadline, left up for the next invocation (--keep-servers): "
+                "fast-int8, upstream") in s["skipped"], s["skipped"]
+        assert "error" not in s and set(s["servers_left_up"]) == {"fast-int8", "upstream"}
+    finally:
+        stop = forge(tmp_path, "e2e-gpu", "--out", str(out), "--stop-servers")
+    assert stop.returncode == 0, stop.stderr[-2000:]
 
 
 # --- plan --against --------------------------------------------------------------------------------------------

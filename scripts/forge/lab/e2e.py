@@ -179,6 +179,13 @@ def cmd_e2e(args, parser: argparse.ArgumentParser) -> int:
         started = start_all(run, model, to_start) if to_start else []
         live = [n for n in names if n in adopted or n in started]
         not_up = [n for n in to_start if n not in started]
+        # --keep-servers: a server still starting when the deadline came is left up for the next invocation
+        # (the documented start-them-now run), not a server that failed
+        starting = [n for n in not_up if keep and n in run.servers and runs_alive(run.servers[n])]
+        if starting:
+            run.summary["skipped"].append(f"servers still starting at the deadline, left up for the next "
+                                          f"invocation (--keep-servers): {', '.join(starting)}")
+            not_up = [n for n in not_up if n not in starting]
         if not_up and not live:
             raise not_up_error(run, not_up)
         if not_up:
@@ -234,8 +241,11 @@ def cmd_e2e(args, parser: argparse.ArgumentParser) -> int:
                 run.step("fault check", ok=fc["ok"])
         else:
             run.summary["skipped"].append(f"fault check: {run.left():.0f}s left, needs ~{FAULT_NEED_S:.0f}s")
-        if not_up or run.tier_failures:
-            failed = not_up_error(run, not_up) if not_up else tier_failure_error(run, run.tier_failures)
+        errs = ([not_up_error(run, not_up)] if not_up else []) + \
+            ([tier_failure_error(run, run.tier_failures)] if run.tier_failures else [])
+        if errs:
+            failed = errs[0] if len(errs) == 1 else ForgeError(f"{errs[0].message}; and {errs[1].message}",
+                                                               hint=errs[0].hint, exit_code=1)
             run.summary["error"] = failed.message
     except (ForgeError, KeyboardInterrupt) as e:
         run.summary["error"] = getattr(e, "message", None) or "interrupted (SIGTERM or Ctrl-C)"

@@ -29,7 +29,7 @@ class Run:
         self.args = args
         self.t0 = time.monotonic()
         self.deadline = self.t0 + args.deadline_s
-        self.tier_failures: list[tuple[str, str]] = []   # (tier, profile)s whose client run failed
+        self.tier_failures: list[tuple[str, str, str]] = []   # (tier, profile, error): client runs that failed
         self.contest = contest_mod.load_contest()
         self.h = final_round.apply_to_harness(
             gpu_bundle.harness_config(Path(args.harness) if args.harness else None), args)

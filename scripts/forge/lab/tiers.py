@@ -296,7 +296,8 @@ def bench_tiers(run: Run, names: list[str], model: Path, datasets: dict[str, Pat
             if status is None:
                 # the client's run of this (tier, profile) failed: the error is in server_errors, its output
                 # in the tier's client log; the run fails at its end (tier_failure_error)
-                run.tier_failures.append((tname, name))
+                err = ((run.summary.get("server_errors") or {}).get(name) or ["no error recorded"])[-1]
+                run.tier_failures.append((tname, name, err))
                 continue
             scale = max(scale or 0.0, took / firsts[name])
             res = runs.read_json(runs.result_path(rdir, tname))
@@ -310,15 +311,15 @@ def bench_tiers(run: Run, names: list[str], model: Path, datasets: dict[str, Pat
     return done
 
 
-def tier_failure_error(run: Run, failures: list[tuple[str, str]]) -> ForgeError:
+def tier_failure_error(run: Run, failures: list[tuple[str, str, str]]) -> ForgeError:
     """The run's failure (exit 1: it ran, and failed) where the client's run of some (tier, profile)s failed
-    in this invocation: each one's last recorded error and its client log."""
-    def one(tname: str, name: str) -> str:
-        err = ((run.summary.get("server_errors") or {}).get(name) or ["no error recorded"])[-1].splitlines()[0][:300]
+    in this invocation: each one's error (as recorded when it failed) and its client log."""
+    def one(tname: str, name: str, err: str) -> str:
         log = run.run_dir(name, create=False) / f"{tname}.client.log"
-        return f"tier {tname} of {name}: {err}" + (f"; its client log: {paths.rel(log)}" if log.is_file() else "")
+        return (f"tier {tname} of {name}: {(err.splitlines() or [''])[0][:300]}"
+                + (f"; its client log: {paths.rel(log)}" if log.is_file() else ""))
     return ForgeError(f"the client failed {len(failures)} (tier, profile) run(s), which are not measured: "
-                      + "; ".join(one(t, n) for t, n in failures),
+                      + "; ".join(one(*f) for f in failures),
                       hint=f"read the client log, fix the cause and run the same --out again ({paths.rel(run.out)}): "
                            "the tiers measured are kept and only the failed ones run; summary.json server_errors "
                            "has each error whole", exit_code=1)
