@@ -173,6 +173,10 @@ def target_folder(value: str, what: str, *, outside_checkout: bool = False, hint
     real = resolved(p, what)                   # a symlink loop: refused, not a traceback
     if p.exists() and not p.is_dir():          # found only when the verb's work was done (a calibration's too)
         raise ForgeError(f"{what} {value}: a file, not a folder", hint=f"give a folder for {what}")
+    above = next((a for a in p.parents if a.exists() or a.is_symlink()), None)
+    if above is not None and not above.is_dir():    # the folder cannot be made below a file
+        raise ForgeError(f"{what} {value}: {above} is a file, not a folder, so no folder can be made below it",
+                         hint=f"give a folder for {what} whose parents are folders")
     if outside_checkout:
         if real == ROOT or ROOT in real.parents:
             raise ForgeError(f"{what} {value}: inside this checkout ({ROOT}); writing there would overwrite "
@@ -260,6 +264,10 @@ def write_files(folder: Path, files: "dict[str, str | bytes]") -> None:
     to disk) in a staging folder beside them, then all are renamed into place together with interrupts
     held off (signals_held). A failure or an interrupt before the renames leaves `folder` as it was."""
     folder = Path(folder)
+    taken = [n for n in files if (folder / n).is_dir() and not (folder / n).is_symlink()]
+    if taken:                                   # found at the renames, it left the files renamed before it
+        raise ForgeError(f"{rel(folder / taken[0])}: a folder, where this result writes a file; nothing was written",
+                         hint="move or remove the folder, or write the result to another folder")
     folder.mkdir(parents=True, exist_ok=True)
     stage = _stage_dir(folder, "files")
     try:

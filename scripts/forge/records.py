@@ -6,6 +6,7 @@ tracks, a score, a complete calibration, a local edit): refused without --force,
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -48,6 +49,11 @@ def read_bytes(path: Path, limit: int | None = None) -> bytes:
     except IsADirectoryError:
         raise ForgeError(f"{name}: is a folder, not a file", hint="give the file itself") from None
     except OSError as e:
+        if e.errno == errno.ELOOP:          # not a permission: a link on the path leads back to itself
+            raise ForgeError(f"{name}: a symlink loop", hint=paths.LOOP_HINT) from None
+        if e.errno == errno.ENOTDIR:
+            raise ForgeError(f"{name}: a part of this path is a file, not a folder",
+                             hint="check the path; give the file itself") from None
         raise ForgeError(f"{name}: cannot be read ({e.strerror})", hint="check the file's permissions") from None
     try:
         st = os.fstat(fd)

@@ -207,6 +207,7 @@ def unpack_run(folder: Path, to: Path | None = None, force: bool = False) -> lis
         if own:                             # unpacked in place it would replace the archive being read
             raise ForgeError(f"{paths.rel(src)}: member {own[0]!r} would replace the archive itself; nothing was "
                              "extracted", hint="the archive is damaged or not one of ours; take it again")
+        refuse_clashes(dest, members, paths.rel(src))
         there = {dest / m.name: m for m in members if m.isfile() and (dest / m.name).exists()}
         edited = records.changed_files({p: tf.extractfile(m).read() for p, m in there.items()})
         records.guard_recorded(paths.rel(dest), f"files that differ from {ARCHIVE}'s ({records.listed(edited)})"
@@ -215,6 +216,24 @@ def unpack_run(folder: Path, to: Path | None = None, force: bool = False) -> lis
         with paths.staged_folder(dest) as tmp:
             paths.extract_tar(tf, tmp)
     return [m.name for m in members]
+
+
+def refuse_clashes(dest: Path, members: list, where: str) -> None:
+    """Refuse, before anything is extracted, an archive a member of which meets in `dest` what the move into
+    place cannot replace: a file where its path needs a folder, a folder where it is a file or a link, or a
+    link of `dest` on its path (the member would land wherever the link leads, outside the folder too)."""
+    hint = "move it out of the way (or remove it), or unpack with --to another folder"
+    for m in members:
+        parts = PurePosixPath(m.name).parts
+        for i in range(1, len(parts) + m.isdir()):
+            p = dest.joinpath(*parts[:i])
+            if p.is_symlink() or (p.exists() and not p.is_dir()):
+                raise ForgeError(f"{paths.rel(p)}: {'a link' if p.is_symlink() else 'a file'}, where member "
+                                 f"{m.name!r} of {where} needs a folder; nothing was extracted", hint=hint)
+        p = dest.joinpath(*parts)
+        if parts and not m.isdir() and p.is_dir() and not p.is_symlink():
+            raise ForgeError(f"{paths.rel(p)}: a folder, where member {m.name!r} of {where} is a "
+                             f"{'link' if m.issym() or m.islnk() else 'file'}; nothing was extracted", hint=hint)
 
 
 def is_packed(folder: Path) -> bool:
