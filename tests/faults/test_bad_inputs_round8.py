@@ -111,3 +111,35 @@ def test_a_tier_env_below_a_file_says_so(tmp_path):
                   "--out", str(tmp_path / "rep"))
     refused(r, "te.json/x: a part of this path is a file, not a folder")
     assert "permissions" not in r.stderr
+
+
+# --- unpack-run: an archive past what a run record holds ----------------------------------------------------
+
+def test_unpack_refuses_an_archive_of_more_members_than_a_record_holds(tmp_path):
+    """20,001 empty files: unpacked they cost little, but no run record holds so many (a bomb of tiny files
+    fills a disk's inodes as a bomb of large ones fills its blocks); refused before anything is extracted."""
+    from forge.run import archive
+    run = _run_folder(tmp_path, [member(f"f{i}", body=b"") for i in range(archive.MAX_MEMBERS + 1)])
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "unpack-run", str(run), "--to", str(tmp_path / "out"))
+    refused(r, "20,001 members", "more than a run record holds", "nothing was extracted")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_unpacked_bytes_are_bounded_before_anything_is_written():
+    """Members whose sizes add up past MAX_UNPACKED_BYTES are refused on their headers alone (the
+    check reads the members' sizes, never their bytes); at the limit they pass."""
+    from forge.errors import ForgeError
+    from forge.run import archive
+
+    def files(*sizes):
+        out = []
+        for i, n in enumerate(sizes):
+            info = tarfile.TarInfo(f"f{i}")
+            info.size = n
+            out.append(info)
+        return out
+    half = archive.MAX_UNPACKED_BYTES // 2
+    archive.check_unpacked_size(files(half, half), "raw.tgz")
+    with pytest.raises(ForgeError, match="more than a run record holds"):
+        archive.check_unpacked_size(files(half, half, 1), "raw.tgz")

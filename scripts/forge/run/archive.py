@@ -27,6 +27,10 @@ ARCHIVE = "raw.tgz"
 # per-profile scores are in the archive; `forge unpack-run` brings them back for the tools that read them)
 DOCUMENT_NAMES = frozenset({"README.md", "summary.md", "decode.md"})
 MTIME = 0           # members' time in the archive (the files' own times are not part of the record)
+# what a run record's archive may unpack to: the largest recorded holds 293 members and 2.6 MB; an archive
+# past these limits (a decompression bomb, or not a run record) is refused before anything is written
+MAX_MEMBERS = 20_000
+MAX_UNPACKED_BYTES = 2 << 30
 # what makes a folder a run folder, at its top level: an e2e results folder (summary.json, runs/ with a
 # folder per profile, prefill-profile/ of --profile-prefill) or a run of reports/runs/ (serve.json,
 # manifest.json). Any other folder (reports/predict/, a plan's logs) is refused: packing it would remove them.
@@ -203,6 +207,7 @@ def unpack_run(folder: Path, to: Path | None = None, force: bool = False) -> lis
     with _opened(src) as tf:
         members = tf.getmembers()           # reads the whole archive: a damaged one fails here
         paths.check_members(members, paths.rel(src))
+        check_unpacked_size(members, paths.rel(src))
         own = [m.name for m in members if PurePosixPath(m.name) == PurePosixPath(ARCHIVE)]
         if own:                             # unpacked in place it would replace the archive being read
             raise ForgeError(f"{paths.rel(src)}: member {own[0]!r} would replace the archive itself; nothing was "
@@ -216,6 +221,18 @@ def unpack_run(folder: Path, to: Path | None = None, force: bool = False) -> lis
         with paths.staged_folder(dest) as tmp:
             paths.extract_tar(tf, tmp)
     return [m.name for m in members]
+
+
+def check_unpacked_size(members: list, where: str) -> None:
+    """Refuse an archive whose members or unpacked bytes are past what a run record holds (MAX_MEMBERS,
+    MAX_UNPACKED_BYTES): unpacked, it could fill the disk."""
+    total = sum(m.size for m in members if m.isfile())
+    if len(members) > MAX_MEMBERS or total > MAX_UNPACKED_BYTES:
+        raise ForgeError(f"{where}: {len(members):,} members, {total / 2**20:,.0f} MiB unpacked: more than a run "
+                         f"record holds (at most {MAX_MEMBERS:,} members and {MAX_UNPACKED_BYTES >> 30} GiB); "
+                         "nothing was extracted",
+                         hint="the archive is damaged or not one of ours; take it again (or, if you trust it, list "
+                              "it with tar -tzvf and extract it by hand)")
 
 
 def refuse_clashes(dest: Path, members: list, where: str) -> None:
