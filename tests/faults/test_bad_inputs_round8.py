@@ -143,3 +143,41 @@ def test_the_unpacked_bytes_are_bounded_before_anything_is_written():
     archive.check_unpacked_size(files(half, half), "raw.tgz")
     with pytest.raises(ForgeError, match="more than a run record holds"):
         archive.check_unpacked_size(files(half, half, 1), "raw.tgz")
+
+
+# --- a link that leads back to itself is no missing input; the runs folder in use is the one named -------------
+
+def test_a_calibration_through_a_symlink_loop_says_so(tmp_path):
+    loop = tmp_path / "cal"
+    loop.symlink_to(loop)
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "predict", "--calibration", str(loop))
+    refused(r, "--calibration", "cal: a symlink loop")
+    assert "no calibration.json" not in r.stderr and "link" in fix_line(r)
+
+
+def test_a_run_id_through_a_symlink_loop_says_so(tmp_path):
+    (tmp_path / "runs").mkdir()
+    loop = tmp_path / "runs" / "r1"
+    loop.symlink_to(loop)
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "score", "--run", "r1")
+    refused(r, f"{loop}: a symlink loop")
+    assert "not found" not in r.stderr and "link" in fix_line(r)
+
+
+def test_a_run_not_found_names_the_runs_folder_in_use(tmp_path):
+    """FORGE_RUNS_DIR (tmp/runs here) is where a run id is looked for, so it is the folder to list."""
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "score", "--run", "nosuch")
+    refused(r, "run 'nosuch' not found", f"{tmp_path / 'runs' / 'nosuch'}")
+    assert f"ls {tmp_path / 'runs'}/" in fix_line(r) and "reports/runs" not in r.stderr
+
+
+def test_plan_out_with_a_folder_named_plan_json_is_no_recorded_plan(tmp_path):
+    out = tmp_path / "plan"
+    (out / "plan.json").mkdir(parents=True)
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "plan", "--out", str(out))
+    refused(r, "plan/plan.json: a folder, not a file", "nothing was written")
+    assert "recorded" not in r.stderr and "--force" not in fix_line(r)

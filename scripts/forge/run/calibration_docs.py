@@ -264,6 +264,7 @@ def read_report(folder: Path, option: str = "--calibration") -> tuple[dict, list
     and checked, the families' files present and of the report's device, and every candidate the
     selection names recorded in its family's file."""
     cal = report_path(folder)
+    paths.resolved(cal, option)                     # a symlink loop (the folder's or the file's): said so
     if not cal.is_file():
         raise ForgeError(f"{option} {folder}: no calibration.json there",
                          hint="give the output folder of `forge calibrate` (build/calibration/<device>)")

@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -58,19 +59,23 @@ def run_dir(run_id: str, create: bool = True, root: Path | None = None) -> Path:
 
 
 def resolve_run(arg: str) -> Path:
-    """A run given as a folder path or as a run id under reports/runs/."""
+    """A run given as a folder path or as a run id under the runs folder (runs_root)."""
     p = Path(arg)
     if p.is_dir():
         return p
-    q = runs_root() / arg
+    root = runs_root()
+    q = root / arg
     if q.is_dir():
         return q
+    listing = f"ls {shlex.quote(paths.rel(root) + '/')}"
     if p.is_file():
         raise ForgeError(f"{arg} is a file, not a run folder",
                          hint=f"give the folder that holds the tier results (<tier>.json), e.g. {p.parent}, "
-                              "or a run id under reports/runs/")
-    raise ForgeError(f"run {arg!r} not found (neither a folder nor reports/runs/{arg})",
-                     hint="list runs with: ls reports/runs/")
+                              f"or a run id under {paths.rel(root)}/ ({listing})")
+    for x in dict.fromkeys((p, q)):         # a link that leads back to itself is no missing run
+        paths.resolved(x, "run")
+    raise ForgeError(f"run {arg!r} not found (neither a folder nor {paths.rel(q)})",
+                     hint=f"list runs with: {listing}")
 
 
 def write_json(path: Path, data: Any) -> None:
