@@ -181,3 +181,13 @@ def test_plan_out_with_a_folder_named_plan_json_is_no_recorded_plan(tmp_path):
         r = forge(tmp_path, "plan", "--out", str(out))
     refused(r, "plan/plan.json: a folder, not a file", "nothing was written")
     assert "recorded" not in r.stderr and "--force" not in fix_line(r)
+
+
+@pytest.mark.parametrize("extra,record", [([], "predict-final.json"), (["--validate"], "validation.json")])
+def test_predict_final_out_with_a_folder_named_as_its_record_is_no_recorded_result(tmp_path, extra, record):
+    out = tmp_path / "pred"
+    (out / record).mkdir(parents=True)
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "predict", "--round", "final", "--out", str(out), *extra)
+    refused(r, f"pred/{record}: a folder, not a file", "nothing was written")
+    assert "recorded" not in r.stderr and "--force" not in fix_line(r)
