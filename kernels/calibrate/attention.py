@@ -277,6 +277,11 @@ def decode_point(P: int, B: int, L: int) -> str:
     return f"ctx={L}" if B == P else f"n={B} ctx={L}"
 
 
+def requests_at(P: int, reals: list[int]) -> str:
+    """The requests decoding at once that run at planned batch P, as the progress line and notes say them."""
+    return ", ".join(f"{B} requests" + (f" padded to {P}" if B != P else "") for B in reals)
+
+
 def decode(torch, args, emit) -> dict:
     """One decision per planned batch, `decode.<batch>.<16bit|int8>` (the batch the server's attention
     plans and looks the table up by), over the tier contexts and the requests decoding at once that run at
@@ -306,7 +311,7 @@ def decode(torch, args, emit) -> dict:
             checks = {B: sorted({0, B - 1}) for B in reals}
             refs = {(B, L): decode_ref(torch, sh, cases[(B, L)][0], checks[B]) for B, L in cases}
             decision = f"decode.{P}.{kv}"
-            shown = ", ".join(f"{B} requests" + (f" padded to {P}" if B != P else "") for B in reals)
+            shown = requests_at(P, reals)
             for n, (kind, launch) in enumerate(cands, 1):
                 name = "vLLM unified 3D (16 segments)" if kind == "upstream" else \
                     "segments {} TILE_N {} warps {} stages {}".format(*launch)
@@ -350,8 +355,7 @@ def decode(torch, args, emit) -> dict:
             cases = refs = None
             if sh.dev == "cuda":
                 torch.cuda.empty_cache()
-    runs_at = "; ".join(f"batch {P}: " + ", ".join(f"{B} requests" + (f" padded to {P}" if B != P else "")
-                                                   for B in reals) for P, reals in plan.items())
+    runs_at = "; ".join(f"batch {P}: {requests_at(P, reals)}" for P, reals in plan.items())
     return {"records": led.records, "heads": [sh.hq, sh.hkv],
             "notes": [f"decode at {sh.hq} q / {sh.hkv} KV heads per rank, at the batches the servers' attention "
                       f"plans ({runs_at}), contexts {', '.join(map(str, contexts))}; launches and segment counts "

@@ -65,6 +65,7 @@ CHUNK = 4096
 TIER_PROMPTS = {"4-8K": 6677, "8-16K": 14156, "16-32K": 21679}
 DECODE_CONTEXTS = (4096, 8192, 16384, 32768)
 BLOCK_BF16, BLOCK_INT8 = 784, 1552
+MAX_CONTEXT = 32768
 # The decode steps the rounds' servers run, as (requests decoding at once on a rank, the server's
 # --max-num-seqs): the preliminary's one request; the planner's caps at 16-32K (4, bf16; 7, int8) and 8-16K
 # (5); a DP2 replica's share (5) of the finals' concurrency 10, and the concurrency itself (10), at the
@@ -76,11 +77,10 @@ DECODE_SERVED_QUICK = ((1, 128), (10, 128))
 
 
 def graph_batch(batch: int) -> int:
-    """The batch a pure-decode step of `batch` requests runs at under vLLM's default compilation config:
-    the smallest of its CUDA-graph capture sizes (1, 2, 4, multiples of 8 below 256, then of 16:
-    vllm/config/vllm.py, `_set_cudagraph_sizes`) that holds it. The runner pads the step to that size with rows of length 0
-    (their block-table rows -1), and the attention backend plans the split-KV decode (its segment count,
-    the table's `decode.segments.<heads>.<batch>` key) per padded size."""
+    """The CUDA graph a pure-decode step of `batch` requests runs in under vLLM's default compilation
+    config: the smallest of its capture sizes (1, 2, 4, multiples of 8 below 256, then of 16:
+    vllm/config/vllm.py, `_set_cudagraph_sizes`) that holds it. Where that graph is a FULL one
+    (decode_key), the runner pads the step to its size with rows of length 0 (block-table rows -1)."""
     if batch < 1:
         raise ValueError(f"a decode batch of {batch} requests")
     step = 8 if batch <= 248 else 16
@@ -107,7 +107,6 @@ def decode_plan(served) -> dict[int, list[int]]:
         if batch not in reals:
             reals.append(batch)
     return plan
-MAX_CONTEXT = 32768
 
 
 def rank_heads(tp: int, hq: int = HQ, hkv: int = HKV) -> tuple[int, int]:

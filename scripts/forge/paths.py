@@ -266,7 +266,7 @@ def write_files(folder: Path, files: "dict[str, str | bytes]") -> None:
     folder = Path(folder)
     taken = [n for n in files if (folder / n).is_dir() and not (folder / n).is_symlink()]
     if taken:                                   # found at the renames, it left the files renamed before it
-        raise ForgeError(f"{rel(folder / taken[0])}: a folder, where this result writes a file; nothing was written",
+        raise ForgeError(f"{rel(folder / taken[0])}: a folder, not a file; nothing was written",
                          hint="move or remove the folder, or write the result to another folder")
     folder.mkdir(parents=True, exist_ok=True)
     stage = _stage_dir(folder, "files")

@@ -194,12 +194,3 @@ def guard_tracked(folder: Path, new: Mapping[Path, "bytes | str | None"], *, doi
     changed = tracked_changes(new)
     held = f"recorded files git tracks that it would change ({listed(changed)})" if changed else None
     guard_recorded(paths.rel(Path(folder)), held, doing=doing, force=force, hint=hint)
-
-
-def refuse_folders_as_records(out: Path, names: Iterable[str]) -> None:
-    """Refuse, before any work, an --out folder where one of the record's file names is a folder: not a
-    recorded result (no --force replaces it), and nothing was written."""
-    for name in names:
-        if (out / name).is_dir() and not (out / name).is_symlink():
-            raise ForgeError(f"{paths.rel(out / name)}: a folder, not a file; nothing was written",
-                             hint="move or remove the folder, or give another --out")

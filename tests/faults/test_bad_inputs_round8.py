@@ -183,7 +183,8 @@ def test_plan_out_with_a_folder_named_plan_json_is_no_recorded_plan(tmp_path):
     assert "recorded" not in r.stderr and "--force" not in fix_line(r)
 
 
-@pytest.mark.parametrize("extra,record", [([], "predict-final.json"), (["--validate"], "validation.json")])
+@pytest.mark.parametrize("extra,record", [(["--calibration", "reports/calibration/2026-12-02-h200"], "predict-final.json"),
+                                          (["--validate"], "validation.json")])
 def test_predict_final_out_with_a_folder_named_as_its_record_is_no_recorded_result(tmp_path, extra, record):
     out = tmp_path / "pred"
     (out / record).mkdir(parents=True)

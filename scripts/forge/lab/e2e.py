@@ -42,10 +42,9 @@ servers a GPU it sees: where no card tool answers, torch's device count in that 
 where its plumbing check fails, where a profile's server never came up (nothing was measured on it, so
 nothing is compared against it; the error line names the server, its error and its log), or where the
 client's run of a (tier, profile) failed (the line names each, its error and its client log; the next
-invocation of the same --out runs only what is missing). While it runs, the
-card's own tool (nvidia-smi, hy-smi or rocm-smi) samples the GPU every 5 s into logs/gpu-monitor.log:
-utilization, power, memory and the processes on the card, clocks and temperature too with nvidia-smi and
-rocm-smi (forge.lab.gpumon).
+invocation of the same --out runs only what is missing). While it runs, the card's own tool (nvidia-smi,
+hy-smi or rocm-smi) samples the GPU every 5 s into logs/gpu-monitor.log: utilization, power, memory and the
+processes on the card, clocks and temperature too with nvidia-smi and rocm-smi (forge.lab.gpumon).
 """
 
 from __future__ import annotations
@@ -76,8 +75,8 @@ from .tiers import (
     FAULT_NEED_S,
     bench_tiers,
     finish_runs,
+    run_failure,
     scores,
-    tier_failure_error,
 )
 
 FIRST_PORT = serve.LOCKED_PORT
@@ -241,11 +240,8 @@ def cmd_e2e(args, parser: argparse.ArgumentParser) -> int:
                 run.step("fault check", ok=fc["ok"])
         else:
             run.summary["skipped"].append(f"fault check: {run.left():.0f}s left, needs ~{FAULT_NEED_S:.0f}s")
-        errs = ([not_up_error(run, not_up)] if not_up else []) + \
-            ([tier_failure_error(run, run.tier_failures)] if run.tier_failures else [])
-        if errs:
-            failed = errs[0] if len(errs) == 1 else ForgeError(f"{errs[0].message}; and {errs[1].message}",
-                                                               hint=errs[0].hint, exit_code=1)
+        failed = run_failure(run, not_up)
+        if failed is not None:
             run.summary["error"] = failed.message
     except (ForgeError, KeyboardInterrupt) as e:
         run.summary["error"] = getattr(e, "message", None) or "interrupted (SIGTERM or Ctrl-C)"

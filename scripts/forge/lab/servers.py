@@ -199,13 +199,19 @@ def start_all_at_once(run: Run, model: Path, names: list[str]) -> list[str]:
     return live
 
 
+def last_error(run: Run, name: str) -> str:
+    """The first line of the last error recorded against server `name` (guarded), cut for one error line."""
+    err = ((run.summary.get("server_errors") or {}).get(name) or ["no error recorded"])[-1]
+    return (err.splitlines() or [""])[0][:300]
+
+
 def not_up_error(run: Run, names: list[str]) -> ForgeError:
     """The run's failure (exit 1: it ran, and failed) where the servers of `names` never came up: each one's
     last error and its log, and what the run could not measure for it."""
     def one(n: str) -> str:
-        err = ((run.summary.get("server_errors") or {}).get(n) or ["no error recorded"])[-1].splitlines()[0][:300]
         log = run.servers.get(n, {}).get("log")
-        return f"{n}: {err}; " + (f"its log: {paths.rel(Path(log))}" if log else "it did not start, so it wrote no log")
+        return f"{n}: {last_error(run, n)}; " + (f"its log: {paths.rel(Path(log))}" if log else
+                                                 "it did not start, so it wrote no log")
     live = [n for n in run.servers if n not in names]
     who = f"the {names[0]} server" if len(names) == 1 else f"the servers of {', '.join(names)}"
     it = "it" if len(names) == 1 else "them"

@@ -23,7 +23,7 @@ from ..run.gpu_harness import change_args, server_differences
 from ..run.serve import LOCKED_PORT
 from . import final_round
 from .client import client_runner
-from .servers import guarded
+from .servers import guarded, last_error, not_up_error
 from .tierguess import kept_estimate, profile_guesses
 
 if TYPE_CHECKING:
@@ -296,8 +296,7 @@ def bench_tiers(run: Run, names: list[str], model: Path, datasets: dict[str, Pat
             if status is None:
                 # the client's run of this (tier, profile) failed: the error is in server_errors, its output
                 # in the tier's client log; the run fails at its end (tier_failure_error)
-                err = ((run.summary.get("server_errors") or {}).get(name) or ["no error recorded"])[-1]
-                run.tier_failures.append((tname, name, err))
+                run.tier_failures.append((tname, name, last_error(run, name)))
                 continue
             scale = max(scale or 0.0, took / firsts[name])
             res = runs.read_json(runs.result_path(rdir, tname))
@@ -311,12 +310,22 @@ def bench_tiers(run: Run, names: list[str], model: Path, datasets: dict[str, Pat
     return done
 
 
+def run_failure(run: Run, not_up: list[str]) -> ForgeError | None:
+    """What failed the run (exit 1) once it measured what it could: servers of `not_up` that never came up,
+    then the client's runs of (tier, profile)s that failed (run.tier_failures); None where nothing did."""
+    errs = ([not_up_error(run, not_up)] if not_up else []) + \
+        ([tier_failure_error(run, run.tier_failures)] if run.tier_failures else [])
+    if len(errs) < 2:
+        return errs[0] if errs else None
+    return ForgeError(f"{errs[0].message}; and {errs[1].message}", hint=errs[0].hint, exit_code=1)
+
+
 def tier_failure_error(run: Run, failures: list[tuple[str, str, str]]) -> ForgeError:
     """The run's failure (exit 1: it ran, and failed) where the client's run of some (tier, profile)s failed
     in this invocation: each one's error (as recorded when it failed) and its client log."""
     def one(tname: str, name: str, err: str) -> str:
         log = run.run_dir(name, create=False) / f"{tname}.client.log"
-        return (f"tier {tname} of {name}: {(err.splitlines() or [''])[0][:300]}"
+        return (f"tier {tname} of {name}: {err}"
                 + (f"; its client log: {paths.rel(log)}" if log.is_file() else ""))
     return ForgeError(f"the client failed {len(failures)} (tier, profile) run(s), which are not measured: "
                       + "; ".join(one(*f) for f in failures),

@@ -32,7 +32,7 @@ import json
 import shlex
 import sys
 
-from .. import options, paths, records, ui
+from .. import options, paths, ui
 from ..contest import rounds
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
@@ -143,8 +143,8 @@ def _out(args, stem: str, what: str):
         return None
     out = paths.target_folder(args.out, "--out")
     paths.outside_sources(args.out, "--out")           # the records would land among the tool's sources
-    records.refuse_folders_as_records(out, (f"{stem}.json", f"{stem}.md"))   # before the work, --force or not
-    if (out / f"{stem}.json").exists() and not options.forced(args.force):
+    # a folder of that name is no record: write_files refuses it, --force or not
+    if (out / f"{stem}.json").is_file() and not options.forced(args.force):
         raise ForgeError(f"{paths.rel(out / f'{stem}.json')}: {what} is recorded there",
                          hint="--force replaces it (FORCE=1), or give another --out")
     return out

@@ -29,7 +29,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from .. import options, paths, records, ui
+from .. import options, paths, ui
 from ..contest import rounds
 from ..errors import ForgeError
 from ..model import finals, validation
@@ -214,9 +214,8 @@ def run(args, contest: dict, workload: dict, speedups: dict | None) -> int:
     if out is not None:               # the prediction's files landed among the tool's sources
         paths.outside_sources(args.out, "--out")
     name = "validation" if args.validate else "predict-final"
-    if out is not None:               # before the work, --force or not
-        records.refuse_folders_as_records(out, (f"{name}.json", f"{name}.md"))
-    if out is not None and (out / f"{name}.json").exists() and not options.forced(args.force):
+    # a folder of that name is no record: write_files refuses it, --force or not
+    if out is not None and (out / f"{name}.json").is_file() and not options.forced(args.force):
         raise ForgeError(f"{paths.rel(out / (name + '.json'))}: a result is recorded there",
                          hint="--force replaces it (FORCE=1), or give another --out")
     if args.link not in LINKS:
