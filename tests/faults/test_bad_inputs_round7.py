@@ -220,7 +220,7 @@ def test_a_client_that_fails_its_tiers_fails_the_run_naming_each_tier_and_its_lo
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     err = [x for x in r.stderr.splitlines() if x.startswith("forge e2e-gpu: error: ")]
     assert len(err) == 1 and "Traceback" not in r.stderr, r.stderr
-    assert "the client failed 4 (tier, profile) run(s)" in err[0], err
+    assert "4 (tier, profile) run(s) failed and are not measured" in err[0], err
     for name in ("fast-int8", "upstream"):
         for tier in ("4-8K", "8-16K"):       # each with its own error, as recorded when it failed
             assert f"tier {tier} of {name}: tier {tier}: vllm bench serve failed" in err[0], err
@@ -321,7 +321,8 @@ def test_e2e_and_plan_help_say_what_they_check(tmp_path):
     for words in ("the servers' ports free", "vLLM installed for its Python unless the bundle installs it",
                   "torch's device count in that Python", "a refusal (exit code 2) leaves no results folder",
                   "where a profile's server never came up",
-                  "or where the client's run of a (tier, profile) failed (the line names each, its error and its client log"):
+                  "or where a (tier, profile) failed: its client failed, or its server died during the tier",
+                  "the line names each, its error and its logs"):
         assert words in e2e_help, words
     plan_help = " ".join(forge(tmp_path, "plan", "--help").stdout.split())
     assert "a topology no contest round runs, e.g. TP4, is checked with a note saying so" in plan_help

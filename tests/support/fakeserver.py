@@ -10,6 +10,7 @@ max_completion_tokens (or FAKE_OUTPUT_TOKENS). Behaviour for tests, from the env
   FAKE_TTFT_MS       delay before the first token in ms (default 5)
   FAKE_OUTPUT_TOKENS cap on reply length (default: as requested)
   FAKE_DIE_AFTER     exit the whole process in the middle of streaming chat request number N
+  FAKE_EXIT_ROUTE    when set, GET /fake/exit ends the whole process (code 3), as a server that dies
   FAKE_FAIL_START    print this text and exit with code 1 instead of serving (with FAKE_FAIL_START_PORT:
                      only the server on that port)
   FAKE_GARBAGE_PORT  on this port, /v1/completions logprobs are NaN; FAKE_COLLAPSE_PORT: on this
@@ -79,6 +80,10 @@ class Handler(BaseHTTPRequestHandler):
                 self.end_headers()
             else:
                 self._json(503, {"error": "loading"})
+        elif self.path == "/fake/exit" and os.environ.get("FAKE_EXIT_ROUTE"):
+            sys.stdout.write("fakeserver: exiting as told (GET /fake/exit)\n")
+            sys.stdout.flush()
+            os._exit(3)
         elif self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [
                 {"id": self.server.served_name, "object": "model", "root": self.server.model, "owned_by": "fake",

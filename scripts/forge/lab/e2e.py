@@ -40,8 +40,9 @@ there; where it is vLLM's own CLI, vLLM installed for its Python unless the bund
 servers a GPU it sees: where no card tool answers, torch's device count in that Python); a refusal
 (exit code 2) leaves no results folder, and one being resumed as it was. A run exits 1 (its results kept)
 where its plumbing check fails, where a profile's server never came up (nothing was measured on it, so
-nothing is compared against it; the error line names the server, its error and its log), or where the
-client's run of a (tier, profile) failed (the line names each, its error and its client log; the next
+nothing is compared against it; the error line names the server, its error and its log), or where a
+(tier, profile) failed: its client failed, or its server died during the tier or was gone when it began
+(its requests are recorded as failed and scored so; the line names each, its error and its logs; the next
 invocation of the same --out runs only what is missing). While it runs, the card's own tool (nvidia-smi,
 hy-smi or rocm-smi) samples the GPU every 5 s into logs/gpu-monitor.log: utilization, power, memory and the
 processes on the card, clocks and temperature too with nvidia-smi and rocm-smi (forge.lab.gpumon).

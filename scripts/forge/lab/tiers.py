@@ -298,6 +298,10 @@ def bench_tiers(run: Run, names: list[str], model: Path, datasets: dict[str, Pat
                 # in the tier's client log; the run fails at its end (tier_failure_error)
                 run.tier_failures.append((tname, name, last_error(run, name)))
                 continue
+            if status in SERVER_GONE:
+                # the tier is recorded with every request failed (scored so), and the run fails at its end
+                log = f"; its log: {paths.rel(Path(st['log']))}" if st.get("log") else ""
+                run.tier_failures.append((tname, name, SERVER_GONE[status] + log))
             scale = max(scale or 0.0, took / firsts[name])
             res = runs.read_json(runs.result_path(rdir, tname))
             done[name][tname] = runs.result_path(rdir, tname)
@@ -310,9 +314,16 @@ def bench_tiers(run: Run, names: list[str], model: Path, datasets: dict[str, Pat
     return done
 
 
+# a tier whose server went away (bench.run_tier's status): its requests are recorded as failed
+SERVER_GONE = {"server-died": "its server died during the tier (every request of the tier is recorded as failed)",
+               "server-down": "its server was not answering when the tier began (every request of the tier is "
+                              "recorded as failed)"}
+
+
 def run_failure(run: Run, not_up: list[str]) -> ForgeError | None:
     """What failed the run (exit 1) once it measured what it could: servers of `not_up` that never came up,
-    then the client's runs of (tier, profile)s that failed (run.tier_failures); None where nothing did."""
+    then the (tier, profile)s whose client failed or whose server went away (run.tier_failures); None where
+    nothing did."""
     errs = ([not_up_error(run, not_up)] if not_up else []) + \
         ([tier_failure_error(run, run.tier_failures)] if run.tier_failures else [])
     if len(errs) < 2:
@@ -321,15 +332,16 @@ def run_failure(run: Run, not_up: list[str]) -> ForgeError | None:
 
 
 def tier_failure_error(run: Run, failures: list[tuple[str, str, str]]) -> ForgeError:
-    """The run's failure (exit 1: it ran, and failed) where the client's run of some (tier, profile)s failed
-    in this invocation: each one's error (as recorded when it failed) and its client log."""
+    """The run's failure (exit 1: it ran, and failed) where some (tier, profile)s failed in this invocation
+    (the client failed, or the server went away): each one's error (as recorded when it failed) and its
+    client log."""
     def one(tname: str, name: str, err: str) -> str:
         log = run.run_dir(name, create=False) / f"{tname}.client.log"
         return (f"tier {tname} of {name}: {err}"
                 + (f"; its client log: {paths.rel(log)}" if log.is_file() else ""))
-    return ForgeError(f"the client failed {len(failures)} (tier, profile) run(s), which are not measured: "
+    return ForgeError(f"{len(failures)} (tier, profile) run(s) failed and are not measured: "
                       + "; ".join(one(*f) for f in failures),
-                      hint=f"read the client log, fix the cause and run the same --out again ({paths.rel(run.out)}): "
+                      hint=f"read the logs named, fix the cause and run the same --out again ({paths.rel(run.out)}): "
                            "the tiers measured are kept and only the failed ones run; summary.json server_errors "
                            "has each error whole", exit_code=1)
 
