@@ -129,6 +129,26 @@ def winner(scored: list[tuple[Candidate, str, dict]]) -> tuple[Candidate, str, d
     return max(ok, key=lambda x: (x[2]["contribution"], x[2]["tok_s"])) if ok else None
 
 
+def unmeasured(st: dict, tiers: list[str]) -> ForgeError | None:
+    """The sweep's failure (exit 1) where a searched tier has no configuration measured, each one served having
+    failed to start (recorded, and not retried by a resume): each with its error and its server log; None
+    where every tier measured one at least (no winner within the SLA is a result: the baseline's values stay)."""
+    bad: dict[str, list[str]] = {}
+    for t in tiers:
+        served = (st["tiers"].get(t) or {}).get("ranking", [])[:st["top"]]
+        if served and not any(r.get("outcome") == "measured" for r in served):
+            bad[t] = [f"{r['key']} {r.get('outcome') or 'not served'}" + (
+                f" (its log: {paths.rel(runs.run_dir(r['run'], create=False) / 'server.log')})" if r.get("run") else "")
+                for r in served]
+    if not bad:
+        return None
+    return ForgeError(f"sweep {st['sweep']} measured no configuration of tier(s) {', '.join(bad)}: "
+                      + "; ".join(f"tier {t}: {', '.join(x)}" for t, x in bad.items()),
+                      hint="read the server logs named and fix the cause, then start a new sweep (omit --sweep-id): "
+                           f"sweep {st['sweep']} keeps these configurations as failed to start and does not retry "
+                           "them", exit_code=1)
+
+
 def entry(rnd: rounds.Round, tier: str, cand: Candidate, run_id: str, sweep_id: str, res: dict, profile: str) -> dict:
     bad = [k for k in ("tok_s", "lift", "contribution") if not finite(res.get(k))]
     if bad:                     # the tier-environment file's reader refuses it: never written

@@ -272,7 +272,8 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
             scored.append((cand, run_id, res))
         best = final_pick.winner(scored)
         if best is None:
-            ui.warn(f"tier {tier}: no served configuration stayed within the SLA; no winner recorded")
+            ui.warn(f"tier {tier}: " + ("no served configuration stayed within the SLA" if scored else
+                                        "no configuration was measured (each failed to start)") + "; no winner recorded")
             ts["winner"] = None
         else:
             cand, run_id, res = best
@@ -360,5 +361,9 @@ def cmd_final(args) -> int:
             sc = f"{r['score']:.2f}" if r.get("score") is not None else "-"
             conf = r["key"] + (" (planned)" if r["candidate"].get("planned") else "")
             print(f"{tier:<8} {conf:<50} {r.get('run') or '-':<64} {tok:>8} {sc:>7}  {verdict}")
-    print(f"sweep {st['sweep']}; winners: {st['tier_env_file']}")
+    won = any(ts.get("winner") for ts in st["tiers"].values())
+    print(f"sweep {st['sweep']}; winners: {st['tier_env_file'] if won else 'none recorded'}")
+    failure = final_pick.unmeasured(st, tiers or list(st["tiers"]))
+    if failure:                     # every configuration served failed to start: nothing measured, not a result
+        raise failure
     return 0

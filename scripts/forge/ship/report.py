@@ -211,6 +211,14 @@ def write_report(profile: str = "contest", out: Path | None = None, provenance: 
             "submission-readme.md": submission_readme_md(prof, contest, prov, src, rnd),
             **{f"submission/{k}": v for k, v in contest_docs.documents(contest, "forge report", round_name=rnd.name,
                                                                        tier_env=env_file).items()}}
+    for name in docs:               # a folder or file in a document's place: found at its write, it left the others written
+        dest = out / name
+        inner = [q for q in dest.parents if out in q.parents]           # its folders below --out (submission/)
+        blocked = dest if dest.is_dir() else next((q for q in inner if q.exists() and not q.is_dir()), None)
+        if blocked is not None:
+            raise ForgeError(f"{paths.rel(blocked)}: a {'folder' if blocked == dest else 'file'} where the report "
+                             f"writes {'its document ' + name if blocked == dest else 'a folder of documents'}; "
+                             "nothing was written", hint="move it away, or give another --out")
     written = []                    # every document was computed above: a mistake in one leaves no file written
     for name, text in docs.items():
         dest = out / name

@@ -1,0 +1,78 @@
+"""The final round's verbs on a CPU machine, given inputs found to be taken wrongly in the ninth round of input
+hardening.
+
+`forge sweep --round final`, every configuration served for a tier failing to start (each recorded and not
+retried): it warned "no served configuration stayed within the SLA", printed the tier-environment file as where
+the winners went (none was written) and exited 0. It now says no configuration was measured and exits 1 naming
+the sweep, the tier, each configuration's error and its server log, and a `fix:` line (a new sweep: these are
+not retried).
+
+`forge report --round final --out DIR` where DIR holds a file named `submission` (or a folder where one of the
+documents goes): env-vars.md, optimization-plan.md and submission-readme.md were written, then the write of the
+submission's documents failed ("already exists as a file", no `fix:` line), a partial set of documents left. It
+is now refused before any document is written: exit code 2, the path and what is there, a `fix:` line.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+from helpers import ROOT, forge, tiny_model
+from test_bad_inputs import refused, writes_nothing
+from test_bad_inputs_round5 import fix_line
+
+sys.path.insert(0, str(ROOT / "tests" / "unit"))
+from test_bad_inputs_round6_sweep import ONE, final_run  # noqa: E402
+from test_final_sweep import _sweep  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("round9-final-model"))
+
+
+def failed(r, *words: str) -> str:
+    """Exit 1 (the work ran and failed), no traceback, one error line holding `words`, a `fix:` line."""
+    assert r.returncode == 1, (r.returncode, r.stdout[-1500:], r.stderr[-2500:])
+    assert "Traceback" not in r.stderr, r.stderr
+    errors = [x for x in r.stderr.splitlines() if re.match(r"^forge [\w-]+: error: ", x)]
+    assert len(errors) == 1, r.stderr
+    for w in words:
+        assert w in errors[0], (w, r.stderr)
+    assert fix_line(r), r.stderr
+    return errors[0]
+
+
+# --- sweep --round final: a tier with nothing measured ------------------------------------------------------
+
+def test_a_sweep_whose_every_configuration_failed_to_start_fails(tmp_path, model):
+    final_run(tmp_path / "runs", "base")
+    r = _sweep(tmp_path, model, "--baseline", "base", *ONE, top="1", env={"FAKE_FAIL_START": "boom: no card"})
+    err = failed(r, "measured no configuration of tier(s) 4-8K", "tp2dp1-bf16-s64-b4096-u0.95-c8 failed to start",
+                 "server.log")
+    assert "within the SLA" not in r.stderr and "omit --sweep-id" in fix_line(r), r.stderr
+    assert "winners: none recorded" in r.stdout and not (tmp_path / "tier-env.json").exists(), r.stdout
+    log = re.search(r"its log: (\S+server\.log)", err).group(1)
+    assert "boom: no card" in open(log).read()
+
+
+# --- report --round final --out: every document's place checked first ----------------------------------------
+
+@pytest.mark.parametrize("taken,words", [
+    ("submission", ["out/submission: a file where the report writes a folder of documents"]),
+    ("submission/ENVIRONMENT.md/", ["out/submission/ENVIRONMENT.md: a folder where the report writes its document"]),
+    ("env-vars.md/", ["out/env-vars.md: a folder where the report writes its document env-vars.md"]),
+])
+def test_report_with_a_documents_place_taken_writes_no_document(tmp_path, taken, words):
+    out = tmp_path / "out"
+    if taken.endswith("/"):
+        (out / taken).mkdir(parents=True)
+    else:
+        out.mkdir()
+        (out / taken).write_text("notes\n")
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "report", "--round", "final", "--out", str(out))
+    refused(r, *words, "nothing was written")
+    assert "--out" in fix_line(r)
