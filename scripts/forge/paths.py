@@ -165,14 +165,15 @@ def tracked_files(folder: Path) -> list[str]:
 
 def target_folder(value: str, what: str, *, outside_checkout: bool = False, hint: str | None = None) -> Path:
     """A folder given as a path that the tool writes into (--to, --into, --out): refused, naming
-    `what`, when it is empty or an existing file; with `outside_checkout`, also when it is this checkout or lies inside it
+    `what`, when it is empty, an existing file or a link to nothing; with `outside_checkout`, also when it is this checkout or lies inside it
     (the tool would overwrite its own tracked files)."""
     if value is None or not str(value).strip():
         raise ForgeError(f"{what} {value!r}: empty", hint=f"give a folder for {what}, or leave the option out")
     p = Path(value).expanduser()
     real = resolved(p, what)                   # a symlink loop: refused, not a traceback
-    if p.exists() and not p.is_dir():          # found only when the verb's work was done (a calibration's too)
-        raise ForgeError(f"{what} {value}: a file, not a folder", hint=f"give a folder for {what}")
+    if p.exists() and not p.is_dir() or p.is_symlink() and not p.exists():    # found once the verb's work was done
+        raise ForgeError(f"{what} {value}: " + ("a file, not a folder" if p.exists() else f"a link to {os.readlink(p)}, "
+                         "which is not there (make that folder first)"), hint=f"give a folder for {what}")
     above = next((a for a in p.parents if a.exists() or a.is_symlink()), None)
     if above is not None and not above.is_dir():    # the folder cannot be made below a file
         raise ForgeError(f"{what} {value}: {above} is a file, not a folder, so no folder can be made below it",
@@ -388,7 +389,6 @@ def extract_tar(tf: tarfile.TarFile, dest: Path, member: "tarfile.TarInfo | None
     is checked first (check_members), so a bad one is refused before anything is written, on every
     Python; Python's "data" filter, where this Python has one, is applied on top."""
     where = rel(Path(tf.name)) if tf.name else "archive"
-    hint = "the archive is damaged or not one of ours; take it again"
     check_members([member] if member is not None else tf.getmembers(), where)
     kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
     try:
@@ -397,4 +397,4 @@ def extract_tar(tf: tarfile.TarFile, dest: Path, member: "tarfile.TarInfo | None
         else:
             tf.extract(member, dest, **kw)
     except getattr(tarfile, "FilterError", ()) as e:      # the data filter's refusal
-        raise ForgeError(f"{where}: {e}", hint=hint) from None
+        raise ForgeError(f"{where}: {e}", hint="the archive is damaged or not one of ours; take it again") from None

@@ -11,10 +11,16 @@ not retried).
 documents goes): env-vars.md, optimization-plan.md and submission-readme.md were written, then the write of the
 submission's documents failed ("already exists as a file", no `fix:` line), a partial set of documents left. It
 is now refused before any document is written: exit code 2, the path and what is there, a `fix:` line.
+
+`--out` a symbolic link to a folder that is not there (a removed folder, an unmounted disk) in `forge plan`,
+`forge plan --against`, `forge predict --round final` and `forge report`: the model ran and its tables were
+printed, then the write failed with "already exists; check the path" and no `fix:` line. It is now refused
+before the work, naming the option, the link and where it leads.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 
@@ -76,3 +82,24 @@ def test_report_with_a_documents_place_taken_writes_no_document(tmp_path, taken,
         r = forge(tmp_path, "report", "--round", "final", "--out", str(out))
     refused(r, *words, "nothing was written")
     assert "--out" in fix_line(r)
+
+
+# --- --out: a link to a folder that is not there --------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [
+    ["plan", "--round", "final", "--tier", "4-8K"],
+    ["plan", "--against", "{tmp}/served"],
+    ["predict", "--round", "final", "--speedup", "gemv=1.2", "--kv-dtype", "bf16", "--concurrency", "8",
+     "--max-num-batched-tokens", "4096"],
+    ["report", "--round", "final"],
+])
+def test_an_out_linking_to_no_folder_is_refused_before_the_work(tmp_path, args):
+    (tmp_path / "served").mkdir()                  # a run a DCU card served at TP1, as forge serve records it
+    (tmp_path / "served" / "serve.json").write_text(json.dumps({"profile": "contest", "kv_cache": {"tokens": {"0": 28224}},
+                                                              "launch": ["vllm", "serve", "/m", "--max-num-batched-tokens",
+                                                                         "4096", "--gpu-memory-utilization", "0.95"]}))
+    (tmp_path / "out").symlink_to(tmp_path / "gone")
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *[a.format(tmp=tmp_path) for a in args], "--out", str(tmp_path / "out"))
+    refused(r, "--out", "out: a link to", "gone, which is not there")
+    assert r.stdout == "" and "--out" in fix_line(r), r.stdout[-500:]
