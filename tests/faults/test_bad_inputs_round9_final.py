@@ -16,6 +16,11 @@ is now refused before any document is written: exit code 2, the path and what is
 `forge plan --against`, `forge predict --round final` and `forge report`: the model ran and its tables were
 printed, then the write failed with "already exists; check the path" and no `fix:` line. It is now refused
 before the work, naming the option, the link and where it leads.
+
+`forge sweep --round final --num-prompts 1000000000` (and bench-all-tiers', e2e-gpu's): taken, the first server
+was started and the benchmark then built a list of a billion requests until memory ran out (a MemoryError
+traceback where memory is capped). A count past what any round sends a tier (at most 10,000) is now refused
+before anything is written or started.
 """
 
 from __future__ import annotations
@@ -103,3 +108,20 @@ def test_an_out_linking_to_no_folder_is_refused_before_the_work(tmp_path, args):
         r = forge(tmp_path, *[a.format(tmp=tmp_path) for a in args], "--out", str(tmp_path / "out"))
     refused(r, "--out", "out: a link to", "gone, which is not there")
     assert r.stdout == "" and "--out" in fix_line(r), r.stdout[-500:]
+
+
+# --- --num-prompts: at most what a round sends a tier ----------------------------------------------------------
+
+def test_a_sweep_of_a_billion_prompts_is_refused_before_a_server_starts(tmp_path, model):
+    final_run(tmp_path / "runs", "base")
+    with writes_nothing(tmp_path):         # (a server that fails to start: had the count been taken, no list is built)
+        r = _sweep(tmp_path, model, "--baseline", "base", *ONE, "--num-prompts", "1000000000", top="1",
+                   env={"FAKE_FAIL_START": "not started"})
+    refused(r, "--num-prompts", "'1000000000' is more than any round sends a tier (at most 10000)")
+
+
+@pytest.mark.parametrize("verb", [["bench-all-tiers", "--round", "final"], ["e2e-gpu"]])
+def test_the_other_benchmarks_take_no_more_prompts_than_a_round_sends(tmp_path, verb):
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *verb, "--num-prompts", "10001")
+    refused(r, "--num-prompts", "'10001' is more than any round sends a tier (at most 10000)")

@@ -61,6 +61,7 @@ from pathlib import Path
 from .. import options, paths, proc, ui
 from ..errors import ForgeError
 from ..run import serve, synth
+from ..run.bench_data import MOST_PROMPTS, MOST_PROMPTS_WHAT
 from ..run.gpu_harness import DEFAULT_SITE
 from . import batch_profile, e2e_decode, final_round, gpu_bundle, gpumon, prefill_profile, preflight
 from .client import client_runner
@@ -306,8 +307,8 @@ def register(sub) -> None:
     p.add_argument("--model", type=options.nonempty("--model"), help="model directory (default: the bundle's)")
     p.add_argument("--profiles", type=options.nonempty("--profiles"), help="comma-separated profiles (default: harness/gpu/harness.yaml profiles)")
     p.add_argument("--reference", type=options.nonempty("--reference"), help="the profile scored as 60.0 (default: upstream)")
-    p.add_argument("--num-prompts", type=options.count, default=6,
-                   help="prompts per tier (default 6), all in one client invocation per (tier, profile): requests "
+    p.add_argument("--num-prompts", type=options.count_upto(MOST_PROMPTS, MOST_PROMPTS_WHAT), default=6,
+                   help=f"prompts per tier (default 6, at most {MOST_PROMPTS:,}), all in one client invocation per (tier, profile): requests "
                         "of the contest workload (configs/workload.yaml) evenly spaced by output length")
     p.add_argument("--fixed-output", type=options.count, metavar="N",
                    help="instead of the contest workload, prompts across each tier's range with N output tokens "

@@ -373,8 +373,8 @@ def register(sub) -> None:
     p.add_argument("--data-dir", help="folder with the official tier files (default: $DATA_DIR)")
     p.add_argument("--tiers", help="comma-separated subset of tiers (default: all; in the final round, against a "
                                    "server forge serve started for a tier: that tier, and no other)")
-    p.add_argument("--num-prompts", type=options.count,
-                   help="prompts per tier, 1 or more (default: every official prompt with DATA_DIR, else every request of "
+    p.add_argument("--num-prompts", type=options.count_upto(bench_data.MOST_PROMPTS, bench_data.MOST_PROMPTS_WHAT),
+                   help=f"prompts per tier, 1 to {bench_data.MOST_PROMPTS:,} (default: every official prompt with DATA_DIR, else every request of "
                         "configs/workload.yaml; fewer: a subset evenly spaced by output length)")
     p.add_argument("--harness", action="store_true",
                    help="the server runs random weights (a GPU machine's harness): end-of-text is ignored so "

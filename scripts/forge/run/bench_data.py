@@ -13,6 +13,11 @@ from ..hashing import sha256_file
 from . import synth
 from .runs import count_lines, tier_done
 
+# --num-prompts' bound: past any tier a round sends (the preliminary's official files, 50 in the recorded run;
+# the final's 80 / 70 / 60). A billion built its list of requests after the server started, until memory ran out.
+MOST_PROMPTS = 10_000
+MOST_PROMPTS_WHAT = "any round sends a tier"
+
 
 def check_data_dir(data_dir: str | None, tiers: list[dict]) -> dict[str, Path]:
     """DATA_DIR's official file of each tier (none without DATA_DIR): a folder holding every tier's file. A

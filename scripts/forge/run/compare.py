@@ -14,7 +14,7 @@ from ..contest import rounds
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..hashing import sha256_bytes
-from . import bench, final_sweep, runs, score, serve
+from . import bench, bench_data, final_sweep, runs, score, serve
 
 
 def _folders(paths: list[str], side: str) -> list[Path]:
@@ -286,8 +286,8 @@ def register(sub) -> None:
     s.add_argument("--model", help="model directory (default: $MODEL)")
     s.add_argument("--image", help="container image (default: $IMAGE; else the installed wheel)")
     s.add_argument("--data-dir", help="official tier files (default: $DATA_DIR; else synthetic)")
-    s.add_argument("--num-prompts", type=options.whole_in(1, None, "a prompt count"),
-                   help="prompts per tier (default: configs/contest.yaml)")
+    s.add_argument("--num-prompts", type=options.count_upto(bench_data.MOST_PROMPTS, bench_data.MOST_PROMPTS_WHAT),
+                   help=f"prompts per tier, 1 to {bench_data.MOST_PROMPTS:,} (default: configs/contest.yaml)")
     s.add_argument("--repeat", type=options.whole_in(1, None, "a repeat count"), default=1,
                    help="run the whole list this many times, at least 1 (noise estimate)")
     s.add_argument("--timeout", type=options.number_in(0, 7 * 86400, "seconds", "1800", lo_open=True), default=1800,
