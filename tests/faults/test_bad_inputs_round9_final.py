@@ -21,6 +21,10 @@ before the work, naming the option, the link and where it leads.
 was started and the benchmark then built a list of a billion requests until memory ran out (a MemoryError
 traceback where memory is capped). A count past what any round sends a tier (at most 10,000) is now refused
 before anything is written or started.
+
+`forge predict --round final --calibration DIR --speedup gemv=1.2` (or `--speedups FILE`): the speed-ups were
+dropped without a word, the product priced from the calibration alone, exit 0 (the preliminary's prediction
+refuses the pair). It is now refused: one source of the product's speed-ups.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from test_bad_inputs_round5 import fix_line
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
 from test_bad_inputs_round6_sweep import ONE, final_run  # noqa: E402
 from test_final_sweep import _sweep  # noqa: E402
+
+CALIBRATION = ROOT / "reports" / "calibration" / "2026-12-05-h200-tp1-gemv-mma"
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +131,15 @@ def test_the_other_benchmarks_take_no_more_prompts_than_a_round_sends(tmp_path, 
     with writes_nothing(tmp_path):
         r = forge(tmp_path, *verb, "--num-prompts", "10001")
     refused(r, "--num-prompts", "'10001' is more than any round sends a tier (at most 10000)")
+
+
+# --- predict --round final: one source of the product's speed-ups ----------------------------------------------
+
+@pytest.mark.parametrize("speedup", [["--speedup", "gemv=1.2"], ["--speedups", "{tmp}/sp.yaml"]])
+def test_predict_final_refuses_a_calibration_and_speedups_together(tmp_path, speedup):
+    (tmp_path / "sp.yaml").write_text("gemv: 1.2\n")
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "predict", "--round", "final", "--calibration", str(CALIBRATION),
+                  *[a.format(tmp=tmp_path) for a in speedup], "--out", str(tmp_path / "out"))
+    refused(r, "not --calibration and --speedup/--speedups")
+    assert "--calibration DIR" in fix_line(r) and r.stdout == ""

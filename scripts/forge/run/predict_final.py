@@ -67,6 +67,9 @@ def _ints(text: str, what: str, rnd: rounds.Round, example: str) -> list[int]:
 def product_builds(args, contest: dict, workload: dict, speedups: dict | None) -> tuple[dict, dict]:
     """({tier: Build}, inputs) for the product from --calibration or the speed-ups."""
     names = [t["name"] for t in contest["tiers"]]
+    if args.calibration is not None and speedups:      # the speed-ups were dropped: the product priced without them
+        raise ForgeError("give one source of the product's speed-ups, not --calibration and --speedup/--speedups",
+                         hint="--calibration DIR (the measured factors), or --speedup NAME=FACTOR / --speedups FILE")
     if args.calibration is not None:
         doc, records = predict_calibration.load(Path(args.calibration))
         fac = predict_calibration.factors(doc, records, workload, f"--calibration {args.calibration}")
