@@ -25,12 +25,18 @@ before anything is written or started.
 `forge predict --round final --calibration DIR --speedup gemv=1.2` (or `--speedups FILE`): the speed-ups were
 dropped without a word, the product priced from the calibration alone, exit 0 (the preliminary's prediction
 refuses the pair). It is now refused: one source of the product's speed-ups.
+
+`forge predict --round final --calibration DIR` (and the preliminary's) of a calibration that measured nothing
+(its one family failed, so no prefill, decode or GEMV decision): every factor was taken as 1 and the upstream
+build's prediction printed and written as the calibration's, exit 0. It is now refused naming the folder and
+each family's failure, before anything is written.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 
 import pytest
@@ -143,3 +149,20 @@ def test_predict_final_refuses_a_calibration_and_speedups_together(tmp_path, spe
                   *[a.format(tmp=tmp_path) for a in speedup], "--out", str(tmp_path / "out"))
     refused(r, "not --calibration and --speedup/--speedups")
     assert "--calibration DIR" in fix_line(r) and r.stdout == ""
+
+
+# --- predict --calibration: a calibration that measured nothing ------------------------------------------------
+
+@pytest.mark.parametrize("rnd", [["--round", "final"], []])
+def test_a_calibration_that_measured_nothing_is_refused(tmp_path, rnd):
+    cal = tmp_path / "cal"
+    shutil.copytree(CALIBRATION, cal)
+    doc = json.loads((cal / "calibration.json").read_text())
+    doc["families"]["gemv"]["failed"] = "the GEMV extension did not build"
+    doc["selection"] = {}
+    (cal / "calibration.json").write_text(json.dumps(doc))
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "predict", *rnd, "--calibration", str(cal), "--out", str(tmp_path / "out"))
+    refused(r, f"--calibration {cal}", "no component of the time model was measured",
+            "gemv failed: the GEMV extension did not build")
+    assert "--redo" in fix_line(r) and r.stdout == ""

@@ -145,6 +145,12 @@ def factors(doc: dict, records: list[dict], workload: dict, source: str = "the c
     """{tier: {component: {"factor", "label", "how"}}} for every component of the DCU time model; a
     factor that is no plausible speed-up is refused naming `source` (the folder as the user gave it)."""
     k = Kernels(doc, records)
+    if not k.have:                  # every factor 1: the upstream build's prediction, shown as the calibration's
+        failed = [f"{f} failed: {str(i['failed'])[:120]}" for f, i in doc["families"].items() if i.get("failed")]
+        raise ForgeError(f"{source}: no component of the time model was measured (no prefill, decode or gemv "
+                         f"decision" + (f"; {'; '.join(failed)}" if failed else "") + "): a prediction from it would "
+                         "be the upstream build's, unchanged", hint="measure the families again (forge calibrate --out "
+                         "FOLDER --force --redo FAMILY), or price the product with --speedup NAME=FACTOR")
     dev = doc.get("device", {})
     on_card = str(dev.get("arch", "")).startswith("gfx936")
     where = "measured on the card" if on_card else f"measured on a stand-in ({dev.get('device_name')})"
