@@ -61,7 +61,10 @@ def load_yaml(path: Path) -> Any:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise ForgeError(f"{rel(path)}: not valid YAML: {where}{getattr(e, 'problem', None) or e}") from None
+        problem = str(getattr(e, "problem", None) or e)
+        raise ForgeError(f"{rel(path)}: not valid YAML: {where}{problem}",
+                         hint="give the key once (YAML would keep only the last)" if "given twice" in problem else
+                         "correct the YAML at the line and column named") from None
 
 
 def read_regular(path: Path) -> bytes:

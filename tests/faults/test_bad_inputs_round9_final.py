@@ -30,6 +30,9 @@ refuses the pair). It is now refused: one source of the product's speed-ups.
 (its one family failed, so no prefill, decode or GEMV decision): every factor was taken as 1 and the upstream
 build's prediction printed and written as the calibration's, exit 0. It is now refused naming the folder and
 each family's failure, before anything is written.
+
+A `--speedups` file (any YAML the tool reads) that is not valid YAML, or gives a key twice: the error named the
+file, line and column but gave no `fix:` line. It now says how to fix it.
 """
 
 from __future__ import annotations
@@ -166,3 +169,17 @@ def test_a_calibration_that_measured_nothing_is_refused(tmp_path, rnd):
     refused(r, f"--calibration {cal}", "no component of the time model was measured",
             "gemv failed: the GEMV extension did not build")
     assert "--redo" in fix_line(r) and r.stdout == ""
+
+
+# --- a YAML file that is not valid: the fix -------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,words,fix", [
+    ("gemv: 1.2\ngemv: 1.3\n", ["sp.yaml: not valid YAML: line 2, column 1: key 'gemv' is given twice"], "key once"),
+    ("gemv: [1.2\n", ["sp.yaml: not valid YAML: line 2, column 1"], "line and column named"),
+])
+def test_a_speedups_file_that_is_not_valid_yaml_says_how_to_fix_it(tmp_path, text, words, fix):
+    (tmp_path / "sp.yaml").write_text(text)
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "predict", "--round", "final", "--speedups", str(tmp_path / "sp.yaml"))
+    refused(r, *words)
+    assert fix in fix_line(r), r.stderr
