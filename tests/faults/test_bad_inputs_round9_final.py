@@ -33,6 +33,11 @@ each family's failure, before anything is written.
 
 A `--speedups` file (any YAML the tool reads) that is not valid YAML, or gives a key twice: the error named the
 file, line and column but gave no `fix:` line. It now says how to fix it.
+
+`forge plan --against RUN` whose serve.json records `--data-parallel-size 100000000`: every rank was checked
+one by one (the verb hung); a rank written "00" in kv_cache.tokens was taken as a rank, then reported as none
+(exit 1, "rank 0 reported no KV cache"); a tensor-parallel size the model cannot run (3) was refused without
+naming the record it came from. Each is now refused naming serve.json and the value.
 """
 
 from __future__ import annotations
@@ -183,3 +188,21 @@ def test_a_speedups_file_that_is_not_valid_yaml_says_how_to_fix_it(tmp_path, tex
         r = forge(tmp_path, "predict", "--round", "final", "--speedups", str(tmp_path / "sp.yaml"))
     refused(r, *words)
     assert fix in fix_line(r), r.stderr
+
+
+# --- plan --against: the recorded command and report, read within what a server runs --------------------------
+
+@pytest.mark.parametrize("extra,tokens,words", [
+    (["--data-parallel-size", "100000000"], {"0": 28224}, ["--data-parallel-size '100000000'", "<= 1024"]),
+    ([], {"00": 28224}, ["kv_cache.tokens is not a map of data-parallel rank"]),
+    (["-tp", "3"], {"0": 28224}, ["the recorded command: tensor parallel size 3 does not divide"]),
+])
+def test_plan_against_reads_the_recorded_server_within_what_it_runs(tmp_path, extra, tokens, words):
+    run = tmp_path / "served"
+    run.mkdir()
+    (run / "serve.json").write_text(json.dumps({"profile": "contest", "kv_cache": {"tokens": tokens}, "launch": [
+        "vllm", "serve", "/m", "--max-num-batched-tokens", "4096", "--gpu-memory-utilization", "0.95", *extra]}))
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "plan", "--against", str(run), "--out", str(tmp_path / "out"), timeout=30)
+    refused(r, "served/serve.json", *words)
+    assert fix_line(r) and r.stdout == ""

@@ -30,17 +30,19 @@ from . import runs, serverlog
 
 TOLERANCE = 0.02          # the planner's stated bound against vLLM's report (±2 %)
 MOST_TOKENS = 10 ** 9      # a KV cache of a billion tokens or more is no card's (the model's 64 KiB per token)
+MOST_RANKS = 1024          # tensor- or data-parallel ranks past any machine's (a billion were looped over, one by one)
 
 
 def served_config(argv: list[str], where: str) -> dict:
     """The configuration a server command ran at, as vLLM's parser reads it."""
-    def whole(*opts: str, default: int) -> int:
+    def whole(*opts: str, default: int, most: int | None = None) -> int:
         v = options.last_value(argv, *opts)
         if v is None:
             return default
         n = options.parse_whole(v)
-        if n is None or n < 1:
-            raise ForgeError(f"{where}: {opts[0]} {v!r} in the recorded command is not a whole number >= 1",
+        if n is None or n < 1 or most is not None and n > most:
+            raise ForgeError(f"{where}: {opts[0]} {v!r} in the recorded command is not a whole number >= 1"
+                             + (f" and <= {most}" if most else ""),
                              hint="the record is not a server command forge wrote; serve the run again")
         return n
     kv = served_kv_dtype(argv)
@@ -60,8 +62,8 @@ def served_config(argv: list[str], where: str) -> dict:
         raise ForgeError(f"{where}: the recorded command sets no --max-num-batched-tokens (the non-KV peak grows with "
                          "it, and vLLM's default depends on the machine)", hint="check a run served with the start "
                          "script's --max-num-batched-tokens (every forge profile sets it)")
-    return {"tp": whole("--tensor-parallel-size", "-tp", default=1),
-            "dp": whole("--data-parallel-size", "-dp", default=1), "kv_dtype": kv,
+    return {"tp": whole("--tensor-parallel-size", "-tp", default=1, most=MOST_RANKS),
+            "dp": whole("--data-parallel-size", "-dp", default=1, most=MOST_RANKS), "kv_dtype": kv,
             "gpu_memory_utilization": util, "max_num_batched_tokens": whole("--max-num-batched-tokens", default=0),
             "kv_cache_memory_bytes": whole("--kv-cache-memory-bytes", default=0) or None}
 
@@ -70,7 +72,7 @@ def _report(rdir: Path, serve: dict, dp: int) -> tuple[dict, str]:
     """{rank: tokens} the run's engines reported, and where it was read."""
     if isinstance(serve.get("kv_cache"), dict) and serve["kv_cache"].get("tokens"):
         tokens = serve["kv_cache"]["tokens"]
-        if not isinstance(tokens, dict) or not all(isinstance(k, str) and k.isdigit() and type(v) is int and
+        if not isinstance(tokens, dict) or not all(isinstance(k, str) and k.isascii() and k.isdigit() and k == str(int(k)) and type(v) is int and
                                                    0 < v < MOST_TOKENS for k, v in tokens.items()):
             raise ForgeError(f"{paths.rel(rdir / 'serve.json')}: kv_cache.tokens is not a map of data-parallel rank to a "
                              f"token count ({str(tokens)[:80]})", hint="serve the run again (forge serve records it)")
@@ -130,9 +132,14 @@ def check(run: str, card: str = "dcu") -> dict:
         raise ForgeError(f"{paths.rel(spath)}: no server command recorded (launch)", hint="serve the run again")
     cfg = served_config(argv, paths.rel(spath))
     report, source = _report(rdir, serve, cfg["dp"])
-    cap = cap_mod.capacity(load_shape(), tp=cfg["tp"], kv_dtype=cfg["kv_dtype"], card_name=card,
-                           utilization=cfg["gpu_memory_utilization"], max_num_batched_tokens=cfg["max_num_batched_tokens"],
-                           kv_cache_memory_bytes=cfg["kv_cache_memory_bytes"])
+    try:
+        cap = cap_mod.capacity(load_shape(), tp=cfg["tp"], kv_dtype=cfg["kv_dtype"], card_name=card,
+                               utilization=cfg["gpu_memory_utilization"], max_num_batched_tokens=cfg["max_num_batched_tokens"],
+                               kv_cache_memory_bytes=cfg["kv_cache_memory_bytes"])
+    except ForgeError as e:         # a degree the model cannot run: said without the record it came from
+        raise ForgeError(f"{paths.rel(spath)}: the recorded command: {e.message}",
+                         hint=f"the record is not a server command vLLM ran for this model; check a run served at "
+                              f"{e.hint}" if e.hint else "serve the run again") from None
     extra = sorted(r for r in report["tokens"] if int(r) >= cfg["dp"])
     if extra:
         raise ForgeError(f"{source}: data-parallel rank(s) {', '.join(extra)} reported a KV cache, but the recorded "
