@@ -190,13 +190,14 @@ def test_bad_capacity_is_refused(specs, rnd, words):
 
 def test_a_tiers_time_guess_counts_the_requests_in_flight():
     # 12 requests of ~22K prompt tokens and 1024 outputs, two warm-ups: at concurrency 10 capped by
-    # --max-num-seqs 4 the guess is the serial time over 4 (times the batch slowdown), not the serial time
+    # --max-num-seqs 4 the guess is the serial time over 4 (times the batch slowdown), not the serial time,
+    # and the two warm-ups run together (vLLM's client gathers them under its concurrency)
     reqs = [[22000, 1024]] * 12
     serial = tierguess.guess_s(reqs, 2)
     four = tierguess.guess_s(reqs, 2, tierguess.inflight(["--max-concurrency", "10"], ["--max-num-seqs", "128",
                                                                                "--max-num-seqs", "4"]))
     one = reqs[0][0] / tierguess.GUESS_PREFILL_TOKENS_S + 1024 * tierguess.GUESS_TPOT_S
-    assert four == pytest.approx(tierguess.CLIENT_TURN_S + 2 * one + 12 * one / 4 * tierguess.GUESS_BATCH_SLOWDOWN)
+    assert four == pytest.approx(tierguess.CLIENT_TURN_S + one + 12 * one / 4 * (1 + 4 * tierguess.GUESS_SLOWDOWN_PER_REQUEST))
     assert four < serial / 2
     # the preliminary's client (one at a time) and a missing --max-num-seqs change nothing
     assert tierguess.inflight(["--max-concurrency", "1"], ["--max-num-seqs", "128"]) == 1

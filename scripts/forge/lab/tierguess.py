@@ -20,19 +20,28 @@ CLIENT_TURN_S = 5.0       # a tier's client overhead over the requests themselve
 GUESS_TPOT_S = 0.025
 GUESS_PREFILL_TOKENS_S = 4000.0
 # at N requests in flight (the final round's client) a decode step serves N requests at once but reads
-# more KV and multiplies larger GEMMs: the tier's requests take their serial time over N, times this
-GUESS_BATCH_SLOWDOWN = 1.5
+# more KV and multiplies larger GEMMs, and each request's prefill waits behind the others': the tier's
+# requests take their serial time over N, times 1 + this x N. Fitted to every recorded final-round tier that
+# did not preempt (reports/e2e, H100 and H200, 4 to 10 in flight): the guess is 1.13-1.74x the measured
+# time (it was 1.33-1.94x at a flat 1.5 with the warm-ups one at a time, and skipped a tier that fitted).
+GUESS_SLOWDOWN_PER_REQUEST = 0.1
+
+
+def batch_slowdown(n: int) -> float:
+    """The serial time over `n` requests in flight is multiplied by this (1 at one at a time)."""
+    return 1.0 if n <= 1 else 1.0 + GUESS_SLOWDOWN_PER_REQUEST * n
 
 
 def guess_s(requests: list[list[int]], warmups: int, inflight: int = 1) -> float:
     """A (tier, profile)'s time before it was ever measured: its requests at the guessed rates, `inflight`
-    of them at once (GUESS_BATCH_SLOWDOWN), and the client's warm-ups (the first request again, one at a
-    time). A server that preempts takes longer: the first measured tier's time over its guess scales
-    the later tiers' guesses."""
+    of them at once (batch_slowdown), and the client's warm-ups (the first request again; vLLM's client
+    sends them together, at most its concurrency at once, so `inflight` of them per round). A server that
+    preempts takes longer: the first measured tier's time over its guess scales the later tiers' guesses."""
     one = [i / GUESS_PREFILL_TOKENS_S + o * GUESS_TPOT_S for i, o in requests]
     n = max(1, min(inflight, len(one)))
-    body = sum(one) if n == 1 else sum(one) / n * GUESS_BATCH_SLOWDOWN
-    return CLIENT_TURN_S + body + warmups * (one[0] if one else 0.0)
+    body = sum(one) / n * batch_slowdown(n)
+    rounds = -(-warmups // max(1, inflight))
+    return CLIENT_TURN_S + body + rounds * (one[0] if one else 0.0)
 
 
 def inflight(client_argv: list[str], server_argv: list[str]) -> int:
