@@ -34,7 +34,9 @@ A table (JSON, ``schema`` = SCHEMA):
                 `forge calibrate` measures it with the round's requests and the padding rows), measured
                 over contexts up to <context> tokens (the server plans with its
                 max-model-len: the smallest measured context at or above it, else the largest);
-                absent: the built-in heuristic (``choose_num_segments``).
+                absent: the built-in heuristic (``choose_num_segments``). Optional
+                "segments_int8", the same map measured with an int8 KV cache at its own launch:
+                an int8 cache takes its count there, else the one of "segments".
 
 Older tables (``forge-tuned/1``: no ``tp`` or ``heads``, decode segments keyed by batch alone) are
 read as what they were measured for: TP1, 24 q / 4 KV heads, contexts up to 32768.
@@ -291,23 +293,23 @@ def validate(table) -> dict:
             raise TableError(f"key 'prefill.{kv}': expected '16bit' or 'int8'")
         _launch(f"prefill.{kv}", launch, PREFILL_LAUNCH)
     dec = _mapping("decode", table.get("decode", {}))
-    unknown = sorted(k for k in dec if k not in ("segments", "launch"))
+    keys = ("segments", "launch") if old else ("segments", "segments_int8", "launch")
+    unknown = sorted(k for k in dec if k not in keys)
     if unknown:
-        raise TableError(f"key 'decode': unknown key(s) {', '.join(map(repr, unknown))}; expected 'segments', 'launch'")
-    segs = _mapping("decode.segments", dec.get("segments", {}))
+        raise TableError(f"key 'decode': unknown key(s) {', '.join(map(repr, unknown))}; expected "
+                         + ", ".join(f"'{k}'" for k in keys))
     if old:
-        _batch_segments("decode.segments", segs, None)
-    else:
-        for kv, batches in segs.items():
+        _batch_segments("decode.segments", _mapping("decode.segments", dec.get("segments", {})), None)
+    for name in () if old else ("segments", "segments_int8"):
+        for kv, batches in _mapping(f"decode.{name}", dec.get(name, {})).items():
             if not _count(kv, MAX_TABLE_SEGMENTS):
-                raise TableError(f"key 'decode.segments.{kv}': the KV heads of one rank, a count >= 1")
+                raise TableError(f"key 'decode.{name}.{kv}': the KV heads of one rank, a count >= 1")
             if int(kv) != val["heads"][1]:
-                raise TableError(f"key 'decode.segments.{kv}': measured at {kv} KV heads but the validators' heads "
+                raise TableError(f"key 'decode.{name}.{kv}': measured at {kv} KV heads but the validators' heads "
                                  f"are {val['heads']} (one table per rank geometry)")
-            for b, ctxs in _mapping(f"decode.segments.{kv}", batches).items():
-                _batch_segments(f"decode.segments.{kv}", {b: 1}, None)
-                _batch_segments(f"decode.segments.{kv}.{b}", _mapping(f"decode.segments.{kv}.{b}", ctxs),
-                                "context")
+            for b, ctxs in _mapping(f"decode.{name}.{kv}", batches).items():
+                _batch_segments(f"decode.{name}.{kv}", {b: 1}, None)
+                _batch_segments(f"decode.{name}.{kv}.{b}", _mapping(f"decode.{name}.{kv}.{b}", ctxs), "context")
     for kv, launch in _mapping("decode.launch", dec.get("launch", {})).items():
         if kv not in KV_KINDS:
             raise TableError(f"key 'decode.launch.{kv}': expected '16bit' or 'int8'")
@@ -522,10 +524,11 @@ def describe(table: dict) -> list[str]:
     for kv, launch in sorted((table.get("prefill") or {}).items()):
         lines.append(f"prefill {kv}: BLOCK_M {launch[0]}, TILE_N {launch[1]}, warps {launch[2]}, stages {launch[3]}")
     dec = table.get("decode") or {}
-    for kv, batches in sorted(decode_segment_table(table).items()):
-        for b, ctxs in sorted(batches.items()):
-            picks = ", ".join(f"{s} up to {c} tokens" for c, s in sorted(ctxs.items()))
-            lines.append(f"decode {kv} KV head(s), batch {b}: {picks} segments")
+    for kv_int8 in (False, True) if dec.get("segments_int8") else (False,):
+        for kv, batches in sorted(decode_segment_table(table, kv_int8, alone=kv_int8).items()):
+            for b, ctxs in sorted(batches.items()):
+                picks = ", ".join(f"{s} up to {c} tokens" for c, s in sorted(ctxs.items()))
+                lines.append(f"decode {'int8 ' if kv_int8 else ''}{kv} KV head(s), batch {b}: {picks} segments")
     for kv, launch in sorted((dec.get("launch") or {}).items()):
         lines.append(f"decode {kv}: TILE_N {launch[0]}, warps {launch[1]}, stages {launch[2]}")
     return lines
@@ -551,21 +554,30 @@ def prefill_launch(kv_int8: bool) -> tuple[int, int, int, int] | None:
     return tuple(launch) if launch else None
 
 
-def decode_segment_table(table: dict | None) -> dict[int, dict[int, dict[int, int]]]:
-    """{KV heads: {batch: {context: segments}}} of a table, an old one's read as 4 KV heads, 32K."""
-    segs = ((table or {}).get("decode") or {}).get("segments") or {}
+def decode_segment_table(table: dict | None, kv_int8: bool = False,
+                         alone: bool = False) -> dict[int, dict[int, dict[int, int]]]:
+    """{KV heads: {batch: {context: segments}}} of a table, an old one's read as 4 KV heads, 32K; with
+    `kv_int8`, the int8 cache's: "segments_int8" over "segments" where it measured the batch (`alone`:
+    "segments_int8" by itself)."""
+    dec = (table or {}).get("decode") or {}
+    segs = dec.get("segments") or {}
     if (table or {}).get("schema") == OLD_SCHEMA:
         kv = OLD_GEOMETRY["heads"][1]
         return {kv: {int(b): {OLD_GEOMETRY["context"]: int(s)} for b, s in segs.items()}} if segs else {}
-    return {int(kv): {int(b): {int(c): int(s) for c, s in ctxs.items()} for b, ctxs in batches.items()}
-            for kv, batches in segs.items()}
+    out: dict[int, dict[int, dict[int, int]]] = {}
+    for name in (() if alone else ("segments",)) + (("segments_int8",) if kv_int8 else ()):
+        for kv, batches in (dec.get(name) or {}).items():
+            for b, ctxs in batches.items():
+                out.setdefault(int(kv), {})[int(b)] = {int(c): int(s) for c, s in ctxs.items()}
+    return out
 
 
-def decode_segments(num_seqs: int, num_kv_heads: int | None = None, max_context: int | None = None) -> int | None:
+def decode_segments(num_seqs: int, num_kv_heads: int | None = None, max_context: int | None = None,
+                    kv_int8: bool = False) -> int | None:
     """The measured segment count for a batch of `num_seqs` on a rank with `num_kv_heads` KV heads
-    (None: the table's) serving contexts up to `max_context` (None: the longest measured); None where
-    the table did not measure it (the built-in heuristic runs)."""
-    by_kv = decode_segment_table(active())
+    (None: the table's) serving contexts up to `max_context` (None: the longest measured), for an int8
+    KV cache with `kv_int8`; None where the table did not measure it (the built-in heuristic runs)."""
+    by_kv = decode_segment_table(active(), kv_int8)
     if num_kv_heads is None and len(by_kv) == 1:
         num_kv_heads = next(iter(by_kv))
     ctxs = by_kv.get(num_kv_heads, {}).get(int(num_seqs))

@@ -1,6 +1,7 @@
 """`forge calibrate`'s decode family times launches for the int8 cache too, not only its segment count (an
 H200 reads the int8 KV at 38-55 % of copy bandwidth against 72-79 % for bf16), and the table takes
-`decode.launch.int8` only from a launch that beats the int8 built-in beyond the noise."""
+`decode.launch.int8` only from a launch that beats the int8 built-in beyond the noise; the int8 cache's own
+segment counts (`decode.segments_int8`) are each batch's fastest at the launch it runs."""
 
 import sys
 from pathlib import Path
@@ -81,7 +82,9 @@ def test_a_launch_that_beats_the_int8_built_in_is_written_and_validates():
     recs = int8_records({10: {(8, 64, 8, 2): 100.0, (16, 64, 8, 2): 95.0, (8, 128, 8, 2): 90.0, (16, 128, 8, 2): 80.0},
                          16: {(8, 64, 8, 2): 150.0, (8, 128, 8, 2): 120.0, (4, 32, 4, 2): 119.0}})
     t = sel.build_table(sel.select(recs), VALIDATORS, {"commit": "c"})
-    assert t["decode"] == {"launch": {"int8": [128, 8, 2]}}
+    # with each batch's fastest segment count at that launch, for the int8 cache alone
+    assert t["decode"] == {"launch": {"int8": [128, 8, 2]},
+                           "segments_int8": {"4": {"10": {"32768": 16}, "16": {"32768": 8}}}}
     assert forge_tuned.validate(t)["decode"]["launch"]["int8"] == [128, 8, 2]
 
 
@@ -90,7 +93,7 @@ def test_the_int8_launch_sits_beside_the_16bit_decisions():
     recs += [rec("decode.10.16bit", "vLLM unified 3D", "upstream", 500.0, launch=None),
              rec("decode.10.16bit", "S16", "ours", 150.0, launch=[16, 32, 4, 2])]
     t = sel.build_table(sel.select(recs), VALIDATORS, {"commit": "c"})
-    assert t["decode"] == {"segments": {"4": {"10": {"32768": 16}}},
+    assert t["decode"] == {"segments": {"4": {"10": {"32768": 16}}}, "segments_int8": {"4": {"10": {"32768": 8}}},
                            "launch": {"16bit": [32, 4, 2], "int8": [128, 4, 2]}}
     forge_tuned.validate(t)
 
@@ -106,4 +109,9 @@ def test_the_int8_launch_sits_beside_the_16bit_decisions():
 ])
 def test_the_built_in_int8_launch_stays_within_the_noise_or_when_nothing_beats_it(times, spread):
     t = sel.build_table(sel.select(int8_records(times, spread)), VALIDATORS, {"commit": "c"})
-    assert "decode" not in t
+    assert "launch" not in t["decode"]
+    # the int8 cache's segment counts are those measured fastest at the launch it keeps, the built-in
+    best = {str(b): {"32768": min((launch for launch in at if launch[1:] == (64, 8, 2)), key=at.get)[0]}
+            for b, at in times.items()}
+    assert t["decode"] == {"segments_int8": {"4": best}}
+    forge_tuned.validate(t)

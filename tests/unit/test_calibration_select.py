@@ -91,8 +91,10 @@ def test_the_table_routes_what_won_and_keeps_our_kernels_launches():
     t = sel.build_table(sel.select(recs), {"device_name": "d"}, {"commit": "c"})
     assert t["gemv"] == {"plain": {"96x5120": {"1": [640, 2]}}, "fused": {"34816x5120": {"2": [0, 0]}}}
     assert t["prefill"] == {"16bit": [128, 64, 8, 2]}
-    # int8 decode: not routed; a table without heads was measured at the whole model's 4 KV heads
-    assert t["decode"] == {"segments": {"4": {"1": {"32768": 128}}}, "launch": {"16bit": [32, 4, 2]}}
+    # int8 decode: its built-in launch kept, with its count there; a table without heads was measured at the
+    # whole model's 4 KV heads
+    assert t["decode"] == {"segments": {"4": {"1": {"32768": 128}}}, "launch": {"16bit": [32, 4, 2]},
+                           "segments_int8": {"4": {"1": {"32768": 64}}}}
     assert t["schema"] == "forge-tuned/2" and t["validators"] == {"device_name": "d"}
 
 

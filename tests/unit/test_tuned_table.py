@@ -226,10 +226,13 @@ def test_every_committed_table_is_valid_and_describes_its_routes():
         assert T.shipping_problems(t) == [], p
         assert t["provenance"].get("report"), f"{p.name}: provenance names the calibration report"
         lines = T.describe(t)
-        # one line per GEMV shape, prefill cache kind, (KV heads, batch) of the decode segments, decode launch
+        # one line per GEMV shape, prefill cache kind, (KV heads, batch) of the decode segments (and of the
+        # int8 cache's own), decode launch
         segs = T.decode_segment_table(t)
+        segs8 = T.decode_segment_table(t, kv_int8=True, alone=True) if t.get("decode", {}).get("segments_int8") else {}
         assert len(lines) == sum(len(s) for s in t.get("gemv", {}).values()) + len(t.get("prefill", {})) + \
-            sum(len(b) for b in segs.values()) + len(t.get("decode", {}).get("launch", {})), p.name
+            sum(len(b) for b in segs.values()) + sum(len(b) for b in segs8.values()) + \
+            len(t.get("decode", {}).get("launch", {})), p.name
 
 
 def test_the_submission_preflight_reads_its_tables_with_the_loader_it_ships(tmp_path):
@@ -328,6 +331,24 @@ def test_decode_segments_keyed_by_kv_heads_batch_and_context(monkeypatch):
     assert any("2 KV head(s), batch 10: 16 up to 32768 tokens" in x for x in T.describe(t))
 
 
+def test_an_int8_cache_takes_its_own_segments_where_measured_else_the_16_bit_ones(monkeypatch):
+    t = table(H200)
+    t["decode"]["segments"] = {"4": {"1": {"32768": 128}, "4": {"32768": 64}, "7": {"32768": 32}}}
+    t["decode"]["segments_int8"] = {"4": {"1": {"32768": 64}, "7": {"32768": 8}}}
+    T.validate(t)
+    monkeypatch.setattr(T, "active", lambda: t)
+    assert [T.decode_segments(b, 4, 32768) for b in (1, 4, 7)] == [128, 64, 32]
+    assert [T.decode_segments(b, 4, 32768, kv_int8=True) for b in (1, 4, 7)] == [64, 64, 8]   # 4: not measured in int8
+    assert T.decode_segments(5, 4, 32768, kv_int8=True) is None and T.decode_segments(7, 2, 32768, kv_int8=True) is None
+    lines = T.describe(t)
+    assert "decode int8 4 KV head(s), batch 7: 8 up to 32768 tokens segments" in lines
+    assert "decode 4 KV head(s), batch 7: 32 up to 32768 tokens segments" in lines
+    assert len([x for x in lines if "KV head(s), batch" in x]) == 5
+    old = {**t, "schema": T.OLD_SCHEMA, "decode": {"segments": {"1": 64}, "segments_int8": {"1": 32}}}
+    with pytest.raises(T.TableError, match="unknown key.*'segments_int8'"):
+        T.validate(old)                                  # forge-tuned/1 has no int8 counts
+
+
 @pytest.mark.parametrize("bad,match", [
     ({"validators.tp": 0}, "validators.tp"),
     ({"validators.tp": True}, "validators.tp"),
@@ -338,6 +359,9 @@ def test_decode_segments_keyed_by_kv_heads_batch_and_context(monkeypatch):
     ({"decode.segments": {"2": {"1": {"x": 32}}}}, "context length"),
     ({"decode.segments": {"2": {"1": {"32768": 48}}}}, "power of two"),
     ({"decode.segments": {"2": {"1": 32}}}, "expected an object"),
+    ({"decode.segments_int8": {"4": {"1": {"32768": 32}}}}, "decode.segments_int8.4': measured at 4 KV heads"),
+    ({"decode.segments_int8": {"2": {"1": {"32768": 24}}}}, "power of two"),
+    ({"decode.segments_16bit": {}}, "unknown key"),
 ])
 def test_the_geometry_and_decode_keys_are_validated(bad, match):
     t = table(H200, tp=2, heads=(12, 2))

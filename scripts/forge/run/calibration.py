@@ -137,19 +137,33 @@ def build_table(selection: dict, validators: dict, provenance: dict, decode_cont
         # measured; each batch's segments: its fastest correct count at that launch, measured over
         # contexts up to decode_context, for the rank's KV heads
         launch = decode[max(decode)]["candidates"][decode[max(decode)]["best_ours"]]["launch"][1:]
-        segs = {}
-        for b, d in sorted(decode.items()):
-            at = [c for c in d["candidates"].values() if c["kind"] in ("ours", "builtin") and c.get("selectable", True)
-                  and c["launch"][1:] == launch]
-            if at:
-                segs[str(b)] = {str(decode_context): int(min(at, key=lambda c: c["us"])["launch"][0])}
-        table["decode"] = {"segments": {kv_heads: segs}, "launch": {"16bit": [int(x) for x in launch]}}
+        table["decode"] = {"segments": {kv_heads: _segments_at(decode, launch, decode_context)},
+                           "launch": {"16bit": [int(x) for x in launch]}}
     int8 = int8_decode_launch(decode_int8)
     if int8:
         table.setdefault("decode", {}).setdefault("launch", {})["int8"] = int8
+    # the int8 cache's own counts, at the launch it runs (the table's, else the built-in): the fastest
+    # count of a batch differs between the two caches (an int8 tile holds twice the tokens)
+    int8_builtin = next((d["candidates"][d["builtin"]]["launch"][1:] for d in decode_int8.values()
+                         if d.get("builtin") in d.get("candidates", {})), None)
+    segs8 = _segments_at(decode_int8, int8 or int8_builtin, decode_context) if (int8 or int8_builtin) else {}
+    if segs8:
+        table.setdefault("decode", {})["segments_int8"] = {kv_heads: segs8}
     if gemv:
         table["gemv"] = gemv
     return table
+
+
+def _segments_at(decisions: dict[int, dict], launch: list, context: int) -> dict[str, dict[str, int]]:
+    """{batch: {context: segments}}: each batch's fastest correct segment count at `launch`
+    ([TILE_N, warps, stages]), where that launch was measured."""
+    segs = {}
+    for b, d in sorted(decisions.items()):
+        at = [c for c in d["candidates"].values() if c["kind"] in ("ours", "builtin") and c.get("selectable", True)
+              and list(c["launch"][1:]) == list(launch)]
+        if at:
+            segs[str(b)] = {str(context): int(min(at, key=lambda c: c["us"])["launch"][0])}
+    return segs
 
 
 def _launch_totals(decisions: dict[int, dict]) -> dict[tuple, tuple[float, float]]:
