@@ -115,3 +115,18 @@ def test_the_built_in_int8_launch_stays_within_the_noise_or_when_nothing_beats_i
             for b, at in times.items()}
     assert t["decode"] == {"segments_int8": {"4": best}}
     forge_tuned.validate(t)
+
+
+def test_without_a_table_launch_each_batch_counts_at_its_own_built_in_launch():
+    # the kernel's built-in launch depends on the batch: each batch's int8 count is its fastest there
+    recs = []
+    for b, builtin_launch, times in ((10, (64, 8, 2), {(8, 64, 8, 2): 100.0, (16, 64, 8, 2): 90.0, (32, 32, 4, 2): 50.0}),
+                                     (16, (32, 4, 2), {(4, 32, 4, 2): 100.0, (8, 32, 4, 2): 95.0, (16, 64, 8, 2): 40.0})):
+        recs.append(rec(f"decode.{b}.int8", "vLLM unified 3D", "upstream", 500.0, launch=None))
+        for launch, us in times.items():
+            kind = "builtin" if launch[1:] == builtin_launch and launch[0] in (8, 4) else "ours"
+            recs.append(rec(f"decode.{b}.int8", "segments {} TILE_N {} warps {} stages {}".format(*launch), kind, us,
+                            launch=list(launch)))
+    t = sel.build_table(sel.select(recs), VALIDATORS, {"commit": "c"})
+    assert t["decode"] == {"segments_int8": {"4": {"10": {"32768": 16}, "16": {"32768": 8}}}}
+    forge_tuned.validate(t)

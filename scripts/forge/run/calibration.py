@@ -114,7 +114,8 @@ def build_table(selection: dict, validators: dict, provenance: dict, decode_cont
     leaves the shape at that token count out (the platform GEMM runs); one that ours won names its
     launch: [block, rows] of the GEMV, or "mma" (the skinny GEMM); prefill and decode take the
     fastest correct launch of ours (the route to our kernel is not the table's to switch); the int8
-    decode launch only where it beats the built-in beyond the noise (`int8_decode_launch`)."""
+    decode launch only where it beats the built-in beyond the noise (`int8_decode_launch`), and the int8
+    cache's own segment counts at the launch it runs (`decode.segments_int8`)."""
     table = {"schema": "forge-tuned/2", "validators": validators, "provenance": provenance}
     kv_heads = str((validators.get("heads") or [24, 4])[1])
     gemv: dict = {}
@@ -142,11 +143,15 @@ def build_table(selection: dict, validators: dict, provenance: dict, decode_cont
     int8 = int8_decode_launch(decode_int8)
     if int8:
         table.setdefault("decode", {}).setdefault("launch", {})["int8"] = int8
-    # the int8 cache's own counts, at the launch it runs (the table's, else the built-in): the fastest
-    # count of a batch differs between the two caches (an int8 tile holds twice the tokens)
-    int8_builtin = next((d["candidates"][d["builtin"]]["launch"][1:] for d in decode_int8.values()
-                         if d.get("builtin") in d.get("candidates", {})), None)
-    segs8 = _segments_at(decode_int8, int8 or int8_builtin, decode_context) if (int8 or int8_builtin) else {}
+    # the int8 cache's own counts, at the launch it runs at each batch (the table's, else the batch's
+    # built-in): the fastest count of a batch differs between the two caches (an int8 tile holds twice
+    # the tokens)
+    segs8: dict[str, dict[str, int]] = {}
+    for b, d in sorted(decode_int8.items()):
+        runs = int8 or (d["candidates"][d["builtin"]]["launch"][1:] if d.get("builtin") in d.get("candidates", {})
+                        else None)
+        if runs:
+            segs8.update(_segments_at({b: d}, runs, decode_context))
     if segs8:
         table.setdefault("decode", {})["segments_int8"] = {kv_heads: segs8}
     if gemv:
