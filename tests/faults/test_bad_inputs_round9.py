@@ -5,13 +5,17 @@ run fails, the tier is recorded with every request failed and scored so, and the
 visible only as zeros in the summary. It now exits 1 naming each (tier, profile) whose server went away and the
 server's log; what the other profile measured is kept, and the next invocation of the same folder runs only
 the tiers that failed.
+
+`forge serve --dry-run` without a model folder: its help says the folder is not looked at, yet it refused "no
+model directory given". It now prints the checked command with the start script's own `$MODEL_DIR` in the
+folder's place, and a real start still refuses.
 """
 
 from __future__ import annotations
 
 import json
 
-from helpers import e2e_fake, free_port_pair
+from helpers import e2e_fake, forge, free_port_pair
 from test_bad_inputs_round5 import fix_line
 
 
@@ -48,3 +52,12 @@ def test_a_server_that_dies_mid_tier_fails_the_run_naming_each_tier_and_its_log(
     for tier in ("4-8K", "8-16K"):
         assert json.loads((out / "runs" / "upstream" / f"{tier}.json").read_text())["completed"] >= 1
     assert "error" not in json.loads(out.joinpath("summary.json").read_text())
+
+
+def test_a_dry_run_needs_no_model_folder_and_a_start_still_does(tmp_path):
+    for rnd in ([], ["--round", "final", "--tier", "16-32K"]):
+        r = forge(tmp_path, "serve", "--profile", "contest", "--dry-run", *rnd)
+        assert r.returncode == 0, r.stderr
+        assert "serve '$MODEL_DIR' --served-model-name Qwen3.5-27B" in r.stdout, r.stdout
+    r = forge(tmp_path, "serve", "--profile", "contest", "--no-wait")
+    assert r.returncode == 2 and "no model directory given" in r.stderr, r.stderr

@@ -154,9 +154,10 @@ def _print_or_exec(args) -> int:
     prof = profiles.load_profile(args.profile, contest, rnd=rnd)
     model = _env_or(args.model, "MODEL")
     image = _env_or(args.image, "IMAGE")
-    if not model:
+    if not model and not args.dry_run:
         raise ForgeError("no model directory given", hint="pass --model DIR (make serve MODEL=DIR)")
-    model_path = Path(model).resolve() if not args.dry_run else Path(model)
+    # a dry run looks at no model folder: without one, the start script's own variable stands for it
+    model_path = Path(model).resolve() if not args.dry_run else Path(model or "$MODEL_DIR")
     rendered = render(prof, model_path, contest, rnd, args.tier, cards=not args.dry_run)
     port = args.port or LOCKED_PORT
     run_id = runs.check_run_id(args.run_id) if args.run_id is not None else runs.new_run_id(prof["name"])
