@@ -356,3 +356,14 @@ def test_predict_round_final_writes_what_its_help_says_and_only_with_out(tmp_pat
     r = forge(tmp_path, *args, "--out", str(tmp_path / "p"), timeout=300)
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["predict-final.json", "predict-final.md"]
+
+
+@pytest.mark.parametrize("folder,tp", [("2026-12-05-h200-tp2-gemv-mma", 2), ("2026-12-06-h100-tp1", 1)])
+def test_the_prediction_says_which_degree_its_calibration_measured(tmp_path, folder, tp):
+    # one calibration prices every topology: the document says at which degree its speed-ups were measured
+    out = tmp_path / "pred"
+    r = forge(tmp_path, "predict", "--round", "final", "--calibration", f"reports/calibration/{folder}",
+              "--out", str(out), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    md = (out / "predict-final.md").read_text()
+    assert f"measured at one rank's shapes at TP{tp} and are applied to every topology" in md
