@@ -59,5 +59,6 @@ def test_a_dry_run_needs_no_model_folder_and_a_start_still_does(tmp_path):
         r = forge(tmp_path, "serve", "--profile", "contest", "--dry-run", *rnd)
         assert r.returncode == 0, r.stderr
         assert "serve '$MODEL_DIR' --served-model-name Qwen3.5-27B" in r.stdout, r.stdout
+        assert "# no --model: '$MODEL_DIR' stands for the model folder" in r.stdout, r.stdout
     r = forge(tmp_path, "serve", "--profile", "contest", "--no-wait")
     assert r.returncode == 2 and "no model directory given" in r.stderr, r.stderr

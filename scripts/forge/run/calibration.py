@@ -148,10 +148,10 @@ def build_table(selection: dict, validators: dict, provenance: dict, decode_cont
     # the tokens)
     segs8: dict[str, dict[str, int]] = {}
     for b, d in sorted(decode_int8.items()):
-        runs = int8 or (d["candidates"][d["builtin"]]["launch"][1:] if d.get("builtin") in d.get("candidates", {})
-                        else None)
-        if runs:
-            segs8.update(_segments_at({b: d}, runs, decode_context))
+        at = int8 or (d["candidates"][d["builtin"]]["launch"][1:] if d.get("builtin") in d.get("candidates", {})
+                      else None)
+        if at:
+            segs8.update(_segments_at({b: d}, at, decode_context))
     if segs8:
         table.setdefault("decode", {})["segments_int8"] = {kv_heads: segs8}
     if gemv:

@@ -172,6 +172,8 @@ def _print_or_exec(args) -> int:
             v = rounds.visible_cards({**os.environ, **rendered["env"]})
             print(f"# the {rendered['round']} round, tier {rendered['tier']}: {rendered['sources']}; cards visible "
                   f"here: {v.count if v.count is not None else 'cannot tell'} ({v.source})")
+        if not model:
+            print("# no --model: '$MODEL_DIR' stands for the model folder (the start script's variable)")
         print(f"{env_text} {proc.fmt(rendered['argv'])}")
         if cmd[1:] != rendered["argv"][1:] or image:
             print(f"# launched as:\n{proc.fmt(cmd)}")
