@@ -68,6 +68,15 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _idot(a, b, IEEE: tl.constexpr):
+    # int8 x int8 with int32 sums (exact); the interpreter sums in fp32, exact below 2^24 (D <= 1024)
+    if IEEE:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, out_dtype=tl.int32)
+
+
+@triton.jit
 def _split_kv_decode_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_lens_ptr,
     po_ptr, pl_ptr, cnt_ptr, out_ptr,
@@ -96,6 +105,7 @@ def _split_kv_decode_kernel(
     S_PAD: tl.constexpr,
     MERGE_D: tl.constexpr,
     IEEE: tl.constexpr,
+    QK_INT8: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -120,6 +130,18 @@ def _split_kv_decode_kernel(
     else:
         op_ty = q.dtype
 
+    if QK_INT8:
+        # q split into two int8 planes per row: q = q_scale * (hi + lo / 254), |hi|, |lo| <= 127,
+        # within q_scale / 508 of q (1.6e-5 of the row's largest |q|): Q.K runs on the int8 matrix
+        # unit against the cache's own int8 K, which is never converted
+        qf = q.to(tl.float32)
+        q_amax = tl.max(tl.abs(qf), 1)
+        q_scale = tl.where(q_amax > 0.0, q_amax / 127.0, 1.0)
+        qn = qf / q_scale[:, None]
+        q_hi = tl.floor(qn + 0.5)
+        q_lo = tl.floor((qn - q_hi) * 254.0 + 0.5)
+        q_hi = q_hi.to(tl.int8)
+        q_lo = q_lo.to(tl.int8)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     n_off = tl.arange(0, TILE_N)
@@ -163,8 +185,13 @@ def _split_kv_decode_kernel(
         else:
             v = tl.load(v_ptr + vbase[:, None] + d[None, :] * sv_d,
                         mask=tmask[:, None] & dm[None, :], other=0)        # [TILE_N, D_PAD]
-        # exact for int8 (|x| <= 127) and a no-op for a 16-bit cache
-        s = _dot(q, k.to(op_ty), IEEE)                                     # [BLOCK_M, TILE_N]
+        if QK_INT8:
+            s_hi = _idot(q_hi, k, IEEE)
+            s_lo = _idot(q_lo, k, IEEE)
+            s = (s_hi.to(tl.float32) + s_lo.to(tl.float32) * (1.0 / 254.0)) * q_scale[:, None]
+        else:
+            # exact for int8 (|x| <= 127) and a no-op for a 16-bit cache
+            s = _dot(q, k.to(op_ty), IEEE)                                 # [BLOCK_M, TILE_N]
         if KV_INT8:
             s = s * (ksc * scale_log2)[None, :]
         else:
@@ -357,6 +384,10 @@ def default_launch_config(kv_dtype: torch.dtype, head_dim: int, is_hip: bool | N
 # than the separate merge kernel at every measured point (kernels/NOTES.md); opt in with fused=True.
 FUSE_MAX_SEGMENTS = 0
 
+# int8 cache, 16-bit queries: Q.K on the int8 matrix unit (q as two int8 planes, the K tile never
+# converted); fp32 queries keep the exact converted path. kernels/NOTES.md has the compiled-code count.
+QK_INT8_DOT = True
+
 
 def merge_tile(num_segments: int, head_size: int):
     """(S_PAD, MERGE_D) of the fused merge: S_PAD * MERGE_D <= 4096 fp32 per step."""
@@ -368,7 +399,7 @@ def merge_tile(num_segments: int, head_size: int):
 def split_kv_decode(q, key_cache, value_cache, block_table, seq_lens, scale, out, *,
                     k_scale_cache=None, v_scale_cache=None, num_segments, workspace,
                     tile_n=None, num_warps=None, num_stages=None, fused=None,
-                    min_segment_tokens=None) -> None:
+                    min_segment_tokens=None, qk_int8=None) -> None:
     """Decode attention of one query token per sequence over a paged KV cache.
 
     See the module docstring for layout, grid and bytes. ``scale`` is the softmax scale (a
@@ -376,7 +407,8 @@ def split_kv_decode(q, key_cache, value_cache, block_table, seq_lens, scale, out
     ``num_segments``; ``out`` may be any dtype/strides. No allocation, no host sync.
     ``fused`` (default: ``num_segments <= FUSE_MAX_SEGMENTS``) merges the segments inside the
     one launch; ``min_segment_tokens`` (default ``MIN_TOKENS_PER_SEGMENT``) is the shortest
-    segment, so short sequences use fewer segments.
+    segment, so short sequences use fewer segments. ``qk_int8`` (default ``QK_INT8_DOT``; int8 cache
+    and 16-bit queries only) runs Q.K on the int8 matrix unit with q split into two int8 planes.
     """
     num_seqs, num_q_heads, head_size = q.shape
     if num_seqs == 0:
@@ -443,6 +475,7 @@ def split_kv_decode(q, key_cache, value_cache, block_table, seq_lens, scale, out
         BLOCK_SIZE=block_size, TILE_N=tile_n, KV_INT8=kv_int8, DIRECT_OUT=direct,
         FUSED=fused, S_PAD=s_pad, MERGE_D=merge_d,
         IEEE=(q.dtype == torch.float32) or _interpreting(),
+        QK_INT8=kv_int8 and q.dtype != torch.float32 and (QK_INT8_DOT if qk_int8 is None else bool(qk_int8)),
         num_warps=num_warps, num_stages=num_stages,
     )
     if not direct and not fused:

@@ -68,3 +68,24 @@ def test_a_wrong_candidate_is_recorded_and_not_timed_and_the_goals_say_so(bench)
     md = bench.render(res)
     assert "| 6/2 | bf16 | 3 | 40 |" in md and "vllm unified 3D: error" in md and "FAIL" in md
     json.dumps(res)
+
+
+def test_int8_launches_and_qk_paths_are_each_checked_timed_and_named(bench, monkeypatch):
+    # the int8 cache's extra candidates: each (launch, Q.K path) at every segment count, each checked against
+    # float64 first; the fastest is the point's best and the int8 goal line reads it
+    monkeypatch.setattr(bench, "DT", torch.bfloat16)           # the int8 Q.K path needs 16-bit queries
+    times = iter(range(1000, 0, -1))                             # later candidates time faster
+    monkeypatch.setattr(bench, "time_graph", lambda fns, **k: ([f() for f in fns], (float(next(times)),) * 3)[1])
+    p = bench.bench_point(6, 2, "int8", 3, 40, 8, None, 1e12, 7, int8_launches=[(16, 4, 1)], qk_paths=(True, False))
+    forge = [r for r in p["results"] if r["kernel"].startswith("forge")]
+    segs = {r["launch"][0] for r in forge}
+    assert len(forge) == 2 * 2 * len(segs)                       # 2 launches x 2 Q.K paths x the segment counts
+    assert {r["qk"] for r in forge} == {"int8", "bf16"} and all(r["ok"] and r["rel_err"] <= 1e-2 for r in forge)
+    assert {tuple(r["launch"][1:]) for r in forge} == {(16, 4, 1), tuple(bench.DEC.default_launch_config(
+        torch.int8, bench.D, num_seqs=3))}
+    assert p["best"] is forge[-1] and p["best"]["us"] == min(r["us"] for r in forge)
+    assert sum(r["kernel"] == "forge builtin" for r in forge) == 1
+    bench.HEADS = ((6, 2),)
+    bench.GOAL_BATCH, bench.GOAL_MIN_CTX = 3, 10
+    int8_goal = [g for g in bench.goals([p]) if "int8" in g[0]]
+    assert len(int8_goal) == 1 and bench.best_label(p["best"]) in int8_goal[0][2]

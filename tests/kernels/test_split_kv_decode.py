@@ -88,6 +88,32 @@ def test_int8_cache_vs_dequantized(dec, dev, bs, lens, hq, hkv):
         assert e <= tol, (qdt, e)
 
 
+QK_CASES = [(1552, [17, 1560, 3107], 24, 4), (784, [1, 785, 9000], 12, 2), (400, [399, 401], 3, 1)] if ON_GPU \
+    else [(1552, [17, 1560], 6, 1), (784, [100, 785], 24, 4)]
+
+
+@pytest.mark.parametrize("bs,lens,hq,hkv", QK_CASES)
+def test_int8_qk_on_the_int8_matrix_unit(dec, dev, bs, lens, hq, hkv):
+    # bf16 queries, fp32 output (no output rounding): Q.K on the int8 unit (q as two int8 planes) stays
+    # within 2e-4 of float64 on the cache's values, sharp attention included; one int8 plane alone (q
+    # rounded to 127 levels per row) is ~1e-3 off, so the bound checks the second plane is there
+    gen = torch.Generator(device=dev).manual_seed(bs + hq)
+    for sharp in (1.0, 4.0):
+        q, kc, vc, ks, vs, bt, sl = _setup(dev, "int8", bs, lens, hq, hkv, gen, qdtype=torch.float32)
+        q = (q * sharp).to(torch.bfloat16)
+        ref = decode_ref(q, kc, vc, bt, sl, D ** -0.5, ks, vs)
+        for S in (1, 4):
+            out = torch.full(q.shape, float("nan"), dtype=torch.float32, device=dev)
+            ws = dec.decode_workspace(len(lens), hq, D, S, dev)
+            dec.split_kv_decode(q, kc, vc, bt, sl, D ** -0.5, out, k_scale_cache=ks, v_scale_cache=vs,
+                                num_segments=S, workspace=ws, qk_int8=True)
+            if ON_GPU:
+                torch.cuda.synchronize()
+            # on the GPU P.V takes bf16 probabilities (as on the converted path): its rounding bounds it there
+            tol = 4e-3 if ON_GPU else 2e-4
+            assert rel_err(out, ref) <= tol, (sharp, S, rel_err(out, ref))
+
+
 def test_segment_count_independence(dec, dev):
     gen = torch.Generator(device=dev).manual_seed(11)
     lens = [700, 3, 1200] if not ON_GPU else [7000, 3, 32000]
