@@ -54,10 +54,16 @@ def plan(round_name: str = "preliminary", tiers: list[str] | None = None, kv_dty
     for t in tiers or []:
         if t not in names:
             raise ForgeError(f"--tier {t!r}: not a tier of the {round_name} round", hint=f"tiers: {', '.join(names)}")
-    if rnd.unlocked:                  # a round that leaves them to the team bounds them, citing its rule
-        for opt, v in (("--gpu-memory-utilization", utilization), ("--max-num-batched-tokens", max_num_batched_tokens),
-                       ("--concurrency", concurrency)):
+    for key, opt, v in (("gpu_memory_utilization", "--gpu-memory-utilization", utilization),
+                        ("max_num_batched_tokens", "--max-num-batched-tokens", max_num_batched_tokens),
+                        ("concurrency", "--concurrency", concurrency)):
+        if rnd.unlocked:              # a round that leaves them to the team bounds them, citing its rule
             final_space.check_each(rnd, opt, [] if v is None else [v], name=opt)
+        elif v is not None and v != getattr(rnd.baseline, key):     # one that locks them plans at its own value
+            rule = rnd.organizers_rule
+            raise ForgeError(f"{opt} {v}: the {round_name} round locks it at {getattr(rnd.baseline, key)}: "
+                             f"\"{contest_mod.rule_text(contest, rule)}\" (rule '{rule}')",
+                             hint=f"drop {opt}, or plan the round that unlocks it (--round final)")
     util = rnd.baseline.gpu_memory_utilization if utilization is None else utilization
     mnbt = rnd.baseline.max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
     rows = []
@@ -210,10 +216,13 @@ def register(sub) -> None:
     p.add_argument("--tier", help="one tier (default: every tier of the round)")
     p.add_argument("--kv-dtype", help="bf16, int8 or both comma-separated (default both)")
     p.add_argument("--card", choices=sorted(cap_mod.CARDS), default="dcu", help="the card's memory (default dcu)")
-    p.add_argument("--gpu-memory-utilization", help="in (0, 1]; default: the round's baseline (0.95)")
+    p.add_argument("--gpu-memory-utilization",
+                   help="in (0, 1]; default: the round's baseline (0.95); the preliminary locks it (its own value only)")
     p.add_argument("--max-num-batched-tokens",
-                   help="default: the round's baseline (4096); the activation part of the non-KV peak grows with it")
-    p.add_argument("--concurrency", help="requests in flight (default: the round's client per tier)")
+                   help="default: the round's baseline (4096); the activation part of the non-KV peak grows with it; "
+                        "the preliminary locks it (its own value only)")
+    p.add_argument("--concurrency",
+                   help="requests in flight (default: the round's client per tier); the preliminary locks it at 1")
     p.add_argument("--against", metavar="RUN",
                    help="check the planner against a served run's report instead (a run id or folder with serve.json: "
                         "its command gives the configuration; exit 1 where a rank's KV cache is over 2 %% off; "
