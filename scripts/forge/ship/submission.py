@@ -57,6 +57,29 @@ def target_dir(into: str | None) -> Path:
     return t
 
 
+def check_places(target: Path) -> None:
+    """Every place the submission writes, checked before anything is built or written: found at its
+    write, a folder where the pre-flight record goes left the new repository beside the target (and no
+    record). The repository is written beside `target` (.<name>.partial), then renamed to it."""
+    work = target.parent / f".{target.name}.partial"
+    blocked = None
+    if PREFLIGHT.is_dir() and not PREFLIGHT.is_symlink():
+        blocked = (PREFLIGHT, "a folder", "its pre-flight record (a file)")
+    elif work.is_symlink() or work.exists() and not work.is_dir():
+        blocked = (work, "a file" if work.exists() else "a link", f"the repository before it becomes {target.name}")
+    for path, what in ((PREFLIGHT, "its pre-flight record"), (target, "the repository")):
+        above = next((a for a in path.parents if a.exists()), None)
+        if blocked is None and above is not None and not above.is_dir():
+            blocked = (above, "a file", f"a folder for {what}")
+        elif blocked is None and above is not None and not os.access(above, os.W_OK | os.X_OK):
+            blocked = (above, "a folder it may not write to", what)
+    if blocked is not None:
+        path, kind, what = blocked
+        raise ForgeError(f"{rel(path)}: {kind} where the submission writes {what}; nothing was written",
+                         hint="move it away" + ("" if path == PREFLIGHT or PREFLIGHT.is_relative_to(path) else
+                                                ", or give another --into (make submission INTO=...)"))
+
+
 def _commit_docs(repo: Path, docs: dict[str, str], base: str) -> str:
     for name, text in docs.items():
         (repo / name).write_text(text)
@@ -195,6 +218,7 @@ def write_submission(into: str | None = None, base: str | None = None, vendor_sr
     if tier_env:
         final_pick.read_tier_env(Path(tier_env))      # a wrong file is refused before anything is built
     target = target_dir(into)
+    check_places(target)
     state = tree.build_tree(base=base, vendor_src=vendor_src)
     src = bases.tree_dir(base)
     basecheck.require_build_python(src)      # the pre-flight runs setup.py with this Python
