@@ -29,6 +29,18 @@ def run_round(manifest: dict | None) -> str:
     return (manifest or {}).get("round") or PRELIMINARY
 
 
+def fewer_requests(contest: dict, run: dict) -> str | None:
+    """What a loaded run (score.load_run) says where a tier sent fewer requests than its round's client
+    sends (the run's --num-prompts was smaller): its score is not the contest's. None where every tier
+    sent them all, or the round sends every prompt of the tier file (the preliminary)."""
+    rnd = check_round(contest, run.get("round"))
+    sent = {name: m.get("completed", 0) + m.get("failed", 0) for name, m in run["tiers"].items()}
+    short = [f"tier {name}: {n} requests, the round's {rnd.client(name).num_prompts}" for name, n in sent.items()
+             if rnd.client(name).num_prompts and n < rnd.client(name).num_prompts]
+    return (f"fewer requests than the {rnd.name} round's client sends ({'; '.join(short)}: the run's "
+            "--num-prompts was smaller): its score is not comparable to the contest's") if short else None
+
+
 def _rate(v: float) -> str:
     return "inf" if v == float("inf") else (str(int(v)) if float(v).is_integer() else str(v))
 

@@ -290,6 +290,9 @@ def write_report(contest: dict, rpath: Path, run: dict, base: dict, drift: dict 
     if run["manifest"].get("scored_port") is False:
         res["note"] = "the server did not listen on the locked port 8001 (testing run)"
         ui.warn(f"run {rpath.name}: {res['note']}")
+    res["requests_note"] = final_client.fewer_requests(contest, run)      # a run of --num-prompts below the round's
+    if res["requests_note"]:
+        ui.warn(f"run {rpath.name}: {res['requests_note']}")
     # score.json, the recorded score, comes last: a failure before it leaves no recorded score (a
     # replaced one is removed first), so a rerun is never blocked by half a report
     old.unlink(missing_ok=True)

@@ -58,7 +58,7 @@ def render_md(res: dict, run_path: str | None, drift: dict | None) -> str:
          f"- run: `{run_path or 'what-if'}`", f"- baseline: {res['baseline']['label']} — {res['baseline']['source']}",
          f"- total {res['total']:.3f} = {res['total_before_accuracy']:.3f} × accuracy factor "
          f"{res['accuracy']['factor']:.2f}" + ("" if res["accuracy"]["applied"] else f" ({res['accuracy']['note']})"),
-         *([f"- note: {res['note']}"] if res.get("note") else []),
+         *([f"- note: {res[k]}" for k in ("note", "requests_note") if res.get(k)]),
          "", "| tier | weight | tok/s | baseline | lift | formula | contribution | TTFT P99 ms | limit | completion | zeroed by |",
          "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, t in res["tiers"].items():
