@@ -323,15 +323,20 @@ def _env_value(rnd: Round, u: Unlocked | None, var: str, raw: str, where: str) -
     """One variable's value (`u`'s, or the tier's concurrency for None) within the round's bounds; a
     refusal names the variable and how to set it."""
     w = f"{var}={raw!r} (environment), {where}"
+    text, whole = raw.strip(), u is None or u.type == "int"
     try:
+        # the finals' start script and client pass the text as written: "+64" and "064" are not what forge ran
+        if text.startswith(("+", "-")) or whole and len(text) > 1 and text.startswith("0"):
+            raise ForgeError(f"{w}: {'a sign' if text[:1] in '+-' else 'a leading zero'} before the number; the "
+                             f"{rnd.name} round's start script and client get the value as written")
         if u is not None:
-            return check_value(rnd, u.option, raw.strip(), w)
-        return check_settings(rnd, {"concurrency": raw.strip()}, where=w).concurrency
+            return check_value(rnd, u.option, text, w)
+        return check_settings(rnd, {"concurrency": text}, where=w).concurrency
     except ForgeError as e:
         lo, hi, _ = rnd.concurrency_bounds or (None, None, None)
         raise ForgeError(e.message, hint=f"set {var} to " + (
             u.bounds() if u is not None and u.choices is not None else
-            f"{'a whole number' if u is None or u.type == 'int' else 'a number'} within "
+            f"{'a whole number' if whole else 'a number'} within "
             f"{u.bounds() if u is not None else f'{lo}..{hi}'}") + ", or unset it") from None
 
 
