@@ -136,6 +136,12 @@ def flag(name: str, given: bool = False, hint: str | None = None) -> bool:
     return bool(given) or v.strip() == "1"
 
 
+def named(option: str, var: str, value: str) -> str:
+    """How a refusal names a value: the make variable `var` where `make ... VAR=value` passed it as
+    `option` (make runs the verb with VAR in its environment), else the option."""
+    return var if os.environ.get("MAKELEVEL") and os.environ.get(var) == value else option
+
+
 def forced(given: bool) -> bool:
     """--force, or FORCE=1 in the environment (`make ... FORCE=1`); see `flag`."""
     return flag("FORCE", given, hint="make ... FORCE=1 (or --force) replaces or discards what the command would keep")

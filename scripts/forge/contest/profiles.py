@@ -13,7 +13,7 @@ from pathlib import Path
 from .. import switches
 from ..config import Field, load_yaml, validate
 from ..errors import ForgeError
-from ..options import parse_number
+from ..options import named, parse_number
 from ..paths import CONFIGS, rel
 from . import rounds
 from . import rules as contest_mod
@@ -257,8 +257,9 @@ def render_checked(prof: dict, model_path, contest: dict, rnd: rounds.Round | No
     per rank, to a process with this environment plus the profile's and `env` (`cards`)."""
     if rnd is None or rnd.name == rounds.DEFAULT_ROUND:
         if tier is not None:           # the tier's values would be silently dropped
-            raise ForgeError(f"--tier {tier}: the preliminary round's one server serves every tier; a server per tier "
-                             "is the final round's", hint="add --round final (make serve ROUND=final), or drop --tier")
+            name = named("--tier", "TIER", tier)
+            raise ForgeError(f"{name} {tier}: the preliminary round's one server serves every tier; a server per tier "
+                             "is the final round's", hint=f"add --round final (make serve ROUND=final), or drop {name}")
         return render(prof, str(model_path), contest)
     rendered = render_round(prof, str(model_path), contest, rnd, tier)
     if cards:

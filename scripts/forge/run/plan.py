@@ -53,7 +53,8 @@ def plan(round_name: str = "preliminary", tiers: list[str] | None = None, kv_dty
     names = list(rnd.tier_order)
     for t in tiers or []:
         if t not in names:
-            raise ForgeError(f"--tier {t!r}: not a tier of the {round_name} round", hint=f"tiers: {', '.join(names)}")
+            raise ForgeError(f"{options.named('--tier', 'TIER', t)} {t!r}: not a tier of the {round_name} round",
+                             hint=f"tiers: {', '.join(names)}")
     for key, opt, v in (("gpu_memory_utilization", "--gpu-memory-utilization", utilization),
                         ("max_num_batched_tokens", "--max-num-batched-tokens", max_num_batched_tokens),
                         ("concurrency", "--concurrency", concurrency)):
