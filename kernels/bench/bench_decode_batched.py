@@ -254,7 +254,32 @@ def goals(points):
     return out
 
 
+def _manifest_commit(path):
+    """The commit a source manifest (make gpu-bundle's build/source-manifest.json) names, marked where this
+    copy's kernels/ differ from it (git blob ids)."""
+    import hashlib
+    with open(path) as f:
+        m = json.load(f)
+    differ = False
+    for rel, blob in m.get("files", {}).items():
+        if rel.startswith("kernels/"):
+            try:
+                with open(os.path.join(REPO, rel), "rb") as f:
+                    data = f.read()
+            except OSError:
+                differ = True
+                continue
+            differ |= hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() != blob
+    return m.get("commit", "?") + (" (kernels/ differ from it)" if differ else "")
+
+
 def commit():
+    # a copy whose git folder is another commit's names the manifest it was copied with (FORGE_SOURCE_MANIFEST)
+    if os.environ.get("FORGE_SOURCE_MANIFEST"):
+        try:
+            return _manifest_commit(os.environ["FORGE_SOURCE_MANIFEST"])
+        except (OSError, ValueError):
+            pass
     try:
         r = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--", "kernels"], capture_output=True,

@@ -372,10 +372,13 @@ def default_launch_config(kv_dtype: torch.dtype, head_dim: int, is_hip: bool | N
     if is_hip:
         # keep LDS < 64 KiB on gfx9 (checked by kernels/aot.py)
         return (32, 4, 1) if kv_dtype == torch.int8 else (16, 4, 1)
-    # H200 sweeps (reports/kernels/bench.json, sweep.json), configs within 64 KiB shared memory:
-    # int8 (64, 8, 2) was best at every measured point; bf16 3 stages at batch 1, 2 at batch 8
+    # bf16: H200 sweeps (reports/kernels/bench.json, sweep.json), 3 stages at batch 1, 2 at batch 8.
+    # int8: 128-token tiles, 4 warps (77 KiB of shared memory): the fastest launch at every batch
+    # (1-24) of two H100 decode calibrations and at batch 10 and 16 of the batched benchmark, with
+    # either Q.K path (reports/calibration/2026-12-06-h100-tp1, 2026-12-06-h100-tp1-qk-int8); the
+    # earlier (64, 8, 2) came from sweeps held under 64 KiB
     if kv_dtype == torch.int8:
-        return (64, 8, 2)
+        return (128, 4, 2)
     return (32, 4, 3) if (num_seqs is None or num_seqs < 4) else (32, 4, 2)
 
 

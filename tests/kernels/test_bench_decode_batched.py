@@ -89,3 +89,18 @@ def test_int8_launches_and_qk_paths_are_each_checked_timed_and_named(bench, monk
     bench.GOAL_BATCH, bench.GOAL_MIN_CTX = 3, 10
     int8_goal = [g for g in bench.goals([p]) if "int8" in g[0]]
     assert len(int8_goal) == 1 and bench.best_label(p["best"]) in int8_goal[0][2]
+
+
+def test_a_copy_names_the_commit_of_its_source_manifest(bench, tmp_path, monkeypatch):
+    # a copy whose git folder is another commit's: the record names the manifest's commit, and says so where the
+    # copy's kernels differ from the files the manifest lists
+    import hashlib
+    rel = "kernels/forge_triton/split_kv_decode.py"
+    data = open(os.path.join(REPO, rel), "rb").read()
+    blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    man = tmp_path / "source-manifest.json"
+    monkeypatch.setenv("FORGE_SOURCE_MANIFEST", str(man))
+    man.write_text(json.dumps({"commit": "abc123", "files": {rel: blob}}))
+    assert bench.commit() == "abc123"
+    man.write_text(json.dumps({"commit": "abc123", "files": {rel: "0" * 40}}))
+    assert bench.commit() == "abc123 (kernels/ differ from it)"
