@@ -23,8 +23,10 @@ Grid and work split
     log-sum-exp; an empty segment writes ``lse = -inf``.
     stage 2 ``(num_seqs, Hq, cdiv(D, BLOCK_D))`` (BLOCK_D = 64..16 so S*BLOCK_D <= 4096): log-sum-exp merge of the S partials (segments with
     ``lse = -inf`` get weight 0 and are never read). With S == 1 stage 1 writes ``out`` directly.
-    int8: K tiles are converted exactly to the query dtype, the K scale is folded into the scores
-    (``s = (q . k_int) * k_scale[n] * sm_scale``) and the V scale into the probabilities
+    int8: with 16-bit queries Q.K runs on the int8 matrix unit, q split per row into two int8 planes
+    (``q = q_scale * (hi + lo / 254)``) against the cache's own int8 K (``QK_INT8_DOT``; fp32 queries,
+    or ``qk_int8=False``: K tiles converted exactly to the query dtype); the K scale is folded into the
+    scores (``s = (q . k_int) * k_scale[n] * sm_scale``) and the V scale into the probabilities
     (``acc += (p * v_scale[n]) . v_int``; the normaliser uses the unscaled ``p``).
 
 Bytes moved (stage 1) per sequence: ``seq_len * Hkv * D * 2 * elt`` of K/V (+ ``seq_len * Hkv * 8``
