@@ -34,7 +34,6 @@ import datetime as dt
 import importlib.util
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -48,6 +47,7 @@ from ..records import guard_recorded, read_json, tracked_changes
 from . import calibrate_options, calibrate_report, rank_geometry, table_merge
 from . import calibration as sel
 from . import calibration_docs as cd
+from .calibration_docs import device_slug
 
 FAMILIES = cd.FAMILIES
 SEED_MAX = calibrate_options.SEED_MAX
@@ -55,18 +55,6 @@ SEED_MAX = calibrate_options.SEED_MAX
 FAMILY_TIMEOUT_S = {"gemv": 600, "prefill": 600, "decode": 900, "write": 120, "gemm": 300}
 MAX_RESTARTS = 5          # candidates that may kill a family's process before the family is given up
 TUNED = paths.CONFIGS / "kernels" / "tuned"
-
-
-def device_slug(ident: dict) -> str:
-    """A file name for a device: its name, arch and compute units (e.g. nvidia-h200-sm_90-132cu), made
-    from the record's data through the path rule (paths.plain_name): never a path."""
-    name = re.sub(r"[^a-z0-9]+", "-", str(ident.get("device_name", "device")).lower()).strip("-") or "device"
-    arch = re.sub(r"[^a-z0-9_]+", "", str(ident.get("arch", "")).lower())
-    cu = ident.get("compute_units", 0)
-    if not (isinstance(cu, int) and not isinstance(cu, bool) and cu >= 0):
-        raise ForgeError(f"the device's compute units {cu!r}: not a whole number, so no file name is made of it",
-                         hint="the calibration's device record is damaged; measure again")
-    return paths.plain_name(f"{name}-{arch}-{cu}cu", "the device's file name")
 
 
 def kernels_hash() -> str:
@@ -217,6 +205,14 @@ def calibrate(args, force: bool = False) -> dict:
         ident = ident or probe_device(args)
         cd.one_device({**{paths.rel(out_dir / f"{f}.json"): d for f, d in kept.items()},
                        "the device calibrating now": {"device": ident}})
+    if getattr(args, "install", False) and not force:
+        # a committed table at --install's destination is refused now, before anything is measured
+        ident = ident or (next(iter(kept.values()))["device"] if kept and len(kept) == len(families) else
+                          probe_device(args))
+        dest = TUNED / f"{device_slug(ident)}{rank_geometry.suffix(args.tp)}.json"
+        guard_recorded(paths.rel(dest), "a committed table" if tracked_changes({dest: None}) else None,
+                       doing="--install", force=False, hint="checked before measuring, so nothing was measured; "
+                       "commit or move the table first (a later --install merges into it)")
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     docs = {}

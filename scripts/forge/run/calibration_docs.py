@@ -293,3 +293,15 @@ def read_report(folder: Path, option: str = "--calibration") -> tuple[dict, list
                                  f"{family_of(dec)}.json; the report and its family disagree",
                                  hint="make the report again from the families (forge calibrate --out FOLDER --force)")
     return doc, records
+
+
+def device_slug(ident: dict) -> str:
+    """A file name for a device: its name, arch and compute units (e.g. nvidia-h200-sm_90-132cu), made
+    from the record's data through the path rule (paths.plain_name): never a path."""
+    name = re.sub(r"[^a-z0-9]+", "-", str(ident.get("device_name", "device")).lower()).strip("-") or "device"
+    arch = re.sub(r"[^a-z0-9_]+", "", str(ident.get("arch", "")).lower())
+    cu = ident.get("compute_units", 0)
+    if not (isinstance(cu, int) and not isinstance(cu, bool) and cu >= 0):
+        raise ForgeError(f"the device's compute units {cu!r}: not a whole number, so no file name is made of it",
+                         hint="the calibration's device record is damaged; measure again")
+    return paths.plain_name(f"{name}-{arch}-{cu}cu", "the device's file name")

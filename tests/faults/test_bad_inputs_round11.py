@@ -1,0 +1,59 @@
+"""Inputs found to be taken wrongly in the eleventh round of input hardening.
+
+`forge calibrate --install` on a device whose table git tracks (configs/kernels/tuned/<device>.json, as the
+GPU machine's is) measured every family first (minutes of the card's time: about 100 s for the decode family
+alone) and only then refused to replace the committed table; and since the refusal ended the command, its
+`--install-vllm` (the copy beside the installed vLLM's loader, for a server started next) was not done
+either. The destination is now checked before anything is measured: the same refusal, naming the table and
+`--force`, with nothing measured and nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from checkout_copy import commit, forge_in, make_checkout, status
+from test_bad_inputs import refused
+from test_bad_inputs_records import CAL_ARGS, DEVICE
+
+from forge.run.calibration_docs import device_slug
+
+
+def fake_python(tmp_path):
+    """An executable that answers the device query with DEVICE (and anything else with the same line,
+    which no family takes for its results)."""
+    exe = tmp_path / "python-stand-in"
+    exe.write_text(f"#!/bin/sh\necho '{json.dumps(DEVICE)}'\n")
+    os.chmod(exe, 0o755)
+    return exe
+
+
+def test_calibrate_install_over_a_committed_table_is_refused_before_measuring(tmp_path_factory, tmp_path):
+    checkout = make_checkout(tmp_path_factory.mktemp("round11-cal") / "checkout")
+    table = f"configs/kernels/tuned/{device_slug(DEVICE)}.json"
+    commit(checkout, {table: '{"the": "committed table"}\n'})
+    before = status(checkout)
+    cal = tmp_path / "cal"
+    r = forge_in(checkout, tmp_path, "calibrate", "--out", str(cal), "--families", "write", "--install",
+                 "--python", str(fake_python(tmp_path)), *CAL_ARGS)
+    refused(r, table, "a committed table", "--install")
+    assert "nothing was measured" in r.stderr and "--force" in r.stderr, r.stderr
+    # no family ran: its document and log would be in the output folder
+    assert not cal.exists() or not any(cal.iterdir()), sorted(p.name for p in cal.iterdir())
+    assert status(checkout) == before
+
+
+def test_calibrate_install_with_force_measures_as_before(tmp_path_factory, tmp_path):
+    checkout = make_checkout(tmp_path_factory.mktemp("round11-cal-force") / "checkout")
+    table = f"configs/kernels/tuned/{device_slug(DEVICE)}.json"
+    commit(checkout, {table: '{"the": "committed table"}\n'})
+    before = status(checkout)
+    cal = tmp_path / "cal"
+    r = forge_in(checkout, tmp_path, "calibrate", "--out", str(cal), "--families", "write", "--install", "--force",
+                 "--python", str(fake_python(tmp_path)), *CAL_ARGS)
+    # the family ran (the stand-in gives it no results, so the calibration then stops: exit 2, the table kept)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "write: measuring" in r.stderr and (cal / "write.log").is_file(), r.stderr
+    assert "a committed table" not in r.stderr
+    assert status(checkout) == before
