@@ -33,6 +33,11 @@ def test_cli_on_recorded_runs(tmp_path):
     # the fast fake server streams twice as fast: TTFT P99 clearly lower on every tier
     for t in ("4-8K", "8-16K", "16-32K"):
         assert rows[f"{t} TTFT"].endswith("B lower")
+    # TPOT P99 per tier, each side's from its results (a final-round run is often one tier: no pooled row)
+    for t in ("4-8K", "8-16K", "16-32K"):
+        a, b = (json.loads((FIXTURE_RUNS / run / f"{t}.json").read_text())["p99_tpot_ms"] for run in ("base", "fast"))
+        assert a != b
+        assert [float(x) for x in rows[f"{t} TPOT"].split()[4:6]] == pytest.approx([a, b], abs=0.006), rows[f"{t} TPOT"]
     same = forge(tmp_path, "compare", "--a", str(FIXTURE_RUNS / "base"), "--b", str(FIXTURE_RUNS / "base"))
     assert all(l.endswith("within noise") for l in same.stdout.splitlines()[1:-1])
 

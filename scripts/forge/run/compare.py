@@ -74,6 +74,8 @@ def _metric_rows(contest: dict, side: list[dict], base: dict | None, score_key: 
         for name, m in r["tiers"].items():
             rows.setdefault(f"{name} tok/s", []).append(m["tok_s"])
             rows.setdefault(f"{name} TTFT P99 ms", []).append(m["ttft_p99_ms"])
+            # per tier too: a final-round run is often one tier (each its own server), so it has no pooled row
+            rows.setdefault(f"{name} TPOT P99 ms", []).append(m["tpot_p99_ms"])
         if r["missing"]:                 # pooled TPOT and score need every tier: rows from complete runs only
             continue
         rows.setdefault("pooled TPOT P99 ms", []).append(r["tpot_p99_pooled_ms"])
@@ -255,8 +257,8 @@ def cmd_sweep(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("compare", help="per-tier deltas between runs A and B, with a noise band",
-                       description="Compare tok/s, TTFT P99, pooled TPOT P99 and score per tier between two sets of "
-                                   "runs. Several runs per side give a measured noise band (2 × standard error); "
+                       description="Compare tok/s, TTFT P99 and TPOT P99 per tier, and the pooled TPOT P99 and score "
+                                   "(complete runs only), between two sets of runs. Several runs per side give a measured noise band (2 × standard error); "
                                    "one run per side uses --noise-pct. The score uses forge score's pairing: a "
                                    "harness run only against a harness reference (--reference, or the one its e2e "
                                    "results name), a DCU run against the default baseline set or --reference.")
