@@ -479,6 +479,34 @@ def test_dcu_prediction_says_what_its_ratios_are_to(ref, basis):
     assert f"- {other}: **" in md and f"- {ref}: **" not in md      # the reference is not predicted
 
 
+def test_the_summary_shows_each_profiles_latency_against_the_slas_limits(tmp_path):
+    """A faster configuration can fail the contest's latency gate (reports/e2e/2026-12-06-h100-final-16-32k-int8-8seqs:
+    +50 % tok/s, TPOT P99 1.67x upstream's): the summary puts each profile's P99s over the reference's beside the
+    limits of configs/contest.yaml, per tier, and names the limit a profile is outside of."""
+    from types import SimpleNamespace
+
+    from forge.lab import summary
+    c = contest.load_contest()
+    p99 = {"upstream": {"8-16K": (40000.0, 30.0), "16-32K": (80000.0, 33.0)},
+           "fast-int8": {"8-16K": (30000.0, 31.0), "16-32K": (59000.0, 55.0)},
+           "contest": {"16-32K": (130000.0, 30.0)}}
+    for prof, tiers_ in p99.items():
+        for t, (ttft, tpot) in tiers_.items():
+            (tmp_path / prof).mkdir(exist_ok=True)
+            (tmp_path / prof / f"{t}.json").write_text(json.dumps({"p99_ttft_ms": ttft, "p99_tpot_ms": tpot}))
+    run = SimpleNamespace(contest=c, run_dir=lambda n, create=False: tmp_path / n)
+    lines = summary.sla_lines(run, ["fast-int8", "contest", "upstream"], "upstream")
+    rows = {tuple(x.strip() for x in ln.strip("|").split("|")[:2]): ln for ln in lines if ln.startswith("| ")}
+    assert rows[("8-16K", "fast-int8")].endswith("| 0.75 | 1.03 | within |")
+    assert rows[("16-32K", "fast-int8")].endswith("| 0.74 | 1.67 | outside: TPOT |")
+    assert rows[("16-32K", "contest")].endswith("| 1.62 | 0.91 | outside: TTFT |")
+    assert ("8-16K", "contest") not in rows and not any(k[1] == "upstream" for k in rows if k[0] != "tier")
+    limits = c["scoring"]["ttft_p99_max_ratio"], c["scoring"]["tpot_p99_max_ratio"]
+    assert f"TTFT P99 at most {limits[0]:g}x" in "\n".join(lines) and f"at most {limits[1]:g}x pooled" in "\n".join(lines)
+    # no reference result: nothing to compare, no section
+    assert summary.sla_lines(run, ["fast-int8"], "nobody") == []
+
+
 @pytest.mark.parametrize("folder,expect", [
     ("2026-11-30-h200-fast-int8", {"fast-int8": ("1552", "63632", "6.64"), "upstream": ("784", "32144", "3.71")}),
     ("2026-11-30-h200x2-tp2", {"fast-int8": ("1552", "128816", "13.28"), "upstream": ("784", "65072", "7.42")}),

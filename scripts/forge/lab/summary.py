@@ -97,6 +97,38 @@ def tier_ratio_lines(run: Run, names: list[str], ref: str) -> list[str]:
     return L
 
 
+def sla_lines(run: Run, names: list[str], ref: str) -> list[str]:
+    """Per tier and profile, its TTFT P99 and TPOT P99 over the reference's, against the contest's latency
+    limits (configs/contest.yaml `scoring`), the reference standing in for the baseline: the gate a faster
+    configuration can fail (more requests admitted together wait through each other's prefills)."""
+    sc = run.contest["scoring"]
+    lim_ttft, lim_tpot = sc["ttft_p99_max_ratio"], sc["tpot_p99_max_ratio"]
+    rows = []
+    for t in contest_mod.tier_names(run.contest):
+        found = {}
+        for n in dict.fromkeys([ref, *names]):
+            p = runs.result_path(run.run_dir(n, create=False), t)
+            r = runs.read_json(p) if p.is_file() else None
+            if isinstance(r, dict) and all(isinstance(r.get(k), (int, float)) and r[k] > 0
+                                           for k in ("p99_ttft_ms", "p99_tpot_ms")):
+                found[n] = (r["p99_ttft_ms"], r["p99_tpot_ms"])
+        if ref not in found:
+            continue
+        for n in names:
+            if n == ref or n not in found:
+                continue
+            rt, rp = (found[n][i] / found[ref][i] for i in (0, 1))
+            over = [w for w, x, lim in (("TTFT", rt, lim_ttft), ("TPOT", rp, lim_tpot)) if x > lim]
+            rows.append(f"| {t} | {n} | {rt:.2f} | {rp:.2f} | {'outside: ' + ', '.join(over) if over else 'within'} |")
+    if not rows:
+        return []
+    return ["", f"## Latency against {ref} per tier (the SLA's limits, {ref} as the baseline)", "",
+            f"The contest's limits: TTFT P99 at most {lim_ttft:g}x the baseline's per tier, TPOT P99 at most "
+            f"{lim_tpot:g}x pooled over the three tiers (here per tier; the pooled P99 is in the proxy score where "
+            "every tier ran).", "", f"| tier | profile | TTFT P99 / {ref}'s | TPOT P99 / {ref}'s | limits |",
+            "|---|---|---|---|---|", *rows]
+
+
 def difference_lines(diffs: list[dict]) -> list[str]:
     """The run's differences from the organizers' command (summary.json `differences`, made from
     harness/gpu/harness.yaml and the invocation's options), each with its reason."""
@@ -195,6 +227,7 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
         L.append(f"| {t} | " + " | ".join(cells) + f" | {lift} | {'; '.join(ttft)} | {'; '.join(tpot)} | "
                  f"{'/'.join(nprompt) or '—'} |")
     L += tier_ratio_lines(run, names, ref)
+    L += sla_lines(run, names, ref)
     L += ["", "## Proxy score (same-run reference = 60.0)", ""]
     if scored:
         for n, r in scored.items():
