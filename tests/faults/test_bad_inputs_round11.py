@@ -29,14 +29,21 @@ def fake_python(tmp_path):
     return exe
 
 
-def test_calibrate_install_over_a_committed_table_is_refused_before_measuring(tmp_path_factory, tmp_path):
+def calibrate_over_a_committed_table(tmp_path_factory, tmp_path, *extra: str):
+    """`forge calibrate --families write --install EXTRA` in a checkout whose table for DEVICE git tracks, the
+    device query answered by the stand-in: (the checkout, its table's path, its status before, the result)."""
     checkout = make_checkout(tmp_path_factory.mktemp("round11-cal") / "checkout")
     table = f"configs/kernels/tuned/{device_slug(DEVICE)}.json"
     commit(checkout, {table: '{"the": "committed table"}\n'})
     before = status(checkout)
+    r = forge_in(checkout, tmp_path, "calibrate", "--out", str(tmp_path / "cal"), "--families", "write", "--install",
+                 *extra, "--python", str(fake_python(tmp_path)), *CAL_ARGS)
+    return checkout, table, before, r
+
+
+def test_calibrate_install_over_a_committed_table_is_refused_before_measuring(tmp_path_factory, tmp_path):
+    checkout, table, before, r = calibrate_over_a_committed_table(tmp_path_factory, tmp_path)
     cal = tmp_path / "cal"
-    r = forge_in(checkout, tmp_path, "calibrate", "--out", str(cal), "--families", "write", "--install",
-                 "--python", str(fake_python(tmp_path)), *CAL_ARGS)
     refused(r, table, "a committed table", "--install")
     assert "nothing was measured" in r.stderr and "--force" in r.stderr, r.stderr
     # no family ran: its document and log would be in the output folder
@@ -45,13 +52,8 @@ def test_calibrate_install_over_a_committed_table_is_refused_before_measuring(tm
 
 
 def test_calibrate_install_with_force_measures_as_before(tmp_path_factory, tmp_path):
-    checkout = make_checkout(tmp_path_factory.mktemp("round11-cal-force") / "checkout")
-    table = f"configs/kernels/tuned/{device_slug(DEVICE)}.json"
-    commit(checkout, {table: '{"the": "committed table"}\n'})
-    before = status(checkout)
+    checkout, _, before, r = calibrate_over_a_committed_table(tmp_path_factory, tmp_path, "--force")
     cal = tmp_path / "cal"
-    r = forge_in(checkout, tmp_path, "calibrate", "--out", str(cal), "--families", "write", "--install", "--force",
-                 "--python", str(fake_python(tmp_path)), *CAL_ARGS)
     # the family ran (the stand-in gives it no results, so the calibration then stops: exit 2, the table kept)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "write: measuring" in r.stderr and (cal / "write.log").is_file(), r.stderr
