@@ -632,6 +632,29 @@ def test_a_profile_added_later_is_measured_beside_the_kept_reference_without_res
         assert m["tiers"] == ["4-8K"] and m["model"] and "4-8K" in m["client_commands"]
 
 
+def test_a_profile_measured_alone_is_kept_when_the_reference_joins_with_its_own_capacity(tmp_path):
+    """On a card that holds one server at a time: the product's profile alone first, then the same folder with
+    the reference added, each at its own --capacity. The second invocation keeps the first's tier (no server
+    for it: another profile's capacity measured nothing there) and measures the reference beside it in one
+    folder; a changed capacity of the kept profile is still refused (it measured something else)."""
+    common = ("--no-fault", "--no-plumbing", "--round", "final", "--tier-order", "8-16K")
+    ours = ("--capacity", "fast-int8:max-num-seqs=5")
+    r, _, out = _e2e(tmp_path, *common, *ours, "--profiles", "fast-int8")
+    assert r.returncode == 0, r.stderr[-3000:]
+    first = (out / "runs" / "fast-int8" / "8-16K.json").read_bytes()
+    r, _, out = _e2e(tmp_path, *common, *ours, "--capacity", "upstream:max-num-seqs=4",
+                     "--profiles", "fast-int8,upstream")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "tier 8-16K fast-int8: kept from an earlier invocation" in r.stderr
+    assert "starting profile fast-int8" not in r.stderr and "starting profile upstream" in r.stderr
+    assert (out / "runs" / "fast-int8" / "8-16K.json").read_bytes() == first
+    md = (out / "summary.md").read_text()
+    assert "| 8-16K | fast-int8 |" in md and "Latency against upstream per tier" in md
+    r, _, _ = _e2e(tmp_path, *common, "--capacity", "fast-int8:max-num-seqs=6", "--capacity", "upstream:max-num-seqs=4",
+                   "--profiles", "fast-int8,upstream")
+    assert r.returncode == 2 and "ran tier 8-16K on other capacity" in r.stderr, r.stderr[-2000:]
+
+
 def test_a_final_round_run_gives_one_profile_its_capacity(tmp_path):
     """--round final --capacity: only fast-int8's server gets --max-num-seqs 4 (after the organizers' 128),
     the run records it as a difference and in its identity, and the 16-32K tier is measured (its time is

@@ -177,6 +177,14 @@ def tier_identity(run: Run, dataset: Path) -> dict:
     return {"dataset_sha256": sha256_file(dataset), "client_options": run.client_options, **run.identity}
 
 
+def _own_capacity(ident, name: str):
+    """The identity with `name`'s capacity options alone: another profile's --capacity measured nothing here."""
+    if not isinstance(ident, dict) or not isinstance(ident.get("capacity"), dict):
+        return ident
+    own = {k: v for k, v in ident["capacity"].items() if k == name}
+    return {k: v for k, v in ident.items() if k != "capacity"} | ({"capacity": own} if own else {})
+
+
 def kept_tier(run: Run, rdir: Path, tname: str, ident: dict) -> bool:
     """A finished (tier, profile) from an earlier invocation is kept when it was measured (not
     recorded as failed for a missing server) with the same prompts, client, bundle, server arguments
@@ -190,7 +198,7 @@ def kept_tier(run: Run, rdir: Path, tname: str, ident: dict) -> bool:
         raise ForgeError(f"{rdir}: tier {tname} has a result but no record of what measured it ({idf.name}): a "
                          "folder of an earlier harness (one prompt per round) or not an e2e-gpu folder",
                          hint="give a new --out folder")
-    prev = runs.read_json(idf)
+    prev, ident = (_own_capacity(x, rdir.name) for x in (runs.read_json(idf), ident))
     if prev != ident:
         words = {"dataset_sha256": "prompts", "client_options": "client options", "bundle_wheel_sha256": "bundle",
                  "server_args": "server arguments", "device": "device"}
