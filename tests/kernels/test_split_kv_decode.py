@@ -114,6 +114,46 @@ def test_int8_qk_on_the_int8_matrix_unit(dec, dev, bs, lens, hq, hkv):
             assert rel_err(out, ref) <= tol, (sharp, S, rel_err(out, ref))
 
 
+def test_an_int8_qk_path_that_does_not_build_falls_back_to_the_converted_path(dec, dev, monkeypatch, caplog):
+    # a Triton whose target has no int8 matrix instruction it lowers to: the default path (qk_int8=None)
+    # warns once, runs the converted path (correct against float64), and keeps it for the process; asked
+    # for by name (qk_int8=True) the build error is raised, not hidden
+    real = dec._split_kv_decode_kernel
+    tried = []
+
+    class NoInt8Dot:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                tried.append(kw["QK_INT8"])
+                if kw["QK_INT8"]:
+                    raise RuntimeError("PassManager::run failed: int8 dot: no matrix instruction for this target")
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(dec, "_split_kv_decode_kernel", NoInt8Dot())
+    monkeypatch.setattr(dec, "QK_INT8_FAILURE", None)
+    gen = torch.Generator(device=dev).manual_seed(5)
+    lens = [17, 1560]
+    q, kc, vc, ks, vs, bt, sl = _setup(dev, "int8", 1552, lens, 6, 1, gen, qdtype=torch.float32)
+    q = q.to(torch.bfloat16)
+    ref = decode_ref(q, kc, vc, bt, sl, D ** -0.5, ks, vs)
+    for call in range(2):
+        out = torch.full(q.shape, float("nan"), dtype=torch.float32, device=dev)
+        with caplog.at_level("WARNING"):
+            dec.split_kv_decode(q, kc, vc, bt, sl, D ** -0.5, out, k_scale_cache=ks, v_scale_cache=vs,
+                                num_segments=2, workspace=dec.decode_workspace(len(lens), 6, D, 2, dev))
+        if ON_GPU:
+            torch.cuda.synchronize()
+        assert rel_err(out, ref) <= (4e-3 if ON_GPU else 1e-2), (call, rel_err(out, ref))
+    assert tried == [True, False, False]                      # tried once, then remembered
+    assert "no matrix instruction" in dec.QK_INT8_FAILURE
+    warned = [r for r in caplog.records if "int8 Q.K path did not build" in r.getMessage()]
+    assert len(warned) == 1
+    with pytest.raises(RuntimeError, match="no matrix instruction"):
+        dec.split_kv_decode(q, kc, vc, bt, sl, D ** -0.5, out, k_scale_cache=ks, v_scale_cache=vs, num_segments=2,
+                            workspace=dec.decode_workspace(len(lens), 6, D, 2, dev), qk_int8=True)
+
+
 def test_segment_count_independence(dec, dev):
     gen = torch.Generator(device=dev).manual_seed(11)
     lens = [700, 3, 1200] if not ON_GPU else [7000, 3, 32000]
