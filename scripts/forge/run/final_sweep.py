@@ -45,12 +45,24 @@ def sweeps_root() -> Path:
     return runs.runs_root().parent / "sweeps"
 
 
+def check_build(build: str) -> None:
+    if build not in BUILDS:
+        raise ForgeError(f"--model-build {build!r}: not a build the model knows", hint=f"builds: {', '.join(BUILDS)}")
+
+
+def launchers(vllm_cmd: str | None, client: str | None) -> None:
+    """--vllm and --client (or $FORGE_BENCH_CLIENT) split as a shell splits them: an unbalanced quote is
+    refused before a sweep writes its record or starts a server, not when its first server or client starts."""
+    if vllm_cmd is not None:
+        serve.native_launcher(vllm_cmd)
+    bench.client_launcher(client)
+
+
 def model_ranker(contest: dict, rnd: rounds.Round, build: str = "best-public", link: str = "pcie") -> final_space.Ranker:
     """The finals' time model as a Ranker: each tier's requests are the contest workload's (prompt,
     output) pairs, as many as the round sends, outputs ending at end-of-text (capped at the round's
     output length); the finals' baseline is modelled on the same requests."""
-    if build not in BUILDS:
-        raise ForgeError(f"--model-build {build!r}: not a build the model knows", hint=f"builds: {', '.join(BUILDS)}")
+    check_build(build)
     workload = synth.load_workload(contest)
 
     def rank(tier: str, cands: list[Candidate]) -> list[Ranked]:
@@ -173,6 +185,9 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
     if not model:
         raise ForgeError("no model directory given", hint="pass --model DIR (make sweep MODEL=DIR)")
     cands = final_space.space(rnd, **(space_args or {}))
+    if ranker is None:
+        check_build(model_build)
+    launchers(vllm_cmd, client)
     hs = final_harness.servers(harness, site=site, kv_cache_memory_bytes=kv_cache_memory_bytes, kv_why=kv_why,
                                image=image, cands=cands, baseline=rnd.baseline.as_dict())
     for name in (base_profile, *([baseline_profile] if baseline_profile else [])):
