@@ -10,6 +10,17 @@ profile's server the same way. Both are now refused before anything is written o
 the ranking began: on a machine without the two cards the refusal named the cards ("TP=2/DP=1 needs 2 cards,
 0 visible"), never the option typed wrong. It is now refused with the other inputs, before the cards are
 counted, naming --model-build and the builds.
+
+`forge score --round final --run RUN` where RUN's manifest.json records `"round": ["final"]` (or "semi", or 1):
+the value was taken as a round's name ("run RUN was measured in the ['final'] round, not the final round",
+fix: "score it with --round ['final']", a round that does not exist), and `forge compare` compared the run
+without a word. The key is now refused as damaged, naming the file, the key and the rounds. A run whose
+manifest records no round (or that has none) is of the preliminary; the refusal no longer cites a
+"manifest.json round" that is not there.
+
+`forge compare --a <final-round run> --b <preliminary run>` printed the deltas of tok/s, TTFT and TPOT with
+verdicts, exit 0, though the rounds' clients send other requests at another concurrency (only the score row
+was left out). Runs of two rounds are now refused, naming one run of each.
 DOC
 """
 
@@ -18,11 +29,12 @@ from __future__ import annotations
 import sys
 
 import pytest
-from helpers import ROOT, forge, free_port, tiny_model
-from test_bad_inputs import refused, writes_nothing
+from helpers import FIXTURE_RUNS, ROOT, forge, free_port, tiny_model
+from test_bad_inputs import edit_json, refused, writes_nothing
 from test_bad_inputs_round5 import fix_line
 
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
+from test_bad_inputs_round6_sweep import final_run  # noqa: E402
 from test_final_sweep import BENCH, FAKE  # noqa: E402
 
 
@@ -66,3 +78,43 @@ def test_sweep_final_model_build_is_refused_before_the_cards_are_counted(tmp_pat
                   *SWEEP_ONE, "--model-build", "best", CUDA_VISIBLE_DEVICES="")
     refused(r, "--model-build 'best': not a build the model knows")
     assert "best-public, upstream" in fix_line(r), r.stderr
+
+
+# --- score / compare: a manifest's round that names no round; runs of two rounds -------------------------
+
+@pytest.mark.parametrize("value", [["final"], "semi", 1])
+@pytest.mark.parametrize("verb", ["score", "compare"])
+def test_a_damaged_manifest_round_is_refused_naming_the_key(tmp_path, value, verb):
+    """It was taken as a round's name: score said "measured in the ['final'] round" with the fix `score it
+    with --round ['final']`, compare compared the run without a word."""
+    run, base = final_run(tmp_path, "run", "fast"), final_run(tmp_path, "base")
+    edit_json(run / "manifest.json", lambda m: {**m, "round": value})
+    args = (["score", "--round", "final", "--run", str(run), "--baseline", str(base)] if verb == "score"
+            else ["compare", "--a", str(base), "--b", str(run)])
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *args)
+    refused(r, f"{run / 'manifest.json'}: key 'round' is {value!r}", "not a round of the contest (preliminary, final)")
+    assert "manifest.json is damaged" in fix_line(r) and "--round" not in fix_line(r), r.stderr
+
+
+def test_score_of_a_run_without_a_round_names_no_key_it_lacks(tmp_path):
+    """The refusal cited "manifest.json round" for a manifest that records none (or no manifest at all)."""
+    run, base = final_run(tmp_path, "run", "fast"), final_run(tmp_path, "base")
+    edit_json(run / "manifest.json", lambda m: {k: v for k, v in m.items() if k != "round"})
+    r = forge(tmp_path, "score", "--round", "final", "--run", str(run), "--baseline", str(base))
+    refused(r, "run run was measured in the preliminary round, not the final round",
+            "no round recorded in its manifest.json")
+    assert "manifest.json round)" not in r.stderr, r.stderr
+
+
+def test_compare_refuses_runs_of_two_rounds(tmp_path):
+    """A final-round run (the finals' client: its concurrency, its requests) was compared with a preliminary
+    run (one request at a time) as if the deltas were the build's, exit 0."""
+    final = final_run(tmp_path, "final", "fast")
+    for a, b in ((str(final), str(FIXTURE_RUNS / "base")), (str(FIXTURE_RUNS / "base"), str(final))):
+        r = forge(tmp_path, "compare", "--a", a, "--b", b)
+        refused(r, "of the final round", "of the preliminary round", "not comparable")
+        assert r.stdout == "" and "one round per call" in fix_line(r), r.stdout
+    two = final_run(tmp_path, "final2")
+    same = forge(tmp_path, "compare", "--a", str(two), "--b", str(final))
+    assert same.returncode == 0 and "4-8K tok/s" in same.stdout, same.stderr

@@ -68,6 +68,19 @@ def _side(folders: list[Path], contest: dict) -> list[dict]:
     return side
 
 
+def one_round(all_runs: list[dict]) -> None:
+    """Runs of different rounds were measured by different clients (the preliminary's one request at a time
+    over the tier file, the final round's requests at its concurrency): their deltas say nothing of the build."""
+    first = {}
+    for r in all_runs:
+        first.setdefault(r["round"], r["path"])
+    if len(first) > 1:
+        (ra, pa), (rb, pb) = list(first.items())[:2]
+        raise ForgeError(f"run {pa} is of the {ra} round and run {pb} of the {rb} round: the rounds' clients send "
+                         "other requests at another concurrency, so their tok/s and latencies are not comparable",
+                         hint="compare runs of one round per call (forge score --round ROUND scores each)")
+
+
 def _metric_rows(contest: dict, side: list[dict], base: dict | None, score_key: str) -> dict[str, list[float | None]]:
     rows: dict[str, list] = {}
     for r in side:
@@ -190,6 +203,7 @@ def cmd_compare(args) -> int:
     _copies({"A": a, "B": b}, contest)
     ref = score.baseline_from_run(runs.resolve_run(args.reference), contest) if args.reference else None
     side_a, side_b = _side(a, contest), _side(b, contest)
+    one_round(side_a + side_b)
     common_tiers(side_a, side_b)
     res = compare(contest, side_a, side_b, args.noise_pct, skipped, ref)
     print(f"{'metric':<26} {'A':>10} {'B':>10} {'B-A':>10} {'rel':>8} {'band':>9} {'runs':>5}  verdict")
@@ -262,7 +276,8 @@ def register(sub) -> None:
                                    "(complete runs only), between two sets of runs. Several runs per side give a measured noise band (2 × standard error); "
                                    "one run per side uses --noise-pct. The score uses forge score's pairing: a "
                                    "harness run only against a harness reference (--reference, or the one its e2e "
-                                   "results name), a DCU run against the default baseline set or --reference.")
+                                   "results name), a DCU run against the default baseline set or --reference. "
+                                   "Every run compared is of one round (its manifest's): the rounds' clients differ.")
     p.add_argument("--a", nargs="+", default=[], help="run folder(s) or id(s) of side A, each once")
     p.add_argument("--b", nargs="+", default=[], help="run folder(s) or id(s) of side B, each once")
     p.add_argument("--noise-pct", type=options.number_in(0, 100, "a percentage", "--noise-pct 3", lo_open=True),

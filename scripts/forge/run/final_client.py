@@ -23,10 +23,19 @@ def check_round(contest: dict, name: str | None) -> rounds.Round:
     return rounds.load_round(contest, name or rounds.DEFAULT_ROUND)
 
 
-def run_round(manifest: dict | None) -> str:
+def run_round(manifest: dict | None, where: str = "manifest.json") -> str:
     """The round a run was measured in: its manifest's `round` (a run recorded before rounds existed
-    is of the preliminary)."""
-    return (manifest or {}).get("round") or PRELIMINARY
+    is of the preliminary); a value that names no round is refused naming `where` (the manifest's path),
+    never taken as a round's name."""
+    name = (manifest or {}).get("round")
+    if name is None:
+        return PRELIMINARY
+    if not isinstance(name, str) or name not in rounds.ROUNDS:
+        raise ForgeError(f"{where}: key 'round' is {repr(name)[:60]}, not a round of the contest "
+                         f"({', '.join(rounds.ROUNDS)})",
+                         hint="manifest.json is damaged; restore it from a copy of the run or rerun the step that "
+                              "wrote it")
+    return name
 
 
 def fewer_requests(contest: dict, run: dict) -> str | None:

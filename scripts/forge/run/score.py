@@ -81,7 +81,7 @@ def load_run(run: Path, contest: dict, partial: bool = False) -> dict:
                               "wrote it")
     return {"tiers": tiers, "tpot_p99_pooled_ms": pooled, "accuracy": acc,
             "manifest": man, "path": str(run), "missing": missing, "harness": bool(man.get("harness")),
-            "round": final_client.run_round(man)}
+            "round": final_client.run_round(man, str(run / "manifest.json"))}
 
 
 def _no_result_hint(run: Path) -> str:
@@ -326,8 +326,10 @@ def score_run(run: "str | Path", *, baseline: "str | Path | None" = None, baseli
     rpath = runs.resolve_run(str(run))
     loaded = load_run(rpath, contest)
     if round_name is not None and round_name != loaded["round"]:
+        whence = (f"{paths.rel(rpath / 'manifest.json')} round" if "round" in loaded["manifest"] else
+                  "no round recorded in its manifest.json: a run recorded before rounds is of the preliminary")
         raise ForgeError(f"run {rpath.name} was measured in the {loaded['round']} round, not the {round_name} round "
-                         f"({paths.rel(rpath / 'manifest.json')} round)", hint=f"score it with --round {loaded['round']}")
+                         f"({whence})", hint=f"score it with --round {loaded['round']}")
     drift = None
     if baseline:
         bpath = runs.resolve_run(str(baseline))
