@@ -21,7 +21,13 @@ manifest records no round (or that has none) is of the preliminary; the refusal 
 `forge compare --a <final-round run> --b <preliminary run>` printed the deltas of tok/s, TTFT and TPOT with
 verdicts, exit 0, though the rounds' clients send other requests at another concurrency (only the score row
 was left out). Runs of two rounds are now refused, naming one run of each.
-DOC
+
+`forge sweep --round final --tiers ,` was refused as "--tiers: none not a tier of the final round", as if a
+tier called "none" had been typed. It now says "--tiers names no tier", as bench-all-tiers does.
+
+`forge e2e-gpu --gpu-memory-utilization 0` (or 1.0, 0.995) was refused without a `fix:` line, and --help did not
+say the share runs from 0.05 to 0.99 (one server at 1.0 meets the rule it states, servers x F at most 1). The
+refusal now says what to give, and --help names the bounds.
 """
 
 from __future__ import annotations
@@ -118,3 +124,27 @@ def test_compare_refuses_runs_of_two_rounds(tmp_path):
     two = final_run(tmp_path, "final2")
     same = forge(tmp_path, "compare", "--a", str(two), "--b", str(final))
     assert same.returncode == 0 and "4-8K tok/s" in same.stdout, same.stderr
+
+
+@pytest.mark.parametrize("tiers", [",", " , "])
+def test_sweep_final_tiers_naming_none_says_so(tmp_path, tiers):
+    """`--tiers ,` was refused as "--tiers: none not a tier of the final round", as if a tier "none" had been
+    typed; bench-all-tiers says "--tiers names no tier"."""
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "sweep", "--round", "final", "--tiers", tiers, "--baseline-profile", "upstream")
+    err = refused(r, "--tiers names no tier")
+    assert "none" not in err and "4-8K, 8-16K, 16-32K" in fix_line(r), r.stderr
+
+
+# --- e2e-gpu --gpu-memory-utilization: its bounds in the refusal and in --help ----------------------------
+
+@pytest.mark.parametrize("value", ["0", "1.0", "0.995"])
+def test_e2e_gpu_share_out_of_bounds_has_a_fix_and_help_names_the_bounds(tmp_path, value):
+    """The refusal had no `fix:` line, and --help did not say the share is 0.05 to 0.99 (1.0 for one server
+    fits its own rule, servers x F at most 1, yet is refused)."""
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "e2e-gpu", "--out", str(tmp_path / "e2e"), "--gpu-memory-utilization", value)
+    refused(r, "--gpu-memory-utilization", "outside 0.05-0.99")
+    assert "from 0.05 to 0.99" in fix_line(r), r.stderr
+    text = " ".join(forge(tmp_path, "e2e-gpu", "--help").stdout.split())
+    assert "every server's share of the GPU, 0.05 to 0.99," in text, text[-3000:]

@@ -175,5 +175,6 @@ def register_options(p) -> None:
                         "max-num-batched-tokens (repeatable; e.g. contest:max-num-seqs=4, the planner's resident "
                         "requests of the tier), checked within the final round's bounds and recorded as a difference")
     p.add_argument("--gpu-memory-utilization", type=float, metavar="F",
-                   help="every server's share of the GPU, in place of harness.yaml's side-by-side 0.44; the servers "
-                        "side by side must fit the GPU (servers x F at most 1), checked before anything is written")
+                   help="every server's share of the GPU, 0.05 to 0.99, in place of harness.yaml's side-by-side "
+                        "0.44; the servers side by side must fit the GPU (servers x F at most 1), checked before "
+                        "anything is written")

@@ -163,8 +163,8 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
     # everything the command line says is checked before a server starts
     tiers = list(rnd.tier_order) if tiers is None else list(tiers)      # [] (--tiers ','): refused below
     bad = [t for t in tiers if t not in rnd.tier_order]
-    if bad or not tiers:
-        raise ForgeError(f"--tiers: {', '.join(bad) or 'none'} not a tier of the final round",
+    if bad or not tiers:               # "--tiers ," names none (it read as a tier called "none")
+        raise ForgeError(f"--tiers: {', '.join(bad)} not a tier of the final round" if bad else "--tiers names no tier",
                          hint=f"tiers: {', '.join(rnd.tier_order)}")
     twice = sorted({t for t in tiers if tiers.count(t) > 1})
     if twice:

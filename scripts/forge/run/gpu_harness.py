@@ -92,7 +92,9 @@ def sizing_changes(kv_cache_memory_bytes: int | None, gpu_memory_utilization: fl
                     "why": why or "the KV cache given to this run (--kv-cache-memory-bytes)"})
     if gpu_memory_utilization is not None:
         if not 0.05 <= gpu_memory_utilization <= 0.99:
-            raise ForgeError(f"--gpu-memory-utilization {gpu_memory_utilization}: outside 0.05-0.99")
+            raise ForgeError(f"--gpu-memory-utilization {gpu_memory_utilization}: outside 0.05-0.99",
+                             hint="give --gpu-memory-utilization from 0.05 to 0.99, e.g. 0.44 (harness.yaml's side by "
+                                  "side share)")
         out.append({"args": ["--gpu-memory-utilization", f"{gpu_memory_utilization:g}"],
                     "why": "this run's share of the GPU for each server (--gpu-memory-utilization)"})
     return out
