@@ -6,6 +6,11 @@ alone) and only then refused to replace the committed table; and since the refus
 `--install-vllm` (the copy beside the installed vLLM's loader, for a server started next) was not done
 either. The destination is now checked before anything is measured: the same refusal, naming the table and
 `--force`, with nothing measured and nothing written.
+
+`forge calibrate` (without --smoke) where torch sees no GPU: every family ran on the CPU, every candidate
+failed, and it exited 0 with a table that decides nothing ("calibration: 0 decisions"), as if the machine had
+been calibrated. It is now refused before any family runs, naming the device and the two ways on (the card, or
+--smoke for the interpreter's check).
 """
 
 from __future__ import annotations
@@ -14,17 +19,18 @@ import json
 import os
 
 from checkout_copy import commit, forge_in, make_checkout, status
+from helpers import ROOT
 from test_bad_inputs import refused
 from test_bad_inputs_records import CAL_ARGS, DEVICE
 
 from forge.run.calibration_docs import device_slug
 
 
-def fake_python(tmp_path):
-    """An executable that answers the device query with DEVICE (and anything else with the same line,
+def fake_python(tmp_path, device: dict = DEVICE):
+    """An executable that answers the device query with `device` (and anything else with the same line,
     which no family takes for its results)."""
     exe = tmp_path / "python-stand-in"
-    exe.write_text(f"#!/bin/sh\necho '{json.dumps(DEVICE)}'\n")
+    exe.write_text(f"#!/bin/sh\necho '{json.dumps(device)}'\n")
     os.chmod(exe, 0o755)
     return exe
 
@@ -59,3 +65,15 @@ def test_calibrate_install_with_force_measures_as_before(tmp_path_factory, tmp_p
     assert "write: measuring" in r.stderr and (cal / "write.log").is_file(), r.stderr
     assert "a committed table" not in r.stderr
     assert status(checkout) == before
+
+
+def test_calibrate_where_torch_sees_no_gpu_is_refused_before_measuring(tmp_path):
+    # the identity torch gives on a machine without a GPU (forge_tuned.device_identity)
+    cpu = {"torch": "2.10", "triton": "3.4", "device_name": "cpu", "arch": "cpu", "compute_units": 0,
+           "toolkit": None, "driver": None}
+    cal = tmp_path / "cal"
+    r = forge_in(ROOT, tmp_path, "calibrate", "--out", str(cal), "--families", "write",
+                 "--python", str(fake_python(tmp_path, cpu)), *CAL_ARGS)
+    refused(r, "sees no GPU", "device 'cpu'", "write")
+    assert "--smoke" in r.stderr, r.stderr
+    assert not cal.exists() or not any(cal.iterdir()), sorted(p.name for p in cal.iterdir())

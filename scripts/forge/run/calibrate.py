@@ -205,14 +205,11 @@ def calibrate(args, force: bool = False) -> dict:
         ident = ident or probe_device(args)
         cd.one_device({**{paths.rel(out_dir / f"{f}.json"): d for f, d in kept.items()},
                        "the device calibrating now": {"device": ident}})
-    if getattr(args, "install", False) and not force:
-        # a committed table at --install's destination is refused now, before anything is measured
-        ident = ident or (next(iter(kept.values()))["device"] if kept and len(kept) == len(families) else
-                          probe_device(args))
-        dest = TUNED / f"{device_slug(ident)}{rank_geometry.suffix(args.tp)}.json"
-        guard_recorded(paths.rel(dest), "a committed table" if tracked_changes({dest: None}) else None,
-                       doing="--install", force=False, hint="checked before measuring, so nothing was measured; "
-                       "commit or move the table first (a later --install merges into it)")
+    now = [f for f in families if f not in kept]          # the families measured now
+    if (now and not args.smoke) or (getattr(args, "install", False) and not force):
+        ident = ident or (probe_device(args) if now else next(iter(kept.values()))["device"])
+        calibrate_options.before_measuring(args, ident, now, force,
+                                           TUNED / f"{device_slug(ident)}{rank_geometry.suffix(args.tp)}.json")
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     docs = {}

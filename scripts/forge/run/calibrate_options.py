@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from .. import options as opts
 from .. import paths
 from ..errors import ForgeError
+from ..records import guard_recorded, tracked_changes
 from . import calibration_docs as cd
 
 FAMILIES = cd.FAMILIES
@@ -65,3 +67,19 @@ def check_install(args, doc: dict, out: str) -> None:
                          + "; its table would ship without their decisions, so nothing was installed",
                          hint=f"calibrate again into --out {out} (the failed families run again, the others are "
                               "kept), then install")
+
+
+def before_measuring(args, ident: dict, now: list[str], force: bool, dest: Path) -> None:
+    """Refused before anything is measured, on the device that would measure (`ident`): families to measure
+    (`now`) where torch sees no GPU, without --smoke (every candidate would fail, and the table would decide
+    nothing while the command said it calibrated); --install over a committed table at `dest` (minutes of the
+    card's time, then the refusal, used to come the other way round)."""
+    if now and not args.smoke and str(ident.get("device_name", "")).lower() == "cpu":
+        raise ForgeError(f"calibrate: this Python's torch sees no GPU (device 'cpu'), so {', '.join(now)} would be "
+                         "measured on nothing: every candidate would fail and the table decide nothing",
+                         hint="run it where the card is (the DCU container, the image or a GPU machine; --python "
+                              "names the Python that sees it), or --smoke for the interpreter's check of tiny shapes")
+    if getattr(args, "install", False) and not force:
+        guard_recorded(paths.rel(dest), "a committed table" if tracked_changes({dest: None}) else None,
+                       doing="--install", force=False, hint="checked before measuring, so nothing was measured; "
+                       "commit or move the table first (a later --install merges into it)")
