@@ -81,6 +81,16 @@ def port(text: str) -> int:
     return v
 
 
+def shm_size(text: str) -> str:
+    """A container's shared memory as docker and podman read --shm-size: a whole number of bytes, or of
+    k, m or g (argparse type)."""
+    t = text.strip()
+    if not re.fullmatch(r"[1-9][0-9]{0,15}[bkmgBKMG]?", t):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size of shared memory (a whole number with an "
+                                         "optional unit b, k, m or g, e.g. 64g)")
+    return t
+
+
 def count(text: str) -> int:
     """A whole number of at least 1 (argparse type): processes, repeats."""
     v = parse_whole(text)

@@ -11,6 +11,10 @@ either. The destination is now checked before anything is measured: the same ref
 failed, and it exited 0 with a table that decides nothing ("calibration: 0 decisions"), as if the machine had
 been calibrated. It is now refused before any family runs, naming the device and the two ways on (the card, or
 --smoke for the interpreter's check).
+
+`forge serve --shm-size 64x` (and `sweep`'s): any text was taken, handed to `docker run --shm-size=` with an
+image (where a typo fails only when the container starts) and ignored without one. It is now refused as the
+option's value, before anything else is read.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 from checkout_copy import commit, forge_in, make_checkout, status
-from helpers import ROOT
-from test_bad_inputs import refused
+from helpers import ROOT, forge
+from test_bad_inputs import refused, writes_nothing
 from test_bad_inputs_records import CAL_ARGS, DEVICE
 
 from forge.run.calibration_docs import device_slug
@@ -77,3 +82,12 @@ def test_calibrate_where_torch_sees_no_gpu_is_refused_before_measuring(tmp_path)
     refused(r, "sees no GPU", "device 'cpu'", "write")
     assert "--smoke" in r.stderr, r.stderr
     assert not cal.exists() or not any(cal.iterdir()), sorted(p.name for p in cal.iterdir())
+
+
+
+@pytest.mark.parametrize("verb", [["serve"], ["sweep", "upstream"]])
+@pytest.mark.parametrize("size", ["64x", "0", "-1g", "1.5g", "", "64 g"])
+def test_a_shared_memory_size_docker_cannot_read_is_refused(tmp_path, verb, size):
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *verb, f"--shm-size={size}")
+    refused(r, "--shm-size", "not a size of shared memory")

@@ -310,7 +310,8 @@ def register(sub) -> None:
                    help="run the whole list this many times, at least 1 (noise estimate)")
     s.add_argument("--timeout", type=options.number_in(0, 7 * 86400, "seconds", "1800", lo_open=True), default=1800,
                    help="seconds to wait for each server's /health")
-    s.add_argument("--shm-size", default="64g", help="container shared memory (default 64g)")
+    s.add_argument("--shm-size", default="64g", type=options.shm_size,
+                   help="container shared memory (default 64g; a whole number with an optional unit b, k, m or g)")
     s.add_argument("--vllm", help="how to start vLLM natively (see forge serve --help)")
     s.add_argument("--client", help="how to start vLLM's CLI for the client (see forge bench-all-tiers --help)")
     s.add_argument("--port", type=options.port, default=None, help="testing only: a port other than the locked 8001")

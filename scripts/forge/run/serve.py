@@ -349,7 +349,8 @@ def register(sub) -> None:
     p.add_argument("--timeout", type=options.number_in(0, 86400, "seconds", "1800", True), default=1800,
                    help="seconds to wait for /health (default 1800)")
     p.add_argument("--run-id", help="run folder name under reports/runs/ (default: <time>-<profile>)")
-    p.add_argument("--shm-size", default="64g", help="container shared memory (default 64g)")
+    p.add_argument("--shm-size", default="64g", type=options.shm_size,
+                   help="container shared memory (default 64g; a whole number with an optional unit b, k, m or g)")
     p.add_argument("--vllm", help="how to start vLLM natively, e.g. 'python3 -m vllm.entrypoints.cli.main' "
                                   "(default: `vllm` on PATH, else this Python's module)")
     p.add_argument("--port", type=options.port, default=None,
