@@ -632,6 +632,24 @@ def test_a_profile_added_later_is_measured_beside_the_kept_reference_without_res
         assert m["tiers"] == ["4-8K"] and m["model"] and "4-8K" in m["client_commands"]
 
 
+def test_the_summary_names_the_delivery_stalls_the_client_saw(tmp_path):
+    """reports/e2e/2026-12-06-h100-final-16-32k-int8-8seqs: the client got the int8 profile's first wave in
+    bursts (70 gaps of a second or more, the longest 11.67 s, 13 to 521 chunks per request of 1024 tokens);
+    upstream's tier of the same pair had none, so it gets no row, and a run with none gets no section."""
+    from types import SimpleNamespace
+
+    from forge.lab import summary
+    with tarfile.open(ROOT / "reports" / "e2e" / "2026-12-06-h100-final-16-32k-int8-8seqs" / "raw.tgz") as tf:
+        for prof, folder in (("fast-int8", "h-int8"), ("upstream", "h-up")):
+            (tmp_path / prof).mkdir()
+            (tmp_path / prof / "16-32K.json").write_bytes(tf.extractfile(f"{folder}/runs/{prof}/16-32K.json").read())
+    run = SimpleNamespace(contest=contest.load_contest(), run_dir=lambda n, create=False: tmp_path / n)
+    lines = summary.stall_lines(run, ["fast-int8", "upstream"])
+    rows = [ln for ln in lines if ln.startswith("| 16-32K")]
+    assert rows == ["| 16-32K | fast-int8 | 70 | 11.67 | 13-521 |"], lines
+    assert summary.stall_lines(run, ["upstream"]) == []
+
+
 def test_a_profile_measured_alone_is_kept_when_the_reference_joins_with_its_own_capacity(tmp_path):
     """On a card that holds one server at a time: the product's profile alone first, then the same folder with
     the reference added, each at its own --capacity. The second invocation keeps the first's tier (no server

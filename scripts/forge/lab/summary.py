@@ -129,6 +129,31 @@ def sla_lines(run: Run, names: list[str], ref: str) -> list[str]:
             "|---|---|---|---|---|", *rows]
 
 
+STALL_S = 1.0      # a gap between two streamed chunks of one request this long is a stall the client saw
+
+
+def stall_lines(run: Run, names: list[str]) -> list[str]:
+    """Per tier and profile where the client waited STALL_S or more between two chunks of a request: how
+    often, the longest gap and how many chunks a request's tokens came in (the organizers' client measures
+    TTFT and TPOT at delivery, so a server that delivers in bursts is seen so). Nothing when none did."""
+    rows = []
+    for t in contest_mod.tier_names(run.contest):
+        for n in names:
+            p = runs.result_path(run.run_dir(n, create=False), t)
+            r = runs.read_json(p) if p.is_file() else None
+            itls = r.get("itls") if isinstance(r, dict) else None
+            if not isinstance(itls, list) or not all(isinstance(x, list) for x in itls):
+                continue
+            gaps = [g for x in itls for g in x if isinstance(g, (int, float)) and g >= STALL_S]
+            if gaps:
+                chunks = sorted(len(x) for x in itls)
+                rows.append(f"| {t} | {n} | {len(gaps)} | {max(gaps):.2f} | {chunks[0]}-{chunks[-1]} |")
+    if not rows:
+        return []
+    return ["", f"## Delivery stalls (the client waited {STALL_S:g} s or more for a request's next chunk)", "",
+            "| tier | profile | gaps | longest s | chunks per request |", "|---|---|---|---|---|", *rows]
+
+
 def difference_lines(diffs: list[dict]) -> list[str]:
     """The run's differences from the organizers' command (summary.json `differences`, made from
     harness/gpu/harness.yaml and the invocation's options), each with its reason."""
@@ -228,6 +253,7 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
                  f"{'/'.join(nprompt) or '—'} |")
     L += tier_ratio_lines(run, names, ref)
     L += sla_lines(run, names, ref)
+    L += stall_lines(run, names)
     L += ["", "## Proxy score (same-run reference = 60.0)", ""]
     if scored:
         for n, r in scored.items():
