@@ -108,7 +108,9 @@ def render(res: dict) -> list[str]:
     L.append("resident: requests of the tier's largest / median prompt + output that fit at once (blocks; the "
              "reported tokens understate it: the GDN groups take one block per request)")
     L.append("planned seqs: the --max-num-seqs that keeps them resident where the concurrency would preempt (the "
-             "largest's resident count, per replica); -: no cap needed")
+             "largest's resident count, per replica); -: no cap needed. A capacity bound, not a latency one: "
+             "requests admitted together wait through each other's prefills, so the TPOT P99 can pass the SLA's "
+             "limit first (predict --round final prices both)")
     if any((r["tp"], r["dp"]) == (1, 1) for r in res["rows"]):
         L.append("one replica at TP1 (one card, as the preliminary serves it): for reference; the final round's two "
                  "topologies are two replicas at TP1 (DP2) and TP2")
