@@ -82,4 +82,4 @@ def before_measuring(args, ident: dict, now: list[str], force: bool, dest: Path)
     if getattr(args, "install", False) and not force:
         guard_recorded(paths.rel(dest), "a committed table" if tracked_changes({dest: None}) else None,
                        doing="--install", force=False, hint="checked before measuring, so nothing was measured; "
-                       "commit or move the table first (a later --install merges into it)")
+                       "to keep that table, calibrate without --install (the new one stays in the output folder)")
