@@ -490,7 +490,8 @@ def split_kv_decode(q, key_cache, value_cache, block_table, seq_lens, scale, out
     except _BUILD_ERRORS as e:
         if not (qk and auto):          # asked for by name (a test, a benchmark): its error is the answer
             raise
-        QK_INT8_FAILURE = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        QK_INT8_FAILURE = f"{type(e).__name__}: {first}"
         logging.getLogger(__name__).warning(
             "dcu-forge split-KV decode: the int8 Q.K path did not build here (%s); the int8 cache's decode "
             "runs the converted path (K tiles converted to the query dtype) from now on", QK_INT8_FAILURE)

@@ -17,9 +17,10 @@ GPU, then:
      a finished (tier, profile) of an earlier invocation of the folder is kept, and a profile whose
      every tier is kept gets no server, so a run can be extended one profile at a time beside a
      reference measured once (two servers fit one GPU), or the reference added to a profile measured
-     alone where one server fits (another profile's --capacity leaves a profile's tiers kept); with --profile-prefill, one long prefill per
-     server under the torch profiler afterwards (with --profile-decode, and that many decode steps; with
-     --profile-batch B, B such requests at once and their decode steps at batch B instead);
+     alone where one server fits (another profile's --capacity leaves a profile's tiers kept); with
+     --profile-prefill, one long prefill per server under the torch profiler afterwards (with
+     --profile-decode, and that many decode steps; with --profile-batch B, B such requests at once
+     and their decode steps at batch B instead);
   4. fault check, once every tier is measured: the reference server is killed in the middle of a tier
      (one prompt per tier); the client records the failed request and the score marks the tier failed;
   5. a proxy score of every profile against the reference measured in the same run (reference =

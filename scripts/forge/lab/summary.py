@@ -97,6 +97,13 @@ def tier_ratio_lines(run: Run, names: list[str], ref: str) -> list[str]:
     return L
 
 
+def _tier_result(run: Run, name: str, tier: str) -> dict | None:
+    """The profile's result of the tier (vllm bench serve's JSON, merged), or None where there is none."""
+    p = runs.result_path(run.run_dir(name, create=False), tier)
+    r = runs.read_json(p) if p.is_file() else None
+    return r if isinstance(r, dict) else None
+
+
 def sla_lines(run: Run, names: list[str], ref: str) -> list[str]:
     """Per tier and profile, its TTFT P99 and TPOT P99 over the reference's, against the contest's latency
     limits (configs/contest.yaml `scoring`), the reference standing in for the baseline: the gate a faster
@@ -107,10 +114,8 @@ def sla_lines(run: Run, names: list[str], ref: str) -> list[str]:
     for t in contest_mod.tier_names(run.contest):
         found = {}
         for n in dict.fromkeys([ref, *names]):
-            p = runs.result_path(run.run_dir(n, create=False), t)
-            r = runs.read_json(p) if p.is_file() else None
-            if isinstance(r, dict) and all(isinstance(r.get(k), (int, float)) and r[k] > 0
-                                           for k in ("p99_ttft_ms", "p99_tpot_ms")):
+            r = _tier_result(run, n, t) or {}
+            if all(isinstance(r.get(k), (int, float)) and r[k] > 0 for k in ("p99_ttft_ms", "p99_tpot_ms")):
                 found[n] = (r["p99_ttft_ms"], r["p99_tpot_ms"])
         if ref not in found:
             continue
@@ -139,9 +144,7 @@ def stall_lines(run: Run, names: list[str]) -> list[str]:
     rows = []
     for t in contest_mod.tier_names(run.contest):
         for n in names:
-            p = runs.result_path(run.run_dir(n, create=False), t)
-            r = runs.read_json(p) if p.is_file() else None
-            itls = r.get("itls") if isinstance(r, dict) else None
+            itls = (_tier_result(run, n, t) or {}).get("itls")
             if not isinstance(itls, list) or not all(isinstance(x, list) for x in itls):
                 continue
             gaps = [g for x in itls for g in x if isinstance(g, (int, float)) and g >= STALL_S]

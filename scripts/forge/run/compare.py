@@ -273,8 +273,8 @@ def cmd_sweep(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("compare", help="per-tier deltas between runs A and B, with a noise band",
                        description="Compare tok/s, TTFT P99 and TPOT P99 per tier, and the pooled TPOT P99 and score "
-                                   "(complete runs only), between two sets of runs. Several runs per side give a measured noise band (2 × standard error); "
-                                   "one run per side uses --noise-pct. The score uses forge score's pairing: a "
+                                   "(complete runs only), between two sets of runs. Several runs per side give a "
+                                   "measured noise band (2 × standard error); one run per side uses --noise-pct. The score uses forge score's pairing: a "
                                    "harness run only against a harness reference (--reference, or the one its e2e "
                                    "results name), a DCU run against the default baseline set or --reference. "
                                    "Every run compared is of one round (its manifest's): the rounds' clients differ.")
