@@ -21,7 +21,10 @@ warps, stages), the segments from a quarter to four times its built-in count (`c
 its built-in choice among them, at each launch of the cache kind (`DECODE_LAUNCHES`: int8 tiles go to
 128 tokens, as many bytes as bf16's 64); the anchor is vLLM's unified kernel in its 3D decode mode (16
 segments). The table takes one launch per cache kind (`decode.launch.16bit`, and `decode.launch.int8`
-when a launch beats the int8 built-in beyond the noise: scripts/forge/run/calibration.py).
+when a launch beats the int8 built-in beyond the noise: scripts/forge/run/calibration.py). Beside each
+int8 decision, `decode.<batch>.qk`: the int8 cache's two Q.K paths at the batch's built-in launch, the
+int8 dot on the matrix unit (the built-in) against K tiles converted to the query dtype, each asked for
+by name (an int8 dot that does not build here is recorded as failed); the table's `decode.qk_int8`.
 
 Correctness first: each candidate's output on sampled rows against float64 attention over what the
 cache holds (NaN-poisoned output, random block tables, ragged lengths); a candidate over its
@@ -312,46 +315,11 @@ def decode(torch, args, emit) -> dict:
             refs = {(B, L): decode_ref(torch, sh, cases[(B, L)][0], checks[B]) for B, L in cases}
             decision = f"decode.{P}.{kv}"
             shown = requests_at(P, reals)
-            for n, (kind, launch) in enumerate(cands, 1):
-                name = "vLLM unified 3D (16 segments)" if kind == "upstream" else \
-                    "segments {} TILE_N {} warps {} stages {}".format(*launch)
-                emit(n, len(cands), f"{decision} ({shown}; {sh.hq}/{sh.hkv} heads): {name}")
-                if not led.begin(decision, name, kind, list(launch) if launch else None):
-                    continue
-                for (B, L), batches in cases.items():
-                    fns, outs = [], []
-                    for c in batches:
-                        out = torch.full_like(c["q"], float("nan"))
-                        outs.append(out)
-                        if kind == "upstream":
-                            ws = (torch.empty(P, sh.hq, 16, sh.d, dtype=torch.float32, device=sh.dev),
-                                  torch.empty(P, sh.hq, 16, dtype=torch.float32, device=sh.dev),
-                                  torch.empty(P, sh.hq, 16, dtype=torch.float32, device=sh.dev))
-
-                            def call(c=c, out=out, ws=ws):
-                                run_unified_decode(torch, uni, sh, c, out, ws, 16)
-                        else:
-                            ws = dec.decode_workspace(P, sh.hq, sh.d, launch[0], sh.dev)
-
-                            def call(c=c, out=out, ws=ws, launch=launch):
-                                dec.split_kv_decode(c["q"], c["kc"], c["vc"], c["bt"], c["sl"], sh.scale, out,
-                                                    k_scale_cache=c["ks"], v_scale_cache=c["vs"],
-                                                    num_segments=launch[0], workspace=ws, tile_n=launch[1],
-                                                    num_warps=launch[2], num_stages=launch[3])
-                        fns.append(call)
-                    us, failure, err, ok = None, None, None, False
-                    try:
-                        fns[0]()
-                        err = C.frob_err(torch, outs[0][checks[B]], refs[(B, L)])
-                        ok = err <= TOL[kv]
-                        if ok:
-                            us = C.time_graph(torch, fns, reps=5 if args.quick else 15) if C.on_gpu(torch) \
-                                else C.time_events(torch, fns[0], reps=2)
-                    except Exception as e:  # noqa: BLE001 - does not compile / fit / run on this device
-                        failure, ok = C.short_error(e), False
-                    led.add(C.record(decision, name, kind, point=decode_point(P, B, L),
-                                     launch=list(launch) if launch else None, ok=ok, err=err, tol=TOL[kv],
-                                     error=failure, us=us))
+            _decode_candidates(torch, args, emit, sh, uni, dec, decision, shown, cands, cases, refs, checks, P, kv)
+            if kv == "int8":
+                # the int8 cache's Q.K path at the built-in launch: the int8 dot against converted K tiles
+                _decode_candidates(torch, args, emit, sh, uni, dec, f"decode.{P}.qk", shown,
+                                   [("builtin", builtin), ("ours", builtin)], cases, refs, checks, P, kv, qk=True)
             cases = refs = None
             if sh.dev == "cuda":
                 torch.cuda.empty_cache()
@@ -360,3 +328,54 @@ def decode(torch, args, emit) -> dict:
             "notes": [f"decode at {sh.hq} q / {sh.hkv} KV heads per rank, at the batches the servers' attention "
                       f"plans ({runs_at}), contexts {', '.join(map(str, contexts))}; launches and segment counts "
                       f"for both cache kinds"]}
+
+
+QK_NAMES = {"builtin": "int8 Q.K dot (built-in)", "ours": "Q.K on K tiles converted to the query dtype"}
+
+
+def _decode_candidates(torch, args, emit, sh, uni, dec, decision, shown, cands, cases, refs, checks, P, kv,
+                       qk=False) -> None:
+    """Check and time each (kind, launch) of one decode decision over its cases (`qk`: the two Q.K paths
+    of the int8 cache, asked for by name, so a path that does not build is recorded as failed)."""
+    led = args.ledger
+    for n, (kind, launch) in enumerate(cands, 1):
+        name = QK_NAMES[kind] if qk else "vLLM unified 3D (16 segments)" if kind == "upstream" else \
+            "segments {} TILE_N {} warps {} stages {}".format(*launch)
+        emit(n, len(cands), f"{decision} ({shown}; {sh.hq}/{sh.hkv} heads): {name}")
+        if not led.begin(decision, name, kind, list(launch) if launch else None):
+            continue
+        extra = {"qk_int8": kind == "builtin"} if qk else {}
+        for (B, L), batches in cases.items():
+            fns, outs = [], []
+            for c in batches:
+                out = torch.full_like(c["q"], float("nan"))
+                outs.append(out)
+                if kind == "upstream":
+                    ws = (torch.empty(P, sh.hq, 16, sh.d, dtype=torch.float32, device=sh.dev),
+                          torch.empty(P, sh.hq, 16, dtype=torch.float32, device=sh.dev),
+                          torch.empty(P, sh.hq, 16, dtype=torch.float32, device=sh.dev))
+
+                    def call(c=c, out=out, ws=ws):
+                        run_unified_decode(torch, uni, sh, c, out, ws, 16)
+                else:
+                    ws = dec.decode_workspace(P, sh.hq, sh.d, launch[0], sh.dev)
+
+                    def call(c=c, out=out, ws=ws, launch=launch):
+                        dec.split_kv_decode(c["q"], c["kc"], c["vc"], c["bt"], c["sl"], sh.scale, out,
+                                            k_scale_cache=c["ks"], v_scale_cache=c["vs"],
+                                            num_segments=launch[0], workspace=ws, tile_n=launch[1],
+                                            num_warps=launch[2], num_stages=launch[3], **extra)
+                fns.append(call)
+            us, failure, err, ok = None, None, None, False
+            try:
+                fns[0]()
+                err = C.frob_err(torch, outs[0][checks[B]], refs[(B, L)])
+                ok = err <= TOL[kv]
+                if ok:
+                    us = C.time_graph(torch, fns, reps=5 if args.quick else 15) if C.on_gpu(torch) \
+                        else C.time_events(torch, fns[0], reps=2)
+            except Exception as e:  # noqa: BLE001 - does not compile / fit / run on this device
+                failure, ok = C.short_error(e), False
+            led.add(C.record(decision, name, kind, point=decode_point(P, B, L),
+                             launch=list(launch) if launch else None, ok=ok, err=err, tol=TOL[kv],
+                             error=failure, us=us))

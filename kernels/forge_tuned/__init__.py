@@ -36,7 +36,11 @@ A table (JSON, ``schema`` = SCHEMA):
                 max-model-len: the smallest measured context at or above it, else the largest);
                 absent: the built-in heuristic (``choose_num_segments``). Optional
                 "segments_int8", the same map measured with an int8 KV cache at its own launch:
-                an int8 cache takes its count there, else the one of "segments".
+                an int8 cache takes its count there, else the one of "segments". Optional
+                "qk_int8" (true / false): the int8 cache's Q.K path, measured by `forge calibrate`
+                at each batch: true keeps the built-in int8 dot (the matrix unit, with its fallback
+                where it does not build), false runs the K tiles converted to the query dtype (the
+                int8 dot measured slower beyond the noise, or did not build). Absent: the built-in.
 
 Older tables (``forge-tuned/1``: no ``tp`` or ``heads``, decode segments keyed by batch alone) are
 read as what they were measured for: TP1, 24 q / 4 KV heads, contexts up to 32768.
@@ -293,7 +297,7 @@ def validate(table) -> dict:
             raise TableError(f"key 'prefill.{kv}': expected '16bit' or 'int8'")
         _launch(f"prefill.{kv}", launch, PREFILL_LAUNCH)
     dec = _mapping("decode", table.get("decode", {}))
-    keys = ("segments", "launch") if old else ("segments", "segments_int8", "launch")
+    keys = ("segments", "launch") if old else ("segments", "segments_int8", "launch", "qk_int8")
     unknown = sorted(k for k in dec if k not in keys)
     if unknown:
         raise TableError(f"key 'decode': unknown key(s) {', '.join(map(repr, unknown))}; expected "
@@ -310,6 +314,9 @@ def validate(table) -> dict:
             for b, ctxs in _mapping(f"decode.{name}.{kv}", batches).items():
                 _batch_segments(f"decode.{name}.{kv}", {b: 1}, None)
                 _batch_segments(f"decode.{name}.{kv}.{b}", _mapping(f"decode.{name}.{kv}.{b}", ctxs), "context")
+    if "qk_int8" in dec and not isinstance(dec["qk_int8"], bool):
+        raise TableError(f"key 'decode.qk_int8': true (the int8 dot) or false (converted K tiles), "
+                         f"got {dec['qk_int8']!r:.60}")
     for kv, launch in _mapping("decode.launch", dec.get("launch", {})).items():
         if kv not in KV_KINDS:
             raise TableError(f"key 'decode.launch.{kv}': expected '16bit' or 'int8'")
@@ -531,6 +538,9 @@ def describe(table: dict) -> list[str]:
                 lines.append(f"decode {'int8 ' if kv_int8 else ''}{kv} KV head(s), batch {b}: {picks} segments")
     for kv, launch in sorted((dec.get("launch") or {}).items()):
         lines.append(f"decode {kv}: TILE_N {launch[0]}, warps {launch[1]}, stages {launch[2]}")
+    if "qk_int8" in dec:
+        lines.append("decode int8 Q.K: " + ("the int8 dot (built-in)" if dec["qk_int8"] else
+                                            "K tiles converted to the query dtype (the int8 dot measured slower)"))
     return lines
 
 
@@ -585,6 +595,13 @@ def decode_segments(num_seqs: int, num_kv_heads: int | None = None, max_context:
         return None
     at_or_above = [c for c in ctxs if max_context is None or c >= max_context]
     return ctxs[min(at_or_above) if at_or_above and max_context is not None else max(ctxs)]
+
+
+def decode_qk_int8() -> bool | None:
+    """The int8 cache's Q.K path from the active table: False (converted K tiles) where the table says
+    so; None otherwise (the kernel's built-in: the int8 dot, falling back where it does not build). A
+    table's true is the built-in too, never the int8 dot asked for by name (whose build error is raised)."""
+    return False if ((active() or {}).get("decode") or {}).get("qk_int8") is False else None
 
 
 def decode_launch(kv_int8: bool) -> tuple[int, int, int] | None:

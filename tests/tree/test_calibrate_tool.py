@@ -82,7 +82,11 @@ def test_the_decode_family_measures_each_batch_padded_to_its_cuda_graph(tmp_path
     assert {r["point"] for r in fam["records"] if r["decision"].startswith("decode.4.")} == {"n=3 ctx=97"}
     doc = json.loads((out / "calibration.json").read_text())
     assert {d for d in doc["selection"] if d.startswith("decode.")} == {
-        f"decode.{b}.{kv}" for b in (1, 4) for kv in ("16bit", "int8")}
+        f"decode.{b}.{kv}" for b in (1, 4) for kv in ("16bit", "int8", "qk")}
     assert all(r["ok"] for r in fam["records"]), [r for r in fam["records"] if not r["ok"]]
+    # the int8 cache's two Q.K paths, each at the batch's built-in launch, on every point of the batch
+    qk = {(r["decision"], r["kind"], r["point"]) for r in fam["records"] if r["decision"].endswith(".qk")}
+    assert qk == {(f"decode.{b}.qk", k, p) for b, p in ((1, "ctx=97"), (4, "n=3 ctx=97")) for k in ("builtin", "ours")}
     table = json.loads((out / "table.json").read_text())
     assert set(next(iter(table["decode"]["segments"].values()))) == {"1", "4"}
+    assert isinstance(table["decode"]["qk_int8"], bool)     # both paths measured at every batch: a choice

@@ -128,3 +128,40 @@ def test_a_candidate_that_killed_its_process_fails_alone():
     s = sel.select(recs)[P]
     assert s["chosen"] == "L1" and set(s["candidates"]) == {"unified", "L1"}
     assert "killed" in s["failed"]["L2"]
+
+
+def qk_recs(times: dict[int, tuple], spread: float = 0.0) -> list[dict]:
+    """decode.<batch>.qk records: (int8 dot us or None for a failure, converted us or None) per batch."""
+    out = []
+    for b, (dot, conv) in times.items():
+        for name, kind, us in (("int8 Q.K dot (built-in)", "builtin", dot),
+                               ("Q.K on converted K tiles", "ours", conv)):
+            out.append(rec(f"decode.{b}.qk", name, kind, us, point="ctx=32768", ok=us is not None, spread=spread,
+                           launch=[8, 128, 4, 2], error=None if us is not None else "CompilationError: no int8 dot"))
+    return out
+
+
+VAL = {"device_name": "d", "tp": 1, "heads": [24, 4]}
+
+
+@pytest.mark.parametrize("times, spread, expect", [
+    ({1: (10.0, 8.0), 16: (40.0, 30.0)}, 0.0, False),       # converted faster beyond the noise at the sum
+    ({1: (10.0, 9.95), 16: (40.0, 39.9)}, 0.0, True),       # 0.3 % faster: under the 1 % floor, the int8 dot stays
+    ({1: (10.0, 9.0), 16: (40.0, 38.0)}, 8.0, True),        # 6 % faster, but spreads of 10-40 %: the int8 dot stays
+    ({1: (8.0, 10.0), 16: (30.0, 40.0)}, 0.0, True),        # the int8 dot faster
+    ({1: (None, 10.0), 16: (None, 40.0)}, 0.0, False),      # the int8 dot failed everywhere: converted
+    ({1: (None, 10.0), 16: (30.0, 40.0)}, 0.0, None),       # failed at one batch only: nothing written
+    ({1: (10.0, None), 16: (30.0, 40.0)}, 0.0, None),       # converted not measured everywhere: nothing written
+])
+def test_the_int8_qk_path_from_the_measured_batches(times, spread, expect):
+    t = sel.build_table(sel.select(qk_recs(times, spread)), VAL, {"commit": "c"})
+    assert t.get("decode", {}).get("qk_int8") == expect if expect is not None else "qk_int8" not in t.get("decode", {})
+
+
+def test_a_choice_without_upstream_ties_to_the_built_in():
+    """A decision with no upstream path (the int8 cache's Q.K): the other candidate replaces the built-in
+    only beyond the noise, and the report says against what."""
+    s = sel.select(qk_recs({4: (10.0, 9.95)}))["decode.4.qk"]
+    assert s["kind"] == "builtin" and "built-in stays" in s["why"]
+    s = sel.select(qk_recs({4: (10.0, 8.0)}))["decode.4.qk"]
+    assert s["kind"] == "ours" and "1.250x the built-in" in s["why"]

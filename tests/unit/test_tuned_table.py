@@ -362,6 +362,8 @@ def test_an_int8_cache_takes_its_own_segments_where_measured_else_the_16_bit_one
     ({"decode.segments_int8": {"4": {"1": {"32768": 32}}}}, "decode.segments_int8.4': measured at 4 KV heads"),
     ({"decode.segments_int8": {"2": {"1": {"32768": 24}}}}, "power of two"),
     ({"decode.segments_16bit": {}}, "unknown key"),
+    ({"decode.qk_int8": "false"}, "decode.qk_int8': true .* or false"),
+    ({"decode.qk_int8": 0}, "decode.qk_int8"),
 ])
 def test_the_geometry_and_decode_keys_are_validated(bad, match):
     t = table(H200, tp=2, heads=(12, 2))
@@ -370,3 +372,26 @@ def test_the_geometry_and_decode_keys_are_validated(bad, match):
     t[top][sub] = value
     with pytest.raises(T.TableError, match=match):
         T.validate(t)
+
+
+@pytest.mark.parametrize("qk, expect, shown", [
+    (False, False, "decode int8 Q.K: K tiles converted to the query dtype (the int8 dot measured slower)"),
+    (True, None, "decode int8 Q.K: the int8 dot (built-in)"),
+    (None, None, None),
+])
+def test_the_int8_qk_path_is_read_as_the_converted_path_or_the_built_in(monkeypatch, qk, expect, shown):
+    """The table's decode.qk_int8: false runs converted K tiles; true and no key are the kernel's built-in
+    (None: the int8 dot with its build-failure fallback, never the int8 dot asked for by name)."""
+    t = table(H200)
+    if qk is not None:
+        t["decode"]["qk_int8"] = qk
+    T.validate(t)
+    monkeypatch.setattr(T, "active", lambda: t)
+    assert T.decode_qk_int8() is expect
+    qk_lines = [x for x in T.describe(t) if "Q.K" in x]
+    assert qk_lines == ([shown] if shown else [])
+    old = {**t, "schema": T.OLD_SCHEMA, "decode": {"segments": {"1": 64}, "qk_int8": False}}
+    with pytest.raises(T.TableError, match="unknown key.*'qk_int8'"):
+        T.validate(old)                                  # forge-tuned/1 has no Q.K choice
+    monkeypatch.setattr(T, "active", lambda: None)
+    assert T.decode_qk_int8() is None                    # no table: the built-in

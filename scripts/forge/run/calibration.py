@@ -89,6 +89,15 @@ def select(records: list[dict], noise_floor: float = NOISE_FLOOR) -> dict:
             why = (f"{best} is {info[up]['us'] / info[best]['us']:.3f}x upstream, beyond the noise {noise:.1%}"
                    if wins else f"{best} is within the noise ({noise:.1%}) of upstream or slower: upstream stays")
             d.update(noise=noise)
+        elif best and up is None and builtin in info and best != builtin:
+            # no upstream path (a choice between our own, e.g. the int8 cache's Q.K paths): ties go to the built-in
+            noise = max(info[builtin]["spread_us"] / info[builtin]["us"] if info[builtin]["us"] else 0.0,
+                        info[best]["spread_us"] / info[best]["us"] if info[best]["us"] else 0.0, noise_floor)
+            wins = info[best]["us"] < info[builtin]["us"] * (1 - noise)
+            chosen = best if wins else builtin
+            why = (f"{best} is {info[builtin]['us'] / info[best]['us']:.3f}x the built-in, beyond the noise {noise:.1%}"
+                   if wins else f"{best} is within the noise ({noise:.1%}) of the built-in or slower: the built-in stays")
+            d.update(noise=noise)
         elif best:
             chosen, why = best, ("no upstream candidate in this decision" if up is None else
                                  f"the upstream path failed ({failed.get(up)}): the fastest correct of ours")
@@ -114,13 +123,15 @@ def build_table(selection: dict, validators: dict, provenance: dict, decode_cont
     leaves the shape at that token count out (the platform GEMM runs); one that ours won names its
     launch: [block, rows] of the GEMV, or "mma" (the skinny GEMM); prefill and decode take the
     fastest correct launch of ours (the route to our kernel is not the table's to switch); the int8
-    decode launch only where it beats the built-in beyond the noise (`int8_decode_launch`), and the int8
-    cache's own segment counts at the launch it runs (`decode.segments_int8`)."""
+    decode launch only where it beats the built-in beyond the noise (`int8_decode_launch`), the int8
+    cache's own segment counts at the launch it runs (`decode.segments_int8`), and its Q.K path where it
+    was measured (`qk_int8_choice`)."""
     table = {"schema": "forge-tuned/2", "validators": validators, "provenance": provenance}
     kv_heads = str((validators.get("heads") or [24, 4])[1])
     gemv: dict = {}
     decode: dict[int, dict] = {}
     decode_int8: dict[int, dict] = {}
+    decode_qk: dict[int, dict] = {}
     for dec, d in selection.items():
         parts = dec.split(".")
         if parts[0] == "gemv" and d.get("kind") in ("ours", "builtin"):
@@ -133,6 +144,8 @@ def build_table(selection: dict, validators: dict, provenance: dict, decode_cont
             decode[int(parts[1])] = d
         elif parts[0] == "decode" and parts[2] == "int8":
             decode_int8[int(parts[1])] = d
+        elif parts[0] == "decode" and parts[2] == "qk":
+            decode_qk[int(parts[1])] = d
     if decode:
         # one launch for every batch (the server applies one): the one that won at the largest batch
         # measured; each batch's segments: its fastest correct count at that launch, measured over
@@ -154,6 +167,9 @@ def build_table(selection: dict, validators: dict, provenance: dict, decode_cont
             segs8.update(_segments_at({b: d}, at, decode_context))
     if segs8:
         table.setdefault("decode", {})["segments_int8"] = {kv_heads: segs8}
+    qk = qk_int8_choice(decode_qk)
+    if qk is not None:
+        table.setdefault("decode", {})["qk_int8"] = qk
     if gemv:
         table["gemv"] = gemv
     return table
@@ -205,6 +221,30 @@ def int8_decode_launch(decisions: dict[int, dict], noise_floor: float = NOISE_FL
     (t_best, s_best), (t_bi, s_bi) = totals[best], totals[builtin]
     noise = max(s_best / t_best if t_best else 0.0, s_bi / t_bi if t_bi else 0.0, noise_floor)
     return [*best] if best != builtin and t_best < t_bi * (1 - noise) else None
+
+
+def qk_int8_choice(decisions: dict[int, dict], noise_floor: float = NOISE_FLOOR) -> bool | None:
+    """`decode.qk_int8` from the `decode.<batch>.qk` decisions (the int8 cache's Q.K paths at each batch's
+    built-in launch: "builtin" the int8 dot, "ours" converted K tiles), or None (nothing written: the
+    kernel's built-in). The server runs one path at every batch: False where the converted path, summed
+    over the batches, beats the int8 dot by more than the noise, or where the int8 dot failed at every
+    batch and the converted path was correct and timed at each; True where both were measured at every
+    batch and the int8 dot held; None otherwise (a batch with neither, or the two measured at different batches)."""
+    if not decisions:
+        return None
+    def at(d, kind):
+        return next((c for c in d.get("candidates", {}).values() if c["kind"] == kind), None)
+    dots, conv = [at(d, "builtin") for d in decisions.values()], [at(d, "ours") for d in decisions.values()]
+    if any(c is None for c in conv):
+        return None
+    if all(c is None for c in dots):
+        return False
+    if any(c is None for c in dots):
+        return None
+    t_dot, s_dot = sum(c["us"] for c in dots), sum(c["spread_us"] for c in dots)
+    t_cv, s_cv = sum(c["us"] for c in conv), sum(c["spread_us"] for c in conv)
+    noise = max(s_dot / t_dot if t_dot else 0.0, s_cv / t_cv if t_cv else 0.0, noise_floor)
+    return not t_cv < t_dot * (1 - noise)
 
 
 # --- what the time model takes -------------------------------------------------------------------

@@ -24,12 +24,12 @@ KINDS = ("ours", "upstream", "builtin", "vendor")
 GEMV_TOKENS = r"([1-9]|1[0-6]|24|32)"
 GEMV_MAX_TOKENS = 16      # our GEMV's launches ([block, rows]) stop here (kernels/forge_tuned GEMV_MAX_TOKENS)
 DECISION = {"gemv": r"gemv\.(plain|fused)\.[1-9]\d*x[1-9]\d*\." + GEMV_TOKENS, "prefill": r"prefill\.(16bit|int8)",
-            "decode": r"decode\.[1-9]\d*\.(16bit|int8)", "write": r"write(\.b[1-9]\d*\.t[1-9]\d*)?",
+            "decode": r"decode\.[1-9]\d*\.(16bit|int8|qk)", "write": r"write(\.b[1-9]\d*\.t[1-9]\d*)?",
             "gemm": r"gemm\.[1-9]\d*x[1-9]\d*"}
 POINT = {"gemv": "M=" + GEMV_TOKENS, "prefill": r"P=\d+ C=[1-9]\d*", "decode": r"(n=[1-9]\d* )?ctx=[1-9]\d*",
          "write": r"block=[1-9]\d* tokens=[1-9]\d*", "gemm": r"M=[1-9]\d*"}
 SHOWN = {"gemv": ("gemv.plain|fused.NxK.M", "M=1 to M=16, M=24 or M=32"), "prefill": ("prefill.16bit|int8", "P=PREFIX C=CHUNK"),
-         "decode": ("decode.BATCH.16bit|int8", "ctx=TOKENS, or n=REQUESTS ctx=TOKENS where a graph pads them"), "write": ("write.bBLOCK.tTOKENS", "block=B tokens=T"),
+         "decode": ("decode.BATCH.16bit|int8|qk", "ctx=TOKENS, or n=REQUESTS ctx=TOKENS where a graph pads them"), "write": ("write.bBLOCK.tTOKENS", "block=B tokens=T"),
          "gemm": ("gemm.NxK", "M=ROWS")}
 EVERY_POINT = "(every point)"        # the one record of a candidate that killed its process
 IDENTITY = ("device_name", "arch", "compute_units", "toolkit", "torch", "triton")
