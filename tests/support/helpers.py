@@ -212,11 +212,11 @@ def h200_e2e() -> Path:
         import tarfile
         import tempfile
 
-        from forge import paths
+        from forge import tarsafe
         d = Path(tempfile.mkdtemp(prefix="forge-h200-e2e-"))
         atexit.register(shutil.rmtree, d, True)
         with tarfile.open(H200_E2E_ARCHIVE, "r:gz") as tf:
-            paths.extract_tar(tf, d)
+            tarsafe.extract_tar(tf, d)
         _h200_dir = d / "h200-e2e"
     return _h200_dir
 

@@ -12,7 +12,7 @@ import tarfile
 from helpers import ROOT, SUPPORT, forge, forge_env, free_port, tiny_model
 from test_final_round_serve import clean_env
 
-from forge import paths
+from forge import tarsafe
 
 KV_LOGS = ROOT / "reports" / "plan" / "2026-12-04-h200-kv-check"
 E2E = ROOT / "reports" / "e2e" / "2026-12-06-h200-final-4-8k-uncapped" / "raw.tgz"
@@ -55,7 +55,7 @@ def test_an_e2e_profile_folder_with_a_fixed_cache_checks_the_page_math(tmp_path)
     """The recorded e2e run's contest server, given a DCU card's bytes, reported 28,224 tokens: its log is in
     the run's logs/ folder, its serve.json has no report of its own."""
     with tarfile.open(E2E) as t:
-        paths.extract_tar(t, tmp_path / "e2e")
+        tarsafe.extract_tar(t, tmp_path / "e2e")
     r = forge(tmp_path, "plan", "--against", str(tmp_path / "e2e" / "runs" / "contest"))
     assert r.returncode == 0, r.stdout + r.stderr
     # given relative to the profile folder itself: the run's logs/ are still found

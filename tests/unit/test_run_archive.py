@@ -184,7 +184,7 @@ def test_unpack_refuses_members_that_leave_the_folder(tmp_path):
 def test_extract_without_the_data_filter_checks_names_first(tmp_path, monkeypatch):
     """On a Python without tarfile's extraction filters (before 3.10.12) the names and link targets are
     checked before anything is written; a clean archive extracts as it is."""
-    from forge import paths
+    from forge import tarsafe
     from forge.errors import ForgeError
     monkeypatch.delattr(tarfile, "data_filter", raising=False)
     for bad in ([_file("ok.txt"), _file("a/../../up.txt")], [_file("ok.txt"), _link("l", "/etc/passwd")],
@@ -196,7 +196,7 @@ def test_extract_without_the_data_filter_checks_names_first(tmp_path, monkeypatc
         dest.mkdir()
         with tarfile.open(src) as tf:
             try:
-                paths.extract_tar(tf, dest)
+                tarsafe.extract_tar(tf, dest)
             except ForgeError as e:
                 assert bad[1][0].name in str(e) and "bad.tgz" in str(e)
             else:
@@ -206,6 +206,6 @@ def test_extract_without_the_data_filter_checks_names_first(tmp_path, monkeypatc
     good = tmp_path / "good.tgz"
     _evil_tgz(good, [_file("a/b.txt", b"hello"), _link("a/l", "b.txt")])
     with tarfile.open(good) as tf:
-        paths.extract_tar(tf, tmp_path / "g")
+        tarsafe.extract_tar(tf, tmp_path / "g")
     assert (tmp_path / "g" / "a" / "b.txt").read_bytes() == b"hello"
     assert os.readlink(tmp_path / "g" / "a" / "l") == "b.txt"

@@ -20,7 +20,8 @@ from pathlib import Path
 from .. import config, proc, records, ui
 from ..errors import ForgeError
 from ..hashing import file_entry, manifest_diff, manifest_hash, sha256_file, tree_manifest, tree_sha256
-from ..paths import CACHE, Lock, extract_tar, rel, set_aside
+from ..paths import CACHE, Lock, rel, set_aside
+from ..tarsafe import extract_tar
 
 MARKER = ".forge-verified"
 

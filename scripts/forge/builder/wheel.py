@@ -24,8 +24,9 @@ from pathlib import Path
 
 from .. import config, proc, ui
 from ..errors import ForgeError
-from ..paths import BUILD, DIST, Lock, extract_tar, rel, write_atomic
+from ..paths import BUILD, DIST, Lock, rel, write_atomic
 from ..recipe import provenance
+from ..tarsafe import extract_tar
 from . import bases, tree
 
 SOURCE_DATE_EPOCH = 1767225600          # 2026-01-01T00:00:00Z, the tree's commit date

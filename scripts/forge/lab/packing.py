@@ -11,7 +11,7 @@ import tempfile
 import zlib
 from pathlib import Path
 
-from .. import paths, ui
+from .. import tarsafe, ui
 from ..errors import ForgeError
 from ..hashing import sha256_file
 from ..run import runs
@@ -104,9 +104,9 @@ def seed_triton_cache(src: Path, cache: Path) -> dict:
     try:
         with _JoinedParts(parts) as raw, tarfile.open(fileobj=io.BufferedReader(raw), mode="r|gz") as tf:
             for m in tf:
-                if not (m.isfile() or m.isdir()) or paths.leaves_folder(m.name):
+                if not (m.isfile() or m.isdir()) or tarsafe.leaves_folder(m.name):
                     continue                   # only plain files and folders inside the cache
-                paths.extract_tar(tf, tmp, m)
+                tarsafe.extract_tar(tf, tmp, m)
                 n += m.isfile()
         for entry in tmp.iterdir():            # complete: move into place (what is there already stays)
             if not (cache / entry.name).exists():

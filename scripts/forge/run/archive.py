@@ -13,13 +13,14 @@ from __future__ import annotations
 import contextlib
 import gzip
 import io
+import json
 import os
 import tarfile
 import tempfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-from .. import options, paths, records, ui
+from .. import options, paths, records, tarsafe, ui
 from ..errors import ForgeError
 
 ARCHIVE = "raw.tgz"
@@ -102,7 +103,7 @@ def pack_run(folder: Path, remove: bool = True) -> dict:
 def check_packable(folder: Path, remove: bool = True) -> bool:
     """Refuse (naming it) a folder `pack_run` cannot pack; True when it is packed already. Every folder of
     one `forge pack-run` is checked before the first is packed: a symlink loop, not a run folder
-    (RUN_MARKS), a link out of it, and (with `remove`) a raw file that git tracks are refused."""
+    (RUN_MARKS), a link out of it or to a folder, and (with `remove`) a raw file that git tracks are refused."""
     real, root = paths.resolved(folder), paths.ROOT
     if not folder.is_dir():
         raise ForgeError(f"{folder}: not a folder", hint="give a run folder, e.g. reports/e2e/<date>-<device>")
@@ -154,8 +155,10 @@ def refuse_tracked(folder: Path, real: Path, raw: list[Path]) -> None:
 
 
 def refuse_links_out(folder: Path) -> None:
-    """Refuse (naming it) a symbolic link under `folder` whose target lies outside it: packing would copy
-    a file from elsewhere on the machine into the record (and the removal would leave the link)."""
+    """Refuse (naming it) a symbolic link under `folder` whose target lies outside it (packing would copy a
+    file from elsewhere on the machine into the record, and the removal would leave the link) or that leads to
+    a folder (the archive holds files, not links: the link was left out, and the removal failed at it once the
+    raw files were gone)."""
     top = paths.resolved(folder)
     for p in sorted(folder.rglob("*")):
         if p.is_symlink():
@@ -168,6 +171,10 @@ def refuse_links_out(folder: Path) -> None:
                 raise ForgeError(f"{paths.rel(p)}: a link to {os.readlink(p)}, outside the run folder; nothing was "
                                  "packed", hint="a record holds its own files: replace the link by a copy of what "
                                                 "the run needs, or remove it")
+            if p.is_dir():      # the archive holds files: the link would be lost, and the removal stopped at it
+                raise ForgeError(f"{paths.rel(p)}: a link to a folder ({os.readlink(p)}); the archive holds files, "
+                                 "not links, so the record would lose it; nothing was packed",
+                                 hint="a record holds its own files: remove the link (its folder is packed as it is)")
 
 
 @contextlib.contextmanager
@@ -206,7 +213,7 @@ def unpack_run(folder: Path, to: Path | None = None, force: bool = False) -> lis
                                         f"e.g. --to /tmp/{folder.name}")
     with _opened(src) as tf:
         members = tf.getmembers()           # reads the whole archive: a damaged one fails here
-        paths.check_members(members, paths.rel(src))
+        tarsafe.check_members(members, paths.rel(src))
         check_unpacked_size(members, paths.rel(src))
         own = [m.name for m in members if PurePosixPath(m.name) == PurePosixPath(ARCHIVE)]
         if own:                             # unpacked in place it would replace the archive being read
@@ -219,7 +226,7 @@ def unpack_run(folder: Path, to: Path | None = None, force: bool = False) -> lis
                                if edited else None, doing="unpacking", force=force,
                                hint="keep your edit: copy it away first, or unpack with --to another folder")
         with paths.staged_folder(dest) as tmp:
-            paths.extract_tar(tf, tmp)
+            tarsafe.extract_tar(tf, tmp)
     return [m.name for m in members]
 
 
@@ -251,6 +258,27 @@ def refuse_clashes(dest: Path, members: list, where: str) -> None:
         if parts and not m.isdir() and p.is_dir() and not p.is_symlink():
             raise ForgeError(f"{paths.rel(p)}: a folder, where member {m.name!r} of {where} is a "
                              f"{'link' if m.issym() or m.islnk() else 'file'}; nothing was extracted", hint=hint)
+
+
+def no_result_hint(run: Path, tier: str) -> str:
+    """What to give instead of a folder without tier `tier`'s result: a profile's run folder of an e2e results
+    folder (runs/<profile>), how to read a packed record, or the commands that finish the run; a final-round
+    run's (its manifest's round) start the tier's own server first and run the final round's client, which
+    alone resumes it."""
+    profiles = sorted(p.name for p in (run / "runs").iterdir() if p.is_dir()) if (run / "runs").is_dir() else []
+    if profiles or (run / ARCHIVE).is_file():
+        return (f"{run} is an e2e results folder: give one profile's run folder, {run}/runs/<profile>"
+                + (f" ({', '.join(profiles)})" if profiles else f" (its files are in {ARCHIVE}: forge unpack-run {run} "
+                                                              f"--to /tmp/{run.name}, then give /tmp/{run.name}/runs/<profile>)"))
+    try:
+        man = json.loads((run / "manifest.json").read_text())
+    except (OSError, ValueError):       # no manifest, or a damaged one: the plain command
+        man = None
+    if isinstance(man, dict) and man.get("round") == "final":
+        prof = man.get("profile") if isinstance(man.get("profile"), str) else "PROFILE"
+        return (f"finish the run: forge serve --round final --profile {prof} --tier {tier} --run-id {run.name}, "
+                f"then forge bench-all-tiers --round final --run-id {run.name}")
+    return f"finish the run: forge bench-all-tiers --run-id {run.name}"
 
 
 def is_packed(folder: Path) -> bool:

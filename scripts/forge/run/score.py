@@ -21,7 +21,7 @@ from .. import options, paths, records, ui
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from . import final_baseline, final_client, results, runs
-from .archive import ARCHIVE
+from .archive import no_result_hint
 from .results import check_result, finite_positive, output_drift, read_result, request_tpots_ms  # noqa: F401
 from .score_doc import HARNESS_LABEL, chart, print_run, print_what_if, render_md
 
@@ -64,7 +64,7 @@ def load_run(run: Path, contest: dict, partial: bool = False) -> dict:
             if partial:
                 missing.append(name)
                 continue
-            raise ForgeError(f"{run}: tier {name} has no result ({p.name})", hint=_no_result_hint(run))
+            raise ForgeError(f"{run}: tier {name} has no result ({p.name})", hint=no_result_hint(run, name))
         tiers[name] = tier_metrics(read_result(p), str(p))
     pooled = None                              # pooled over all tiers: none while one is missing
     if not missing and all(t["tpots_ms"] is not None for t in tiers.values()):
@@ -82,17 +82,6 @@ def load_run(run: Path, contest: dict, partial: bool = False) -> dict:
     return {"tiers": tiers, "tpot_p99_pooled_ms": pooled, "accuracy": acc,
             "manifest": man, "path": str(run), "missing": missing, "harness": bool(man.get("harness")),
             "round": final_client.run_round(man, str(run / "manifest.json"))}
-
-
-def _no_result_hint(run: Path) -> str:
-    """What to give instead of a folder without tier results: a profile's run folder of an e2e results
-    folder (runs/<profile>), how to read a packed record, or the bench command that finishes a run."""
-    profiles = sorted(p.name for p in (run / "runs").iterdir() if p.is_dir()) if (run / "runs").is_dir() else []
-    if profiles or (run / ARCHIVE).is_file():
-        return (f"{run} is an e2e results folder: give one profile's run folder, {run}/runs/<profile>"
-                + (f" ({', '.join(profiles)})" if profiles else f" (its files are in {ARCHIVE}: forge unpack-run {run} "
-                                                              f"--to /tmp/{run.name}, then give /tmp/{run.name}/runs/<profile>)"))
-    return f"finish the run: forge bench-all-tiers --run-id {run.name}"
 
 
 def read_accuracy(path: Path) -> dict[str, float]:
@@ -162,18 +151,18 @@ def baseline_from_run(run: Path, contest: dict) -> dict:
             "harness": r["harness"], "dcu": None, "round": r["round"]}
 
 
-def check_pairing(run: dict, base: dict, run_label: str) -> None:
+def check_pairing(run: dict, base: dict, run_label: str, option: str = "--baseline") -> None:
     """A harness run is scored only against a harness baseline, and a real run never against one; a
-    run only against a baseline of its own round."""
+    run only against a baseline of its own round. `option` gives the baseline run (compare's --reference)."""
     ra, rb = run.get("round") or final_client.PRELIMINARY, base.get("round") or final_client.PRELIMINARY
     if ra != rb:
         raise ForgeError(f"{run_label} is of the {ra} round; the baseline {base['label']} is of the {rb} round: "
                          "a run is scored only against a baseline of its own round",
-                         hint=f"give a baseline run of the {ra} round (--baseline RUN)")
+                         hint=f"give a baseline run of the {ra} round ({option} RUN)")
     if run.get("harness") and not base.get("harness"):
         raise ForgeError(f"{run_label} is a harness run (random weights on a GPU machine); its tok/s say nothing "
                          f"about the DCU, so scoring it against {base['label']} is refused",
-                         hint="score it against the same run's reference profile: --baseline <harness run folder>")
+                         hint=f"score it against the same run's reference profile: {option} <harness run folder>")
     if base.get("harness") and not run.get("harness"):
         raise ForgeError(f"the baseline {base['label']} is a harness run (random weights on a GPU machine); "
                          f"{run_label} is not", hint="score against a baseline measured like the run")
