@@ -14,7 +14,7 @@ from ..contest import rounds
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..hashing import sha256_bytes
-from . import bench, bench_data, final_sweep, runs, score, serve
+from . import bench, bench_data, final_baseline, final_sweep, runs, score, serve
 
 
 def _folders(paths: list[str], side: str) -> list[Path]:
@@ -118,7 +118,7 @@ def score_baseline(contest: dict, all_runs: list[dict], reference: dict | None =
     Returns (baseline, row name) or (None, why there is no score row)."""
     if reference is not None:
         for r in all_runs:
-            score.check_pairing(r, reference, f"run {r['path']}")
+            score.check_pairing(r, reference, f"run {r['path']}", "--reference")
         return reference, "score (reference run)"
     if any(r.get("round", "preliminary") != "preliminary" for r in all_runs):
         return None, "score (a later round's runs are scored only against a baseline run of their round: --reference RUN)"
@@ -201,7 +201,10 @@ def cmd_compare(args) -> int:
         raise ForgeError(f"{both[0]} is on both sides: a run compared with itself shows no difference",
                          hint="side A and side B are different runs (e.g. two profiles)")
     _copies({"A": a, "B": b}, contest)
-    ref = score.baseline_from_run(runs.resolve_run(args.reference), contest) if args.reference else None
+    ref = None
+    if args.reference:              # a final-round reference as score takes one: at the finals' baseline values
+        ref = score.baseline_from_run(runs.resolve_run(args.reference), contest)
+        final_baseline.check_scored(runs.resolve_run(args.reference), ref, contest)
     side_a, side_b = _side(a, contest), _side(b, contest)
     one_round(side_a + side_b)
     common_tiers(side_a, side_b)
@@ -284,7 +287,9 @@ def register(sub) -> None:
                    default=3.0, help="assumed run-to-run noise in %% when neither side has repeats (default 3; "
                                      "above 0, at most 100)")
     p.add_argument("--reference", help="score both sides against this run (a harness run's same-run reference, "
-                                       "found beside e2e results by default) instead of the default baseline set")
+                                       "found beside e2e results by default) instead of the default baseline set; "
+                                       "a final-round run only where served at the finals' baseline configuration, "
+                                       "as forge score --round final --baseline takes one")
     p.set_defaults(func=cmd_compare)
     s = sub.add_parser("sweep", help="serve, bench all tiers, score and stop for each profile in turn",
                        description="For each profile: forge serve, forge bench-all-tiers, forge score, forge stop. "

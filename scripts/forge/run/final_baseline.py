@@ -46,11 +46,15 @@ def _server(man: dict, serve: dict | None, tier: str) -> dict | None:
     return srv if isinstance(srv, dict) else serve
 
 
-def _shown(v) -> str:
+def _shown(v, key: str, want) -> str:
+    """A recorded value as the refusal names it: a value of another type than the baseline's as the record
+    holds it (128.0, '128', true: shown as 128 it would read as the baseline's own), null as unlimited only
+    for the client's concurrency (vLLM's client without a limit)."""
     if v is _NONE:
         return "not recorded"
-    return f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "unlimited" if v is None \
-        else f"{v!r:.40}"
+    if v is None:
+        return "unlimited" if key == "concurrency" else "null"
+    return f"{v:g}" if type(v) is type(want) else f"{v!r:.40}"
 
 
 def differences(run: Path, rnd: rounds.Round, tiers: list[str], harness: bool) -> tuple[list[str], list[str], list[str]]:
@@ -79,7 +83,7 @@ def differences(run: Path, rnd: rounds.Round, tiers: list[str], harness: bool) -
                               cs.get("concurrency_from") or f"{t}.json max_concurrency")
         for k, (v, src) in got.items():
             if type(v) is not type(want[k]) or v != want[k]:
-                found.setdefault((k, _shown(v), src if isinstance(src, str) else "source not recorded"), []).append(t)
+                found.setdefault((k, _shown(v, k, want[k]), src if isinstance(src, str) else "source not recorded"), []).append(t)
     diffs = [f"{names[k]} {v} ({src}; the baseline's {want[k]:g}) in {'tier' if len(ts) == 1 else 'tiers'} "
              f"{', '.join(ts)}" for (k, v, src), ts in found.items()]
     return diffs, sorted({src for _, _, src in found}), unrecorded

@@ -101,16 +101,18 @@ def tier_score(contest: dict, rdir: Path, tier: str, base: dict) -> dict:
 
 def read_tier_score(path: Path, tier: str) -> dict:
     """A configuration's tier score (tier_score's record, `tier-score.json`), checked as the sweep reads it on
-    a resume: an object of `tier`, its tok/s, lift and contribution finite numbers, what zeroed it a list of
-    reasons, its baseline a run. A damaged one is refused naming the file and key: a NaN was picked as the
-    winner and written into the tier-environment file."""
+    a resume: an object of `tier`, its tok/s, lift and contribution finite numbers (tok/s and contribution
+    >= 0), what zeroed it a list of reasons, its baseline a run. A damaged one is refused naming the file
+    and key: a NaN (or a negative tok/s) was picked as the winner and written into the tier-environment file."""
     d = runs.read_json(path)
     hint = (f"delete it: the resume scores the configuration again from its result ({tier}.json beside it; delete "
             "that too to measure it again), or start a new sweep (omit --sweep-id)")
     if not isinstance(d, dict):
         raise ForgeError(f"{paths.rel(path)}: a JSON {type(d).__name__}, not a tier score (an object)", hint=hint)
-    checks = (("tier", lambda v: v == tier, f"the tier {tier!r}"), ("tok_s", finite, "a finite number"),
-              ("lift", finite, "a finite number"), ("contribution", finite, "a finite number"),
+    # a negative tok/s or contribution (no measurement gives one) was picked as the winner and written out
+    at_least_0 = lambda v: finite(v) and v >= 0             # noqa: E731
+    checks = (("tier", lambda v: v == tier, f"the tier {tier!r}"), ("tok_s", at_least_0, "a finite number >= 0"),
+              ("lift", finite, "a finite number"), ("contribution", at_least_0, "a finite number >= 0"),
               ("zeroed_by", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of reasons"),
               ("baseline", lambda v: isinstance(v, str) and v != "", "the baseline run"),
               ("harness", lambda v: isinstance(v, bool), "true or false"))

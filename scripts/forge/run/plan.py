@@ -220,12 +220,14 @@ def register(sub) -> None:
     p.add_argument("--kv-dtype", help="bf16, int8 or both comma-separated (default both)")
     p.add_argument("--card", choices=sorted(cap_mod.CARDS), default="dcu", help="the card's memory (default dcu)")
     p.add_argument("--gpu-memory-utilization",
-                   help="in (0, 1]; default: the round's baseline (0.95); the preliminary locks it (its own value only)")
+                   help="the final round's 0.1 to 1; default: the round's baseline (0.95); the preliminary locks it "
+                        "(its own value only)")
     p.add_argument("--max-num-batched-tokens",
-                   help="default: the round's baseline (4096); the activation part of the non-KV peak grows with it; "
-                        "the preliminary locks it (its own value only)")
+                   help="the final round's 256 to 32768; default: the round's baseline (4096); the activation part of "
+                        "the non-KV peak grows with it; the preliminary locks it (its own value only)")
     p.add_argument("--concurrency",
-                   help="requests in flight (default: the round's client per tier); the preliminary locks it at 1")
+                   help="requests in flight, the final round's 1 to 256 (default: the round's client per tier); the "
+                        "preliminary locks it at 1")
     p.add_argument("--against", metavar="RUN",
                    help="check the planner against a served run's report instead (a run id or folder with serve.json: "
                         "its command gives the configuration; exit 1 where a rank's KV cache is over 2 %% off; "

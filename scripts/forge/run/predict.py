@@ -231,7 +231,10 @@ def e2e_jobs(root: Path, folder: Path, ref_name: str, contest: dict, workload: d
         jobs.append((name, "ratios", predict_from_ratios(workload, tt, tp),
                      {"run": str(root / "runs" / name), "reference": str(root / "runs" / ref_name), "measured": detail}))
     if not jobs:
-        raise ForgeError(f"{root}: no profile with all tiers besides {ref_name}")
+        raise ForgeError(f"{root}: no profile with all tiers besides {ref_name}",
+                         hint="a profile is predicted from every tier's result (runs/<profile>/<tier>.json: "
+                              f"{', '.join(contest_mod.tier_names(contest))}): give an e2e results folder with such a "
+                              "profile beside the reference")
     return jobs
 
 
