@@ -163,5 +163,7 @@ def test_a_choice_without_upstream_ties_to_the_built_in():
     only beyond the noise, and the report says against what."""
     s = sel.select(qk_recs({4: (10.0, 9.95)}))["decode.4.qk"]
     assert s["kind"] == "builtin" and "built-in stays" in s["why"]
+    s = sel.select(qk_recs({4: (9.0, 10.0)}))["decode.4.qk"]
+    assert s["kind"] == "builtin" and "the built-in is the fastest" in s["why"]
     s = sel.select(qk_recs({4: (10.0, 8.0)}))["decode.4.qk"]
     assert s["kind"] == "ours" and "1.250x the built-in" in s["why"]

@@ -227,12 +227,12 @@ def test_every_committed_table_is_valid_and_describes_its_routes():
         assert t["provenance"].get("report"), f"{p.name}: provenance names the calibration report"
         lines = T.describe(t)
         # one line per GEMV shape, prefill cache kind, (KV heads, batch) of the decode segments (and of the
-        # int8 cache's own), decode launch
+        # int8 cache's own), decode launch, and the int8 cache's Q.K path where the table chose it
         segs = T.decode_segment_table(t)
         segs8 = T.decode_segment_table(t, kv_int8=True, alone=True) if t.get("decode", {}).get("segments_int8") else {}
         assert len(lines) == sum(len(s) for s in t.get("gemv", {}).values()) + len(t.get("prefill", {})) + \
             sum(len(b) for b in segs.values()) + sum(len(b) for b in segs8.values()) + \
-            len(t.get("decode", {}).get("launch", {})), p.name
+            len(t.get("decode", {}).get("launch", {})) + ("qk_int8" in t.get("decode", {})), p.name
 
 
 def test_the_submission_preflight_reads_its_tables_with_the_loader_it_ships(tmp_path):

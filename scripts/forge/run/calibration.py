@@ -89,7 +89,9 @@ def select(records: list[dict], noise_floor: float = NOISE_FLOOR) -> dict:
             why = (f"{best} is {info[up]['us'] / info[best]['us']:.3f}x upstream, beyond the noise {noise:.1%}"
                    if wins else f"{best} is within the noise ({noise:.1%}) of upstream or slower: upstream stays")
             d.update(noise=noise)
-        elif best and up is None and builtin in info and best != builtin:
+        elif best and up is None and builtin == best:
+            chosen, why = best, "the built-in is the fastest correct (no upstream path in this decision)"
+        elif best and up is None and builtin in info:
             # no upstream path (a choice between our own, e.g. the int8 cache's Q.K paths): ties go to the built-in
             noise = max(info[builtin]["spread_us"] / info[builtin]["us"] if info[builtin]["us"] else 0.0,
                         info[best]["spread_us"] / info[best]["us"] if info[best]["us"] else 0.0, noise_floor)
