@@ -12,7 +12,8 @@ mixed: uniform in [3/4, 1] x the context, the last one exactly it.
 Per point:
   forge   our split-KV kernel with the segment count the server plans without a table
           (`choose_num_segments(CUs, batch, KV heads, 32768)`) and its built-in launch ("builtin"),
-          and the fastest of a sweep of segment counts (a quarter to four times that) ("best");
+          and the fastest of a sweep of segment counts (the powers of two from a quarter to four times
+          that; --segment-span N: from 1/N to N times) ("best");
   vllm    vLLM's unified attention as TRITON_ATTN runs a decode batch (its 3D kernel, 16 softmax
           segments, threshold 128 / KV heads); bf16 only unless the imported vLLM carries the int8 cache;
   bytes   the KV bytes the step must read (K and V of every cached token, + fp32 scales for int8),
@@ -163,7 +164,7 @@ def check(fn, q, c, rows, hq):
     return REF.rel_err(out[idx], ref)
 
 
-def bench_point(hq, hkv, kind, B, ctx, ncu, up, copy_bw, seed, int8_launches=(), qk_paths=(True,)):
+def bench_point(hq, hkv, kind, B, ctx, ncu, up, copy_bw, seed, int8_launches=(), qk_paths=(True,), span=4):
     gen = torch.Generator().manual_seed(seed)
     lens = lengths(B, ctx, gen)
     one = make_cache(kind, hkv, lens, gen)
@@ -198,7 +199,7 @@ def bench_point(hq, hkv, kind, B, ctx, ncu, up, copy_bw, seed, int8_launches=(),
     qks = sorted(set(qk_paths), key=lambda x: x != DEC.QK_INT8_DOT) if kind == "int8" else [None]
     for L in launches:
         for qk in qks:
-            for S in sorted({s for s in (S0 // 4, S0 // 2, S0, S0 * 2, S0 * 4) if 1 <= s <= 256}):
+            for S in segment_counts(S0, span):
                 ws = [DEC.decode_workspace(B, hq, D, S, DEV) for _ in range(R)]
 
                 def ours(i, out, S=S, ws=ws, L=L, qk=qk):
@@ -224,6 +225,16 @@ def bench_point(hq, hkv, kind, B, ctx, ncu, up, copy_bw, seed, int8_launches=(),
     if DEV == "cuda":
         torch.cuda.empty_cache()
     return rec
+
+
+def segment_counts(s0: int, span: int = 4) -> list[int]:
+    """The powers of two times the built-in count s0 from s0 / span to s0 * span (span a power of two), within
+    1-256: the segment counts a point times."""
+    out, f = set(), 1
+    while f <= span:
+        out |= {s0 // f, s0 * f}
+        f *= 2
+    return sorted(s for s in out if 1 <= s <= 256)
 
 
 def goals(points):
@@ -349,8 +360,13 @@ def main():
                          "'128,4,2;32,4,2'")
     ap.add_argument("--qk", default="default", help="int8 cache: the Q.K paths to time: int8, bf16 or both "
                     "('int8,bf16'); default: the kernel's own (split_kv_decode.QK_INT8_DOT)")
+    ap.add_argument("--segment-span", type=int, default=4,
+                    help="the segment counts timed: powers of two from 1/N to N times the built-in count (N a "
+                         "power of two, default 4)")
     ap.add_argument("--seed", type=int, default=1234)
     a = ap.parse_args()
+    if a.segment_span < 1 or a.segment_span & (a.segment_span - 1):
+        sys.exit(f"bench_decode_batched.py: --segment-span {a.segment_span}: a power of two (1, 2, 4, 8, ...)")
     if not torch.cuda.is_available():
         sys.exit("bench_decode_batched.py: no GPU visible to torch; run it on the GPU machine")
     batches = [int(x) for x in a.batches.split(",")]
@@ -397,7 +413,8 @@ def main():
                 for ctx in contexts:
                     n += 1
                     try:
-                        p = bench_point(hq, hkv, kind, B, ctx, ncu, up, bw, a.seed + n, int8_launches, qk_paths)
+                        p = bench_point(hq, hkv, kind, B, ctx, ncu, up, bw, a.seed + n, int8_launches, qk_paths,
+                                        a.segment_span)
                     except Exception:  # noqa: BLE001 - one point's failure (e.g. out of memory) is recorded
                         res["errors"].append(f"{hq}/{hkv} {kind} b{B} ctx {ctx}: " + traceback.format_exc()[-800:])
                         torch.cuda.empty_cache()
