@@ -107,3 +107,15 @@ def test_a_copy_names_the_commit_of_its_source_manifest(bench, tmp_path, monkeyp
     assert bench.commit() == "abc123"
     man.write_text(json.dumps({"commit": "abc123", "files": {rel: "0" * 40}}))
     assert bench.commit() == "abc123 (kernels/ differ from it)"
+
+
+def test_the_segment_span_widens_the_counts_timed_and_each_is_checked(bench):
+    # the rank of 2 KV heads had its fastest count at the default sweep's edge (4 x the built-in): a wider
+    # span times the counts beyond it, each checked against float64 before it is timed
+    narrow = bench.bench_point(6, 2, "bf16", 3, 40, 8, None, 1e12, 8)
+    wide = bench.bench_point(6, 2, "bf16", 3, 40, 8, None, 1e12, 8, span=8)
+    counts = lambda p: sorted({r["launch"][0] for r in p["results"] if r["kernel"].startswith("forge")})  # noqa: E731
+    s0 = bench.DEC.choose_num_segments(8, 3, 2, 32768)
+    assert max(counts(narrow)) <= 4 * s0 < max(counts(wide)) == min(8 * s0, 256)
+    assert set(counts(narrow)) < set(counts(wide))
+    assert all(r["ok"] for r in wide["results"] if r["kernel"].startswith("forge"))
