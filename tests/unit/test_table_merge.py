@@ -36,10 +36,15 @@ def test_the_sections_not_measured_are_kept_and_the_loader_reads_them():
     assert out["provenance"]["commit"] == new["provenance"]["commit"]
     assert out["provenance"]["sections"]["prefill"]["report"] == old["provenance"]["report"]
     T.validate(json.loads(json.dumps(out)))
-    # the H200 table in the tree is this merge (its gemv, prefill and decode sections)
+    # the H200 table in the tree is this merge (its gemv and prefill sections), with the decode section of the
+    # later decode calibration installed over it the same way (`--families decode --install --force`)
     shipped = load(ROOT / "configs" / "kernels" / "tuned" / "nvidia-h200-sm_90-132cu.json")
-    assert {k: shipped[k] for k in ("gemv", "prefill", "decode", "validators")} == \
-           {k: out[k] for k in ("gemv", "prefill", "decode", "validators")}
+    assert {k: shipped[k] for k in ("gemv", "prefill", "validators")} == \
+           {k: out[k] for k in ("gemv", "prefill", "validators")}
+    decode_cal = load(CAL / "2026-12-06-h200-tp1-decode-qk" / "table.json")
+    again, kept = table_merge.merge(decode_cal, out, ["decode"], "dest.json", force=True)
+    assert kept == ["gemv", "prefill"] and shipped["decode"] == again["decode"] == decode_cal["decode"]
+    assert {k: shipped[k] for k in ("gemv", "prefill")} == {k: again[k] for k in ("gemv", "prefill")}
 
 
 def test_a_calibration_of_every_table_family_installs_as_it_is():
