@@ -10,7 +10,8 @@ Selection, per decision:
     weighted sum of (p90 - p10) / 2;
   - the fastest eligible selectable candidate wins over the upstream path only by more than the noise
     (the larger relative spread of the two, at least NOISE_FLOOR); otherwise the upstream path stays:
-    ties go to upstream.
+    ties go to upstream. A decision without an upstream path (the int8 cache's Q.K paths, both ours)
+    holds the built-in to the same rule.
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ def why_failed(recs: list[dict]) -> str:
     return "not timed at every point"
 
 
+def _noise(floor: float, *totals: dict) -> float:
+    """The noise two (or more) timings are compared within: the largest relative half-spread of them
+    (each {"us", "spread_us"}), at least `floor`."""
+    return max([t["spread_us"] / t["us"] if t["us"] else 0.0 for t in totals] + [floor])
+
+
 def select(records: list[dict], noise_floor: float = NOISE_FLOOR) -> dict:
     """{decision: {"chosen", "kind", "launch", "us", "upstream", "builtin", "speedup", "noise",
     "candidates": {name: {...}}, "failed": {name: why}, "why"}} for every decision with records, plus
@@ -81,25 +88,19 @@ def select(records: list[dict], noise_floor: float = NOISE_FLOOR) -> dict:
         builtin = next((n for n, i in info.items() if i["kind"] == "builtin"), None)
         d = {"candidates": info, "failed": failed, "upstream": up if up in info else None,
              "builtin": builtin, "best_ours": best, **({"not_timed": skipped} if skipped else {})}
-        if up in info and best:
-            rel = lambda n: info[n]["spread_us"] / info[n]["us"] if info[n]["us"] else 0.0  # noqa: E731
-            noise = max(rel(up), rel(best), noise_floor)
-            wins = info[best]["us"] < info[up]["us"] * (1 - noise)
-            chosen = best if wins else up
-            why = (f"{best} is {info[up]['us'] / info[best]['us']:.3f}x upstream, beyond the noise {noise:.1%}"
-                   if wins else f"{best} is within the noise ({noise:.1%}) of upstream or slower: upstream stays")
+        # what ours must beat: the upstream path, else (a choice between our own, e.g. the int8 cache's Q.K
+        # paths) the built-in; ties go to it
+        ref = up if up in info else builtin if up is None and builtin in info else None
+        said = "upstream" if ref == up else "the built-in"
+        if ref and best and best != ref:
+            noise = _noise(noise_floor, info[ref], info[best])
+            wins = info[best]["us"] < info[ref]["us"] * (1 - noise)
+            chosen = best if wins else ref
+            why = (f"{best} is {info[ref]['us'] / info[best]['us']:.3f}x {said}, beyond the noise {noise:.1%}"
+                   if wins else f"{best} is within the noise ({noise:.1%}) of {said} or slower: {said} stays")
             d.update(noise=noise)
-        elif best and up is None and builtin == best:
+        elif ref and best:
             chosen, why = best, "the built-in is the fastest correct (no upstream path in this decision)"
-        elif best and up is None and builtin in info:
-            # no upstream path (a choice between our own, e.g. the int8 cache's Q.K paths): ties go to the built-in
-            noise = max(info[builtin]["spread_us"] / info[builtin]["us"] if info[builtin]["us"] else 0.0,
-                        info[best]["spread_us"] / info[best]["us"] if info[best]["us"] else 0.0, noise_floor)
-            wins = info[best]["us"] < info[builtin]["us"] * (1 - noise)
-            chosen = best if wins else builtin
-            why = (f"{best} is {info[builtin]['us'] / info[best]['us']:.3f}x the built-in, beyond the noise {noise:.1%}"
-                   if wins else f"{best} is within the noise ({noise:.1%}) of the built-in or slower: the built-in stays")
-            d.update(noise=noise)
         elif best:
             chosen, why = best, ("no upstream candidate in this decision" if up is None else
                                  f"the upstream path failed ({failed.get(up)}): the fastest correct of ours")
@@ -221,7 +222,7 @@ def int8_decode_launch(decisions: dict[int, dict], noise_floor: float = NOISE_FL
         return None
     best = min(totals, key=lambda launch: totals[launch][0])
     (t_best, s_best), (t_bi, s_bi) = totals[best], totals[builtin]
-    noise = max(s_best / t_best if t_best else 0.0, s_bi / t_bi if t_bi else 0.0, noise_floor)
+    noise = _noise(noise_floor, {"us": t_best, "spread_us": s_best}, {"us": t_bi, "spread_us": s_bi})
     return [*best] if best != builtin and t_best < t_bi * (1 - noise) else None
 
 
@@ -243,10 +244,8 @@ def qk_int8_choice(decisions: dict[int, dict], noise_floor: float = NOISE_FLOOR)
         return False
     if any(c is None for c in dots):
         return None
-    t_dot, s_dot = sum(c["us"] for c in dots), sum(c["spread_us"] for c in dots)
-    t_cv, s_cv = sum(c["us"] for c in conv), sum(c["spread_us"] for c in conv)
-    noise = max(s_dot / t_dot if t_dot else 0.0, s_cv / t_cv if t_cv else 0.0, noise_floor)
-    return not t_cv < t_dot * (1 - noise)
+    dot, cv = ({k: sum(c[k] for c in cs) for k in ("us", "spread_us")} for cs in (dots, conv))
+    return not cv["us"] < dot["us"] * (1 - _noise(noise_floor, dot, cv))
 
 
 # --- what the time model takes -------------------------------------------------------------------
