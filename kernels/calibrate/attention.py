@@ -17,7 +17,7 @@ a FULL CUDA graph runs is padded to the graph's size with rows of length 0 and b
 (10 requests at batch 16 under --max-num-seqs 128; 5 requests at 5 under --max-num-seqs 5, at 8 under
 128: `common.decode_key`), over the tiers' decode contexts (median prompt + 512) and 32K, on one rank's
 heads (`--tp`: 24/4 at TP1, 12/2 at TP2); candidates: our split-KV kernel at each (segments, TILE_N,
-warps, stages), the segments from a quarter to four times its built-in count (`choose_num_segments`),
+warps, stages), the segments from a quarter to eight times its built-in count (`choose_num_segments`),
 its built-in choice among them, at each launch of the cache kind (`DECODE_LAUNCHES`: int8 tiles go to
 128 tokens, as many bytes as bf16's 64); the anchor is vLLM's unified kernel in its 3D decode mode (16
 segments). The table takes one launch per cache kind (`decode.launch.16bit`, and `decode.launch.int8`
@@ -231,10 +231,12 @@ DECODE_LAUNCHES = {
 
 def decode_grid(is_hip: bool, quick: bool, builtin_s: int, kv: str = "16bit"):
     """(segments, TILE_N, warps, stages) candidates: the powers of two around the built-in count (a
-    quarter of it to four times it, 1-256: what the table holds) at each launch of the cache kind
-    (`DECODE_LAUNCHES`; the quick run: the first two)."""
+    quarter of it to eight times it, 1-256: what the table holds) at each launch of the cache kind
+    (`DECODE_LAUNCHES`; the quick run: the first two). Eight times, not four: at 1-2 KV heads per rank
+    (TP2 and beyond) and batch 10, the H200's fastest int8 count sat at four times the built-in, the
+    edge of a four-times grid (reports/kernels/decode-batched-h200-int8)."""
     launches = DECODE_LAUNCHES[("hip" if is_hip else "cuda", kv)]
-    segs = sorted({s for s in (builtin_s // 4, builtin_s // 2, builtin_s, builtin_s * 2, builtin_s * 4)
+    segs = sorted({s for s in (builtin_s // 4, builtin_s // 2, builtin_s, builtin_s * 2, builtin_s * 4, builtin_s * 8)
                    if 1 <= s <= 256})
     if quick:
         segs = [s for s in segs if builtin_s // 2 <= s <= builtin_s * 2]
