@@ -220,10 +220,12 @@ def prefill(torch, args, emit) -> dict:
 # launch first, then the one the quick run adds. An int8 token's K (V) row is half the bytes of a bf16
 # one, and each program keeps one tile in flight (kernels/NOTES.md, "What bounds int8 decode"): the
 # int8 launches trade tile bytes (TILE_N 128: as many as bf16's 64) against programs per SM (4 warps:
-# more of them). HIP: within 64 KiB of LDS and without register spills (gfx90a, gfx942: kernels/aot.py).
+# more of them); at 3 stages two K/V buffers per program (kernels/NOTES.md, "Block ids one tile ahead").
+# HIP: within 64 KiB of LDS and without register spills (gfx90a, gfx942: kernels/aot.py).
 DECODE_LAUNCHES = {
     ("cuda", "16bit"): [(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 8, 2)],
-    ("cuda", "int8"): [(64, 8, 2), (128, 4, 2), (64, 4, 2), (128, 8, 2), (32, 4, 2), (64, 8, 3)],
+    ("cuda", "int8"): [(64, 8, 2), (128, 4, 2), (64, 4, 2), (128, 8, 2), (32, 4, 2), (64, 8, 3), (64, 4, 3),
+                       (32, 4, 3)],
     ("hip", "16bit"): [(16, 4, 1), (32, 4, 1), (32, 4, 2)],
     ("hip", "int8"): [(32, 4, 1), (64, 4, 1), (16, 4, 1), (32, 4, 2), (32, 8, 1)],
 }

@@ -166,17 +166,28 @@ def _split_kv_decode_kernel(
     else:
         acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
 
+    # The block ids of a tile are loaded one tile ahead: the K/V addresses of a tile then depend on no
+    # load of the same iteration, so the compiler can multi-buffer the K/V loads (num_stages >= 3 on
+    # CUDA; without this no launch was pipelined: kernels/NOTES.md, "Block ids one tile ahead").
+    # Masked by the segment's end: an empty segment (or a padding row) reads no block-table entry.
+    if BLOCK_SIZE % TILE_N == 0:
+        # a tile never straddles a block: one block id per tile
+        nblk = tl.load(bt_row + (start // BLOCK_SIZE) * sbt_b, mask=start < end, other=0)
+    else:
+        # larger tiles: the block id of every token
+        nblk = tl.load(bt_row + ((start + n_off) // BLOCK_SIZE) * sbt_b, mask=(start + n_off) < end, other=0)
     for t in range(start, end, TILE_N):
         tok = t + n_off
         tmask = tok < end
+        blk = nblk.to(tl.int64)
         if BLOCK_SIZE % TILE_N == 0:
-            # a tile never straddles a block: one block id per tile
-            blk = tl.load(bt_row + (t // BLOCK_SIZE) * sbt_b).to(tl.int64)
             off = (t % BLOCK_SIZE) + n_off
+            nt = t + TILE_N
+            nblk = tl.load(bt_row + (nt // BLOCK_SIZE) * sbt_b, mask=nt < end, other=0)
         else:
-            # larger tiles: gather the block id of every token
-            blk = tl.load(bt_row + (tok // BLOCK_SIZE) * sbt_b, mask=tmask, other=0).to(tl.int64)
             off = tok % BLOCK_SIZE
+            ntok = tok + TILE_N
+            nblk = tl.load(bt_row + (ntok // BLOCK_SIZE) * sbt_b, mask=ntok < end, other=0)
 
         kbase = blk * sk_b + off * sk_o + kvh * sk_h                      # [TILE_N] int64
         k = tl.load(k_ptr + kbase[None, :] + d[:, None] * sk_d,
