@@ -64,13 +64,16 @@ def check_members(members: list[tarfile.TarInfo], where: str) -> None:
 def _clash(m: tarfile.TarInfo, folder: dict[str, bool]) -> str | None:
     """Why member `m` cannot be on disk beside the members before it (None: it can), recording the paths it
     makes in `folder`: a path that is a folder and a file (or link) of the archive, or a member under a file
-    of it. Extracted, the second would fail midway with an error naming the extraction's temporary folder."""
+    of it (extracted, the second would fail midway with an error naming the extraction's temporary folder),
+    or a file (or link) the archive holds twice (the last copy would replace the first unseen)."""
     parts = PurePosixPath(m.name).parts
     for i in range(1, len(parts)):
         above = str(PurePosixPath(*parts[:i]))
         if folder.setdefault(above, True) is False:
             return f"lies under {above!r}, a file of the archive"
     name = str(PurePosixPath(*parts))
+    if not m.isdir() and folder.get(name) is False:
+        return "is in the archive twice (extracted, the last copy would silently replace the first)"
     if folder.setdefault(name, m.isdir()) != m.isdir():
         return "is a folder and a file of the archive"
     return None

@@ -74,11 +74,12 @@ def load_run(run: Path, contest: dict, partial: bool = False) -> dict:
         pooled = max(vals) if vals else None
     acc = read_accuracy(run / "accuracy.json") if (run / "accuracy.json").is_file() else None
     man = _read_object(run / "manifest.json") if (run / "manifest.json").is_file() else {}
-    v = man.get("harness")
-    if v is not None and not isinstance(v, bool):
-        raise ForgeError(f"{run / 'manifest.json'}: key 'harness' is {repr(v)[:60]}, expected true or false",
-                         hint="manifest.json is damaged; restore it from a copy of the run or rerun the step that "
-                              "wrote it")
+    for key in ("harness", "scored_port"):        # flags the score reads: a "yes" would hide its warning
+        v = man.get(key)
+        if v is not None and not isinstance(v, bool):
+            raise ForgeError(f"{run / 'manifest.json'}: key '{key}' is {repr(v)[:60]}, expected true or false",
+                             hint="manifest.json is damaged; restore it from a copy of the run or rerun the step "
+                                  "that wrote it")
     return {"tiers": tiers, "tpot_p99_pooled_ms": pooled, "accuracy": acc,
             "manifest": man, "path": str(run), "missing": missing, "harness": bool(man.get("harness")),
             "round": final_client.run_round(man, str(run / "manifest.json"))}
