@@ -94,6 +94,20 @@ def _member(name: str, kind: bytes = tarfile.REGTYPE, body: bytes = b"x") -> tup
     return info, body if kind == tarfile.REGTYPE else None
 
 
+def packed(tmp_path, members: list):
+    """A run folder whose raw.tgz holds summary.json and then `members` ([(TarInfo, body)]), in that order."""
+    run = tmp_path / "run"
+    run.mkdir()
+    with tarfile.open(run / "raw.tgz", "w:gz") as tf:
+        for info, body in [_member("summary.json", body=b"{}"), *members]:
+            tf.addfile(info, io.BytesIO(body) if body is not None else None)
+    return run
+
+
+def unpack_args(tmp_path, run, verb: str) -> list[str]:
+    return ["unpack-run", str(run), "--to", str(tmp_path / "out")] if verb == "unpack-run" else ["predict", "--e2e", str(run)]
+
+
 @pytest.mark.parametrize("members,bad,why", [
     ([_member("a", tarfile.DIRTYPE), _member("a/b"), _member("a")], "'a'", "is a folder and a file of the archive"),
     ([_member("a/b"), _member("a")], "'a'", "is a folder and a file of the archive"),
@@ -102,14 +116,9 @@ def _member(name: str, kind: bytes = tarfile.REGTYPE, body: bytes = b"x") -> tup
 @pytest.mark.parametrize("verb", ["unpack-run", "predict"])
 def test_archive_members_that_clash_are_refused_before_extracting(tmp_path, members, bad, why, verb):
     """The extraction failed midway, naming its temporary folder, with no fix."""
-    run = tmp_path / "run"
-    run.mkdir()
-    with tarfile.open(run / "raw.tgz", "w:gz") as tf:
-        for info, body in [_member("summary.json", body=b"{}"), *members]:
-            tf.addfile(info, io.BytesIO(body) if body is not None else None)
-    args = ["unpack-run", str(run), "--to", str(tmp_path / "out")] if verb == "unpack-run" else ["predict", "--e2e", str(run)]
+    run = packed(tmp_path, members)
     with writes_nothing(tmp_path):
-        r = forge(tmp_path, *args)
+        r = forge(tmp_path, *unpack_args(tmp_path, run, verb))
     refused(r, f"{run / 'raw.tgz'}: member {bad} {why}; nothing was extracted")
     assert ".part-" not in r.stderr and "not one of ours" in fix_line(r), r.stderr
 

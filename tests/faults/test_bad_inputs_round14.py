@@ -11,7 +11,6 @@ Such an archive is now refused before anything is extracted, naming the member, 
 
 from __future__ import annotations
 
-import io
 import sys
 import tarfile
 
@@ -19,7 +18,7 @@ import pytest
 from helpers import ROOT, forge
 from test_bad_inputs import edit_json, refused, writes_nothing
 from test_bad_inputs_round5 import fix_line
-from test_bad_inputs_round13 import _member
+from test_bad_inputs_round13 import _member, packed, unpack_args
 
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
 from test_bad_inputs_round6_sweep import final_run  # noqa: E402
@@ -52,26 +51,17 @@ def test_score_still_warns_of_a_run_off_the_locked_port(tmp_path):
 @pytest.mark.parametrize("verb", ["unpack-run", "predict"])
 def test_an_archive_holding_a_file_twice_is_refused_before_extracting(tmp_path, twice, verb):
     """Both copies were extracted, the last replacing the first."""
-    run = tmp_path / "run"
-    run.mkdir()
-    with tarfile.open(run / "raw.tgz", "w:gz") as tf:
-        for info, body in [_member("summary.json", body=b"{}"), *twice]:
-            tf.addfile(info, io.BytesIO(body) if body is not None else None)
-    args = ["unpack-run", str(run), "--to", str(tmp_path / "out")] if verb == "unpack-run" else ["predict", "--e2e", str(run)]
+    run = packed(tmp_path, twice)
     with writes_nothing(tmp_path):
-        r = forge(tmp_path, *args)
+        r = forge(tmp_path, *unpack_args(tmp_path, run, verb))
     refused(r, f"{run / 'raw.tgz'}: member {twice[-1][0].name!r} is in the archive twice", "nothing was extracted")
     assert "not one of ours" in fix_line(r), r.stderr
 
 
 def test_an_archive_listing_a_folder_twice_is_still_taken(tmp_path):
     """A folder named twice writes nothing twice: unpacked as before."""
-    run = tmp_path / "run"
-    run.mkdir()
-    with tarfile.open(run / "raw.tgz", "w:gz") as tf:
-        for info, body in [_member("runs", tarfile.DIRTYPE), _member("summary.json", body=b"{}"),
-                           _member("runs", tarfile.DIRTYPE), _member("runs/x.json", body=b"{}")]:
-            tf.addfile(info, io.BytesIO(body) if body is not None else None)
+    run = packed(tmp_path, [_member("runs", tarfile.DIRTYPE), _member("runs", tarfile.DIRTYPE),
+                            _member("runs/x.json", body=b"{}")])
     r = forge(tmp_path, "unpack-run", str(run), "--to", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "out" / "runs" / "x.json").read_text() == "{}"
