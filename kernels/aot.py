@@ -111,7 +111,8 @@ def _decode_spec(dec, kv: str, block_size: int, num_segments: int, is_hip: bool,
     const = dict(QUERIES_PER_KV=HQ // HKV, BLOCK_M=16, HEAD_SIZE=HEAD, D_PAD=HEAD,
                  BLOCK_SIZE=block_size, TILE_N=tile_n, KV_INT8=(kv == "int8"),
                  DIRECT_OUT=(S == 1), FUSED=(fused and S > 1), S_PAD=s_pad, MERGE_D=merge_d,
-                 IEEE=False, QK_INT8=(kv == "int8" and dec.QK_INT8_DOT))
+                 IEEE=False, QK_INT8=(kv == "int8" and dec.QK_INT8_DOT),
+                 BT_AHEAD=stages >= dec.BT_AHEAD_STAGES)
     return dec._split_kv_decode_kernel, args, const, warps, stages, dict(tile_n=tile_n)
 
 

@@ -111,6 +111,7 @@ def _split_kv_decode_kernel(
     MERGE_D: tl.constexpr,
     IEEE: tl.constexpr,
     QK_INT8: tl.constexpr,
+    BT_AHEAD: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -166,28 +167,39 @@ def _split_kv_decode_kernel(
     else:
         acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
 
-    # The block ids of a tile are loaded one tile ahead: the K/V addresses of a tile then depend on no
-    # load of the same iteration, so the compiler can multi-buffer the K/V loads (num_stages >= 3 on
-    # CUDA; without this no launch was pipelined: kernels/NOTES.md, "Block ids one tile ahead").
+    # BT_AHEAD (the launcher sets it at num_stages >= 3): a tile's block ids are loaded one tile ahead,
+    # so its K/V addresses depend on no load of the same iteration and the compiler can multi-buffer the
+    # K/V copies; without it no launch was pipelined (kernels/NOTES.md, "Block ids one tile ahead").
     # Masked by the segment's end: an empty segment (or a padding row) reads no block-table entry.
-    if BLOCK_SIZE % TILE_N == 0:
-        # a tile never straddles a block: one block id per tile
-        nblk = tl.load(bt_row + (start // BLOCK_SIZE) * sbt_b, mask=start < end, other=0)
+    # At 1-2 stages the loop is the one-tile-in-flight loop as before (measured faster there).
+    if BT_AHEAD:
+        if BLOCK_SIZE % TILE_N == 0:
+            nblk = tl.load(bt_row + (start // BLOCK_SIZE) * sbt_b, mask=start < end, other=0)
+        else:
+            nblk = tl.load(bt_row + ((start + n_off) // BLOCK_SIZE) * sbt_b, mask=(start + n_off) < end, other=0)
     else:
-        # larger tiles: the block id of every token
-        nblk = tl.load(bt_row + ((start + n_off) // BLOCK_SIZE) * sbt_b, mask=(start + n_off) < end, other=0)
+        nblk = 0
     for t in range(start, end, TILE_N):
         tok = t + n_off
         tmask = tok < end
-        blk = nblk.to(tl.int64)
-        if BLOCK_SIZE % TILE_N == 0:
+        if BT_AHEAD:
+            blk = nblk.to(tl.int64)
+            if BLOCK_SIZE % TILE_N == 0:
+                off = (t % BLOCK_SIZE) + n_off
+                nt = t + TILE_N
+                nblk = tl.load(bt_row + (nt // BLOCK_SIZE) * sbt_b, mask=nt < end, other=0)
+            else:
+                off = tok % BLOCK_SIZE
+                ntok = tok + TILE_N
+                nblk = tl.load(bt_row + (ntok // BLOCK_SIZE) * sbt_b, mask=ntok < end, other=0)
+        elif BLOCK_SIZE % TILE_N == 0:
+            # a tile never straddles a block: one block id per tile
+            blk = tl.load(bt_row + (t // BLOCK_SIZE) * sbt_b).to(tl.int64)
             off = (t % BLOCK_SIZE) + n_off
-            nt = t + TILE_N
-            nblk = tl.load(bt_row + (nt // BLOCK_SIZE) * sbt_b, mask=nt < end, other=0)
         else:
+            # larger tiles: gather the block id of every token
+            blk = tl.load(bt_row + (tok // BLOCK_SIZE) * sbt_b, mask=tmask, other=0).to(tl.int64)
             off = tok % BLOCK_SIZE
-            ntok = tok + TILE_N
-            nblk = tl.load(bt_row + (ntok // BLOCK_SIZE) * sbt_b, mask=ntok < end, other=0)
 
         kbase = blk * sk_b + off * sk_o + kvh * sk_h                      # [TILE_N] int64
         k = tl.load(k_ptr + kbase[None, :] + d[:, None] * sk_d,
@@ -398,6 +410,11 @@ def default_launch_config(kv_dtype: torch.dtype, head_dim: int, is_hip: bool | N
     return (32, 4, 3) if (num_seqs is None or num_seqs < 4) else (32, 4, 2)
 
 
+# Launches of at least this many stages load each tile's block ids one tile ahead (BT_AHEAD), so the
+# K/V copies are multi-buffered; fewer stages keep the one-tile loop, which measured faster at 2 stages
+# on the H200 (kernels/NOTES.md, "Block ids one tile ahead").
+BT_AHEAD_STAGES = 3
+
 # Fused (one-launch) merge up to this many segments. Off by default: on the H200 the last-arriving
 # program's merge (one program reads S * G partial rows from L2, step by step) cost 3-11 us more
 # than the separate merge kernel at every measured point (kernels/NOTES.md); opt in with fused=True.
@@ -493,7 +510,7 @@ def split_kv_decode(q, key_cache, value_cache, block_table, seq_lens, scale, out
     consts = dict(QUERIES_PER_KV=g, BLOCK_M=block_m, HEAD_SIZE=head_size, D_PAD=d_pad,
                   BLOCK_SIZE=block_size, TILE_N=tile_n, KV_INT8=kv_int8, DIRECT_OUT=direct,
                   FUSED=fused, S_PAD=s_pad, MERGE_D=merge_d,
-                  IEEE=(q.dtype == torch.float32) or _interpreting(),
+                  IEEE=(q.dtype == torch.float32) or _interpreting(), BT_AHEAD=num_stages >= BT_AHEAD_STAGES,
                   num_warps=num_warps, num_stages=num_stages)
     grid = (num_seqs, num_kv_heads, S)
     try:

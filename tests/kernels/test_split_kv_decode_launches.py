@@ -1,7 +1,8 @@
 """Every int8 launch the calibration's decode family offers (kernels/calibrate/attention.py DECODE_LAUNCHES)
 runs the split-KV kernel correctly: against float64 on an int8 cache of 1552-token blocks (the int8 block
 at TP1-TP4), ragged lengths that cross a block inside a tile, NaN-poisoned output and partials. Under the
-CPU interpreter warps and stages do not matter: each TILE_N once."""
+CPU interpreter warps do not matter and stages only choose the loop: each TILE_N at 1 stage (the one-tile loop)
+and at 3 (block ids loaded one tile ahead, `BT_AHEAD`; TILE_N 16 divides the block: its one-id-per-tile form)."""
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ BACKEND = "hip" if getattr(torch.version, "hip", None) else "cuda"
 if ON_GPU:
     LAUNCHES = DECODE_LAUNCHES[(BACKEND, "int8")]
 else:
-    LAUNCHES = sorted({(t, 4, 1) for b in ("cuda", "hip") for t, _, _ in DECODE_LAUNCHES[(b, "int8")]})
+    LAUNCHES = sorted({(t, 4, st) for b in ("cuda", "hip") for t, _, _ in DECODE_LAUNCHES[(b, "int8")] for st in (1, 3)})
 
 
 @pytest.mark.parametrize("launch", LAUNCHES, ids=lambda x: "TILE_N{}-w{}-s{}".format(*x))
