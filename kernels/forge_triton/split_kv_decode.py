@@ -82,6 +82,17 @@ def _idot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _tile_block_ids(bt_row, first, toks, end, sbt_b, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr):
+    """The block ids of the tile of tokens `toks` (the first `first`): one where a tile never straddles a
+    block, else one per token; masked by the segment's `end`, so a tile past it (an empty segment, a
+    padding row, the tile after the last) reads no block-table entry."""
+    if BLOCK_SIZE % TILE_N == 0:
+        return tl.load(bt_row + (first // BLOCK_SIZE) * sbt_b, mask=first < end, other=0)
+    else:
+        return tl.load(bt_row + (toks // BLOCK_SIZE) * sbt_b, mask=toks < end, other=0)
+
+
+@triton.jit
 def _split_kv_decode_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq_lens_ptr,
     po_ptr, pl_ptr, cnt_ptr, out_ptr,
@@ -170,35 +181,24 @@ def _split_kv_decode_kernel(
     # BT_AHEAD (the launcher sets it at num_stages >= 3): a tile's block ids are loaded one tile ahead,
     # so its K/V addresses depend on no load of the same iteration and the compiler can multi-buffer the
     # K/V copies; without it no launch was pipelined (kernels/NOTES.md, "Block ids one tile ahead").
-    # Masked by the segment's end: an empty segment (or a padding row) reads no block-table entry.
     # At 1-2 stages the loop is the one-tile-in-flight loop as before (measured faster there).
     if BT_AHEAD:
-        if BLOCK_SIZE % TILE_N == 0:
-            nblk = tl.load(bt_row + (start // BLOCK_SIZE) * sbt_b, mask=start < end, other=0)
-        else:
-            nblk = tl.load(bt_row + ((start + n_off) // BLOCK_SIZE) * sbt_b, mask=(start + n_off) < end, other=0)
-    else:
-        nblk = 0
+        nblk = _tile_block_ids(bt_row, start, start + n_off, end, sbt_b, BLOCK_SIZE, TILE_N)
     for t in range(start, end, TILE_N):
         tok = t + n_off
         tmask = tok < end
         if BT_AHEAD:
             blk = nblk.to(tl.int64)
-            if BLOCK_SIZE % TILE_N == 0:
-                off = (t % BLOCK_SIZE) + n_off
-                nt = t + TILE_N
-                nblk = tl.load(bt_row + (nt // BLOCK_SIZE) * sbt_b, mask=nt < end, other=0)
-            else:
-                off = tok % BLOCK_SIZE
-                ntok = tok + TILE_N
-                nblk = tl.load(bt_row + (ntok // BLOCK_SIZE) * sbt_b, mask=ntok < end, other=0)
+            nblk = _tile_block_ids(bt_row, t + TILE_N, tok + TILE_N, end, sbt_b, BLOCK_SIZE, TILE_N)
         elif BLOCK_SIZE % TILE_N == 0:
             # a tile never straddles a block: one block id per tile
             blk = tl.load(bt_row + (t // BLOCK_SIZE) * sbt_b).to(tl.int64)
-            off = (t % BLOCK_SIZE) + n_off
         else:
             # larger tiles: gather the block id of every token
             blk = tl.load(bt_row + (tok // BLOCK_SIZE) * sbt_b, mask=tmask, other=0).to(tl.int64)
+        if BLOCK_SIZE % TILE_N == 0:
+            off = (t % BLOCK_SIZE) + n_off
+        else:
             off = tok % BLOCK_SIZE
 
         kbase = blk * sk_b + off * sk_o + kvh * sk_h                      # [TILE_N] int64
