@@ -13,7 +13,7 @@ Per point:
   forge   our split-KV kernel with the segment count the server plans without a table
           (`choose_num_segments(CUs, batch, KV heads, 32768)`) and its built-in launch ("builtin"),
           and the fastest of a sweep of segment counts (the powers of two from a quarter to four times
-          that; --segment-span N: from 1/N to N times) ("best");
+          that; --segment-span N: from 1/N to N times; --segments: other counts too) ("best");
   vllm    vLLM's unified attention as TRITON_ATTN runs a decode batch (its 3D kernel, 16 softmax
           segments, threshold 128 / KV heads); bf16 only unless the imported vLLM carries the int8 cache;
   bytes   the KV bytes the step must read (K and V of every cached token, + fp32 scales for int8),
@@ -164,7 +164,8 @@ def check(fn, q, c, rows, hq):
     return REF.rel_err(out[idx], ref)
 
 
-def bench_point(hq, hkv, kind, B, ctx, ncu, up, copy_bw, seed, int8_launches=(), qk_paths=(True,), span=4):
+def bench_point(hq, hkv, kind, B, ctx, ncu, up, copy_bw, seed, int8_launches=(), qk_paths=(True,), span=4,
+                extra_segments=()):
     gen = torch.Generator().manual_seed(seed)
     lens = lengths(B, ctx, gen)
     one = make_cache(kind, hkv, lens, gen)
@@ -199,7 +200,7 @@ def bench_point(hq, hkv, kind, B, ctx, ncu, up, copy_bw, seed, int8_launches=(),
     qks = sorted(set(qk_paths), key=lambda x: x != DEC.QK_INT8_DOT) if kind == "int8" else [None]
     for L in launches:
         for qk in qks:
-            for S in segment_counts(S0, span):
+            for S in sorted(set(segment_counts(S0, span)) | set(extra_segments)):
                 ws = [DEC.decode_workspace(B, hq, D, S, DEV) for _ in range(R)]
 
                 def ours(i, out, S=S, ws=ws, L=L, qk=qk):
@@ -363,6 +364,9 @@ def main():
     ap.add_argument("--segment-span", type=int, default=4,
                     help="the segment counts timed: powers of two from 1/N to N times the built-in count (N a "
                          "power of two, default 4)")
+    ap.add_argument("--segments", default="",
+                    help="segment counts timed beside the span's powers of two, ','-separated (any 1-256, e.g. "
+                         "'24,48': counts whose program total fits the card's resident programs)")
     ap.add_argument("--seed", type=int, default=1234)
     a = ap.parse_args()
     if a.segment_span < 1 or a.segment_span & (a.segment_span - 1):
@@ -379,6 +383,12 @@ def main():
         int8_launches = [tuple(int(y) for y in x.split(",")) for x in a.int8_launches.split(";") if x.strip()]
     except ValueError:
         int8_launches = [()]
+    try:
+        extra_segments = [int(x) for x in a.segments.split(",") if x.strip()]
+    except ValueError:
+        extra_segments = [0]
+    if any(not 1 <= x <= 256 for x in extra_segments):
+        sys.exit(f"bench_decode_batched.py: --segments {a.segments!r}: integers from 1 to 256, ','-separated")
     qk_map = {"int8": True, "bf16": False, "default": DEC.QK_INT8_DOT}
     qk_paths = [qk_map.get(x.strip()) for x in a.qk.split(",")]
     if any(len(x) != 3 or min(x) < 1 for x in int8_launches) or None in qk_paths:
@@ -414,7 +424,7 @@ def main():
                     n += 1
                     try:
                         p = bench_point(hq, hkv, kind, B, ctx, ncu, up, bw, a.seed + n, int8_launches, qk_paths,
-                                        a.segment_span)
+                                        a.segment_span, extra_segments)
                     except Exception:  # noqa: BLE001 - one point's failure (e.g. out of memory) is recorded
                         res["errors"].append(f"{hq}/{hkv} {kind} b{B} ctx {ctx}: " + traceback.format_exc()[-800:])
                         torch.cuda.empty_cache()
