@@ -157,6 +157,16 @@ def forced(given: bool) -> bool:
     return flag("FORCE", given, hint="make ... FORCE=1 (or --force) replaces or discards what the command would keep")
 
 
+def idle_force(given: bool, without: str, fix: str) -> None:
+    """Refuse --force given where the command writes nothing (`without`: what it lacks, e.g. "without --out"):
+    nothing is replaced, so the flag would be ignored without a word. `fix` says how to write. FORCE=1 in the
+    environment alone is not refused (a shell may keep it); given through make (`make ... FORCE=1`), FORCE is named."""
+    if given:
+        force = "FORCE=1" if named("--force", "FORCE", "1") == "FORCE" else "--force"
+        raise ForgeError(f"{force} {without}: nothing is written, so there is nothing for {force} to replace",
+                         hint=f"{fix}, or leave out {force}")
+
+
 def _dashed(token: str) -> str:
     """A long option as vLLM's parser reads it: `--max_num_seqs=4` is `--max-num-seqs=4` (the value kept)."""
     if not token.startswith("--"):

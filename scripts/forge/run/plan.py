@@ -148,7 +148,9 @@ def whole(text: str | None, what: str, example: str) -> int | None:
 
 def _out(args, stem: str, what: str):
     """--out as a folder outside the tool's sources that holds no recorded <stem>.json (unless --force)."""
-    if args.out is None:
+    if args.out is None:          # nothing is written: a --force would be ignored
+        options.idle_force(args.force, "without --out", f"give --out DIR (make plan OUT=DIR) to write {stem}.json and "
+                                                        f"{stem}.md there, replacing {what} recorded there")
         return None
     out = paths.target_folder(args.out, "--out")
     paths.outside_sources(args.out, "--out")           # the records would land among the tool's sources

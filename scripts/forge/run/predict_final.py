@@ -219,6 +219,9 @@ def run(args, contest: dict, workload: dict, speedups: dict | None) -> int:
     if out is not None:               # the prediction's files landed among the tool's sources
         paths.outside_sources(args.out, "--out")
     name = "validation" if args.validate else "predict-final"
+    if out is None:                   # the round's prediction is written only to --out: a --force would be ignored
+        options.idle_force(args.force, "without --out (--round final writes its files only there)",
+                           f"give --out DIR to write {name}.json and {name}.md there, replacing a result recorded there")
     # a folder of that name is no record: write_files refuses it, --force or not
     if out is not None and (out / f"{name}.json").is_file() and not options.forced(args.force):
         raise ForgeError(f"{paths.rel(out / (name + '.json'))}: a result is recorded there",

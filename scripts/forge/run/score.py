@@ -346,7 +346,9 @@ def cmd_score(args) -> int:
     if args.baseline and args.baseline_name:
         raise ForgeError("both --baseline (a run) and --baseline-name (a configured set) given; pick one",
                          hint="make score ... BASELINE=<run> or BASELINE_NAME=<set>")
-    if args.tok_s:
+    if args.tok_s:                       # a what-if is printed, never recorded: a --force would be ignored
+        options.idle_force(args.force, "with --tok-s", "a what-if score is printed only; to record a score, score a "
+                                                       "run (--run RUN --force)")
         rnd = final_client.check_round(contest, args.round).name
         vals = parse_tok_s(args.tok_s, names)
         base = (baseline_from_run(runs.resolve_run(args.baseline), contest) if args.baseline
@@ -385,5 +387,6 @@ def register(sub) -> None:
                         "values as forge serve recorded them per tier, and each tier's client concurrency, are checked "
                         "against configs/contest.yaml rounds.final.baseline; a harness run's own server arguments are "
                         "not); a run is never scored against a baseline of another round")
-    p.add_argument("--force", action="store_true", help="replace a score already recorded in the run folder")
+    p.add_argument("--force", action="store_true", help="replace a score already recorded in the run folder (with "
+                                                        "--run; a what-if records nothing, so it takes no --force)")
     p.set_defaults(func=cmd_score)
