@@ -5,16 +5,19 @@ same JSON our bench-all-tiers writes, copied here as reports/runs/<run-id>/<tier
 manifest saying where it came from.
 
 Every result is read and checked as `score` reads it before anything is written, and the run folder
-appears whole or not at all. A run id whose folder already holds a run (results, a score, files git
+appears whole or not at all. A result measured by another client than the preliminary's (its
+`max_concurrency` and `request_rate`: their script sends one request at a time at rate 1, configs/contest.yaml
+client) is refused: the run would be scored against the preliminary's baselines. A run id whose folder already holds a run (results, a score, files git
 tracks) is refused unless --force (FORCE=1), which replaces that folder whole."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 from .. import options, paths, records, ui
-from ..contest import profiles
+from ..contest import profiles, rounds
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from . import results, runs
@@ -36,6 +39,25 @@ def check_profile(profile: str) -> str:
                          hint=f"give the profile the server ran: {', '.join(known)} (the organizers' start script "
                               "is `contest`, the default)")
     return profile
+
+
+def check_client(res: dict, path: Path, contest: dict, tier: str) -> None:
+    """A result measured by the preliminary's client (configs/contest.yaml client: the organizers'
+    run_throughput.sh, one request at a time at rate 1), as the result records it (`max_concurrency`,
+    `request_rate`; a key not there is not checked): the run folder is of the preliminary, so one measured at
+    another concurrency or rate (the finals' client: 10 at once, rate inf) would be scored against the
+    preliminary's baselines without a word."""
+    tc = rounds.load_round(contest, rounds.DEFAULT_ROUND).client(tier)
+    want = {"max_concurrency": tc.concurrency, "request_rate": tc.request_rate}
+    bad = [f"key '{k}' is {json.dumps(res[k])[:30]}" for k, w in want.items() if k in res
+           and (isinstance(res[k], bool) or not isinstance(res[k], (int, float)) or res[k] != w)]
+    if bad:
+        raise ForgeError(f"{paths.rel(path)}: {', '.join(bad)}: not measured by the preliminary's client "
+                         f"(--max-concurrency {tc.concurrency} --request-rate {tc.request_rate:g}, configs/contest.yaml "
+                         "client: the organizers' run_throughput.sh), so not comparable to its baselines",
+                         hint="import the results of the organizers' run_throughput.sh as it runs (one request at a "
+                              "time); a final-round run is measured with forge bench-all-tiers --round final, which "
+                              "records its round")
 
 
 def holds_a_run(rdir: Path) -> str | None:
@@ -79,6 +101,7 @@ def import_throughput(folder: str, run_id: str | None = None, profile: str = "co
         except ForgeError as e:
             raise ForgeError(e.message, hint="the organizers' result file is damaged or not theirs; rerun "
                                              "./run_throughput.sh for that tier") from None
+        check_client(read[t], p, contest, t)
     rdir = runs.run_dir(run_id or runs.new_run_id(profile, "-organizers"), create=False)
     held = holds_a_run(rdir)
     records.guard_recorded(f"run {rdir.name} ({paths.rel(rdir)})", held, doing="importing", force=force,
