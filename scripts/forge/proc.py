@@ -108,6 +108,12 @@ def output(cmd: Sequence[str | os.PathLike], **kw) -> str:
     return run(cmd, capture=True, **kw).stdout.strip()
 
 
+def last_line(res: subprocess.CompletedProcess, most: int = 200) -> str:
+    """The last line a captured command printed (a Python's error, after its traceback), for a one-line message."""
+    said = [x.strip() for x in ((res.stderr or "") + "\n" + (res.stdout or "")).splitlines() if x.strip()]
+    return said[-1][:most] if said else "no output"
+
+
 def tail(path: Path, n: int = 40) -> str:
     try:
         lines = Path(path).read_text(errors="replace").splitlines()

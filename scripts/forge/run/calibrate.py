@@ -206,7 +206,8 @@ def calibrate(args, force: bool = False) -> dict:
         cd.one_device({**{paths.rel(out_dir / f"{f}.json"): d for f, d in kept.items()},
                        "the device calibrating now": {"device": ident}})
     now = [f for f in families if f not in kept]          # the families measured now
-    if (now and not args.smoke) or (getattr(args, "install", False) and not force):
+    # the device is asked before a family runs, --smoke too: a Python without torch is refused before --out is written
+    if now or (getattr(args, "install", False) and not force):
         ident = ident or (probe_device(args) if now else next(iter(kept.values()))["device"])
         calibrate_options.before_measuring(args, ident, now, force,
                                            TUNED / f"{device_slug(ident)}{rank_geometry.suffix(args.tp)}.json")
@@ -268,8 +269,14 @@ def probe_device(args) -> dict:
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import forge_tuned; "
             "print(json.dumps(forge_tuned.device_identity()))")
     hint = "calibrate needs torch where it runs (the DCU container, the image or a GPU machine)"
-    out = proc.output([args.python or sys.executable, "-c", code, str(paths.KERNELS)], what="device query",
-                      hint=hint, env=child_env(args))
+    python = args.python or sys.executable
+    res = proc.run([python, "-c", code, str(paths.KERNELS)], what="device query", hint=hint, env=child_env(args),
+                   capture=True, check=False)
+    if res.returncode != 0:          # one line: the child's error, never its traceback
+        raise ForgeError(f"{'--python' if args.python else 'this Python,'} {python}: the device query failed (exit "
+                         f"{res.returncode}): {proc.last_line(res)}; nothing was measured",
+                         hint=hint + "; --python names a Python that has it")
+    out = res.stdout.strip()
     try:
         ident = json.loads(out.splitlines()[-1])
     except (ValueError, IndexError):
