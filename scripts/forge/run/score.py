@@ -354,6 +354,11 @@ def cmd_score(args) -> int:
         base = (baseline_from_run(runs.resolve_run(args.baseline), contest) if args.baseline
                 else baseline_from_config(contest, args.baseline_name, rnd))
         run = {"tiers": {n: {"tok_s": v, "completion": 1.0} for n, v in zip(names, vals)}, "round": rnd}
+        if args.round is None and base.get("round") not in (None, rnd):      # the round was not given: say so
+            raise ForgeError(f"--baseline {args.baseline} is a run of the {base['round']} round; the what-if tok/s "
+                             f"are scored in the {rnd} round (--round left out), and only against a baseline of it",
+                             hint=f"add --round {base['round']} (make score ROUND={base['round']}) to score them "
+                                  f"against it, or give a baseline run of the {rnd} round")
         check_pairing(run, base, "the what-if tok/s")
         if args.baseline:
             final_baseline.check_scored(runs.resolve_run(args.baseline), base, contest)
