@@ -120,6 +120,15 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def comma_items(text: str, option: str, hint: str) -> list[str]:
+    """The items of a comma-separated option value, blanks stripped; an empty item ("bf16,", "16,,32") is
+    refused as what it is, a comma too many, never read as a value named ''."""
+    items = [x.strip() for x in text.split(",")]
+    if any(not x for x in items):
+        raise ForgeError(f"{option} {text!r}: an empty item (a comma too many, or nothing between two)", hint=hint)
+    return items
+
+
 def nonempty(option: str, required: bool = False):
     """An argparse type for `option` that refuses an empty value (an empty value is not the default;
     for a `required` argument, such as a positional one, it is no value at all)."""

@@ -29,6 +29,10 @@ never naming the option that was left out. It now says the round defaulted and g
 --calibration) wrote predict.json and predict.md among the tool's own files (configs/, tests/data/, the
 checkout's root with "."), where `predict --round final --out` refuses them. It is now refused the same way,
 before anything is priced or written.
+
+`forge plan --kv-dtype bf16,` (and `predict --round final --kv-dtype ,`, `sweep --round final --kv-dtypes bf16,,int8`,
+`--max-num-seqs 16,,32`) said "'' not a KV cache dtype" or "'' is not a whole number": a comma too many read as a
+value named ''. It is now refused as an empty item, naming the option and the value as typed.
 """
 
 from __future__ import annotations
@@ -200,3 +204,27 @@ def test_predict_out_among_the_tools_sources_is_refused(tmp_path, args):
 def test_predict_out_outside_the_checkout_is_still_written(tmp_path):
     r = forge(tmp_path, "predict", "--speedup", "gemv=1.2", "--out", str(tmp_path / "p"))
     assert r.returncode == 0 and (tmp_path / "p" / "predict.json").is_file(), r.stderr
+
+
+# --- a comma too many in a list option -------------------------------------------------------------------
+
+@pytest.mark.parametrize("args,option,value", [
+    (["plan", "--round", "final", "--kv-dtype", "bf16,"], "--kv-dtype", "bf16,"),
+    (["predict", "--round", "final", "--speedup", "gemv=1.2", "--kv-dtype", ","], "--kv-dtype", ","),
+    (["sweep", "--round", "final", "--baseline-profile", "upstream", "--model", "MODEL", "--kv-dtypes", "bf16,,int8"],
+     "--kv-dtypes", "bf16,,int8"),
+    (["sweep", "--round", "final", "--baseline-profile", "upstream", "--model", "MODEL", "--max-num-seqs", "16,,32"],
+     "--max-num-seqs", "16,,32"),
+])
+def test_an_empty_item_in_a_list_option_is_named_as_one(tmp_path, args, option, value):
+    """The empty item was refused as a dtype or number named ''."""
+    args = [str(tmp_path) if a == "MODEL" else a for a in args]
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *args)
+    err = refused(r, f"{option} {value!r}: an empty item")
+    assert "''" not in err, r.stderr
+
+
+def test_a_list_option_with_blanks_around_its_items_is_still_taken(tmp_path):
+    r = forge(tmp_path, "plan", "--round", "final", "--kv-dtype", " int8 , bf16")
+    assert r.returncode == 0 and "int8" in r.stdout, r.stderr

@@ -113,7 +113,7 @@ def _list(text: str | None, option: str, conv, default: Iterable) -> list:
     if text is None:
         return list(default)
     out = []
-    for x in (p.strip() for p in text.split(",")):
+    for x in options.comma_items(text, option, f"a comma-separated list, e.g. {option} {','.join(str(v) for v in default)}"):
         try:
             out.append(conv(x))
         except ValueError:

@@ -192,7 +192,7 @@ def cmd_against(args) -> int:
 def cmd_plan(args) -> int:
     if args.against is not None:
         return cmd_against(args)
-    kv = [k.strip() for k in args.kv_dtype.split(",")] if args.kv_dtype else None
+    kv = options.comma_items(args.kv_dtype, "--kv-dtype", "bf16, int8 or bf16,int8") if args.kv_dtype else None
     for k in kv or []:
         if k not in KV_DTYPES:
             raise ForgeError(f"--kv-dtype {k!r}: not a KV cache dtype the planner knows", hint="bf16, int8 or bf16,int8")

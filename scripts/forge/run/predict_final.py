@@ -89,7 +89,7 @@ def predict_final(args, contest: dict, workload: dict, speedups: dict | None) ->
     rnd = rounds.load_round(contest, "final")
     shape = load_shape()
     builds, inputs = product_builds(args, contest, workload, speedups)
-    kv = [k.strip() for k in (args.kv_dtype or ",".join(KV_DTYPES)).split(",")]
+    kv = options.comma_items(args.kv_dtype or ",".join(KV_DTYPES), "--kv-dtype", "bf16, int8 or bf16,int8")
     for k in kv:
         if k not in KV_DTYPES:
             raise ForgeError(f"--kv-dtype {k!r}: not a KV cache dtype the model knows", hint="bf16, int8 or bf16,int8")
