@@ -119,3 +119,12 @@ def test_the_segment_span_widens_the_counts_timed_and_each_is_checked(bench):
     assert max(counts(narrow)) <= 4 * s0 < max(counts(wide)) == min(8 * s0, 256)
     assert set(counts(narrow)) < set(counts(wide))
     assert all(r["ok"] for r in wide["results"] if r["kernel"].startswith("forge"))
+
+
+def test_counts_between_the_powers_are_timed_too_and_each_is_checked(bench):
+    # --segments: counts that are no power of two (whole waves of programs: 24 at batch 10, 2 KV heads, 132 SMs
+    # of two programs) beside the span's powers, each checked against float64 (ragged lengths) before it is timed
+    p = bench.bench_point(6, 2, "int8", 3, 40, 8, None, 1e12, 8, extra_segments=(3, 6))
+    counts = sorted({r["launch"][0] for r in p["results"] if r["kernel"].startswith("forge")})
+    assert {3, 6} <= set(counts) and set(bench.segment_counts(bench.DEC.choose_num_segments(8, 3, 2, 32768))) < set(counts)
+    assert all(r["ok"] and r["rel_err"] <= 1e-2 for r in p["results"] if r["kernel"].startswith("forge"))

@@ -102,9 +102,10 @@ MALFORMED = [
     (_with(prefill={"16bit": [64, 32, 3, 1]}), "num_warps 3"),
     (_with(decode={"launch": {"16bit": [0, 0, 0]}}), "TILE_N 0"),
     (_with(decode={"launch": {"16bit": [16, 4, False]}}), "must be a list of 3 integers"),
-    (_with(decode={"segments": {"4": {"1": {"32768": 24}}}}), "power of two"),
-    (_with(decode={"segments": {"4": {"1": {"32768": 2 ** 40}}}}), "power of two from 1 to 256"),
-    (_with(decode={"segments": {"4": {"1": {"32768": True}}}}), "power of two"),
+    (_with(decode={"segments": {"4": {"1": {"32768": 0}}}}), "whole number from 1 to 256"),
+    (_with(decode={"segments": {"4": {"1": {"32768": 2 ** 40}}}}), "whole number from 1 to 256"),
+    (_with(decode={"segments": {"4": {"1": {"32768": True}}}}), "whole number"),
+    (_with(decode={"segments": {"4": {"1": {"32768": 24.0}}}}), "whole number"),
     (_with(decode={"segments": {"4": {"0": {"32768": 32}}}}), "batch size"),
     (_with(decode={"segmnets": {"1": 32}}), "unknown key"),
     (_with(gemv={"plain": {"96x5120": {"1": [True, False]}}}), "must be integers"),
@@ -320,15 +321,16 @@ def test_an_old_table_is_read_as_tp1_at_24_4_heads(tmp_path):
 
 def test_decode_segments_keyed_by_kv_heads_batch_and_context(monkeypatch):
     t = table(H200, tp=2, heads=(12, 2))
-    t["decode"]["segments"] = {"2": {"1": {"8192": 32, "32768": 64}, "10": {"32768": 16}}}
+    # 24: a count between two powers of two (whole waves of programs), taken as measured
+    t["decode"]["segments"] = {"2": {"1": {"8192": 32, "32768": 64}, "10": {"32768": 24}}}
     T.validate(t)
     monkeypatch.setattr(T, "active", lambda: t)
     assert T.decode_segments(1, 2, 32768) == 64 and T.decode_segments(1, 2, 6000) == 32
     assert T.decode_segments(1, 2, 65536) == 64          # beyond the measured: the longest measured
-    assert T.decode_segments(1) == 64 and T.decode_segments(10, 2, 32768) == 16
+    assert T.decode_segments(1) == 64 and T.decode_segments(10, 2, 32768) == 24
     assert T.decode_segments(4, 2, 32768) is None        # not measured: the built-in heuristic
     assert T.decode_segments(1, 4, 32768) is None        # another rank geometry
-    assert any("2 KV head(s), batch 10: 16 up to 32768 tokens" in x for x in T.describe(t))
+    assert any("2 KV head(s), batch 10: 24 up to 32768 tokens" in x for x in T.describe(t))
 
 
 def test_an_int8_cache_takes_its_own_segments_where_measured_else_the_16_bit_ones(monkeypatch):
@@ -357,10 +359,10 @@ def test_an_int8_cache_takes_its_own_segments_where_measured_else_the_16_bit_one
     ({"decode.segments": {"4": {"1": {"32768": 32}}}}, "measured at 4 KV heads"),
     ({"decode.segments": {"2": {"0": {"32768": 32}}}}, "batch size"),
     ({"decode.segments": {"2": {"1": {"x": 32}}}}, "context length"),
-    ({"decode.segments": {"2": {"1": {"32768": 48}}}}, "power of two"),
+    ({"decode.segments": {"2": {"1": {"32768": 257}}}}, "whole number from 1 to 256"),
     ({"decode.segments": {"2": {"1": 32}}}, "expected an object"),
     ({"decode.segments_int8": {"4": {"1": {"32768": 32}}}}, "decode.segments_int8.4': measured at 4 KV heads"),
-    ({"decode.segments_int8": {"2": {"1": {"32768": 24}}}}, "power of two"),
+    ({"decode.segments_int8": {"2": {"1": {"32768": -24}}}}, "whole number"),
     ({"decode.segments_16bit": {}}, "unknown key"),
     ({"decode.qk_int8": "false"}, "decode.qk_int8': true .* or false"),
     ({"decode.qk_int8": 0}, "decode.qk_int8"),
