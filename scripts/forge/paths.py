@@ -185,6 +185,14 @@ def target_folder(value: str, what: str, *, outside_checkout: bool = False, hint
     return p
 
 
+def results_folder(value: str, what: str = "--out") -> Path:
+    """A folder the tool writes its results into (--out): a folder path (`target_folder`) outside the tool's
+    own files (`outside_sources`)."""
+    out = target_folder(value, what)
+    outside_sources(value, what)
+    return out
+
+
 def outside_sources(value: str, what: str) -> Path:
     """A path the tool writes its results to (--out, --pack): refused, naming `what`, when it lies inside
     this checkout but outside build/ and reports/ (the results would land among the tool's own files)."""

@@ -47,7 +47,7 @@ def check_options(args) -> None:
             raise ForgeError(f"--redo {f}: not among --families {','.join(args.families)}, so it would not be "
                              "measured again", hint=f"add {f} to --families, or leave out --redo {f}")
     if args.out is not None:
-        paths.outside_sources(str(paths.target_folder(args.out, "--out")), "--out")
+        paths.results_folder(args.out)
     installs = [o for o, given in (("--install", args.install), ("--install-vllm", args.install_vllm)) if given]
     if args.smoke and installs:
         raise ForgeError(f"{' and '.join(installs)} with --smoke: a smoke calibration runs tiny shapes under "

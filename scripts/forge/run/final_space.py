@@ -109,6 +109,19 @@ def topology_of(text: str, rnd: rounds.Round) -> tuple[int, int]:
     return named[t]
 
 
+def kv_dtype_list(text: str, why_twice: str, option: str = "--kv-dtype") -> list[str]:
+    """The KV cache dtypes of `option` (plan, predict --round final): each one of KV_DTYPES, none given twice
+    (`why_twice`: what a repeat would do), no empty item."""
+    hint = f"{', '.join(KV_DTYPES)} or {','.join(KV_DTYPES)}"
+    kv = options.comma_items(text, option, hint)
+    bad = [k for k in kv if k not in KV_DTYPES]
+    if bad:
+        raise ForgeError(f"{option} {bad[0]!r}: not a KV cache dtype the tool knows", hint=hint)
+    if len(set(kv)) < len(kv):
+        raise ForgeError(f"{option} {text}: a dtype given twice ({why_twice})", hint=hint)
+    return kv
+
+
 def _list(text: str | None, option: str, conv, default: Iterable) -> list:
     if text is None:
         return list(default)

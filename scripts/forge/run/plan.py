@@ -152,8 +152,7 @@ def _out(args, stem: str, what: str):
         options.idle_force(args.force, "without --out", f"give --out DIR (make plan OUT=DIR) to write {stem}.json and "
                                                         f"{stem}.md there, replacing {what} recorded there")
         return None
-    out = paths.target_folder(args.out, "--out")
-    paths.outside_sources(args.out, "--out")           # the records would land among the tool's sources
+    out = paths.results_folder(args.out)
     # a folder of that name is no record: write_files refuses it, --force or not
     if (out / f"{stem}.json").is_file() and not options.forced(args.force):
         raise ForgeError(f"{paths.rel(out / f'{stem}.json')}: {what} is recorded there",
@@ -192,13 +191,7 @@ def cmd_against(args) -> int:
 def cmd_plan(args) -> int:
     if args.against is not None:
         return cmd_against(args)
-    kv = options.comma_items(args.kv_dtype, "--kv-dtype", "bf16, int8 or bf16,int8") if args.kv_dtype else None
-    for k in kv or []:
-        if k not in KV_DTYPES:
-            raise ForgeError(f"--kv-dtype {k!r}: not a KV cache dtype the planner knows", hint="bf16, int8 or bf16,int8")
-    if kv and len(set(kv)) < len(kv):
-        raise ForgeError(f"--kv-dtype {args.kv_dtype}: a dtype given twice (its rows would be printed twice)",
-                         hint="bf16, int8 or bf16,int8")
+    kv = final_space.kv_dtype_list(args.kv_dtype, "its rows would be printed twice") if args.kv_dtype else None
     out = _out(args, "plan", "a plan")
     util = number(args.gpu_memory_utilization, "--gpu-memory-utilization", 0.0, 1.0, "0.95")
     mnbt = whole(args.max_num_batched_tokens, "--max-num-batched-tokens", "8192")

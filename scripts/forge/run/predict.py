@@ -297,9 +297,7 @@ def cmd_predict(args) -> int:
     label = paths.plain_name(args.label, "--label") if args.label is not None else None
     if label and args.e2e is not None:
         raise ForgeError("--label names one prediction; --e2e makes one per profile, named by the profile")
-    out_arg = paths.target_folder(args.out, "--out") if args.out is not None else None
-    if out_arg is not None:           # the prediction's files would land among the tool's sources (as --round final)
-        paths.outside_sources(args.out, "--out")
+    out_arg = paths.results_folder(args.out) if args.out is not None else None
     force = args.force = opts.forced(args.force)
     score.baseline_from_config(contest, args.baseline_name)        # an unknown set is refused before any work
     if args.calibration is not None:

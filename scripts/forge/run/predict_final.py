@@ -89,13 +89,7 @@ def predict_final(args, contest: dict, workload: dict, speedups: dict | None) ->
     rnd = rounds.load_round(contest, "final")
     shape = load_shape()
     builds, inputs = product_builds(args, contest, workload, speedups)
-    kv = options.comma_items(args.kv_dtype or ",".join(KV_DTYPES), "--kv-dtype", "bf16, int8 or bf16,int8")
-    for k in kv:
-        if k not in KV_DTYPES:
-            raise ForgeError(f"--kv-dtype {k!r}: not a KV cache dtype the model knows", hint="bf16, int8 or bf16,int8")
-    if len(set(kv)) < len(kv):        # as plan refuses it: the dtype's configurations were modelled once
-        raise ForgeError(f"--kv-dtype {args.kv_dtype}: a dtype given twice (its configurations would be modelled once)",
-                         hint="bf16, int8 or bf16,int8")
+    kv = final_space.kv_dtype_list(args.kv_dtype or ",".join(KV_DTYPES), "its configurations would be modelled once")
     space = {"topology": [tuple(t) for t in rnd.topologies], "kv_dtype": kv,
              "concurrency": _ints(args.concurrency or DEFAULT_CONCURRENCY, "--concurrency", rnd, DEFAULT_CONCURRENCY),
              "max_num_batched_tokens": _ints(args.max_num_batched_tokens or DEFAULT_BATCHED, "--max-num-batched-tokens",
@@ -215,9 +209,7 @@ def render_validation(v: dict) -> list[str]:
 
 def run(args, contest: dict, workload: dict, speedups: dict | None) -> int:
     """The --round final branch of `forge predict`."""
-    out = paths.target_folder(args.out, "--out") if args.out is not None else None
-    if out is not None:               # the prediction's files landed among the tool's sources
-        paths.outside_sources(args.out, "--out")
+    out = paths.results_folder(args.out) if args.out is not None else None
     name = "validation" if args.validate else "predict-final"
     if out is None:                   # the round's prediction is written only to --out: a --force would be ignored
         options.idle_force(args.force, "without --out (--round final writes its files only there)",

@@ -234,7 +234,7 @@ def write_report(profile: str = "contest", out: Path | None = None, provenance: 
 
 def cmd_report(args) -> int:
     if args.out:                      # the documents landed among the tool's sources (--out scripts/x, --out .)
-        paths.outside_sources(paths.target_folder(args.out, "--out"), "--out")
+        paths.results_folder(args.out)
     write_report(args.profile, Path(args.out) if args.out else None, args.provenance, args.round, args.tier_env)
     return 0
 
