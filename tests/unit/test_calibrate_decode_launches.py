@@ -49,6 +49,18 @@ def test_the_smoke_run_offers_an_int8_launch_other_than_the_built_in():
     assert len(cands) == 4 and any(launch[1:] != b[1:] for kind, launch in cands if kind == "ours")
 
 
+@pytest.mark.parametrize("kv", ["16bit", "int8"])
+@pytest.mark.parametrize("is_hip", [False, True])
+def test_the_grid_times_counts_between_the_powers_and_the_table_takes_them(kv, is_hip):
+    """Beside each power of two, 1.5x it (whole waves of programs: 24 at batch 10, 2 KV heads, beat 16 and 32 on an
+    H100); every count the grid offers is one a table may hold; the quick run keeps the powers."""
+    full = {g[0] for g in attention.decode_grid(is_hip, False, 16, kv)}
+    assert full == {4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192}
+    assert {g[0] for g in attention.decode_grid(is_hip, True, 16, kv)} == {8, 16, 32}
+    for s in full:
+        forge_tuned._batch_segments("decode.segments.2", {"10": s}, None)
+
+
 def test_the_16bit_grid_is_unchanged():
     b = builtin("16bit", False)
     launches = {tuple(launch[1:]) for kind, launch in attention.decode_candidates(False, False, False, b, "16bit")
