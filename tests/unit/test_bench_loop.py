@@ -81,7 +81,7 @@ def test_interrupted_run_resumes_without_redoing_finished_tiers(tmp_path, model)
         client = json.loads((run / "manifest.json").read_text())["client_running"]
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=30)
-        assert p.returncode == 130, err
+        assert p.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in err, err
         assert "finished stages are kept" in err
         assert (run / "4-8K.json").is_file() and not (run / "8-16K.json").exists()
         with pytest.raises(ProcessLookupError):   # the client was stopped with us

@@ -164,8 +164,8 @@ def cmd_e2e(args, parser: argparse.ArgumentParser) -> int:
     monitor.start()
     run.summary["gpu_monitor"] = monitor.record()
 
-    def on_term(signum, frame):            # a machine's time limit: end like an interrupt
-        raise KeyboardInterrupt
+    def on_term(signum, frame):            # a machine's time limit: end like an interrupt (exit 128 + 15)
+        raise proc.Terminated(signum)
     old_term = signal.signal(signal.SIGTERM, on_term)
     try:
         run.step("synthetic tier prompts built", prompts_per_tier=args.num_prompts)

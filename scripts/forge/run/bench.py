@@ -307,8 +307,8 @@ def _bench_in(contest: dict, st: dict | None, host: str, port: int, health: str,
     final_client.record(manifest, plan, [t["name"] for t in tiers if not tier_done(rdir, t["name"], keep_failed)])
     runs.write_json(mpath, manifest)
 
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
+    def on_term(signum, frame):             # ends as Ctrl-C does; the command exits 128 + 15, as other verbs do
+        raise proc.Terminated(signum)
     old = signal.signal(signal.SIGTERM, on_term)
     failures: dict[str, str] = {}
     try:
