@@ -172,7 +172,8 @@ def _write(out, stem: str, res: dict, lines: list[str], verb: str) -> None:
 
 def cmd_against(args) -> int:
     """--against RUN: the planner against a served run's report (plan_check)."""
-    given = [o for o, v in (("--tier", args.tier), ("--kv-dtype", args.kv_dtype), ("--concurrency", args.concurrency),
+    given = [o for o, v in (("--round", args.round), ("--tier", args.tier), ("--kv-dtype", args.kv_dtype),
+                            ("--concurrency", args.concurrency),
                             ("--gpu-memory-utilization", args.gpu_memory_utilization),
                             ("--max-num-batched-tokens", args.max_num_batched_tokens)) if v is not None]
     if given:
@@ -196,7 +197,7 @@ def cmd_plan(args) -> int:
     util = number(args.gpu_memory_utilization, "--gpu-memory-utilization", 0.0, 1.0, "0.95")
     mnbt = whole(args.max_num_batched_tokens, "--max-num-batched-tokens", "8192")
     conc = whole(args.concurrency, "--concurrency", "10")
-    res = plan(args.round, [args.tier] if args.tier else None, kv, args.card, util, mnbt, conc)
+    res = plan(args.round or rounds.DEFAULT_ROUND, [args.tier] if args.tier else None, kv, args.card, util, mnbt, conc)
     lines = render(res)
     for line in lines:
         print(line)
@@ -208,9 +209,11 @@ def cmd_plan(args) -> int:
 def register(sub) -> None:
     p = sub.add_parser("plan", help="the KV cache and requests resident per tier and topology (capacity planner)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--round", choices=rounds.ROUNDS, default=rounds.DEFAULT_ROUND,
-                   help="the contest round (final: its two topologies over two cards, TP1/DP2 and TP2/DP1, and "
-                        "TP1/DP1, one card as the preliminary serves it, for reference)")
+    # no default here: --against takes the run's own configuration, so a round given with it is refused
+    p.add_argument("--round", choices=rounds.ROUNDS, default=None,
+                   help=f"the contest round (default {rounds.DEFAULT_ROUND}; final: its two topologies over two cards, "
+                        "TP1/DP2 and TP2/DP1, and TP1/DP1, one card as the preliminary serves it, for reference); "
+                        "not with --against")
     p.add_argument("--tier", help="one tier (default: every tier of the round)")
     p.add_argument("--kv-dtype", help="bf16, int8 or both comma-separated (default both)")
     p.add_argument("--card", choices=sorted(cap_mod.CARDS), default="dcu", help="the card's memory (default dcu)")
