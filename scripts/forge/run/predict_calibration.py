@@ -57,8 +57,17 @@ def _flops(point: str) -> float:
 
 def load(report: Path) -> tuple[dict, list[dict]]:
     """(calibration.json, every measured family's records) of a calibration output folder, read and
-    checked by the calibration's one reader (calibration_docs.read_report)."""
-    return cd.read_report(Path(report))
+    checked by the calibration's one reader (calibration_docs.read_report). A smoke calibration (tiny
+    shapes under Triton's interpreter on a CPU: `calibrate --install` refuses its table) is refused: its
+    factors are no measurement of a kernel, and the product was priced from them without a word."""
+    doc, records = cd.read_report(Path(report))
+    opts = doc["provenance"].get("options")
+    if isinstance(opts, dict) and opts.get("smoke") is True:
+        raise ForgeError(f"--calibration {report}: a smoke calibration (forge calibrate --smoke: tiny shapes under "
+                         "Triton's interpreter on a CPU) measures nothing real, so its speed-ups would price the "
+                         "product from nothing", hint="give a calibration measured on the card or a GPU machine "
+                                                      "(forge calibrate without --smoke)")
+    return doc, records
 
 
 class Kernels:
@@ -303,6 +312,12 @@ def run(args, contest: dict, workload: dict) -> int:
     """Read and check everything (the calibration, the e2e results of --check-e2e), then print and
     write: a damaged input prints no prediction and writes nothing."""
     doc, records = load(Path(args.calibration))
+    tp = ((doc.get("table") or {}).get("validators") or {}).get("tp") or 1
+    if tp != 1:                      # the preliminary's server is one card at TP1: another rank's shapes priced it
+        raise ForgeError(f"--calibration {args.calibration}: measured at one rank's shapes at tensor-parallel degree "
+                         f"{tp} (forge calibrate --tp {tp}); the preliminary round serves one card at TP1",
+                         hint="give a calibration measured at TP1 (forge calibrate without --tp), or price the final "
+                              "round's topologies with it (--round final)")
     fac = factors(doc, records, workload, f"--calibration {args.calibration}")
     pred = predict(workload, fac)
     res = score_prediction(contest, workload, pred, args.baseline_name)
