@@ -78,6 +78,11 @@ def sizing_changes(kv_cache_memory_bytes: int | None, gpu_memory_utilization: fl
     if why is not None and kv_cache_memory_bytes is None:
         raise ForgeError("--kv-why: it records why the KV cache has the size --kv-cache-memory-bytes gives, and "
                          "none is given", hint="add --kv-cache-memory-bytes BYTES, or leave out --kv-why")
+    if why is not None and not why.strip():      # recorded as the reason of the change: a blank one says nothing
+        raise ForgeError(f"--kv-why {why!r}: an empty reason; the run's record gives each change to the organizers' "
+                         "command with its reason", hint="say why the KV cache has that size, e.g. --kv-why \"a DCU "
+                                                         "card's KV cache at TP1, bf16 (forge plan)\", or leave out "
+                                                         "--kv-why for the default reason")
     if kv_cache_memory_bytes is not None:
         if kv_cache_memory_bytes < MIN_KV_CACHE_BYTES:
             raise ForgeError(f"--kv-cache-memory-bytes {kv_cache_memory_bytes}: under 256 MiB holds no request "
