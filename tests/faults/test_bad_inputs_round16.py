@@ -1,0 +1,157 @@
+"""Inputs found to be taken wrongly in the sixteenth round of input hardening.
+
+`forge plan --against RUN --round final` (`make plan AGAINST=RUN ROUND=final`): the check reads the
+configuration from the run's own command, and refused --tier, --kv-dtype and the other options of a plan as
+ignored, but --round was taken and ignored without a word (the output the same for either round). It is now
+refused with them, naming --round; a plan without --against still defaults to the preliminary.
+
+`forge predict --calibration DIR` (and `predict --round final --calibration DIR`) of a smoke calibration
+(`forge calibrate --smoke`: tiny shapes under Triton's interpreter on a CPU, whose table `--install` refuses):
+the product was priced from its times without a word (a predicted 90.1). It is now refused, naming the folder
+and how to measure one.
+
+`forge predict --calibration DIR` of a calibration measured at another tensor-parallel degree (`forge calibrate
+--tp 2`: one rank's shapes at TP2, a table the server takes only at TP2): the preliminary round's one-card TP1
+server was priced from it without a word. It is now refused, naming the degree; `--round final`, whose
+topologies include TP2 and which says what it applies, still takes it.
+
+`forge e2e-gpu --kv-cache-memory-bytes BYTES --kv-why ' '`: a blank reason was recorded as the reason of the
+change to the organizers' command (harness.yaml refuses one), and '' was replaced by the default reason as if
+the option had been left out. Both are now refused before anything is written or started.
+
+A tuned table (configs/kernels/tuned/*.json) holding a number key not written as the loader reads it (batch
+"010", KV heads "02", a shape "4096X5120"): `make tree` (and `forge report`, which lists the tables) took it;
+the loader reads "010" as 10, so beside a batch "10" one of the two counts silently replaced the other. It is
+now refused, naming the file and the key, before the tree is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from helpers import ROOT, forge
+from project import run as run_in
+from test_bad_inputs import refused, writes_nothing
+from test_bad_inputs_e2e_sizing import _refused_nothing_started
+from test_bad_inputs_final_round import proj  # noqa: F401  (the fixture: a project with a built tree)
+from test_bad_inputs_records import CAL_ARGS, OPTIONS, family_doc, family_records
+from test_bad_inputs_round5 import fix_line
+from test_bad_inputs_round7 import served
+
+# --- plan --against: the round is the run's own -------------------------------------------------------------
+
+@pytest.mark.parametrize("round_name", ["final", "preliminary"])
+def test_plan_against_a_run_refuses_a_round(tmp_path, round_name):
+    """--round was taken and ignored: the run's command gives the configuration."""
+    d = served(tmp_path, "run", ["-tp", "2"], {"0": 268128})
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "plan", "--against", str(d), "--round", round_name)
+    refused(r, f"--against {d} with --round", "the run's own command gives the configuration")
+    assert "drop them" in fix_line(r), r.stderr
+
+
+def test_plan_against_a_run_and_a_plan_keep_their_meaning(tmp_path):
+    d = served(tmp_path, "run", ["-tp", "2"], {"0": 268128})
+    r = forge(tmp_path, "plan", "--against", str(d))
+    assert r.returncode == 0 and "TP2/DP1" in r.stdout, r.stderr
+    r = forge(tmp_path, "plan", "--tier", "4-8K")
+    assert r.returncode == 0 and r.stdout.startswith("preliminary round"), r.stderr
+
+
+# --- predict --calibration: a smoke calibration, another degree's -----------------------------------------------
+
+def calibration(tmp_path, *args: str, **options) -> str:
+    """A calibration folder made by `forge calibrate` from family documents measured with `options`."""
+    cal = tmp_path / "cal"
+    cal.mkdir()
+    for fam, recs in family_records().items():
+        doc = family_doc(fam, recs)
+        doc["options"] = {**OPTIONS, **options}
+        (cal / f"{fam}.json").write_text(json.dumps(doc))
+    r = forge(tmp_path, "calibrate", "--out", str(cal), *CAL_ARGS, *args)
+    assert r.returncode == 0, r.stderr
+    return str(cal)
+
+
+@pytest.mark.parametrize("round_args", [[], ["--round", "final"]])
+def test_predict_refuses_a_smoke_calibration(tmp_path, round_args):
+    """Its interpreter times priced the product (a predicted 90.1)."""
+    cal = calibration(tmp_path, "--smoke", smoke=True)
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "predict", "--calibration", cal, *round_args, "--out", str(tmp_path / "p"))
+    refused(r, f"--calibration {cal}: a smoke calibration", "measures nothing real")
+    assert "without --smoke" in fix_line(r), r.stderr
+
+
+def test_predict_of_the_preliminary_refuses_a_calibration_of_another_degree(tmp_path):
+    """The preliminary's TP1 server was priced from one rank's shapes at TP2."""
+    cal = calibration(tmp_path, "--tp", "2", tp=2)
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "predict", "--calibration", cal, "--out", str(tmp_path / "p"))
+    refused(r, f"--calibration {cal}", "tensor-parallel degree 2", "the preliminary round serves one card at TP1")
+    assert "--round final" in fix_line(r), r.stderr
+    ok = forge(tmp_path, "predict", "--round", "final", "--calibration", cal)
+    assert ok.returncode == 0 and "predicted score" in ok.stdout, ok.stderr
+
+
+def test_predict_still_takes_a_tp1_calibration(tmp_path):
+    cal = calibration(tmp_path)
+    r = forge(tmp_path, "predict", "--calibration", cal, "--out", str(tmp_path / "p"))
+    assert r.returncode == 0 and (tmp_path / "p" / "predict.json").is_file(), r.stderr
+
+
+# --- e2e-gpu --kv-why: a blank reason ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("why", [" ", ""])
+def test_e2e_refuses_a_blank_kv_why(tmp_path, why):
+    """' ' was recorded as the reason of --kv-cache-memory-bytes; '' was replaced by the default one."""
+    r = _refused_nothing_started(tmp_path, "--kv-cache-memory-bytes", "7501512704", "--kv-why", why)
+    refused(r, f"--kv-why {why!r}: an empty reason")
+    assert "leave out --kv-why" in fix_line(r), r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# --- a tuned table's number keys ----------------------------------------------------------------------------------
+
+def _bad_segments(table: dict) -> None:
+    table["decode"]["segments"]["2"]["010"] = {"32768": 24}       # beside batch "10": read as the same batch
+
+
+def _bad_heads(table: dict) -> None:
+    table["decode"]["segments"] = {"02": table["decode"]["segments"]["2"]}
+
+
+def _bad_context(table: dict) -> None:
+    table["decode"]["segments"]["2"]["1"] = {"032768": 128}
+
+
+@pytest.mark.parametrize("damage,words", [
+    (_bad_segments, ["key 'decode.segments.2.010'", "'010' is not written as the loader reads it ('10')"]),
+    (_bad_heads, ["key 'decode.segments.02'", "('2')"]),
+    (_bad_context, ["key 'decode.segments.2.1.032768'", "('32768')"]),
+])
+def test_a_tuned_table_with_a_number_key_the_loader_reads_otherwise_never_enters_the_tree(proj, damage,  # noqa: F811
+                                                                                             words):
+    table = json.loads((ROOT / "configs" / "kernels" / "tuned" / "nvidia-h200-sm_90-132cu-tp2.json").read_text())
+    damage(table)
+    bad = proj["root"] / "configs" / "kernels" / "tuned" / "bw-gfx936-80cu-tp2.json"
+    bad.parent.mkdir(parents=True, exist_ok=True)
+    tree = proj["root"] / "build" / "vllm"
+    head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    try:
+        bad.write_text(json.dumps(table))
+        r = run_in(proj, "tree")
+        refused(r, "configs/kernels/tuned/bw-gfx936-80cu-tp2.json", *words)
+        assert subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True,
+                              text=True).stdout == head          # the tree was not touched
+    finally:
+        bad.unlink(missing_ok=True)
+    assert run_in(proj, "tree").returncode == 0
+
+
+def test_the_committed_tuned_tables_are_written_as_the_loader_reads_them():
+    from forge import tunedtable
+    tables = sorted((ROOT / "configs" / "kernels" / "tuned").glob("*.json"))
+    assert tables and all(tunedtable.problem(t) is None for t in tables)
