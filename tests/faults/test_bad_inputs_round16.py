@@ -23,6 +23,9 @@ A tuned table (configs/kernels/tuned/*.json) holding a number key not written as
 "010", KV heads "02", a shape "4096X5120"): `make tree` (and `forge report`, which lists the tables) took it;
 the loader reads "010" as 10, so beside a batch "10" one of the two counts silently replaced the other. It is
 now refused, naming the file and the key, before the tree is touched.
+
+`forge calibrate --families decode,,gemv` (or `decode,`): the empty item was skipped, where plan, predict and
+sweep refuse theirs as a comma too many. It is now refused the same way, before the device is asked.
 """
 
 from __future__ import annotations
@@ -39,6 +42,15 @@ from test_bad_inputs_final_round import proj  # noqa: F401  (the fixture: a proj
 from test_bad_inputs_records import CAL_ARGS, OPTIONS, family_doc, family_records
 from test_bad_inputs_round5 import fix_line
 from test_bad_inputs_round7 import served
+
+# --- calibrate --families: an empty item --------------------------------------------------------------------
+
+@pytest.mark.parametrize("fams", ["decode,,gemv", "decode,", ",decode"])
+def test_calibrate_refuses_an_empty_family(tmp_path, fams):
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "calibrate", "--families", fams, "--out", str(tmp_path / "cal"))
+    refused(r, "--families", "an empty item")
+
 
 # --- plan --against: the round is the run's own -------------------------------------------------------------
 

@@ -22,6 +22,8 @@ def families(text: str) -> list[str]:
     if not names:
         raise argparse.ArgumentTypeError(f"{text!r} names no family (families: {', '.join(FAMILIES)}; leave the "
                                          "option out for all)")
+    if len(names) < len(text.split(",")):      # as plan, predict and sweep refuse theirs: never skipped
+        raise argparse.ArgumentTypeError(f"{text!r}: an empty item (a comma too many, or nothing between two)")
     return names
 
 
