@@ -26,15 +26,19 @@ now refused, naming the file and the key, before the tree is touched.
 
 `forge calibrate --families decode,,gemv` (or `decode,`): the empty item was skipped, where plan, predict and
 sweep refuse theirs as a comma too many. It is now refused the same way, before the device is asked.
+
+`forge calibrate --python python3` (a name on PATH, as a shell takes it): refused as "not an executable file";
+only a path was taken. A name is now looked up on PATH as the shell does; one found nowhere is refused, saying so.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
-from helpers import ROOT, forge
+from helpers import ROOT, forge, forge_env
 from project import run as run_in
 from test_bad_inputs import refused, writes_nothing
 from test_bad_inputs_e2e_sizing import _refused_nothing_started
@@ -42,6 +46,7 @@ from test_bad_inputs_final_round import proj  # noqa: F401  (the fixture: a proj
 from test_bad_inputs_records import CAL_ARGS, OPTIONS, family_doc, family_records
 from test_bad_inputs_round5 import fix_line
 from test_bad_inputs_round7 import served
+from test_bad_inputs_round15 import no_torch_python
 
 # --- calibrate --families: an empty item --------------------------------------------------------------------
 
@@ -50,6 +55,25 @@ def test_calibrate_refuses_an_empty_family(tmp_path, fams):
     with writes_nothing(tmp_path):
         r = forge(tmp_path, "calibrate", "--families", fams, "--out", str(tmp_path / "cal"))
     refused(r, "--families", "an empty item")
+
+
+# --- calibrate --python: a name on PATH ---------------------------------------------------------------------
+
+def test_calibrate_finds_a_python_named_on_path(tmp_path):
+    """The name is looked up on PATH: the Python it names is asked for the device (here one without torch)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    py = no_torch_python(bindir)
+    env = forge_env(tmp_path, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "calibrate", "--families", "write", "--python", py.name, *CAL_ARGS, env=env)
+    refused(r, f"--python {py}", "No module named 'torch'")
+
+
+def test_calibrate_refuses_a_python_found_nowhere(tmp_path):
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "calibrate", "--python", "no-such-python-here", *CAL_ARGS)
+    refused(r, "--python no-such-python-here", "not an executable file nor a program on PATH")
 
 
 # --- plan --against: the round is the run's own -------------------------------------------------------------

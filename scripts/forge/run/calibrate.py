@@ -329,9 +329,7 @@ def cmd_calibrate(args) -> int:
     calibrate_options.check_options(args)
     if args.out is not None:
         args.out = str(paths.target_folder(args.out, "--out"))
-    if args.python is not None and not (os.path.isfile(args.python) and os.access(args.python, os.X_OK)):
-        raise ForgeError(f"--python {args.python}: not an executable file",
-                         hint="give the Python that has torch (and the installed vLLM) on this machine")
+    args.python = calibrate_options.python(args.python)
     force = opts.forced(args.force)
     rank_geometry.rank_heads(args.tp)            # a degree the model cannot run: refused before anything runs
     vllm_tables = _vllm_tables() if args.install_vllm else None
@@ -392,7 +390,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=calibrate_options.seed, default=1234,
                    help=f"seed of the random inputs, 0 to {SEED_MAX} (default 1234)")
     rank_geometry.add_option(p)
-    p.add_argument("--python", help="the Python that runs the families (default: this one)")
+    p.add_argument("--python", help="the Python that runs the families: a path, or a name on PATH (default: this one)")
     p.add_argument("--install", action="store_true", help="copy the table to configs/kernels/tuned/<device>.json "
                    "(keeping its sections of families not measured now)")
     p.add_argument("--install-vllm", action="store_true",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 
 from .. import options as opts
@@ -33,6 +34,18 @@ def seed(text: str) -> int:
     if v is None or not 0 <= v <= SEED_MAX:
         raise argparse.ArgumentTypeError(f"{text!r} is not a seed (a whole number in plain digits, 0 to {SEED_MAX})")
     return v
+
+
+def python(text: str | None) -> str | None:
+    """--python: a path to an executable file, or a name found on PATH (python3), as the shell finds it;
+    returned as the path that runs."""
+    if text is None:
+        return None
+    found = shutil.which(text) if text.strip() else None
+    if not found:
+        raise ForgeError(f"--python {text}: not an executable file" + ("" if "/" in text else " nor a program on PATH"),
+                         hint="give the Python that has torch (and the installed vLLM) on this machine")
+    return found
 
 
 def check_options(args) -> None:
