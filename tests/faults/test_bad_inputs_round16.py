@@ -29,6 +29,10 @@ sweep refuse theirs as a comma too many. It is now refused the same way, before 
 
 `forge calibrate --python python3` (a name on PATH, as a shell takes it): refused as "not an executable file";
 only a path was taken. A name is now looked up on PATH as the shell does; one found nowhere is refused, saying so.
+
+`forge score --tok-s a,b,c --baseline-name final` with --round left out: "the run is of the preliminary round",
+where there is no run (a what-if), and the fix never named --round. It now says the score is of the preliminary
+round and names `--round final`.
 """
 
 from __future__ import annotations
@@ -74,6 +78,15 @@ def test_calibrate_refuses_a_python_found_nowhere(tmp_path):
     with writes_nothing(tmp_path):
         r = forge(tmp_path, "calibrate", "--python", "no-such-python-here", *CAL_ARGS)
     refused(r, "--python no-such-python-here", "not an executable file nor a program on PATH")
+
+
+# --- score --tok-s against a set of the other round -----------------------------------------------------------
+
+def test_what_if_against_a_set_of_the_final_round_names_the_round(tmp_path):
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "score", "--tok-s", "40,40,40", "--baseline-name", "final")
+    refused(r, "baseline set 'final' is of the final round", "this score is of the preliminary round")
+    assert "--round final" in fix_line(r), r.stderr
 
 
 # --- plan --against: the round is the run's own -------------------------------------------------------------

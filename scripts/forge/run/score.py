@@ -124,9 +124,10 @@ def baseline_from_config(contest: dict, name: str | None = None, round_name: str
                          hint=f"sets: {', '.join(sorted(sets))}")
     s = sets[name]
     if s["round"] != round_name:
-        raise ForgeError(f"baseline set {name!r} is of the {s['round']} round; the run is of the {round_name} round: "
-                         "a run is scored only against a baseline of its own round",
-                         hint=f"pick a set of the {round_name} round, or --baseline RUN (a run of that round)")
+        raise ForgeError(f"baseline set {name!r} is of the {s['round']} round; this score is of the {round_name} "
+                         "round: a score is taken only against a baseline of its own round",
+                         hint=f"pick a set of the {round_name} round, or --baseline RUN (a run of that round); a "
+                              f"score of the {s['round']} round is asked with --round {s['round']}")
     unpublished = [t for t, v in s["tok_s"].items() if v is None]
     if unpublished:
         raise ForgeError(f"baseline set {name!r} ({round_name} round): its tok/s were not published "
