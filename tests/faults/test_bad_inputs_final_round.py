@@ -257,14 +257,9 @@ def proj(tmp_path_factory):
     return p
 
 
-@pytest.mark.parametrize("tp,heads,words", [
-    (1, [12, 2], ["key 'validators.heads'", "[12, 2]", "at tp 1", "[24, 4]"]),     # TP2's heads named TP1
-    (3, [8, 2], ["key 'validators.tp'", "3 does not divide", "GDN key heads"]),      # a degree vLLM cannot run
-])
-def test_a_tuned_table_of_another_geometry_never_enters_the_tree(proj, tp, heads, words):
-    table = json.loads((ROOT / "configs" / "kernels" / "tuned" / "nvidia-h200-sm_90-132cu-tp2.json").read_text())
-    table["validators"].update(tp=tp, heads=heads)
-    table["decode"]["segments"] = {str(heads[1]): v for v in table["decode"]["segments"].values()}
+def tree_refuses_table(proj, table: dict, *words: str) -> str:
+    """`make tree` with `table` as a tuned table of the project: refused (one line naming the file and `words`)
+    before the tree is touched; the table removed afterwards. Returns the error line."""
     bad = proj["root"] / "configs" / "kernels" / "tuned" / "bw-gfx936-80cu-tp2.json"
     bad.parent.mkdir(parents=True, exist_ok=True)
     tree = proj["root"] / "build" / "vllm"
@@ -273,9 +268,21 @@ def test_a_tuned_table_of_another_geometry_never_enters_the_tree(proj, tp, heads
         bad.write_text(json.dumps(table))
         r = run_in(proj, "tree")
         line = refused(r, "configs/kernels/tuned/bw-gfx936-80cu-tp2.json", *words)
-        assert re.search(r"configs/models/qwen3\.5-27b/config\.json", line), line
         assert subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True,
                               text=True).stdout == head          # the tree was not touched
     finally:
         bad.unlink(missing_ok=True)
+    return line
+
+
+@pytest.mark.parametrize("tp,heads,words", [
+    (1, [12, 2], ["key 'validators.heads'", "[12, 2]", "at tp 1", "[24, 4]"]),     # TP2's heads named TP1
+    (3, [8, 2], ["key 'validators.tp'", "3 does not divide", "GDN key heads"]),      # a degree vLLM cannot run
+])
+def test_a_tuned_table_of_another_geometry_never_enters_the_tree(proj, tp, heads, words):
+    table = json.loads((ROOT / "configs" / "kernels" / "tuned" / "nvidia-h200-sm_90-132cu-tp2.json").read_text())
+    table["validators"].update(tp=tp, heads=heads)
+    table["decode"]["segments"] = {str(heads[1]): v for v in table["decode"]["segments"].values()}
+    line = tree_refuses_table(proj, table, *words)
+    assert re.search(r"configs/models/qwen3\.5-27b/config\.json", line), line
     assert run_in(proj, "tree").returncode == 0

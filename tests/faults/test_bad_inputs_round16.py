@@ -39,14 +39,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 import pytest
 from helpers import ROOT, forge, forge_env
 from project import run as run_in
 from test_bad_inputs import refused, writes_nothing
 from test_bad_inputs_e2e_sizing import _refused_nothing_started
-from test_bad_inputs_final_round import proj  # noqa: F401  (the fixture: a project with a built tree)
+from test_bad_inputs_final_round import proj, tree_refuses_table  # noqa: F401  (proj: a project with a built tree)
 from test_bad_inputs_records import CAL_ARGS, OPTIONS, family_doc, family_records
 from test_bad_inputs_round5 import fix_line
 from test_bad_inputs_round7 import served
@@ -185,18 +184,7 @@ def test_a_tuned_table_with_a_number_key_the_loader_reads_otherwise_never_enters
                                                                                              words):
     table = json.loads((ROOT / "configs" / "kernels" / "tuned" / "nvidia-h200-sm_90-132cu-tp2.json").read_text())
     damage(table)
-    bad = proj["root"] / "configs" / "kernels" / "tuned" / "bw-gfx936-80cu-tp2.json"
-    bad.parent.mkdir(parents=True, exist_ok=True)
-    tree = proj["root"] / "build" / "vllm"
-    head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
-    try:
-        bad.write_text(json.dumps(table))
-        r = run_in(proj, "tree")
-        refused(r, "configs/kernels/tuned/bw-gfx936-80cu-tp2.json", *words)
-        assert subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True,
-                              text=True).stdout == head          # the tree was not touched
-    finally:
-        bad.unlink(missing_ok=True)
+    tree_refuses_table(proj, table, *words)
     assert run_in(proj, "tree").returncode == 0
 
 
