@@ -33,6 +33,10 @@ only a path was taken. A name is now looked up on PATH as the shell does; one fo
 `forge score --tok-s a,b,c --baseline-name final` with --round left out: "the run is of the preliminary round",
 where there is no run (a what-if), and the fix never named --round. It now says the score is of the preliminary
 round and names `--round final`.
+
+`forge sweep upstream --top 3` (or `--base-profile contest`, `--model-build best-public`): the preliminary's sweep
+refuses the final round's options, but one typed with its default value was taken and ignored (the check compared
+against the defaults). It is now refused whatever the value, as the others are.
 """
 
 from __future__ import annotations
@@ -85,6 +89,16 @@ def test_what_if_against_a_set_of_the_final_round_names_the_round(tmp_path):
     with writes_nothing(tmp_path):
         r = forge(tmp_path, "score", "--tok-s", "40,40,40", "--baseline-name", "final")
     refused(r, "baseline set 'final' is of the final round", "this score is of the preliminary round")
+    assert "--round final" in fix_line(r), r.stderr
+
+
+# --- the preliminary's sweep: a final-round option typed with its default value ------------------------------
+
+@pytest.mark.parametrize("opt,value", [("--top", "3"), ("--base-profile", "contest"), ("--model-build", "best-public")])
+def test_the_preliminary_sweep_refuses_a_final_option_at_its_default(tmp_path, opt, value):
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "sweep", "upstream", "--model", str(tmp_path / "model"), opt, value)
+    refused(r, f"{opt}: the final round's search options")
     assert "--round final" in fix_line(r), r.stderr
 
 

@@ -311,7 +311,7 @@ def add_arguments(s) -> None:
                    help="final: the search over the final round's configurations per tier (see below); default: the "
                         "preliminary's sweep over PROFILES")
     s.add_argument("--tiers", help="final: comma-separated tiers to search (default: all three)")
-    s.add_argument("--top", type=int, default=3, help="final: how many of the model's best configurations are served "
+    s.add_argument("--top", type=int, default=None, help="final: how many of the model's best configurations are served "
                                                       "per tier (default 3)")
     s.add_argument("--sweep-id", help="final: the sweep to write or resume (default: a new one; printed at the start)")
     s.add_argument("--baseline", help="final: a final-round run at the finals' baseline configuration (same-run "
@@ -320,7 +320,7 @@ def add_arguments(s) -> None:
                                       "concurrency 10); not with --baseline-profile")
     s.add_argument("--baseline-profile", help="final: measure the baseline in the sweep: this profile at the round's "
                                               "baseline settings, one run per tier (e.g. upstream)")
-    s.add_argument("--base-profile", default="contest", help="final: the profile every candidate extends (default: "
+    s.add_argument("--base-profile", default=None, help="final: the profile every candidate extends (default: "
                                                               "contest, the submission)")
     for opt, default in (("--topologies", "tp2,dp2"), ("--kv-dtypes", "bf16,int8"), ("--max-num-seqs", "16,32,64,128"),
                          ("--max-num-batched-tokens", "2048,4096,8192,16384"),
@@ -329,7 +329,7 @@ def add_arguments(s) -> None:
                 "the tier's largest requests one replica's KV cache holds: forge plan's 'planned seqs')"
                 if opt == "--max-num-seqs" else "")
         s.add_argument(opt, help=f"final: comma-separated values of the search space (default {default}){more}")
-    s.add_argument("--model-build", default="best-public",
+    s.add_argument("--model-build", default=None,
                    help=f"final: the build the time model prices the candidates with ({', '.join(BUILDS)}; default "
                         "best-public)")
     s.add_argument("--tier-env", help="final: the tier-environment file the winners go to (default "
@@ -342,9 +342,8 @@ def refuse_final_options(args) -> None:
     """The preliminary's sweep (over PROFILES) takes none of the final round's options."""
     given = [o for o, v in (("--tiers", args.tiers), ("--sweep-id", args.sweep_id), ("--baseline", args.baseline),
                             ("--baseline-profile", args.baseline_profile), ("--tier-env", args.tier_env),
-                            ("--force", args.force), ("--top", args.top != 3), *final_harness.given(args),
-                            ("--base-profile", args.base_profile != "contest"),
-                            ("--model-build", args.model_build != "best-public"),
+                            ("--force", args.force), ("--top", args.top is not None), *final_harness.given(args),
+                            ("--base-profile", args.base_profile), ("--model-build", args.model_build),
                             *((f"--{k.replace('_', '-')}", getattr(args, k)) for k in SPACE_OPTIONS)) if v]
     if given:
         raise ForgeError(f"{', '.join(given)}: the final round's search options; the preliminary's sweep runs PROFILES",
@@ -360,9 +359,12 @@ def cmd_final(args) -> int:
                          hint="drop --repeat")
     space_args = {k: getattr(args, k) for k in SPACE_OPTIONS if getattr(args, k) is not None}
     tiers = [x.strip() for x in args.tiers.split(",") if x.strip()] if args.tiers is not None else None
-    st = sweep_final(tiers, model=args.model, top=args.top, sweep_id=args.sweep_id, baseline=args.baseline,
-                     baseline_profile=args.baseline_profile, base_profile=args.base_profile, space_args=space_args,
-                     model_build=args.model_build, tier_env=args.tier_env, force=args.force, image=args.image,
+    # the defaults here, not in the parser: the preliminary's sweep refuses each of these when typed at all
+    st = sweep_final(tiers, model=args.model, top=3 if args.top is None else args.top, sweep_id=args.sweep_id,
+                     baseline=args.baseline, baseline_profile=args.baseline_profile,
+                     base_profile=args.base_profile or "contest", space_args=space_args,
+                     model_build=args.model_build or "best-public", tier_env=args.tier_env, force=args.force,
+                     image=args.image,
                      vllm_cmd=args.vllm, data_dir=args.data_dir, num_prompts=args.num_prompts, client=args.client,
                      port=args.port, timeout=args.timeout, shm_size=args.shm_size, harness=args.harness,
                      site=args.site, kv_cache_memory_bytes=args.kv_cache_memory_bytes, kv_why=args.kv_why)
