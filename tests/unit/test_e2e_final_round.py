@@ -197,7 +197,10 @@ def test_a_tiers_time_guess_counts_the_requests_in_flight():
     four = tierguess.guess_s(reqs, 2, tierguess.inflight(["--max-concurrency", "10"], ["--max-num-seqs", "128",
                                                                                "--max-num-seqs", "4"]))
     one = reqs[0][0] / tierguess.GUESS_PREFILL_TOKENS_S + 1024 * tierguess.GUESS_TPOT_S
-    assert four == pytest.approx(tierguess.CLIENT_TURN_S + one + 12 * one / 4 * (1 + 4 * tierguess.GUESS_SLOWDOWN_PER_REQUEST))
+    slow = 1 + 4 * tierguess.GUESS_SLOWDOWN_PER_REQUEST * (22000 / tierguess.GUESS_PROMPT_SCALE) ** tierguess.GUESS_PROMPT_EXPONENT
+    assert four == pytest.approx(tierguess.CLIENT_TURN_S + one + 12 * one / 4 * slow)
+    # longer prompts in flight slow a step more than shorter ones (more KV per step, longer prefills)
+    assert tierguess.batch_slowdown(8, 22000) > tierguess.batch_slowdown(8, 6000) > 1
     assert four < serial / 2
     # the preliminary's client (one at a time) and a missing --max-num-seqs change nothing
     assert tierguess.inflight(["--max-concurrency", "1"], ["--max-num-seqs", "128"]) == 1

@@ -21,15 +21,23 @@ GUESS_TPOT_S = 0.025
 GUESS_PREFILL_TOKENS_S = 4000.0
 # at N requests in flight (the final round's client) a decode step serves N requests at once but reads
 # more KV and multiplies larger GEMMs, and each request's prefill waits behind the others': the tier's
-# requests take their serial time over N, times 1 + this x N. Fitted to every recorded final-round tier that
-# did not preempt (reports/e2e, H100 and H200, 4 to 10 in flight): the guess is 1.13-1.74x the measured
-# time (it was 1.33-1.94x at a flat 1.5 with the warm-ups one at a time, and skipped a tier that fitted).
-GUESS_SLOWDOWN_PER_REQUEST = 0.1
+# requests take their serial time over N, times 1 + this x N x (mean prompt / GUESS_PROMPT_SCALE) **
+# GUESS_PROMPT_EXPONENT (longer prompts: more KV per step, longer prefills to wait behind). Fitted to every
+# recorded final-round tier that did not preempt (reports/e2e, H100 and H200, 4 to 10 in flight, 4-8K to
+# 16-32K): the guess is 1.14-1.68x the measured time. A flat 0.1 x N held 1.13-1.74x until an int8 16-32K tier
+# at 8 in flight measured 1.07x (2026-12-07-h100-final-16-32k-int8-same-run); no flat value held both it and
+# 4-8K at 10 in flight inside 1.1-1.8x.
+GUESS_SLOWDOWN_PER_REQUEST = 0.12
+GUESS_PROMPT_SCALE = 16384.0
+GUESS_PROMPT_EXPONENT = 0.3
 
 
-def batch_slowdown(n: int) -> float:
-    """The serial time over `n` requests in flight is multiplied by this (1 at one at a time)."""
-    return 1.0 if n <= 1 else 1.0 + GUESS_SLOWDOWN_PER_REQUEST * n
+def batch_slowdown(n: int, mean_prompt: float = GUESS_PROMPT_SCALE) -> float:
+    """The serial time over `n` requests in flight of `mean_prompt` tokens is multiplied by this (1 at one at
+    a time)."""
+    if n <= 1:
+        return 1.0
+    return 1.0 + GUESS_SLOWDOWN_PER_REQUEST * n * (max(mean_prompt, 1.0) / GUESS_PROMPT_SCALE) ** GUESS_PROMPT_EXPONENT
 
 
 def guess_s(requests: list[list[int]], warmups: int, inflight: int = 1) -> float:
@@ -39,7 +47,8 @@ def guess_s(requests: list[list[int]], warmups: int, inflight: int = 1) -> float
     preempts takes longer: the first measured tier's time over its guess scales the later tiers' guesses."""
     one = [i / GUESS_PREFILL_TOKENS_S + o * GUESS_TPOT_S for i, o in requests]
     n = max(1, min(inflight, len(one)))
-    body = sum(one) / n * batch_slowdown(n)
+    mean_prompt = sum(i for i, _ in requests) / len(requests) if requests else GUESS_PROMPT_SCALE
+    body = sum(one) / n * batch_slowdown(n, mean_prompt)
     rounds = -(-warmups // max(1, inflight))
     return CLIENT_TURN_S + body + rounds * (one[0] if one else 0.0)
 
