@@ -285,9 +285,10 @@ def validate(table) -> dict:
         if kind not in ("plain", "fused"):
             raise TableError(f"key 'gemv.{kind}': expected 'plain' or 'fused'")
         for shape, rows in _mapping(f"gemv.{kind}", shapes).items():
-            nk = shape.lower().split("x")
-            if len(nk) != 2 or not all(p.isdigit() and p.isascii() and int(p) > 0 for p in nk):
-                raise TableError(f"key 'gemv.{kind}.{shape}': expected 'NxK' with N, K > 0 (output x input features)")
+            nk = shape.split("x")
+            if len(nk) != 2 or not all(_number(p) and int(p) > 0 for p in nk):
+                raise TableError(f"key 'gemv.{kind}.{shape}': expected 'NxK' with N, K > 0 (output x input features), "
+                                 "each a number without leading zeros, a lower-case x between")
             if kind == "fused" and int(nk[0]) % 2:
                 raise TableError(f"key 'gemv.fused.{shape}': the fused weight is [gate; up], N must be even")
             for m, launch in _mapping(f"gemv.{kind}.{shape}", rows).items():
@@ -309,7 +310,8 @@ def validate(table) -> dict:
     for name in () if old else ("segments", "segments_int8"):
         for kv, batches in _mapping(f"decode.{name}", dec.get(name, {})).items():
             if not _count(kv, MAX_TABLE_SEGMENTS):
-                raise TableError(f"key 'decode.{name}.{kv}': the KV heads of one rank, a count >= 1")
+                raise TableError(f"key 'decode.{name}.{kv}': the KV heads of one rank, a count >= 1 "
+                                 "(without leading zeros)")
             if int(kv) != val["heads"][1]:
                 raise TableError(f"key 'decode.{name}.{kv}': measured at {kv} KV heads but the validators' heads "
                                  f"are {val['heads']} (one table per rank geometry)")
@@ -326,17 +328,23 @@ def validate(table) -> dict:
     return table
 
 
+def _number(key: str) -> bool:
+    """A key that stands for a number is written as that number reads back: digits, no leading zero (the
+    loader keys its maps by int(key), so "010" beside "10" would be one key, the last replacing the other)."""
+    return key.isdigit() and key.isascii() and key == str(int(key))
+
+
 def _count(key: str, top: int) -> bool:
-    return key.isdigit() and key.isascii() and 1 <= int(key) <= top
+    return _number(key) and 1 <= int(key) <= top
 
 
 def _batch_segments(where: str, mapping: dict, what: str | None) -> None:
     """{"<batch>" (or "<context>" tokens): segments}, each a count the merge kernel holds (1-MAX_TABLE_SEGMENTS)."""
     for k, s in mapping.items():
         if what is None and not _count(k, MAX_DECODE_BATCH):
-            raise TableError(f"key '{where}.{k}': a batch size 1-{MAX_DECODE_BATCH}")
+            raise TableError(f"key '{where}.{k}': a batch size 1-{MAX_DECODE_BATCH} (without leading zeros)")
         if what == "context" and not _count(k, MAX_CONTEXT):
-            raise TableError(f"key '{where}.{k}': a context length in tokens 1-{MAX_CONTEXT}")
+            raise TableError(f"key '{where}.{k}': a context length in tokens 1-{MAX_CONTEXT} (without leading zeros)")
         if not (_is_int(s) and 1 <= s <= MAX_TABLE_SEGMENTS):
             raise TableError(f"key '{where}.{k}': segments must be a whole number from 1 to "
                              f"{MAX_TABLE_SEGMENTS} (what the merge kernel holds), got {s!r:.60}")
@@ -555,7 +563,7 @@ def gemv_route(fused: bool = False) -> dict[tuple[int, int], dict[int, tuple[int
     shapes = (table["gemv"] or {}).get("fused" if fused else "plain") or {}
     out: dict[tuple[int, int], dict[int, tuple[int, int] | str]] = {}
     for shape, rows in shapes.items():
-        n, k = (int(p) for p in shape.lower().split("x"))
+        n, k = (int(p) for p in shape.split("x"))
         out[(n, k)] = {int(m): GEMV_MMA if l == GEMV_MMA else (int(l[0]), int(l[1])) for m, l in rows.items()}
     return out
 

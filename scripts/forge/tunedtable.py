@@ -67,37 +67,6 @@ def geometry_problem(table: dict) -> str | None:
     return None
 
 
-def _number_keys(table: dict) -> list[tuple[str, str, str]]:
-    """(where, key, the number as the loader reads it) of every key of a valid table that stands for a number:
-    the decode segments' KV heads, batches and contexts, the GEMV's NxK shapes."""
-    out = []
-    dec = table.get("decode") or {}
-    for name in ("segments", "segments_int8"):
-        segs = dec.get(name) or {}
-        if table.get("schema") == loader().OLD_SCHEMA:        # keyed by batch alone
-            out += [(f"decode.{name}", b, str(int(b))) for b in segs]
-            continue
-        for kv, batches in segs.items():
-            out.append((f"decode.{name}", kv, str(int(kv))))
-            for b, ctxs in batches.items():
-                out.append((f"decode.{name}.{kv}", b, str(int(b))))
-                out += [(f"decode.{name}.{kv}.{b}", c, str(int(c))) for c in ctxs]
-    for kind, shapes in (table.get("gemv") or {}).items():
-        out += [(f"gemv.{kind}", nk, "x".join(str(int(x)) for x in nk.lower().split("x"))) for nk in shapes]
-    return out
-
-
-def keys_problem(table: dict) -> str | None:
-    """Why a valid table's number keys are not each written as the loader reads them (the loader takes "010"
-    and "4096X5120" as 10 and 4096x5120: two keys of one number, e.g. batch "10" beside "010", are read as one,
-    the last replacing the other without a word): one line, or None."""
-    for where, key, number in _number_keys(table):
-        if key != number:
-            return (f"key '{where}.{key}': {key!r} is not written as the loader reads it ({number!r}); two keys "
-                    "of one number are read as one, the last replacing the other")
-    return None
-
-
 def problem(path: Path, *, shipped: bool = True) -> str | None:
     """Why the table at `path` cannot be used (or, `shipped`, carried into a tree): one line, or None."""
     T = loader()
@@ -105,7 +74,7 @@ def problem(path: Path, *, shipped: bool = True) -> str | None:
         table = T.read(str(path))
     except T.TableError as e:
         return str(e)
-    why = geometry_problem(table) or keys_problem(table)
+    why = geometry_problem(table)
     if why:
         return why
     if shipped:
@@ -129,7 +98,7 @@ def check_text(text: str, where: str, *, shipped: bool = True, fix: str) -> dict
         table = T.parse(text)
     except T.TableError as e:
         raise ForgeError(f"{where}: {e}", hint=fix) from None
-    why = geometry_problem(table) or keys_problem(table)
+    why = geometry_problem(table)
     if why:
         raise ForgeError(f"{where}: {why}", hint=fix)
     probs = T.shipping_problems(table) if shipped else []

@@ -189,10 +189,15 @@ def _bad_context(table: dict) -> None:
     table["decode"]["segments"]["2"]["1"] = {"032768": 128}
 
 
+def _bad_shape(table: dict) -> None:
+    table["gemv"]["plain"]["124160X5120"] = table["gemv"]["plain"].pop("124160x5120")
+
+
 @pytest.mark.parametrize("damage,words", [
-    (_bad_segments, ["key 'decode.segments.2.010'", "'010' is not written as the loader reads it ('10')"]),
-    (_bad_heads, ["key 'decode.segments.02'", "('2')"]),
-    (_bad_context, ["key 'decode.segments.2.1.032768'", "('32768')"]),
+    (_bad_segments, ["key 'decode.segments.2.010'", "a batch size 1-1024 (without leading zeros)"]),
+    (_bad_heads, ["key 'decode.segments.02'", "the KV heads of one rank, a count >= 1 (without leading zeros)"]),
+    (_bad_context, ["key 'decode.segments.2.1.032768'", "(without leading zeros)"]),
+    (_bad_shape, ["key 'gemv.plain.124160X5120'", "a lower-case x between"]),
 ])
 def test_a_tuned_table_with_a_number_key_the_loader_reads_otherwise_never_enters_the_tree(proj, damage,  # noqa: F811
                                                                                              words):

@@ -112,6 +112,13 @@ MALFORMED = [
     (_with(gemv={"plain": {"96x5120": {"1": [100, 2]}}}), "launch menu"),
     (_with(gemv={"fused": {"34816x5120": {"1": [640, 8]}}}), "launch menu"),
     (_with(gemv={"fused": {"101x5120": {"1": [0, 0]}}}), "N must be even"),
+    # a number key written otherwise than it reads back: "01" beside "1" would be one batch, the last replacing
+    # the other without a word
+    (_with(decode={"segments": {"4": {"01": {"32768": 32}}}}), "batch size 1-1024 (without leading zeros)"),
+    (_with(decode={"segments": {"04": {"1": {"32768": 32}}}}), "KV heads of one rank, a count >= 1 (without leading"),
+    (_with(decode={"segments": {"4": {"1": {"032768": 32}}}}), "context length in tokens 1-16777216 (without leading"),
+    (_with(gemv={"plain": {"96X5120": {"1": [0, 0]}}}), "a lower-case x between"),
+    (_with(gemv={"plain": {"096x5120": {"1": [0, 0]}}}), "each a number without leading zeros"),
     (_with(extra={}), "unknown key(s) 'extra'"),
     (DUPLICATE, "appears twice"),
 ]
