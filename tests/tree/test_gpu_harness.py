@@ -333,7 +333,7 @@ def test_vllm_reads_the_harness_command_as_the_organizers_but_for_the_listed_cha
     h = gpu_bundle.harness_config()
     names = h["profiles"]
     run = types.SimpleNamespace(
-        args=types.SimpleNamespace(first_port=8001, profile_prefill=None), names=names, contest=c, h=h,
+        args=types.SimpleNamespace(first_port=8001, profile_prefill=None, stack_every=None), names=names, contest=c, h=h,
         hargs=tiers.harness_args(h, []), triton_cache=None, profiles={n: profiles.load_profile(n, c) for n in names},
         vllm_cmd="vllm", child_env={}, identity={}, out=Path("/nonexistent"), rnd=None, serve_tier=None, capacity={})
     model = "/models/Qwen3.5-27B"

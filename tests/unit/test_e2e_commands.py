@@ -60,7 +60,7 @@ def organizers_client(c: dict) -> dict:
 def _run(names: list[str], first_port: int = 8001, extra: list[str] | None = None):
     c = contest.load_contest()
     h = gpu_bundle.harness_config()
-    args = types.SimpleNamespace(first_port=first_port, profile_prefill=None)
+    args = types.SimpleNamespace(first_port=first_port, profile_prefill=None, stack_every=None)
     return types.SimpleNamespace(
         args=args, names=names, contest=c, h=h, hargs=tiers.harness_args(h, extra or []), triton_cache=None,
         profiles={n: profiles.load_profile(n, c) for n in names}, vllm_cmd="python3 -m vllm.entrypoints.cli.main",

@@ -122,7 +122,7 @@ def _plan_run(names, finals, capacity=None):
     rnd = rounds.load_round(c, "final") if finals else None
     return types.SimpleNamespace(
         capacity=final_round.capacity_changes(c, capacity, names, "final" if capacity else "preliminary"),
-        args=types.SimpleNamespace(first_port=8001, profile_prefill=None), names=names, contest=c, rnd=rnd,
+        args=types.SimpleNamespace(first_port=8001, profile_prefill=None, stack_every=None), names=names, contest=c, rnd=rnd,
         serve_tier="8-16K" if finals else None, hargs=["--load-format", "dummy"], triton_cache=None,
         vllm_cmd="python3 -m vllm.entrypoints.cli.main", child_env={}, identity={},
         profiles={n: profiles.load_profile(n, c, rnd=rnd) for n in names}), Path(__file__).parent

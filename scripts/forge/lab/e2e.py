@@ -26,7 +26,7 @@ GPU, then:
   5. a proxy score of every profile against the reference measured in the same run (reference =
      60.0; needs every tier), each request's TPOT saving beside the kernel benchmark's prediction
      (decode.{md,json}, as `forge e2e-decode`), and summary.{md,json} with the differences from the
-     organizers' command.
+     organizers' command (with --stack-every, where each server process's main thread was: stacks.json).
 Servers left up by an earlier invocation of the folder (--keep-servers) are reused when they run the
 same command and answer /health, so a run longer than one command resumes without starting them
 again. Results land in --out (default reports/e2e/<date>-<device>/); --pack FILE rewrites a .tar.gz of
@@ -65,7 +65,7 @@ from ..errors import ForgeError
 from ..run import serve, synth
 from ..run.bench_data import MOST_PROMPTS, MOST_PROMPTS_WHAT
 from ..run.gpu_harness import DEFAULT_SITE
-from . import batch_profile, e2e_decode, final_round, gpu_bundle, gpumon, prefill_profile, preflight
+from . import batch_profile, e2e_decode, final_round, gpu_bundle, gpumon, prefill_profile, preflight, stacks
 from .client import client_runner
 from .fault import fault_check
 from .install import install_only, versions
@@ -386,6 +386,7 @@ def register(sub) -> None:
                         "any other option set to other than its default is refused (a run stops its own "
                         "servers at its end)")
     final_round.register_options(p)
+    stacks.register_options(p)
     p.add_argument("--no-plumbing", action="store_true")
     p.add_argument("--no-fault", action="store_true")
     p.set_defaults(func=functools.partial(cmd_e2e, parser=p))

@@ -36,13 +36,13 @@ def _write_tgz(dest: Path, files: list[tuple[Path, str]], level: int = 9) -> Non
 
 
 def pack(out: Path, dest: Path, servers: dict) -> None:
-    """A .tar.gz of the results folder (server logs trimmed; datasets, profiler traces and the live
-    servers' state files left out), written atomically."""
+    """A .tar.gz of the results folder (server logs trimmed; datasets, profiler traces, the raw stack samples
+    (stacks.json digests them) and the live servers' state files left out), written atomically."""
     (out / "logs").mkdir(exist_ok=True)
     for name, st in servers.items():
         trim_log(Path(st["log"]), out / "logs" / f"server-{name}.log")
     _write_tgz(dest, [(p, str(Path(out.name) / p.relative_to(out))) for p in sorted(out.rglob("*"))
-                      if p.is_file() and p.relative_to(out).parts[0] not in ("datasets", "traces", "state")
+                      if p.is_file() and p.relative_to(out).parts[0] not in ("datasets", "traces", "state", "stacks")
                       and p.name != "server.log"])
 
 

@@ -130,6 +130,11 @@ def prepare(run: Run) -> Prepared:
                                              ports={n: port_of(run, n) for n in names},
                                              profile_batch=args.profile_batch)
     run.summary["differences"] += [{"side": "server", **c} for n in names for c in run.capacity.get(n, [])]
+    if args.stack_every:
+        run.summary["differences"].append({
+            "side": "server", "args": [f"FORGE_STACK_EVERY={args.stack_every:g}", "PYTHONPATH=harness/gpu/stacks:..."],
+            "why": f"--stack-every: each server process writes its threads' stacks every {args.stack_every:g} s "
+                   "(faulthandler's watchdog thread, outside the GIL) for stacks.json"})
     if run.rnd is not None:
         run.summary["differences"].append({
             "side": "server", "args": [f"<the {run.rnd.name} round's start script, tier {run.serve_tier}'s settings>"],

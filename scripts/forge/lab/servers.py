@@ -7,6 +7,7 @@ invocation would start and answers /health; any other server recorded in the fol
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 from .. import paths, proc, ui
 from ..errors import ForgeError
 from ..run import runs, serve, synth
-from . import final_round, profiler
+from . import final_round, profiler, stacks
 from .client import complete
 from .serverlog import log_facts
 
@@ -70,6 +71,9 @@ def _launch_parts(run: Run, name: str) -> tuple[list[str], dict[str, str]]:
     hargs = run.hargs + final_round.capacity_args(run.capacity, name)
     if run.args.profile_prefill:          # not part of the tiers' identity: the profiler idles until asked
         hargs = hargs + profiler.server_args(run.out, name)
+    if run.args.stack_every:
+        extra_env.update(stacks.server_env(run.out, name, run.args.stack_every,
+                                           run.child_env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))))
     return hargs, extra_env
 
 
@@ -96,6 +100,8 @@ def check_cards(run: Run, model: Path, name: str) -> None:
 
 def _launch(run: Run, model: Path, name: str) -> dict | None:
     hargs, extra_env = _launch_parts(run, name)
+    if "FORGE_STACK_DIR" in extra_env:
+        Path(extra_env["FORGE_STACK_DIR"]).mkdir(parents=True, exist_ok=True)
     prof = run.profiles[name]
     state_file = state_path(run.out, name)
     st = guarded(run, name, functools.partial(

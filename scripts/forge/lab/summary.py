@@ -11,6 +11,7 @@ from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..run import predict, runs, synth, timemodel
 from ..run.score_doc import fmt
+from . import stacks
 from .serverlog import log_facts
 
 
@@ -19,6 +20,7 @@ class Run(Protocol):
     after every step; named here so that the summary does not import the session that calls it)."""
 
     contest: dict
+    out: Path
     servers: dict
     summary: dict
 
@@ -257,6 +259,7 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
     L += tier_ratio_lines(run, names, ref)
     L += sla_lines(run, names, ref)
     L += stall_lines(run, names)
+    L += stacks.summary_lines(stacks.collect(run.out))     # --stack-every: rewrites stacks.json too
     L += ["", "## Proxy score (same-run reference = 60.0)", ""]
     if scored:
         for n, r in scored.items():
