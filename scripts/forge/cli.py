@@ -74,7 +74,7 @@ class ForgeParser(argparse.ArgumentParser):
         ns, extra = self.parse_known_args(argv, namespace)
         if extra:
             prog = f"{self.prog} {ns.verb}" if getattr(ns, "verb", None) else self.prog
-            self.exit(2, f"{prog}: error: {leftover_message(argv, extra)}\n  fix: `{prog} --help` lists its "
+            self.exit(2, f"{prog}: error: {leftover_message(argv, extra, prog)}\n  fix: `{prog} --help` lists its "
                          "options\n")
         return ns
 
@@ -104,13 +104,17 @@ def _strict_numbers(kw: dict) -> dict:
     return kw
 
 
-def leftover_message(argv: list[str], extra: list[str]) -> str:
-    """What argparse would call "unrecognized arguments", said of the option they follow when they come
-    right after its one value: a value with a blank in it (make score RUN="a b") split into words."""
+def leftover_message(argv: list[str], extra: list[str], prog: str = "forge") -> str:
+    """What argparse would call "unrecognized arguments": an option `prog` (the verb) does not have, named;
+    else words said of the option they follow when they come right after its one value: a value with a blank
+    in it (make score RUN="a b") split into words. An option after a value is no such word: `--run R --bogus`
+    was "--run takes one value, given 1 words ('R')"."""
+    if extra[0].startswith("-") and not _NUMBER_LIKE.match(extra[0]):
+        return f"{extra[0].split('=', 1)[0]}: not an option of {prog}"
     for i in range(2, len(argv)):
         if argv[i] == extra[0] and argv[i - 2].startswith("--") and "=" not in argv[i - 2] \
                 and not argv[i - 1].startswith("-"):
-            words = [argv[i - 1], *[w for w in argv[i:] if w in extra and not w.startswith("-")][:3]]
+            words = [argv[i - 1], *[w for w in argv[i:] if w in extra and (_NUMBER_LIKE.match(w) or w[:1] != "-")][:3]]
             return (f"{argv[i - 2]} takes one value, given {len(words)} words ({' '.join(map(repr, words))}): a value "
                     "is one plain word (a run id, a name, a path without blanks)")
     return "unrecognized arguments: " + " ".join(extra)

@@ -129,6 +129,18 @@ def comma_items(text: str, option: str, hint: str) -> list[str]:
     return items
 
 
+def tier_items(text: str | None, tiers: list[str]) -> list[str] | None:
+    """--tiers as bench-all-tiers and sweep read it (None: left out, every tier): the tiers typed, each as
+    written (a name is checked by the verb); a list of nothing ("," or " ") names no tier, and an empty item
+    among names ("4-8K,", "4-8K,,8-16K") is refused as comma_items refuses one, never skipped."""
+    if text is None:
+        return None
+    hint = f"tiers: {', '.join(tiers)}"
+    if not text.replace(",", "").strip():
+        raise ForgeError("--tiers names no tier", hint=hint)
+    return comma_items(text, "--tiers", hint)
+
+
 def nonempty(option: str, required: bool = False):
     """An argparse type for `option` that refuses an empty value (an empty value is not the default;
     for a `required` argument, such as a positional one, it is no value at all)."""

@@ -175,7 +175,7 @@ def test_an_empty_topology_is_refused_as_the_other_lists_empty_items_are(tmp_pat
     args[args.index("--topologies") + 1] = topologies
     with writes_nothing(tmp_path):
         r = forge(tmp_path, *args, "--model", str(tmp_path / "model"), **CARDS)
-    refused(r, "--topologies", "'' is not a topology of the final round")
+    refused(r, f"--topologies {topologies!r}", "an empty item")         # round 17: it said "'' is not a topology"
     assert "tp2, tp2dp1" in fix_line(r), r.stderr
 
 

@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from .. import paths, ui
+from .. import options, paths, ui
 from ..contest import profiles, rounds
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
@@ -34,15 +34,16 @@ class Run:
         self.h = final_round.apply_to_harness(
             gpu_bundle.harness_config(Path(args.harness) if args.harness else None), args)
         # what the arguments name is checked before anything is created, installed or started
-        self.names = args.profiles.split(",") if args.profiles else list(self.h["profiles"])
+        hint = "name profiles of configs/serve/ by their names, e.g. fast-int8,upstream"
+        # an empty item ("fast,,upstream") is refused as one; it was "'' is '' is not a name (empty or not text)"
+        self.names = options.comma_items(args.profiles, "--profiles", hint) if args.profiles else list(self.h["profiles"])
         twice = sorted({n for n in self.names if self.names.count(n) > 1})
         if twice:                         # one server, port and run folder per name: a second would share them
             raise ForgeError(f"--profiles {','.join(self.names)}: {', '.join(twice)} given twice",
                              hint="name each profile once")
         for n in self.names:                # each becomes the folder runs/<name> of the results
             if paths.name_problem(n):
-                raise ForgeError(f"--profiles {args.profiles}: {n!r} is {paths.name_problem(n)}",
-                                 hint="name profiles of configs/serve/ by their names, e.g. fast-int8,upstream")
+                raise ForgeError(f"--profiles {args.profiles}: {n!r} is {paths.name_problem(n)}", hint=hint)
         self.ref = args.reference or ("upstream" if "upstream" in self.names else self.names[-1])
         if self.ref not in self.names:
             raise ForgeError(f"the reference profile {self.ref} is not among the profiles {self.names}",

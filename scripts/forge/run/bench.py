@@ -250,16 +250,16 @@ def run_tiers(*, profile: str | None = None, run_id: str | None = None, model: s
 
 
 def cmd_bench(args) -> int:
-    tiers = [x.strip() for x in args.tiers.split(",") if x.strip()] if args.tiers is not None else None
-    note = unread.unread_note(contest_mod.load_contest(), args.round, "client", "add --round final, make "
-                              "bench-all-tiers ROUND=final, to run the final round's client")
+    contest = contest_mod.load_contest()
+    tiers = options.tier_items(args.tiers, contest_mod.tier_names(contest))
+    note = unread.unread_note(contest, args.round, "client", "add --round final, make bench-all-tiers ROUND=final, "
+                              "to run the final round's client")
     if note:
         ui.warn(note)
-    rdir = run_tiers(profile=args.profile, run_id=args.run_id, model=args.model, data_dir=args.data_dir,
-                     tiers=tiers, num_prompts=args.num_prompts, client=args.client, port=args.port,
-                     progress_every=args.progress_every, keep_failed=args.keep_failed, harness=args.harness,
-                     round_name=args.round)
-    print(rdir)
+    print(run_tiers(profile=args.profile, run_id=args.run_id, model=args.model, data_dir=args.data_dir, tiers=tiers,
+                    num_prompts=args.num_prompts, client=args.client, port=args.port, contest=contest,
+                    progress_every=args.progress_every, keep_failed=args.keep_failed, harness=args.harness,
+                    round_name=args.round))
     return 0
 
 

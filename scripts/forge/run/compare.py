@@ -16,6 +16,8 @@ from ..errors import ForgeError
 from ..hashing import sha256_bytes
 from . import bench, bench_data, final_baseline, final_sweep, runs, score, serve
 
+NOISE_PCT_MIN = 0.1     # --noise-pct's least: a tenth of a percent
+
 
 def _folders(paths: list[str], side: str) -> list[Path]:
     """A side's run folders, each once: a folder given twice would count as two repeats and shrink the
@@ -283,9 +285,11 @@ def register(sub) -> None:
                                    "Every run compared is of one round (its manifest's): the rounds' clients differ.")
     p.add_argument("--a", nargs="+", default=[], help="run folder(s) or id(s) of side A, each once")
     p.add_argument("--b", nargs="+", default=[], help="run folder(s) or id(s) of side B, each once")
-    p.add_argument("--noise-pct", type=options.number_in(0, 100, "a percentage", "--noise-pct 3", lo_open=True),
+    # below a tenth of a percent the band is no band (1e-300 % was taken: under the table's two decimals, every
+    # difference "B higher" or "B lower"); no run-to-run noise of a served benchmark is that small
+    p.add_argument("--noise-pct", type=options.number_in(NOISE_PCT_MIN, 100, "a percentage", "--noise-pct 3"),
                    default=3.0, help="assumed run-to-run noise in %% when neither side has repeats (default 3; "
-                                     "above 0, at most 100)")
+                                     f"{NOISE_PCT_MIN:g} to 100)")
     p.add_argument("--reference", help="score both sides against this run (a harness run's same-run reference, "
                                        "found beside e2e results by default) instead of the default baseline set; "
                                        "a final-round run only where served at the finals' baseline configuration, "

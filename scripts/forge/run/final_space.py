@@ -97,16 +97,21 @@ class Ranked:
 Ranker = Callable[[str, list[Candidate]], list[Ranked]]
 
 
-def topology_of(text: str, rnd: rounds.Round) -> tuple[int, int]:
-    """'tp2' / 'dp2' / 'tp2dp1' / 'tp1dp2' as (tp, dp), one of the round's topologies."""
-    t = text.strip().lower()
+def topology_names(rnd: rounds.Round) -> dict[str, tuple[int, int]]:
+    """The round's topologies by every name --topologies takes: 'tp2' / 'dp2' / 'tp2dp1' / 'tp1dp2'."""
     named = {f"tp{tp}dp{dp}": (tp, dp) for tp, dp in rnd.topologies}
     named.update({f"tp{tp}": (tp, dp) for tp, dp in rnd.topologies if dp == 1})
     named.update({f"dp{dp}": (tp, dp) for tp, dp in rnd.topologies if tp == 1})
-    if t not in named:
+    return named
+
+
+def topology_of(text: str, rnd: rounds.Round) -> tuple[int, int]:
+    """'tp2' / 'dp2' / 'tp2dp1' / 'tp1dp2' as (tp, dp), one of the round's topologies."""
+    named = topology_names(rnd)
+    if text.strip().lower() not in named:
         raise ForgeError(f"--topologies: {text!r} is not a topology of the {rnd.name} round",
                          hint=f"topologies: {', '.join(sorted(named))}")
-    return named[t]
+    return named[text.strip().lower()]
 
 
 def kv_dtype_list(text: str, why_twice: str, option: str = "--kv-dtype") -> list[str]:
@@ -169,10 +174,11 @@ def space(rnd: rounds.Round, *, topologies: str | None = None, kv_dtypes: str | 
     if rnd.name == rounds.DEFAULT_ROUND:
         raise ForgeError("the preliminary round has no search space: it unlocks nothing",
                          hint="forge sweep --round final ...; the preliminary's sweep takes profiles")
-    # an empty item is refused as the other lists' are (it was skipped; "," alone left an empty space
-    # refused as batched tokens below sequences); one topology named twice ("tp2,tp2dp1") is one
-    topos = (list(dict.fromkeys(topology_of(x, rnd) for x in topologies.split(","))) if topologies
-             else list(rnd.topologies))
+    # an empty item is refused as the other lists' are, as an empty item ("tp2," was "'' is not a topology");
+    # one topology named twice ("tp2,tp2dp1") is one
+    topos = (list(dict.fromkeys(topology_of(x, rnd) for x in options.comma_items(
+        topologies, "--topologies", f"topologies: {', '.join(sorted(topology_names(rnd)))}")))
+        if topologies else list(rnd.topologies))
     kvs = _list(kv_dtypes, "--kv-dtypes", str, DEFAULTS["kv_dtypes"])
     bad = [k for k in kvs if k not in KV_DTYPES]
     if bad:

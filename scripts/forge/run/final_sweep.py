@@ -27,7 +27,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from .. import paths, ui
+from .. import options, paths, ui
 from ..contest import profiles, rounds
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
@@ -358,7 +358,7 @@ def cmd_final(args) -> int:
         raise ForgeError("--repeat goes with the preliminary's sweep; the final round's serves each configuration once",
                          hint="drop --repeat")
     space_args = {k: getattr(args, k) for k in SPACE_OPTIONS if getattr(args, k) is not None}
-    tiers = [x.strip() for x in args.tiers.split(",") if x.strip()] if args.tiers is not None else None
+    tiers = options.tier_items(args.tiers, contest_mod.tier_names(contest_mod.load_contest()))
     # the defaults here, not in the parser: the preliminary's sweep refuses each of these when typed at all
     st = sweep_final(tiers, model=args.model, top=3 if args.top is None else args.top, sweep_id=args.sweep_id,
                      baseline=args.baseline, baseline_profile=args.baseline_profile,
