@@ -378,7 +378,8 @@ def test_e2e_with_the_real_client_and_a_server_killed_mid_tier(tmp_path, client)
     r = subprocess.run([sys.executable, "-m", "forge", "e2e-gpu", "--bundle", "", "--model", str(model),
                         "--vllm", fake, "--client", client, "--first-port", str(p), "--out", str(tmp_path / "out"),
                         "--num-prompts", "1", "--fault-delay-s", "1", "--fixed-output", "1024",
-                        "--start-guess-s", "0"],                 # a fake server starts in about a second
+                        "--start-guess-s", "0",                  # a fake server starts in about a second
+                        "--stack-every", "0.5"],                 # and its stacks are sampled
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -407,6 +408,12 @@ def test_e2e_with_the_real_client_and_a_server_killed_mid_tier(tmp_path, client)
     assert "# Proxy score (harness run)" in (tmp_path / "out" / "runs" / "fault-upstream" / "score.md").read_text()
     assert rec["harness"] is True
     assert "as intended" in (tmp_path / "out" / "summary.md").read_text()
+    # --stack-every: each server process sampled where its main thread was, the digest in the run and its summary
+    stacks = json.loads((tmp_path / "out" / "stacks.json").read_text())
+    for prof in ("contest", "upstream"):
+        assert any(p["samples"] >= 2 and "fakeserver.py" in p["argv"] and p["top"] for p in stacks[prof]), stacks[prof]
+    assert any(d["args"][0] == "FORGE_STACK_EVERY=0.5" for d in s["differences"])
+    assert "## Where the servers' processes were" in (tmp_path / "out" / "summary.md").read_text()
 
 
 def test_gpu_bundle_builds_with_the_harness_in_its_wheel(patched_tree, tmp_path):
