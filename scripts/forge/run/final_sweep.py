@@ -39,6 +39,9 @@ from .final_space import Candidate, Ranked
 SPACE_OPTIONS = ("topologies", "kv_dtypes", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
                  "concurrency")
 BUILDS = {"best-public": costs.BEST_PUBLIC_BUILD, "upstream": costs.UPSTREAM}
+# the final round's defaults; applied in cmd_final, not by the parser: the preliminary's sweep refuses each of
+# these options when typed at all, its default value included
+DEFAULT_TOP, DEFAULT_BASE_PROFILE, DEFAULT_BUILD = 3, "contest", "best-public"
 
 
 def sweeps_root() -> Path:
@@ -58,7 +61,7 @@ def launchers(vllm_cmd: str | None, client: str | None) -> None:
     bench.client_launcher(client)
 
 
-def model_ranker(contest: dict, rnd: rounds.Round, build: str = "best-public", link: str = "pcie") -> final_space.Ranker:
+def model_ranker(contest: dict, rnd: rounds.Round, build: str = DEFAULT_BUILD, link: str = "pcie") -> final_space.Ranker:
     """The finals' time model as a Ranker: each tier's requests are the contest workload's (prompt,
     output) pairs, as many as the round sends, outputs ending at end-of-text (capped at the round's
     output length); the finals' baseline is modelled on the same requests."""
@@ -149,9 +152,10 @@ def _measure(prof: Path, tier: str, run_id: str, concurrency: int, kw: dict, con
     return "measured"
 
 
-def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, sweep_id: str | None = None,
-                baseline: str | None = None, baseline_profile: str | None = None, base_profile: str = "contest",
-                space_args: dict | None = None, ranker: Callable | None = None, model_build: str = "best-public",
+def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = DEFAULT_TOP, sweep_id: str | None = None,
+                baseline: str | None = None, baseline_profile: str | None = None,
+                base_profile: str = DEFAULT_BASE_PROFILE, space_args: dict | None = None,
+                ranker: Callable | None = None, model_build: str = DEFAULT_BUILD,
                 tier_env: str | None = None, force: bool = False, image: str | None = None,
                 vllm_cmd: str | None = None, data_dir: str | None = None, num_prompts: int | None = None,
                 client: str | None = None, port: int | None = None, timeout: float = 1800,
@@ -170,7 +174,7 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = 3, swe
     if twice:
         raise ForgeError(f"--tiers: {', '.join(twice)} given twice", hint="name each tier once")
     if top < 1:
-        raise ForgeError(f"--top {top}: at least one configuration per tier is served", hint="--top 3")
+        raise ForgeError(f"--top {top}: at least one configuration per tier is served", hint=f"--top {DEFAULT_TOP}")
     if baseline and baseline_profile:
         raise ForgeError("--baseline and --baseline-profile both given; give one: --baseline RUN takes a measured "
                          "baseline, --baseline-profile P measures one in the sweep",
@@ -312,7 +316,7 @@ def add_arguments(s) -> None:
                         "preliminary's sweep over PROFILES")
     s.add_argument("--tiers", help="final: comma-separated tiers to search (default: all three)")
     s.add_argument("--top", type=int, default=None, help="final: how many of the model's best configurations are served "
-                                                      "per tier (default 3)")
+                                                      f"per tier (default {DEFAULT_TOP})")
     s.add_argument("--sweep-id", help="final: the sweep to write or resume (default: a new one; printed at the start)")
     s.add_argument("--baseline", help="final: a final-round run at the finals' baseline configuration (same-run "
                                       "upstream) holding the searched tiers; its recorded server values and each "
@@ -321,17 +325,17 @@ def add_arguments(s) -> None:
     s.add_argument("--baseline-profile", help="final: measure the baseline in the sweep: this profile at the round's "
                                               "baseline settings, one run per tier (e.g. upstream)")
     s.add_argument("--base-profile", default=None, help="final: the profile every candidate extends (default: "
-                                                              "contest, the submission)")
-    for opt, default in (("--topologies", "tp2,dp2"), ("--kv-dtypes", "bf16,int8"), ("--max-num-seqs", "16,32,64,128"),
-                         ("--max-num-batched-tokens", "2048,4096,8192,16384"),
-                         ("--gpu-memory-utilization", "0.9,0.95"), ("--concurrency", "8,10,12,16")):
+                                                              f"{DEFAULT_BASE_PROFILE}, the submission)")
+    for opt, default in (("--topologies", "every topology of the round, configs/contest.yaml"),
+                         *((f"--{k.replace('_', '-')}", ",".join(f"{v:g}" for v in vals) if k != "kv_dtypes"
+                            else ",".join(vals)) for k, vals in final_space.DEFAULTS.items())):
         more = ("; beside them, per tier, the capacity planner's where the concurrency would preempt (how many of "
                 "the tier's largest requests one replica's KV cache holds: forge plan's 'planned seqs')"
                 if opt == "--max-num-seqs" else "")
         s.add_argument(opt, help=f"final: comma-separated values of the search space (default {default}){more}")
     s.add_argument("--model-build", default=None,
                    help=f"final: the build the time model prices the candidates with ({', '.join(BUILDS)}; default "
-                        "best-public)")
+                        f"{DEFAULT_BUILD})")
     s.add_argument("--tier-env", help="final: the tier-environment file the winners go to (default "
                                       "reports/final-round/tier-environment.json)")
     s.add_argument("--force", action="store_true", help="final: replace a tier's winner another sweep recorded")
@@ -359,11 +363,10 @@ def cmd_final(args) -> int:
                          hint="drop --repeat")
     space_args = {k: getattr(args, k) for k in SPACE_OPTIONS if getattr(args, k) is not None}
     tiers = options.tier_items(args.tiers, contest_mod.tier_names(contest_mod.load_contest()))
-    # the defaults here, not in the parser: the preliminary's sweep refuses each of these when typed at all
-    st = sweep_final(tiers, model=args.model, top=3 if args.top is None else args.top, sweep_id=args.sweep_id,
+    st = sweep_final(tiers, model=args.model, top=DEFAULT_TOP if args.top is None else args.top, sweep_id=args.sweep_id,
                      baseline=args.baseline, baseline_profile=args.baseline_profile,
-                     base_profile=args.base_profile or "contest", space_args=space_args,
-                     model_build=args.model_build or "best-public", tier_env=args.tier_env, force=args.force,
+                     base_profile=args.base_profile or DEFAULT_BASE_PROFILE, space_args=space_args,
+                     model_build=args.model_build or DEFAULT_BUILD, tier_env=args.tier_env, force=args.force,
                      image=args.image,
                      vllm_cmd=args.vllm, data_dir=args.data_dir, num_prompts=args.num_prompts, client=args.client,
                      port=args.port, timeout=args.timeout, shm_size=args.shm_size, harness=args.harness,
