@@ -4,6 +4,7 @@ process's main thread was (not a helper thread's frames); the raw files stay out
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -64,7 +65,7 @@ def test_a_held_process_and_its_forked_child_are_sampled_where_each_main_thread_
         assert top.startswith(f"{frame} (") and n >= 0.6 * p["samples"], p["top"]
         assert len(p["timeline"]) == p["samples"]
         assert not any("idle_helper" in f or "sleep" in f for f, _ in p["top"])
-    assert (out / "stacks.json").is_file()
+    assert stacks.read(out) == json.loads(json.dumps(digest))       # what summary.md is made from
     md = "\n".join(stacks.summary_lines(digest))
     assert "| prof | other |" in md and "held_in_parent" in md and "held_in_child" in md
 
@@ -96,6 +97,7 @@ def test_without_the_option_nothing_is_set_or_sampled(tmp_path):
     assert env["PYTHONPATH"] == f"{stacks.SITE}{os.pathsep}/site" and env["FORGE_STACK_EVERY"] == "2"
     assert not (tmp_path / "stacks").exists()          # the server's start makes the folder, not the plan
     assert stacks.collect(tmp_path) == {} and not (tmp_path / "stacks.json").exists()
+    assert stacks.read(tmp_path) == {} and stacks.summary_lines({}) == []
     # the sampler off: a process started with the folder on its path and no FORGE_STACK_EVERY writes nothing
     folder = tmp_path / "stacks" / "prof"
     folder.mkdir(parents=True)

@@ -3,8 +3,9 @@ where each process's main thread was, sample by sample. harness/gpu/stacks/sitec
 servers' PYTHONPATH, makes each process write its threads' stacks every SECONDS (faulthandler's watchdog, which
 samples a process held in a long call too) to <out>/stacks/<profile>/stacks-<pid>.txt; after the run they are
 read into <out>/stacks.json (per process: its role, the samples, the main thread's innermost frames by count and
-sample by sample) and a section of summary.md. The raw files stay out of the packed archive (their size); the
-digest goes in."""
+sample by sample) once the servers are down, and a section of summary.md. The raw files stay out of the packed
+archive (their size); the digest goes in. A run killed before its end leaves the raw files in <out>/stacks/ and no
+digest."""
 
 from __future__ import annotations
 
@@ -108,6 +109,14 @@ def collect(out: Path) -> dict:
     if res:
         (out / f"{FOLDER}.json").write_text(json.dumps(res, indent=1) + "\n")
     return res
+
+
+def read(out: Path) -> dict:
+    """The digest collect() wrote to <out>/stacks.json; {} before (or without) one."""
+    try:
+        return json.loads((out / f"{FOLDER}.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def summary_lines(digest: dict) -> list[str]:

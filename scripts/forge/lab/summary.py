@@ -259,7 +259,7 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
     L += tier_ratio_lines(run, names, ref)
     L += sla_lines(run, names, ref)
     L += stall_lines(run, names)
-    L += stacks.summary_lines(stacks.collect(run.out))     # --stack-every: rewrites stacks.json too
+    L += stacks.summary_lines(stacks.read(run.out))        # --stack-every's digest, once the run has made it
     L += ["", "## Proxy score (same-run reference = 60.0)", ""]
     if scored:
         for n, r in scored.items():
