@@ -70,14 +70,14 @@ def test_a_held_process_and_its_forked_child_are_sampled_where_each_main_thread_
     assert "| prof | other |" in md and "held_in_parent" in md and "held_in_child" in md
 
 
-def test_roles_come_from_the_frames_a_process_was_sampled_in():
+def test_roles_come_from_the_frames_a_process_was_sampled_in(tmp_path):
     text = ("# forge stacks pid 7 ppid 1 every 2 s from 0\n# argv x\nTimeout (0:00:02)!\n"
             "Thread 0x1 (most recent call first):\n"
             '  File "/s/site-packages/vllm/v1/engine/core.py", line 9 in step\n'
             '  File "<string>", line 1 in <module>\n')
     head, samples = stacks._samples(text)
     assert head == {"pid": 7, "ppid": 1, "every_s": 2.0, "argv": "x"}
-    assert samples == [[("vllm/v1/engine/core.py:9", "step"), ("<string>:1", "<module>")]]
+    assert samples == [[("vllm/v1/engine/core.py:9", "step", False), ("<string>:1", "<module>", False)]]
     assert stacks._role(samples) == "engine core"
     # `python -m` (the servers' start): the main thread ends in runpy's frame, a started thread in _bootstrap
     text = ("Timeout (0:00:02)!\nThread 0x2 (most recent call first):\n"
@@ -87,8 +87,21 @@ def test_roles_come_from_the_frames_a_process_was_sampled_in():
             '  File "/v/site-packages/vllm/entrypoints/openai/api_server.py", line 5 in serve\n'
             '  File "<frozen runpy>", line 198 in _run_module_as_main\n')
     _, samples = stacks._samples(text)
-    assert [s[0] for s in samples] == [("vllm/entrypoints/openai/api_server.py:5", "serve")]
+    assert [s[0] for s in samples] == [("vllm/entrypoints/openai/api_server.py:5", "serve", False)]
     assert stacks._role(samples) == "API server"
+    # a main thread waiting in the standard library: the innermost frame outside it says where in the program
+    text = ("# forge stacks pid 9 ppid 1 every 1 s from 0\nTimeout (0:00:01)!\nThread 0x1 (most recent call first):\n"
+            '  File "/usr/lib/python3.12/selectors.py", line 415 in select\n'
+            '  File "/usr/lib/python3.12/asyncio/base_events.py", line 1949 in _run_once\n'
+            '  File "/v/lib/python3.12/site-packages/uvloop/x.py", line 3 in run\n'
+            '  File "<frozen runpy>", line 198 in _run_module_as_main\n')
+    folder = tmp_path / "stacks" / "api"
+    folder.mkdir(parents=True)
+    (folder / "stacks-9.txt").write_text(text * 5)
+    p, = stacks.collect(tmp_path)["api"]
+    assert [tuple(x) for x in p["top"]] == [("select (3.12/selectors.py:415)", 5)]
+    assert [tuple(x) for x in p["top_code"]] == [("run (uvloop/x.py:3)", 5)]
+    assert "run (uvloop/x.py:3) 100 %" in "\n".join(stacks.summary_lines(stacks.read(tmp_path)))
 
 
 def test_without_the_option_nothing_is_set_or_sampled(tmp_path):

@@ -44,14 +44,17 @@ def server_env(out: Path, name: str, every: float | None, base_pythonpath: str) 
             "PYTHONPATH": str(SITE) + (os.pathsep + base_pythonpath if base_pythonpath else "")}
 
 
-def _samples(text: str) -> tuple[dict, list[list[tuple[str, str]]]]:
+Frame = tuple[str, str, bool]           # (file:line, function, in Python's standard library)
+
+
+def _samples(text: str) -> tuple[dict, list[list[Frame]]]:
     """(header, [the main thread's frames, innermost first, per sample]) of one process's file. The main
     thread is the one whose outermost frame is not threading's _bootstrap (every thread threading starts ends
     there; the main one in a module's code or in runpy's, for `python -m`)."""
     head: dict = {}
-    out: list[list[tuple[str, str]]] = []
-    threads: list[list[tuple[str, str]]] = []
-    cur: list[tuple[str, str]] | None = None
+    out: list[list[Frame]] = []
+    threads: list[list[Frame]] = []
+    cur: list[Frame] | None = None
 
     def close() -> None:
         main = [t for t in threads if t and t[-1][1] != "_bootstrap"]
@@ -73,7 +76,9 @@ def _samples(text: str) -> tuple[dict, list[list[tuple[str, str]]]]:
         else:
             f = FRAME.match(line)
             if f and cur is not None:
-                cur.append((f"{_short(f.group(1))}:{f.group(2)}", f.group(3)))
+                path = f.group(1)
+                stdlib = path.startswith("<frozen") or ("/lib/python" in path and "-packages/" not in path)
+                cur.append((f"{_short(path)}:{f.group(2)}", f.group(3), stdlib))
     close()
     return head, out
 
@@ -85,8 +90,8 @@ def _short(path: str) -> str:
     return path
 
 
-def _role(samples: list[list[tuple[str, str]]]) -> str:
-    seen = {where for s in samples for where, _ in s}
+def _role(samples: list[list[Frame]]) -> str:
+    seen = {where for s in samples for where, _, _ in s}
     for role, marks in ROLES:
         if any(m in w for w in seen for m in marks):
             return role
@@ -94,21 +99,30 @@ def _role(samples: list[list[tuple[str, str]]]) -> str:
 
 
 def collect(out: Path) -> dict:
-    """{profile: [per process: pid, ppid, role, argv, every_s, samples, top [[frame, count]], timeline]}
-    from <out>/stacks/, written to <out>/stacks.json; {} where there are none."""
+    """{profile: [per process: pid, ppid, role, argv, every_s, samples, top [[frame, count]], timeline, and
+    top_code / timeline_code: the same of the innermost frame outside Python's standard library (where in vLLM,
+    or the program, a thread waiting in selectors or asyncio was)]} from <out>/stacks/, written to
+    <out>/stacks.json; {} where there are none."""
     res: dict = {}
     for folder in sorted(p for p in (out / FOLDER).glob("*") if p.is_dir()):
         procs = []
         for f in sorted(folder.glob("stacks-*.txt")):
             head, samples = _samples(f.read_text(errors="replace"))
-            inner = [f"{s[0][1]} ({s[0][0]})" if s else "(no main thread)" for s in samples]
+            inner = [_name(s[0]) if s else "(no main thread)" for s in samples]
+            code = [next((_name(fr) for fr in s if not fr[2]), "(only the standard library)") if s
+                    else "(no main thread)" for s in samples]
             procs.append({**head, "role": _role(samples), "samples": len(samples),
-                          "top": Counter(inner).most_common(TOP), "timeline": inner})
+                          "top": Counter(inner).most_common(TOP), "timeline": inner,
+                          "top_code": Counter(code).most_common(TOP), "timeline_code": code})
         if procs:
             res[folder.name] = procs
     if res:
         (out / f"{FOLDER}.json").write_text(json.dumps(res, indent=1) + "\n")
     return res
+
+
+def _name(fr: Frame) -> str:
+    return f"{fr[1]} ({fr[0]})"
 
 
 def read(out: Path) -> dict:
@@ -121,16 +135,17 @@ def read(out: Path) -> dict:
 
 def summary_lines(digest: dict) -> list[str]:
     """summary.md's section: per profile and process (with 5 samples or more), the main thread's innermost
-    frames by share of the samples."""
+    frames, and its innermost frames outside the standard library, by share of the samples."""
     rows = []
     for name, procs in digest.items():
         for p in procs:
             if p.get("samples", 0) < 5:
                 continue
-            top = "; ".join(f"{frame} {100 * n / p['samples']:.0f} %" for frame, n in p["top"])
-            rows.append(f"| {name} | {p['role']} | {p.get('pid', '?')} | {p['samples']} | {top.replace('|', '/')} |")
+            cells = ["; ".join(f"{frame} {100 * n / p['samples']:.0f} %" for frame, n in p.get(k) or [])
+                     .replace("|", "/") for k in ("top", "top_code")]
+            rows.append(f"| {name} | {p['role']} | {p.get('pid', '?')} | {p['samples']} | {cells[0]} | {cells[1]} |")
     if not rows:
         return []
     return ["", f"## Where the servers' processes were ({FOLDER}.json: the main thread's innermost frame per sample)",
-            "", "| profile | process | pid | samples | innermost frames, share of samples |", "|---|---|---|---|---|",
-            *rows]
+            "", "| profile | process | pid | samples | innermost frames, share of samples | innermost outside the "
+            "standard library |", "|---|---|---|---|---|---|", *rows]
