@@ -44,7 +44,7 @@ HELD = textwrap.dedent("""
 
 def _run_held(tmp_path: Path, every: str = "0.1") -> Path:
     out = tmp_path / "run"
-    env = {**os.environ, **stacks.server_env(out, "prof", float(every), os.environ.get("PYTHONPATH", ""))}
+    env = {**stacks.process_env(dict(os.environ), float(every)), **stacks.server_env(out, "prof", float(every))}
     Path(env["FORGE_STACK_DIR"]).mkdir(parents=True)
     script = tmp_path / "held.py"
     script.write_text(HELD)
@@ -73,21 +73,45 @@ def test_a_held_process_and_its_forked_child_are_sampled_where_each_main_thread_
 def test_roles_come_from_the_frames_a_process_was_sampled_in(tmp_path):
     text = ("# forge stacks pid 7 ppid 1 every 2 s from 0\n# argv x\nTimeout (0:00:02)!\n"
             "Thread 0x1 (most recent call first):\n"
-            '  File "/s/site-packages/vllm/v1/engine/core.py", line 9 in step\n'
+            '  File "/s/site-packages/vllm/v1/engine/core.py", line 9 in run_busy_loop\n'
             '  File "<string>", line 1 in <module>\n')
-    head, samples = stacks._samples(text)
+    head, samples = stacks._samples(text.splitlines())
     assert head == {"pid": 7, "ppid": 1, "every_s": 2.0, "argv": "x"}
-    assert samples == [[("vllm/v1/engine/core.py:9", "step", False), ("<string>:1", "<module>", False)]]
+    assert samples == [[("vllm/v1/engine/core.py:9", "run_busy_loop", False), ("<string>:1", "<module>", False)]]
     assert stacks._role(samples) == "engine core"
-    # `python -m` (the servers' start): the main thread ends in runpy's frame, a started thread in _bootstrap
+    # a worker forked from the engine core keeps the engine core's outer frames: a worker all the same
+    fork = [[("vllm/v1/executor/multiproc_executor.py:800", "worker_main", False), *samples[0]]]
+    assert stacks._role(fork) == "worker"
+    # an API server (vLLM's command line), and a program that merely has a main(): not one
+    api = [[("vllm/entrypoints/cli/main.py:70", "main", False), ("<frozen runpy>:198", "_run_module_as_main", True)]]
+    assert stacks._role(api) == "API server" and stacks._role([[("x.py:1", "main", False)]]) == "other"
+
+
+def test_the_main_thread_is_the_one_the_header_names(tmp_path):
+    # a helper thread whose outermost frames were cut (a dump keeps 100) or that C code started looks like a
+    # main thread by its frames; the header's id decides, and a dump without that thread is an empty sample
+    text = ("# forge stacks pid 9 ppid 1 every 1 s from 0 main 0x00000000000000aa\n# argv x\nTimeout (0:00:01)!\n"
+            "Thread 0x00000000000000bb (most recent call first):\n"
+            '  File "/p/helper.py", line 3 in deep\n  ...\n\n'
+            "Thread 0x00000000000000aa (most recent call first):\n"
+            '  File "/p/app.py", line 8 in held\n'
+            '  File ???, line ??? in <unknown>\n'
+            '  File "/p/app.py", line 20 in <module>\n'
+            "Timeout (0:00:01)!\nThread 0x00000000000000bb (most recent call first):\n"
+            '  File "/p/helper.py", line 3 in deep\n')
+    head, samples = stacks._samples(text.splitlines())
+    assert head["main"] == "0x00000000000000aa"
+    assert samples == [[("/p/app.py:8", "held", False), ("???:???", "<unknown>", False), ("/p/app.py:20", "<module>",
+                                                                                          False)], []]
+    # `python -m` without a header id: the last thread listed not started by threading (the oldest)
     text = ("Timeout (0:00:02)!\nThread 0x2 (most recent call first):\n"
             '  File "/usr/lib/python3.12/threading.py", line 9 in wait\n'
             '  File "/usr/lib/python3.12/threading.py", line 1 in _bootstrap\n\n'
             "Thread 0x1 (most recent call first):\n"
-            '  File "/v/site-packages/vllm/entrypoints/openai/api_server.py", line 5 in serve\n'
+            '  File "/v/site-packages/vllm/entrypoints/openai/api_server.py", line 5 in run_server\n'
             '  File "<frozen runpy>", line 198 in _run_module_as_main\n')
-    _, samples = stacks._samples(text)
-    assert [s[0] for s in samples] == [("vllm/entrypoints/openai/api_server.py:5", "serve", False)]
+    _, samples = stacks._samples(text.splitlines())
+    assert [s[0] for s in samples] == [("vllm/entrypoints/openai/api_server.py:5", "run_server", False)]
     assert stacks._role(samples) == "API server"
     # a main thread waiting in the standard library: the innermost frame outside it says where in the program
     text = ("# forge stacks pid 9 ppid 1 every 1 s from 0\nTimeout (0:00:01)!\nThread 0x1 (most recent call first):\n"
@@ -101,13 +125,15 @@ def test_roles_come_from_the_frames_a_process_was_sampled_in(tmp_path):
     p, = stacks.collect(tmp_path)["api"]
     assert [tuple(x) for x in p["top"]] == [("select (3.12/selectors.py:415)", 5)]
     assert [tuple(x) for x in p["top_code"]] == [("run (uvloop/x.py:3)", 5)]
-    assert "run (uvloop/x.py:3) 100 %" in "\n".join(stacks.summary_lines(stacks.read(tmp_path)))
+    assert "`run (uvloop/x.py:3)` 100 %" in "\n".join(stacks.summary_lines(stacks.read(tmp_path)))
 
 
 def test_without_the_option_nothing_is_set_or_sampled(tmp_path):
-    assert stacks.server_env(tmp_path, "prof", None, "/x") == {}
-    env = stacks.server_env(tmp_path, "prof", 2.0, "/site")
-    assert env["PYTHONPATH"] == f"{stacks.SITE}{os.pathsep}/site" and env["FORGE_STACK_EVERY"] == "2"
+    assert stacks.server_env(tmp_path, "prof", None) == {}
+    assert stacks.process_env({"PYTHONPATH": "/site"}, None) == {"PYTHONPATH": "/site"}
+    env = stacks.server_env(tmp_path, "prof", 2.0)
+    assert env == {"FORGE_STACK_EVERY": "2", "FORGE_STACK_DIR": str(tmp_path / "stacks" / "prof")}
+    assert stacks.process_env({"PYTHONPATH": "/site"}, 2.0) == {"PYTHONPATH": f"{stacks.SITE}{os.pathsep}/site"}
     assert not (tmp_path / "stacks").exists()          # the server's start makes the folder, not the plan
     assert stacks.collect(tmp_path) == {} and not (tmp_path / "stacks.json").exists()
     assert stacks.read(tmp_path) == {} and stacks.summary_lines({}) == []
@@ -145,7 +171,54 @@ def test_a_server_started_with_the_option_gets_the_sampler_first_on_its_path(tmp
                                 child_env={"PYTHONPATH": "/the/site"},
                                 args=types.SimpleNamespace(profile_prefill=None, stack_every=1.5))
     _, env = servers._launch_parts(run, "upstream")
-    assert env["PYTHONPATH"] == f"{stacks.SITE}{os.pathsep}/the/site"        # the bundle's site still next
+    # what the run records: the period and the folder; the path (the private site folder) only in the process
     assert env["FORGE_STACK_EVERY"] == "1.5" and env["FORGE_STACK_DIR"] == str(tmp_path / "stacks" / "upstream")
+    assert "PYTHONPATH" not in env
+    assert stacks.process_env(run.child_env, 1.5)["PYTHONPATH"] == f"{stacks.SITE}{os.pathsep}/the/site"
     run.args.stack_every = None
     assert "FORGE_STACK_EVERY" not in servers._launch_parts(run, "upstream")[1]
+
+
+MOVED = textwrap.dedent("""
+    import os, sys, time
+
+    def spin(s):
+        t = time.time()
+        while time.time() - t < s:
+            pass
+
+    def parent_after_fork():
+        spin(1.0)
+
+    def child_work():
+        spin(0.6)
+
+    folder = os.environ["FORGE_STACK_DIR"]
+    spin(0.3)
+    os.rename(folder, folder + "-moved")          # a child cannot arm now; the parent's file stays open
+    pid = os.fork()
+    if pid == 0:
+        child_work()
+        g = os.fork()                             # the child forks too: never into its parent's file
+        if g == 0:
+            child_work()
+            os._exit(0)
+        os.waitpid(g, 0)
+        os._exit(0)
+    parent_after_fork()
+    os.waitpid(pid, 0)
+""")
+
+
+def test_a_child_that_cannot_arm_never_writes_into_its_parents_file(tmp_path):
+    out = tmp_path / "run"
+    env = {**stacks.process_env(dict(os.environ), 0.1), **stacks.server_env(out, "prof", 0.1)}
+    Path(env["FORGE_STACK_DIR"]).mkdir(parents=True)
+    script = tmp_path / "moved.py"
+    script.write_text(MOVED)
+    subprocess.run([sys.executable, str(script)], env=env, check=True, timeout=60)
+    files = list((out / "stacks" / "prof-moved").glob("stacks-*.txt"))
+    assert len(files) == 1                        # the parent's only
+    text = files[0].read_text()
+    assert "child_work" not in text
+    assert text.count("parent_after_fork") >= 5   # and the parent sampled on after the fork

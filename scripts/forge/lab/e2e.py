@@ -272,7 +272,7 @@ def cmd_e2e(args, parser: argparse.ArgumentParser) -> int:
             run.summary.setdefault("server_facts", {})[name] = log_facts(Path(st["log"]))
         run.summary["seconds"] = round(time.monotonic() - run.t0, 1)
         run.final = (names, scored, ref)
-        if args.stack_every:                   # the servers are down: their samples are whole
+        if args.stack_every:                   # after the servers stopped (with --keep-servers: the samples so far)
             try:
                 stacks.collect(run.out)
             except (OSError, ValueError) as e:

@@ -7,7 +7,6 @@ invocation would start and answers /health; any other server recorded in the fol
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import time
 from pathlib import Path
@@ -72,8 +71,7 @@ def _launch_parts(run: Run, name: str) -> tuple[list[str], dict[str, str]]:
     if run.args.profile_prefill:          # not part of the tiers' identity: the profiler idles until asked
         hargs = hargs + profiler.server_args(run.out, name)
     if run.args.stack_every:
-        extra_env.update(stacks.server_env(run.out, name, run.args.stack_every,
-                                           run.child_env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))))
+        extra_env.update(stacks.server_env(run.out, name, run.args.stack_every))
     return hargs, extra_env
 
 
@@ -86,7 +84,8 @@ def plan(run: Run, model: Path, name: str) -> dict:
     launch = serve.launch_command(rendered, image=None, vllm_cmd=run.vllm_cmd, port=port, container="",
                                   shm_size="") + hargs
     return {"profile": name, "port": port, "launch": launch, "env": {**rendered["env"], **extra_env},
-            "process_env": dict(run.child_env), "bundle_wheel_sha256": run.identity.get("bundle_wheel_sha256")}
+            "process_env": dict(stacks.process_env(run.child_env, run.args.stack_every)),
+            "bundle_wheel_sha256": run.identity.get("bundle_wheel_sha256")}
 
 
 def check_cards(run: Run, model: Path, name: str) -> None:
@@ -95,7 +94,7 @@ def check_cards(run: Run, model: Path, name: str) -> None:
     if run.rnd is not None:
         _, extra_env = _launch_parts(run, name)
         serve.render(run.profiles[name], model, run.contest, run.rnd, run.serve_tier,
-                     env={**run.child_env, **extra_env})
+                     env={**stacks.process_env(run.child_env, run.args.stack_every), **extra_env})
 
 
 def _launch(run: Run, model: Path, name: str) -> dict | None:
@@ -106,7 +105,8 @@ def _launch(run: Run, model: Path, name: str) -> dict | None:
     state_file = state_path(run.out, name)
     st = guarded(run, name, functools.partial(
         serve.start_server, prof, model, contest=run.contest, port=port_of(run, name), run_id=name,
-        vllm_cmd=run.vllm_cmd, wait=False, run_dir=run.run_dir(name), process_env=run.child_env,
+        vllm_cmd=run.vllm_cmd, wait=False, run_dir=run.run_dir(name),
+        process_env=stacks.process_env(run.child_env, run.args.stack_every),
         state_file=state_file, harness_args=hargs, extra_env=extra_env, rnd=run.rnd, tier=run.serve_tier))
     if st is not None:
         st["t_start"] = time.monotonic()

@@ -14,6 +14,7 @@ import os
 import re
 from collections import Counter
 from pathlib import Path
+from typing import Iterable
 
 from .. import options, paths
 
@@ -21,64 +22,88 @@ SITE = paths.ROOT / "harness" / "gpu" / "stacks"
 FOLDER = "stacks"
 MOST_S, LEAST_S = 60.0, 0.1
 TOP = 6                              # frames per process in summary.md
-HEADER = re.compile(r"^# forge stacks pid (\d+) ppid (\d+) every ([0-9.]+) s")
-FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
-ROLES = (("engine core", ("v1/engine/core.py",)), ("API server", ("entrypoints/openai", "entrypoints/cli", "uvicorn")),
-         ("worker", ("v1/worker", "v1/executor")))
+HEADER = re.compile(r"^# forge stacks pid (\d+) ppid (\d+) every ([0-9.]+) s(?: from \S+ main (0x[0-9a-f]+))?")
+THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)")
+FRAME = re.compile(r'^\s+File (?:"(.*)"|(\?\?\?)), line (\d+|\?\?\?) in (.*)$')
+# functions on a process's main-thread stack that say what it is, in this order: a forked process keeps its
+# parent's outer frames (a worker the engine core's, an engine core the API server's command line)
+ROLES = (("worker", ("worker_main",)), ("engine core", ("run_engine_core", "run_busy_loop")),
+         ("API server", ("run_server", "serve_http", "run_server_worker", "cmd", "main")))
+API_PATHS = ("entrypoints/cli/", "entrypoints/openai/")
 
 
 def register_options(p) -> None:
     p.add_argument("--stack-every", type=options.number_in(LEAST_S, MOST_S, "seconds", "2"), metavar="SECONDS",
                    help="sample the Python stacks of every server process each SECONDS "
                         f"({LEAST_S:g}-{MOST_S:g}; harness/gpu/stacks/sitecustomize.py on the servers' PYTHONPATH): "
-                        f"where each process's main thread was, in {FOLDER}.json and summary.md")
+                        f"where each process's main thread was, in {FOLDER}.json and summary.md. A diagnostic: "
+                        "the sampler reads threads' frames without the GIL (CPython has crash and hang reports "
+                        "around it); compare tok/s only between runs without it")
 
 
-def server_env(out: Path, name: str, every: float | None, base_pythonpath: str) -> dict[str, str]:
-    """The environment a server gets for stack samples (nothing without --stack-every); the server's start
-    makes FORGE_STACK_DIR (the samples are written only where it exists)."""
+def server_env(out: Path, name: str, every: float | None) -> dict[str, str]:
+    """What a server's command records for stack samples (nothing without --stack-every): the period and the
+    folder, which the server's start makes (the samples are written only where it exists)."""
     if not every:
         return {}
-    folder = out / FOLDER / name
-    return {"FORGE_STACK_EVERY": f"{every:g}", "FORGE_STACK_DIR": str(folder),
-            "PYTHONPATH": str(SITE) + (os.pathsep + base_pythonpath if base_pythonpath else "")}
+    return {"FORGE_STACK_EVERY": f"{every:g}", "FORGE_STACK_DIR": str(out / FOLDER / name)}
+
+
+def process_env(child_env: dict[str, str], every: float | None) -> dict[str, str]:
+    """The servers' process environment (the bundle's site folder on PYTHONPATH, never recorded in a run) with
+    the sampler's folder first on the path, where --stack-every asks for it; the site stays next."""
+    if not every:
+        return child_env
+    base = child_env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    return {**child_env, "PYTHONPATH": str(SITE) + (os.pathsep + base if base else "")}
 
 
 Frame = tuple[str, str, bool]           # (file:line, function, in Python's standard library)
 
 
-def _samples(text: str) -> tuple[dict, list[list[Frame]]]:
-    """(header, [the main thread's frames, innermost first, per sample]) of one process's file. The main
-    thread is the one whose outermost frame is not threading's _bootstrap (every thread threading starts ends
-    there; the main one in a module's code or in runpy's, for `python -m`)."""
+def _samples(lines: Iterable[str]) -> tuple[dict, list[list[Frame]]]:
+    """(header, [the main thread's frames, innermost first, per sample]) of one process's lines. The main
+    thread is the one the header names (the thread that armed the sampler, or that forked the process); in a
+    file without that, the last thread listed whose outermost frame is not threading's _bootstrap (faulthandler
+    lists the newest thread first). A sample without the main thread (past the 100 threads a dump holds) is
+    an empty list."""
     head: dict = {}
     out: list[list[Frame]] = []
-    threads: list[list[Frame]] = []
+    threads: list[tuple[str, list[Frame]]] = []
     cur: list[Frame] | None = None
 
     def close() -> None:
-        main = [t for t in threads if t and t[-1][1] != "_bootstrap"]
-        if threads:
-            out.append(main[0] if main else [])
+        if not threads:
+            return
+        main = head.get("main")
+        if main:
+            out.append(next((fr for ident, fr in threads if int(ident, 16) == int(main, 16)), []))
+        else:
+            found = [fr for _, fr in threads if fr and fr[-1][1] != "_bootstrap"]
+            out.append(found[-1] if found else [])
 
-    for line in text.splitlines():
+    for line in lines:
+        line = line.rstrip("\n")
         m = HEADER.match(line)
         if m:
-            head = {"pid": int(m.group(1)), "ppid": int(m.group(2)), "every_s": float(m.group(3))}
+            head = {"pid": int(m.group(1)), "ppid": int(m.group(2)), "every_s": float(m.group(3)),
+                    **({"main": m.group(4)} if m.group(4) else {})}
         elif line.startswith("# argv "):
             head["argv"] = line[7:]
+        elif line.startswith("# forked from "):
+            head["argv"] = f"(forked from {line[14:]})"
         elif line.startswith("Timeout ("):
             close()
             threads, cur = [], None
-        elif line.startswith(("Thread 0x", "Current thread 0x")):
+        elif THREAD.match(line):
             cur = []
-            threads.append(cur)
+            threads.append((THREAD.match(line).group(1), cur))
         else:
             f = FRAME.match(line)
             if f and cur is not None:
-                path = f.group(1)
+                path = f.group(1) or "???"
                 stdlib = path.startswith("<frozen") or ("/lib/python" in path and "-packages/" not in path)
-                cur.append((f"{_short(path)}:{f.group(2)}", f.group(3), stdlib))
+                cur.append((f"{_short(path)}:{f.group(3)}", f.group(4), stdlib))
     close()
     return head, out
 
@@ -91,9 +116,12 @@ def _short(path: str) -> str:
 
 
 def _role(samples: list[list[Frame]]) -> str:
-    seen = {where for s in samples for where, _, _ in s}
+    """A process's role from the functions on its main thread's stack (the API server's only where they are
+    vLLM's entry points: "main" and "cmd" are common names)."""
+    funcs = {func for s in samples for _, func, _ in s}
+    api = {func for s in samples for where, func, _ in s if any(p in where for p in API_PATHS)}
     for role, marks in ROLES:
-        if any(m in w for w in seen for m in marks):
+        if any(m in (api if role == "API server" else funcs) for m in marks):
             return role
     return "other"
 
@@ -107,7 +135,8 @@ def collect(out: Path) -> dict:
     for folder in sorted(p for p in (out / FOLDER).glob("*") if p.is_dir()):
         procs = []
         for f in sorted(folder.glob("stacks-*.txt")):
-            head, samples = _samples(f.read_text(errors="replace"))
+            with open(f, errors="replace") as fh:        # line by line: a long run's file is large
+                head, samples = _samples(fh)
             inner = [_name(s[0]) if s else "(no main thread)" for s in samples]
             code = [next((_name(fr) for fr in s if not fr[2]), "(only the standard library)") if s
                     else "(no main thread)" for s in samples]
@@ -141,7 +170,7 @@ def summary_lines(digest: dict) -> list[str]:
         for p in procs:
             if p.get("samples", 0) < 5:
                 continue
-            cells = ["; ".join(f"{frame} {100 * n / p['samples']:.0f} %" for frame, n in p.get(k) or [])
+            cells = ["; ".join(f"`{frame}` {100 * n / p['samples']:.0f} %" for frame, n in p.get(k) or [])
                      .replace("|", "/") for k in ("top", "top_code")]
             rows.append(f"| {name} | {p['role']} | {p.get('pid', '?')} | {p['samples']} | {cells[0]} | {cells[1]} |")
     if not rows:
