@@ -1,9 +1,10 @@
 """CPU cost of the organizers' output parsers on one streamed answer (a benchmark: prints a table, writes JSON).
 
 The finals' start script serves with `--reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser
-qwen3_coder`; for every streamed delta the API server runs both parsers over the text so far. This times them,
-delta by delta, over an answer of --tokens tokens made of --word repeated (the harness's random-weight model answers
-with one word over and over), and the non-streaming tool-call extraction once at the end. Run it with a Python that
+qwen3_coder`; for a streamed delta the API server runs the reasoning parser until the reasoning ends, then the
+tool-call parser, over the text so far. This times both on every delta (an upper bound of the two together) of
+an answer of --tokens deltas of --word each (the harness's random-weight model answers with one word over and
+over), and the non-streaming tool-call extraction once at the end. Run it with a Python that
 has the patched vLLM installed (the rehearsal's venv: build/rehearsal/venv/bin/python):
 
     build/rehearsal/venv/bin/python harness/gpu/parser_cost.py --tokenizer build/gpu-bundle/model/tokenizer.json \

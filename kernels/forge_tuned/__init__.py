@@ -331,7 +331,8 @@ def validate(table) -> dict:
 def _number(key: str) -> bool:
     """A key that stands for a number is written as that number reads back: digits, no leading zero (the
     loader keys its maps by int(key), so "010" beside "10" would be one key, the last replacing the other)."""
-    return key.isdigit() and key.isascii() and key == str(int(key))
+    # the length first: int() of thousands of digits raises ValueError, which is no TableError
+    return key.isdigit() and key.isascii() and len(key) <= 12 and key == str(int(key))
 
 
 def _count(key: str, top: int) -> bool:

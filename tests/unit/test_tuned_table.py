@@ -119,6 +119,9 @@ MALFORMED = [
     (_with(decode={"segments": {"4": {"1": {"032768": 32}}}}), "context length in tokens 1-16777216 (without leading"),
     (_with(gemv={"plain": {"96X5120": {"1": [0, 0]}}}), "a lower-case x between"),
     (_with(gemv={"plain": {"096x5120": {"1": [0, 0]}}}), "each a number without leading zeros"),
+    # thousands of digits: int() itself raises ValueError there, which the loader's callers do not catch
+    (_with(decode={"segments": {"4": {"1" * 5000: {"32768": 32}}}}), "batch size 1-1024"),
+    (_with(gemv={"plain": {"9" * 5000 + "x5120": {"1": [0, 0]}}}), "each a number without leading zeros"),
     (_with(extra={}), "unknown key(s) 'extra'"),
     (DUPLICATE, "appears twice"),
 ]

@@ -30,6 +30,7 @@ GUESS_PREFILL_TOKENS_S = 4000.0
 GUESS_SLOWDOWN_PER_REQUEST = 0.12
 GUESS_PROMPT_SCALE = 16384.0
 GUESS_PROMPT_EXPONENT = 0.3
+GUESS_PROMPT_FITTED = (4096.0, 32768.0)   # the tiers' prompts: outside them the prompt term has no data behind it
 
 
 def batch_slowdown(n: int, mean_prompt: float = GUESS_PROMPT_SCALE) -> float:
@@ -48,6 +49,7 @@ def guess_s(requests: list[list[int]], warmups: int, inflight: int = 1) -> float
     one = [i / GUESS_PREFILL_TOKENS_S + o * GUESS_TPOT_S for i, o in requests]
     n = max(1, min(inflight, len(one)))
     mean_prompt = sum(i for i, _ in requests) / len(requests) if requests else GUESS_PROMPT_SCALE
+    mean_prompt = min(max(mean_prompt, GUESS_PROMPT_FITTED[0]), GUESS_PROMPT_FITTED[1])
     body = sum(one) / n * batch_slowdown(n, mean_prompt)
     rounds = -(-warmups // max(1, inflight))
     return CLIENT_TURN_S + body + rounds * (one[0] if one else 0.0)
