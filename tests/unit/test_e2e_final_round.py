@@ -201,6 +201,11 @@ def test_a_tiers_time_guess_counts_the_requests_in_flight():
     assert four == pytest.approx(tierguess.CLIENT_TURN_S + one + 12 * one / 4 * slow)
     # longer prompts in flight slow a step more than shorter ones (more KV per step, longer prefills)
     assert tierguess.batch_slowdown(8, 22000) > tierguess.batch_slowdown(8, 6000) > 1
+    # outside the tiers' prompts (where it was fitted) the prompt term is held at their edge
+    short = [[1000, 1024]] * 12
+    one_short = 1000 / tierguess.GUESS_PREFILL_TOKENS_S + 1024 * tierguess.GUESS_TPOT_S
+    assert tierguess.guess_s(short, 2, 4) == pytest.approx(
+        tierguess.CLIENT_TURN_S + one_short + 12 * one_short / 4 * tierguess.batch_slowdown(4, 4096))
     assert four < serial / 2
     # the preliminary's client (one at a time) and a missing --max-num-seqs change nothing
     assert tierguess.inflight(["--max-concurrency", "1"], ["--max-num-seqs", "128"]) == 1
