@@ -19,7 +19,7 @@ from .. import ui
 from ..errors import ForgeError
 from ..run import bench
 from ..run.gpu_harness import site_env
-from . import batch_profile, final_round, gpu_bundle, gpufit, launch_check, prefill_profile
+from . import batch_profile, final_round, gpu_bundle, gpufit, launch_check, prefill_profile, stacks
 from .install import install_bundle
 from .servers import check_cards, plan, port_of, reusable
 from .session import device_name
@@ -120,7 +120,9 @@ def prepare(run: Run) -> Prepared:
         model = Path(args.model) if args.model else bundle / "model"
     else:
         model = Path(args.model)          # check_values refused a run with neither
-    run.child_env = site_env(site)
+    # the bundle's site folder; with --stack-every the sampler's folder before it (it samples only the servers,
+    # whose environment alone sets FORGE_STACK_EVERY)
+    run.child_env = stacks.process_env(site_env(site), args.stack_every)
     run.hargs = harness_args(run.h, run.extra)
     run.identity = {"bundle_wheel_sha256": wheel_sha, "server_args": run.hargs, "device": device_name(),
                     **({"capacity": {n: final_round.capacity_args(run.capacity, n) for n in run.capacity}}

@@ -84,8 +84,7 @@ def plan(run: Run, model: Path, name: str) -> dict:
     launch = serve.launch_command(rendered, image=None, vllm_cmd=run.vllm_cmd, port=port, container="",
                                   shm_size="") + hargs
     return {"profile": name, "port": port, "launch": launch, "env": {**rendered["env"], **extra_env},
-            "process_env": dict(stacks.process_env(run.child_env, run.args.stack_every)),
-            "bundle_wheel_sha256": run.identity.get("bundle_wheel_sha256")}
+            "process_env": dict(run.child_env), "bundle_wheel_sha256": run.identity.get("bundle_wheel_sha256")}
 
 
 def check_cards(run: Run, model: Path, name: str) -> None:
@@ -94,7 +93,7 @@ def check_cards(run: Run, model: Path, name: str) -> None:
     if run.rnd is not None:
         _, extra_env = _launch_parts(run, name)
         serve.render(run.profiles[name], model, run.contest, run.rnd, run.serve_tier,
-                     env={**stacks.process_env(run.child_env, run.args.stack_every), **extra_env})
+                     env={**run.child_env, **extra_env})
 
 
 def _launch(run: Run, model: Path, name: str) -> dict | None:
@@ -105,8 +104,7 @@ def _launch(run: Run, model: Path, name: str) -> dict | None:
     state_file = state_path(run.out, name)
     st = guarded(run, name, functools.partial(
         serve.start_server, prof, model, contest=run.contest, port=port_of(run, name), run_id=name,
-        vllm_cmd=run.vllm_cmd, wait=False, run_dir=run.run_dir(name),
-        process_env=stacks.process_env(run.child_env, run.args.stack_every),
+        vllm_cmd=run.vllm_cmd, wait=False, run_dir=run.run_dir(name), process_env=run.child_env,
         state_file=state_file, harness_args=hargs, extra_env=extra_env, rnd=run.rnd, tier=run.serve_tier))
     if st is not None:
         st["t_start"] = time.monotonic()

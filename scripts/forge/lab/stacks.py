@@ -50,8 +50,9 @@ def server_env(out: Path, name: str, every: float | None) -> dict[str, str]:
 
 
 def process_env(child_env: dict[str, str], every: float | None) -> dict[str, str]:
-    """The servers' process environment (the bundle's site folder on PYTHONPATH, never recorded in a run) with
-    the sampler's folder first on the path, where --stack-every asks for it; the site stays next."""
+    """The children's process environment (the bundle's site folder on PYTHONPATH, never recorded in a run) with
+    the sampler's folder first on the path, where --stack-every asks for it; the site stays next. Only a process
+    whose environment also has server_env's variables (the servers) is sampled."""
     if not every:
         return child_env
     base = child_env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))

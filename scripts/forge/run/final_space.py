@@ -107,11 +107,11 @@ def topology_names(rnd: rounds.Round) -> dict[str, tuple[int, int]]:
 
 def topology_of(text: str, rnd: rounds.Round) -> tuple[int, int]:
     """'tp2' / 'dp2' / 'tp2dp1' / 'tp1dp2' as (tp, dp), one of the round's topologies."""
-    named = topology_names(rnd)
-    if text.strip().lower() not in named:
+    named, key = topology_names(rnd), text.strip().lower()
+    if key not in named:
         raise ForgeError(f"--topologies: {text!r} is not a topology of the {rnd.name} round",
                          hint=f"topologies: {', '.join(sorted(named))}")
-    return named[text.strip().lower()]
+    return named[key]
 
 
 def kv_dtype_list(text: str, why_twice: str, option: str = "--kv-dtype") -> list[str]:
