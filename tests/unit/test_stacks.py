@@ -70,13 +70,53 @@ def test_a_held_process_and_its_forked_child_are_sampled_where_each_main_thread_
     assert "| prof | other |" in md and "held_in_parent" in md and "held_in_child" in md
 
 
+GIL_HELD = textwrap.dedent("""
+    import sys, time
+
+    def held_in_c():                        # one C call that never lets the GIL go
+        return sum(range(int(sys.argv[1])))
+
+    def after_the_hold():
+        t = time.time()
+        while time.time() - t < 0.5:
+            pass
+
+    after_the_hold()
+    t = time.time()
+    held_in_c()
+    print(time.time() - t)
+    after_the_hold()
+""")
+
+
+def test_a_process_held_in_one_c_call_shows_as_a_late_sample(tmp_path):
+    out = tmp_path / "run"
+    env = {**stacks.process_env(dict(os.environ), 0.1), **stacks.server_env(out, "prof", 0.1)}
+    Path(env["FORGE_STACK_DIR"]).mkdir(parents=True)
+    script = tmp_path / "gil.py"
+    script.write_text(GIL_HELD)
+    r = subprocess.run([sys.executable, str(script), "60000000"], env=env, check=True, timeout=120,
+                       capture_output=True, text=True)
+    held_s = float(r.stdout.split()[-1])
+    assert held_s > 0.4, "the C call was too short to show a hold on this machine"
+    p, = stacks.collect(out)["prof"]
+    assert len(p["late_s"]) == p["samples"] and p["held_count"] >= 1
+    late, inner, code = p["held"][0]                   # the longest: the hold, sampled as the call returned
+    assert held_s - 0.25 <= late <= held_s + 0.25, (late, held_s)
+    # the GIL goes to the sampler at the next bytecode: still in the function that made the call
+    assert code.startswith("held_in_c ("), p["held"]
+    md = "\n".join(stacks.summary_lines(stacks.read(out)))
+    assert f"{late:.1f} s, then at `{code}`" in md
+
+
 def test_roles_come_from_the_frames_a_process_was_sampled_in(tmp_path):
-    text = ("# forge stacks pid 7 ppid 1 every 2 s from 0\n# argv x\nTimeout (0:00:02)!\n"
+    text = ("# forge stacks pid 7 ppid 1 every 2 s from 0 main 0x1\n# argv x\nSample at 1.0 late 0.001\n"
             "Thread 0x1 (most recent call first):\n"
             '  File "/s/site-packages/vllm/v1/engine/core.py", line 9 in run_busy_loop\n'
             '  File "<string>", line 1 in <module>\n')
-    head, samples = stacks._samples(text.splitlines())
-    assert head == {"pid": 7, "ppid": 1, "every_s": 2.0, "argv": "x"}
+    head, samples, late = stacks._samples(text.splitlines())
+    assert late == [0.001]
+    assert head == {"pid": 7, "ppid": 1, "every_s": 2.0, "main": "0x1", "argv": "x"}
     assert samples == [[("vllm/v1/engine/core.py:9", "run_busy_loop", False), ("<string>:1", "<module>", False)]]
     assert stacks._role(samples) == "engine core"
     # a worker forked from the engine core keeps the engine core's outer frames: a worker all the same
@@ -90,38 +130,28 @@ def test_roles_come_from_the_frames_a_process_was_sampled_in(tmp_path):
 def test_the_main_thread_is_the_one_the_header_names(tmp_path):
     # a helper thread whose outermost frames were cut (a dump keeps 100) or that C code started looks like a
     # main thread by its frames; the header's id decides, and a dump without that thread is an empty sample
-    text = ("# forge stacks pid 9 ppid 1 every 1 s from 0 main 0x00000000000000aa\n# argv x\nTimeout (0:00:01)!\n"
+    text = ("# forge stacks pid 9 ppid 1 every 1 s from 0 main 0x00000000000000aa\n# argv x\nSample at 1.0 late 0.002\n"
             "Thread 0x00000000000000bb (most recent call first):\n"
             '  File "/p/helper.py", line 3 in deep\n  ...\n\n'
             "Thread 0x00000000000000aa (most recent call first):\n"
             '  File "/p/app.py", line 8 in held\n'
             '  File ???, line ??? in <unknown>\n'
             '  File "/p/app.py", line 20 in <module>\n'
-            "Timeout (0:00:01)!\nThread 0x00000000000000bb (most recent call first):\n"
+            "Sample at 1.0 late 0.002\nThread 0x00000000000000bb (most recent call first):\n"
             '  File "/p/helper.py", line 3 in deep\n')
-    head, samples = stacks._samples(text.splitlines())
-    assert head["main"] == "0x00000000000000aa"
+    head, samples, late = stacks._samples(text.splitlines())
+    assert head["main"] == "0x00000000000000aa" and late == [0.002, 0.002]
     assert samples == [[("/p/app.py:8", "held", False), ("???:???", "<unknown>", False), ("/p/app.py:20", "<module>",
                                                                                           False)], []]
-    # `python -m` without a header id: the last thread listed not started by threading (the oldest)
-    text = ("Timeout (0:00:02)!\nThread 0x2 (most recent call first):\n"
-            '  File "/usr/lib/python3.12/threading.py", line 9 in wait\n'
-            '  File "/usr/lib/python3.12/threading.py", line 1 in _bootstrap\n\n'
-            "Thread 0x1 (most recent call first):\n"
-            '  File "/v/site-packages/vllm/entrypoints/openai/api_server.py", line 5 in run_server\n'
-            '  File "<frozen runpy>", line 198 in _run_module_as_main\n')
-    _, samples = stacks._samples(text.splitlines())
-    assert [s[0] for s in samples] == [("vllm/entrypoints/openai/api_server.py:5", "run_server", False)]
-    assert stacks._role(samples) == "API server"
     # a main thread waiting in the standard library: the innermost frame outside it says where in the program
-    text = ("# forge stacks pid 9 ppid 1 every 1 s from 0\nTimeout (0:00:01)!\nThread 0x1 (most recent call first):\n"
+    text = ("Sample at 1.0 late 0.002\nThread 0x1 (most recent call first):\n"
             '  File "/usr/lib/python3.12/selectors.py", line 415 in select\n'
             '  File "/usr/lib/python3.12/asyncio/base_events.py", line 1949 in _run_once\n'
             '  File "/v/lib/python3.12/site-packages/uvloop/x.py", line 3 in run\n'
             '  File "<frozen runpy>", line 198 in _run_module_as_main\n')
     folder = tmp_path / "stacks" / "api"
     folder.mkdir(parents=True)
-    (folder / "stacks-9.txt").write_text(text * 5)
+    (folder / "stacks-9.txt").write_text("# forge stacks pid 9 ppid 1 every 1 s from 0 main 0x1\n" + text * 5)
     p, = stacks.collect(tmp_path)["api"]
     assert [tuple(x) for x in p["top"]] == [("select (3.12/selectors.py:415)", 5)]
     assert [tuple(x) for x in p["top_code"]] == [("run (uvloop/x.py:3)", 5)]
@@ -222,3 +252,30 @@ def test_a_child_that_cannot_arm_never_writes_into_its_parents_file(tmp_path):
     text = files[0].read_text()
     assert "child_work" not in text
     assert text.count("parent_after_fork") >= 5   # and the parent sampled on after the fork
+
+
+def test_a_new_start_and_an_unsampled_run_keep_earlier_samples_out_of_the_digest(tmp_path):
+    # an earlier sampled run into the same folder: its raw files and its digest
+    out = _run_held(tmp_path, "0.2")
+    first = stacks.collect(out)
+    old_pids = {p["pid"] for p in first["prof"]}
+    # the same server started again with the option: the earlier start's files move aside, nothing is deleted
+    folder = out / "stacks" / "prof"
+    stacks.fresh_folder(folder)
+    assert list(folder.glob("stacks-*.txt")) == []
+    moved = sorted(f.name for f in (folder / "earlier" / "1").iterdir())
+    assert moved == sorted(f"stacks-{pid}.txt" for pid in old_pids)
+    (folder / "stacks-4242.txt").write_text("# forge stacks pid 4242 ppid 1 every 1 s from 0 main 0x1\n"
+                                           "# argv new\n"
+                                           "Sample at 1.0 late 0.002\nThread 0x1 (most recent call first):\n"
+                                           '  File "/p/app.py", line 8 in held\n' * 5)
+    assert [p["pid"] for p in stacks.settle(out, 1.0)["prof"]] == [4242]
+    stacks.fresh_folder(folder)                        # a third start: the next number, the first kept
+    assert (folder / "earlier" / "2" / "stacks-4242.txt").is_file() and (folder / "earlier" / "1").is_dir()
+    # a later run without the option: the digest it did not take leaves the folder's top, the archive and summary.md
+    assert stacks.read(out) and stacks.settle(out, None) == {}
+    assert stacks.read(out) == {} and stacks.summary_lines(stacks.read(out)) == []
+    assert json.loads((out / "stacks" / "earlier-1.json").read_text())["prof"][0]["pid"] == 4242
+    dest = tmp_path / "run.tgz"
+    packing.pack(out, dest, {})
+    assert not any("stacks" in n for n in tarfile.open(dest).getnames())

@@ -272,11 +272,10 @@ def cmd_e2e(args, parser: argparse.ArgumentParser) -> int:
             run.summary.setdefault("server_facts", {})[name] = log_facts(Path(st["log"]))
         run.summary["seconds"] = round(time.monotonic() - run.t0, 1)
         run.final = (names, scored, ref)
-        if args.stack_every:                   # after the servers stopped (with --keep-servers: the samples so far)
-            try:
-                stacks.collect(run.out)
-            except (OSError, ValueError) as e:
-                ui.warn(f"stacks.json not written: {type(e).__name__}: {e}")
+        try:                                   # after the servers stopped (with --keep-servers: the samples so far)
+            stacks.settle(run.out, args.stack_every)
+        except (OSError, ValueError) as e:
+            ui.warn(f"stacks.json not settled: {type(e).__name__}: {e}")
         run.save()
         if args.triton_cache_pack and run.triton_cache and Path(run.triton_cache).is_dir():
             try:                               # after the results are saved: packing only saves time later

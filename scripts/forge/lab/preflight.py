@@ -136,7 +136,7 @@ def prepare(run: Run) -> Prepared:
         run.summary["differences"].append({
             "side": "server", "args": [f"FORGE_STACK_EVERY={args.stack_every:g}", "PYTHONPATH=harness/gpu/stacks:..."],
             "why": f"--stack-every: each server process writes its threads' stacks every {args.stack_every:g} s "
-                   "(faulthandler's watchdog thread, outside the GIL) for stacks.json"})
+                   "(a sampler thread in each; a late sample: the process held) for stacks.json"})
     if run.rnd is not None:
         run.summary["differences"].append({
             "side": "server", "args": [f"<the {run.rnd.name} round's start script, tier {run.serve_tier}'s settings>"],

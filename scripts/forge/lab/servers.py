@@ -99,7 +99,7 @@ def check_cards(run: Run, model: Path, name: str) -> None:
 def _launch(run: Run, model: Path, name: str) -> dict | None:
     hargs, extra_env = _launch_parts(run, name)
     if "FORGE_STACK_DIR" in extra_env:
-        Path(extra_env["FORGE_STACK_DIR"]).mkdir(parents=True, exist_ok=True)
+        stacks.fresh_folder(Path(extra_env["FORGE_STACK_DIR"]))
     prof = run.profiles[name]
     state_file = state_path(run.out, name)
     st = guarded(run, name, functools.partial(

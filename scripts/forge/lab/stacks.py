@@ -1,7 +1,7 @@
 """Stack samples of the servers' Python processes during a run (`forge e2e-gpu --stack-every SECONDS`):
 where each process's main thread was, sample by sample. harness/gpu/stacks/sitecustomize.py, put on the
-servers' PYTHONPATH, makes each process write its threads' stacks every SECONDS (faulthandler's watchdog, which
-samples a process held in a long call too) to <out>/stacks/<profile>/stacks-<pid>.txt; after the run they are
+servers' PYTHONPATH, makes each process write its threads' stacks every SECONDS (a sampler thread, with the
+GIL; each sample says how late it came, so a process held in one C call shows as a late sample) to <out>/stacks/<profile>/stacks-<pid>.txt; after the run they are
 read into <out>/stacks.json (per process: its role, the samples, the main thread's innermost frames by count and
 sample by sample) once the servers are down, and a section of summary.md. The raw files stay out of the packed
 archive (their size); the digest goes in. A run killed before its end leaves the raw files in <out>/stacks/ and no
@@ -22,6 +22,7 @@ SITE = paths.ROOT / "harness" / "gpu" / "stacks"
 FOLDER = "stacks"
 MOST_S, LEAST_S = 60.0, 0.1
 TOP = 6                              # frames per process in summary.md
+SAMPLE = re.compile(r"^Sample at ([0-9.]+) late (-?[0-9.]+)")
 HEADER = re.compile(r"^# forge stacks pid (\d+) ppid (\d+) every ([0-9.]+) s(?: from \S+ main (0x[0-9a-f]+))?")
 THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)")
 FRAME = re.compile(r'^\s+File (?:"(.*)"|(\?\?\?)), line (\d+|\?\?\?) in (.*)$')
@@ -36,9 +37,9 @@ def register_options(p) -> None:
     p.add_argument("--stack-every", type=options.number_in(LEAST_S, MOST_S, "seconds", "2"), metavar="SECONDS",
                    help="sample the Python stacks of every server process each SECONDS "
                         f"({LEAST_S:g}-{MOST_S:g}; harness/gpu/stacks/sitecustomize.py on the servers' PYTHONPATH): "
-                        f"where each process's main thread was, in {FOLDER}.json and summary.md. A diagnostic: "
-                        "the sampler reads threads' frames without the GIL (CPython has crash and hang reports "
-                        "around it); compare tok/s only between runs without it")
+                        f"where each process's main thread was, and how long it could not run Python (a late "
+                        f"sample), in {FOLDER}.json and summary.md. A diagnostic: a sampler thread in each process "
+                        "takes the GIL for each sample; compare tok/s only between runs without it")
 
 
 def server_env(out: Path, name: str, every: float | None) -> dict[str, str]:
@@ -62,26 +63,21 @@ def process_env(child_env: dict[str, str], every: float | None) -> dict[str, str
 Frame = tuple[str, str, bool]           # (file:line, function, in Python's standard library)
 
 
-def _samples(lines: Iterable[str]) -> tuple[dict, list[list[Frame]]]:
-    """(header, [the main thread's frames, innermost first, per sample]) of one process's lines. The main
-    thread is the one the header names (the thread that armed the sampler, or that forked the process); in a
-    file without that, the last thread listed whose outermost frame is not threading's _bootstrap (faulthandler
-    lists the newest thread first). A sample without the main thread (past the 100 threads a dump holds) is
-    an empty list."""
+def _samples(lines: Iterable[str]) -> tuple[dict, list[list[Frame]], list[float]]:
+    """(header, [the main thread's frames, innermost first, per sample], [how late each sample came, s]) of one
+    process's lines. A sample late by more than the period means the process could not run Python for about that
+    long before it (its GIL held in one C call). The main thread is the one the header names (the thread that
+    armed the sampler, or that forked the process); a sample without it is an empty list."""
     head: dict = {}
     out: list[list[Frame]] = []
+    late: list[float] = []
     threads: list[tuple[str, list[Frame]]] = []
     cur: list[Frame] | None = None
 
     def close() -> None:
-        if not threads:
-            return
-        main = head.get("main")
-        if main:
-            out.append(next((fr for ident, fr in threads if int(ident, 16) == int(main, 16)), []))
-        else:
-            found = [fr for _, fr in threads if fr and fr[-1][1] != "_bootstrap"]
-            out.append(found[-1] if found else [])
+        if len(out) < len(late):                     # the open sample, once
+            main = int(head.get("main", "-1"), 16)
+            out.append(next((fr for ident, fr in threads if int(ident, 16) == main), []))
 
     for line in lines:
         line = line.rstrip("\n")
@@ -93,9 +89,10 @@ def _samples(lines: Iterable[str]) -> tuple[dict, list[list[Frame]]]:
             head["argv"] = line[7:]
         elif line.startswith("# forked from "):
             head["argv"] = f"(forked from {line[14:]})"
-        elif line.startswith("Timeout ("):
+        elif SAMPLE.match(line):
             close()
             threads, cur = [], None
+            late.append(float(SAMPLE.match(line).group(2)))
         elif THREAD.match(line):
             cur = []
             threads.append((THREAD.match(line).group(1), cur))
@@ -106,7 +103,7 @@ def _samples(lines: Iterable[str]) -> tuple[dict, list[list[Frame]]]:
                 stdlib = path.startswith("<frozen") or ("/lib/python" in path and "-packages/" not in path)
                 cur.append((f"{_short(path)}:{f.group(3)}", f.group(4), stdlib))
     close()
-    return head, out
+    return head, out, late
 
 
 def _short(path: str) -> str:
@@ -127,6 +124,34 @@ def _role(samples: list[list[Frame]]) -> str:
     return "other"
 
 
+def fresh_folder(folder: Path) -> None:
+    """A server's sample folder before a new start of it: the files an earlier start left there (its digest, if
+    any, is in that run's stacks.json) go to earlier/<n>/ inside it, so the new start's digest holds only its own
+    processes and nothing is deleted."""
+    folder.mkdir(parents=True, exist_ok=True)
+    old = sorted(folder.glob("stacks-*.txt"))
+    if old:
+        n = 1 + max((int(p.name) for p in (folder / "earlier").glob("*") if p.name.isdigit()), default=0)
+        dest = folder / "earlier" / str(n)
+        dest.mkdir(parents=True)
+        for f in old:
+            f.rename(dest / f.name)
+
+
+def settle(out: Path, every: float | None) -> dict:
+    """At a run's end: with --stack-every the digest (collect); without it, a digest an earlier sampled run left
+    in <out> moves into <out>/stacks/ (earlier-<n>.json, out of the archive and of summary.md), so the folder does
+    not show samples this run did not take."""
+    if every:
+        return collect(out)
+    stale = out / f"{FOLDER}.json"
+    if stale.is_file():
+        (out / FOLDER).mkdir(exist_ok=True)
+        n = 1 + sum(1 for _ in (out / FOLDER).glob("earlier-*.json"))
+        stale.rename(out / FOLDER / f"earlier-{n}.json")
+    return {}
+
+
 def collect(out: Path) -> dict:
     """{profile: [per process: pid, ppid, role, argv, every_s, samples, top [[frame, count]], timeline, and
     top_code / timeline_code: the same of the innermost frame outside Python's standard library (where in vLLM,
@@ -137,13 +162,17 @@ def collect(out: Path) -> dict:
         procs = []
         for f in sorted(folder.glob("stacks-*.txt")):
             with open(f, errors="replace") as fh:        # line by line: a long run's file is large
-                head, samples = _samples(fh)
+                head, samples, late = _samples(fh)
             inner = [_name(s[0]) if s else "(no main thread)" for s in samples]
             code = [next((_name(fr) for fr in s if not fr[2]), "(only the standard library)") if s
                     else "(no main thread)" for s in samples]
+            every = head.get("every_s") or 0.0
+            held = sorted(([round(x, 3), inner[i], code[i]] for i, x in enumerate(late) if x > every),
+                          key=lambda h: -h[0])
             procs.append({**head, "role": _role(samples), "samples": len(samples),
                           "top": Counter(inner).most_common(TOP), "timeline": inner,
-                          "top_code": Counter(code).most_common(TOP), "timeline_code": code})
+                          "top_code": Counter(code).most_common(TOP), "timeline_code": code,
+                          "late_s": [round(x, 3) for x in late], "held": held[:TOP], "held_count": len(held)})
         if procs:
             res[folder.name] = procs
     if res:
@@ -165,7 +194,8 @@ def read(out: Path) -> dict:
 
 def summary_lines(digest: dict) -> list[str]:
     """summary.md's section: per profile and process (with 5 samples or more), the main thread's innermost
-    frames, and its innermost frames outside the standard library, by share of the samples."""
+    frames, its innermost frames outside the standard library, by share of the samples, and the samples that
+    came more than a period late (the process held that long; where its main thread was when it let go)."""
     rows = []
     for name, procs in digest.items():
         for p in procs:
@@ -173,9 +203,14 @@ def summary_lines(digest: dict) -> list[str]:
                 continue
             cells = ["; ".join(f"`{frame}` {100 * n / p['samples']:.0f} %" for frame, n in p.get(k) or [])
                      .replace("|", "/") for k in ("top", "top_code")]
-            rows.append(f"| {name} | {p['role']} | {p.get('pid', '?')} | {p['samples']} | {cells[0]} | {cells[1]} |")
+            held = "; ".join(f"{h[0]:.1f} s, then at `{h[2]}`" for h in p.get("held") or [])
+            if p.get("held_count", 0) > len(p.get("held") or []):
+                held += f" (of {p['held_count']})"
+            rows.append(f"| {name} | {p['role']} | {p.get('pid', '?')} | {p['samples']} | {cells[0]} | {cells[1]} | "
+                        f"{held.replace('|', '/') or '—'} |")
     if not rows:
         return []
     return ["", f"## Where the servers' processes were ({FOLDER}.json: the main thread's innermost frame per sample)",
             "", "| profile | process | pid | samples | innermost frames, share of samples | innermost outside the "
-            "standard library |", "|---|---|---|---|---|---|", *rows]
+            "standard library | samples late by more than a period (held), then where |", "|---|---|---|---|---|---|---|",
+            *rows]
