@@ -115,8 +115,10 @@ def leftover_message(argv: list[str], extra: list[str], prog: str = "forge") -> 
         if argv[i] == extra[0] and argv[i - 2].startswith("--") and "=" not in argv[i - 2] \
                 and not argv[i - 1].startswith("-"):
             words = [argv[i - 1], *[w for w in argv[i:] if w in extra and (_NUMBER_LIKE.match(w) or w[:1] != "-")][:3]]
+            unknown = [w.split("=", 1)[0] for w in extra if w.startswith("-") and not _NUMBER_LIKE.match(w)]
             return (f"{argv[i - 2]} takes one value, given {len(words)} words ({' '.join(map(repr, words))}): a value "
-                    "is one plain word (a run id, a name, a path without blanks)")
+                    "is one plain word (a run id, a name, a path without blanks)"
+                    + "".join(f"; {u}: not an option of {prog}" for u in dict.fromkeys(unknown)))
     return "unrecognized arguments: " + " ".join(extra)
 
 

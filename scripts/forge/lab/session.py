@@ -52,6 +52,9 @@ class Run:
         # topology, on as many GPUs as that needs; one server for every tier, with the settings of the
         # first tier run); otherwise the preliminary's one-card server, under the finals' client or not
         self.rnd = rounds.load_round(self.contest, "final") if args.finals_servers else None
+        if args.tier_order is not None:     # "16-32K," was "no tier named ''"
+            args.tier_order = options.comma_items(",".join(args.tier_order), "--tier-order",
+                                                  f"name tiers from: {', '.join(contest_mod.tier_names(self.contest))}")
         self.serve_tier = ((args.tier_order or [None])[0] or self.rnd.tier_order[0]) if self.rnd else None
         self.profiles = {n: profiles.load_profile(n, self.contest, rnd=self.rnd) for n in self.names}
         self.capacity = final_round.capacity_changes(self.contest, getattr(args, "capacity", None), self.names,
