@@ -136,15 +136,21 @@ def test_predict_final_refuses_an_empty_item_as_one(tmp_path, option, value):
     assert f"e.g. {option} " in fix_line(r), r.stderr
 
 
+def e2e_gpu_writes_nothing(tmp_path, *args):
+    """`forge e2e-gpu` with a model and no bundle, vLLM or client (nothing it could start), and `args`; it must
+    have written nothing."""
+    model = _model(tmp_path)
+    with writes_nothing(tmp_path):
+        return forge(tmp_path, "e2e-gpu", "--bundle", "", "--model", str(model), "--vllm", "false", "--client",
+                     "false", "--no-plumbing", "--no-fault", "--start-guess-s", "0", "--out", str(tmp_path / "out"),
+                     *args, timeout=60)
+
+
 # --- e2e-gpu --profiles: an empty item --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("profiles", ["upstream,,fast", "upstream,"])
 def test_e2e_gpu_refuses_an_empty_profile_as_an_empty_item(tmp_path, profiles):
     """It said "'' is '' is not a name (empty or not text)"."""
-    model = _model(tmp_path)
-    with writes_nothing(tmp_path):
-        r = forge(tmp_path, "e2e-gpu", "--bundle", "", "--model", str(model), "--vllm", "false", "--client", "false",
-                  "--no-plumbing", "--no-fault", "--start-guess-s", "0", "--out", str(tmp_path / "out"),
-                  "--profiles", profiles, timeout=60)
+    r = e2e_gpu_writes_nothing(tmp_path, "--profiles", profiles)
     refused(r, f"--profiles {profiles!r}: an empty item")
     assert "'' is" not in r.stderr and "fast-int8,upstream" in fix_line(r), r.stderr

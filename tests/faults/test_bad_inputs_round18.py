@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 from helpers import forge
 from test_bad_inputs import refused, writes_nothing
-from test_bad_inputs_round4 import _model
 from test_bad_inputs_round5 import fix_line
+from test_bad_inputs_round17 import e2e_gpu_writes_nothing
 
 
 def test_an_unknown_option_after_a_split_value_is_named_too(tmp_path):
@@ -26,10 +26,6 @@ def test_an_unknown_option_after_a_split_value_is_named_too(tmp_path):
 
 @pytest.mark.parametrize("order", ["16-32K,", ",16-32K", "4-8K,,8-16K"])
 def test_e2e_gpu_refuses_an_empty_tier_as_an_empty_item(tmp_path, order):
-    model = _model(tmp_path)
-    with writes_nothing(tmp_path):
-        r = forge(tmp_path, "e2e-gpu", "--bundle", "", "--model", str(model), "--vllm", "false", "--client", "false",
-                  "--no-plumbing", "--no-fault", "--start-guess-s", "0", "--out", str(tmp_path / "out"),
-                  "--tier-order", order, timeout=60)
+    r = e2e_gpu_writes_nothing(tmp_path, "--tier-order", order)
     refused(r, f"--tier-order {order!r}: an empty item")
     assert "no tier named" not in r.stderr and "4-8K, 8-16K, 16-32K" in fix_line(r), r.stderr
