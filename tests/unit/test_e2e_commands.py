@@ -110,7 +110,12 @@ def test_the_client_is_the_organizers_with_exactly_the_listed_changes():
     assert argv[:2] == ["bench", "serve"]
     got, theirs = options(argv[2:]), organizers_client(c)
     listed = _changes(diffs, "client")
+    body = listed.pop("--extra-body")
     assert listed == {"--custom-output-len": "-1", "--ignore-eos": None}
+    # their request body, with the special tokens decoded (random weights repeat one; skipped, the API process
+    # decodes the whole prompt again at each step of that request), nothing else
+    assert json.loads(body) == {**json.loads(theirs["--extra-body"]), "skip_special_tokens": False}
+    listed["--extra-body"] = body
     filled = set(tiers.FILLED_IN)
     assert set(c["client"]["per_tier"]) <= filled
     assert {k: v for k, v in got.items() if k not in filled} == \
@@ -122,7 +127,7 @@ def test_the_client_is_the_organizers_with_exactly_the_listed_changes():
     assert (got["--dataset-path"], got["--num-prompts"], got["--port"]) == ("/d/16-32K.jsonl", "6", "8002")
     # --fixed-output N replaces the per-request lengths and is recorded as such
     fixed = tiers.differences(h, [], fixed_output=1024)
-    assert _changes(fixed, "client") == {"--custom-output-len": "1024", "--ignore-eos": None}
+    assert _changes(fixed, "client") == {"--custom-output-len": "1024", "--ignore-eos": None, "--extra-body": body}
     assert options(bench.client_args(tiers.harness_contest(c, h, 1024), dataset=Path("/d"), num_prompts=1,
                                      model="m", host="h", port=1, result_dir=Path("/r"),
                                      result_name="x")[2:])["--custom-output-len"] == "1024"

@@ -53,6 +53,29 @@ def test_tokenizer_has_the_models_vocabulary_and_counts_words(tmp_path):
         gpu_bundle.tokenizer_files(100, 97)                  # among the special tokens' ids
 
 
+def test_the_harness_client_has_every_token_decode_to_text(tmp_path):
+    """vLLM's API primes each request's decode stream with the whole prompt; a token that decodes to nothing (a
+    special one, skipped) keeps every id since the last text and decodes them all again at the next token. The
+    random-weight model repeats one token, often a special one: the harness's client asks for the special tokens
+    not to be skipped (harness.yaml), and then each of them comes out as text at its own step, as a real model's
+    words do (harness/gpu/detok_cost.py times it with vLLM's own detokenizer)."""
+    from tokenizers import Tokenizer
+    from tokenizers.decoders import DecodeStream
+    files = gpu_bundle.tokenizer_files(5003, 4001)
+    (tmp_path / "tokenizer.json").write_text(files["tokenizer.json"])
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    body = next(json.loads(c["args"][1]) for c in gpu_bundle.harness_config()["client_args"]
+                if c["args"][0] == "--extra-body")
+    prompt = [17, 4000, 2, 4998, 9] * 40
+    skipped = DecodeStream(ids=prompt, skip_special_tokens=True)
+    assert [skipped.step(tok, 4001) for _ in range(5)] == [None] * 5         # nothing out: the prompt stays in
+    assert skipped.step(tok, 17) is not None
+    harness = DecodeStream(ids=prompt, skip_special_tokens=body.get("skip_special_tokens", True))
+    out = [harness.step(tok, 4001) for _ in range(5)]
+    assert all(t and gpu_bundle.EOS_TEXT in t for t in out), out
+    assert body["temperature"] == 0.0                                         # the organizers' sampling kept
+
+
 def test_bundle_manifest_catches_a_changed_or_missing_file(tmp_path):
     b = tmp_path / "bundle"
     (b / "wheels").mkdir(parents=True)
