@@ -33,6 +33,9 @@ def test_the_final_rounds_client_replaces_the_preliminarys():
     pre = _client_options(final_round.apply_to_harness(gpu_bundle.harness_config(), _args()))
     assert pre["--max-concurrency"] == ["1"] and pre["--request-rate"] == ["1"]
     assert pre["--custom-output-len"] == ["-1"]
+    # both rounds' harness clients keep the special tokens in the replies (harness.yaml), each option once
+    assert opts["--extra-body"] == pre["--extra-body"] == ['{"temperature":0.0,"skip_special_tokens":false}']
+    assert len(tiers.harness_contest(contest.load_contest(), h)["client"]["options"]) == len(opts)
 
 
 @pytest.mark.parametrize("kw, words", [

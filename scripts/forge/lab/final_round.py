@@ -124,7 +124,7 @@ def preemptions(host: str, port: int, timeout: float = 5.0) -> float | None:
 
 def apply_to_harness(h: dict, args) -> dict:
     """harness.yaml's settings as this invocation runs them: with --round final the finals' client in
-    place of `client_args`, and the sizing options in place of `side_by_side`'s values."""
+    place of `client_args`' options it sets (their others kept), and the sizing options in place of `side_by_side`'s values."""
     if args.finals_servers and args.round != "final":
         raise ForgeError("--finals-servers: the final round's servers are measured with its client",
                          hint="add --round final")
@@ -132,7 +132,9 @@ def apply_to_harness(h: dict, args) -> dict:
         if args.fixed_output:
             raise ForgeError("--fixed-output and --round final: the final round fixes the output length itself "
                              f"({FINAL_OUTPUT_LEN} tokens per request)", hint="leave out --fixed-output")
-        h["client_args"] = client_changes(FINAL_CONCURRENCY if args.concurrency is None else args.concurrency)
+        final = client_changes(FINAL_CONCURRENCY if args.concurrency is None else args.concurrency)
+        # harness.yaml's changes the finals' client does not make itself stay (the request body's special tokens)
+        h["client_args"] = final + [c for c in h["client_args"] if c["args"][0] not in {f["args"][0] for f in final}]
     elif args.concurrency is not None:
         raise ForgeError(f"--concurrency {args.concurrency}: the preliminary's client runs one request at a time",
                          hint="add --round final")
