@@ -124,7 +124,8 @@ def preemptions(host: str, port: int, timeout: float = 5.0) -> float | None:
 
 def apply_to_harness(h: dict, args) -> dict:
     """harness.yaml's settings as this invocation runs them: with --round final the finals' client in
-    place of `client_args`' options it sets (their others kept), and the sizing options in place of `side_by_side`'s values."""
+    place of `client_args`' options it sets (their others kept), and the sizing options in place of
+    `side_by_side`'s values."""
     if args.finals_servers and args.round != "final":
         raise ForgeError("--finals-servers: the final round's servers are measured with its client",
                          hint="add --round final")
