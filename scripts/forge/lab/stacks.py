@@ -2,10 +2,10 @@
 where each process's main thread was, sample by sample. harness/gpu/stacks/sitecustomize.py, put on the
 servers' PYTHONPATH, makes each process write its threads' stacks every SECONDS (a sampler thread, with the
 GIL; each sample says how late it came, so a process held in one C call shows as a late sample) to
-<out>/stacks/<profile>/stacks-<pid>.txt; after the run they are read into <out>/stacks.json (per process: its role, the samples, the main thread's innermost frames by count and
-sample by sample) once the servers are down, and a section of summary.md. The raw files stay out of the packed
-archive (their size); the digest goes in. A run killed before its end leaves the raw files in <out>/stacks/ and no
-digest."""
+<out>/stacks/<profile>/stacks-<pid>.txt; after the run they are read into <out>/stacks.json (per process: its
+role, the samples, the main thread's innermost frames by count and sample by sample, the late samples) once the
+servers are down, and a section of summary.md. The raw files stay out of the packed archive (their size); the
+digest goes in. A run killed before its end leaves the raw files in <out>/stacks/ and no digest."""
 
 from __future__ import annotations
 
