@@ -182,8 +182,9 @@ def test_an_empty_topology_is_refused_as_the_other_lists_empty_items_are(tmp_pat
 # --- e2e-gpu --round final: the messages say what was given and how to give it ------------------------------
 
 @pytest.mark.parametrize("args,words,fix", [
-    # "no tier named  in configs/contest.yaml": the empty name printed as nothing
-    (["--tier-order", "4-8K,,8-16K"], ["--tier-order", "no tier named ''"], "4-8K, 8-16K, 16-32K"),
+    # "no tier named  in configs/contest.yaml": the empty name printed as nothing (then "no tier named ''";
+    # since round 18 an empty item, as every list option refuses one)
+    (["--tier-order", "4-8K,,8-16K"], ["--tier-order", "an empty item"], "4-8K, 8-16K, 16-32K"),
     # the fix said what the other options do, not how to write this one
     (["--capacity", "contest:bogus=4"], ["--capacity", "'bogus=4' is not one of max-num-seqs=N"],
      "e.g. --capacity contest:max-num-seqs=4"),
