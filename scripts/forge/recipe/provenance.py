@@ -17,6 +17,7 @@ from ..hashing import combine, sha256_file
 from ..paths import KERNELS, ROOT
 
 NOT_INSTALLED = "not installed"
+TORCH_PROBE = "import torch; print(torch.version.hip or ''); print(torch.version.cuda or '')"
 
 # How each tool prints its version: the pattern's first group is recorded, never the banner.
 TOOL_VERSION = {
@@ -57,12 +58,22 @@ def toolchain() -> dict:
     tv["torch"] = _version_of("torch")
     tv["torch_hip"] = tv["torch_cuda"] = NOT_INSTALLED
     if tv["torch"] != NOT_INSTALLED:
+        # its HIP and CUDA versions, read by a fresh interpreter of this Python: an import in this process depends
+        # on what the process imported before (a torch import that failed once here fails again as "cannot load
+        # module more than once per process", whatever the installation)
         try:
-            import torch  # heavy and optional: its HIP and CUDA versions where it is installed
-            tv.update(torch_hip=torch.version.hip or "none (not a ROCm build)",
-                      torch_cuda=torch.version.cuda or "none (not a CUDA build)")
-        except Exception as e:          # installed but broken: say so rather than guess
-            tv["torch"] += f" (import failed: {type(e).__name__}: {e})"[:200]
+            out = proc.run([sys.executable, "-c", TORCH_PROBE], capture=True, check=False, timeout=300,
+                           what="torch's build versions")
+        except ForgeError as e:
+            out = None
+            why = e.message
+        if out is not None and out.returncode == 0 and len(out.stdout.splitlines()) == 2:
+            hip, cuda = out.stdout.splitlines()
+            tv.update(torch_hip=hip or "none (not a ROCm build)", torch_cuda=cuda or "none (not a CUDA build)")
+        else:                           # installed but broken: say so rather than guess
+            if out is not None:
+                why = next((x.strip() for x in reversed(out.stderr.splitlines()) if x.strip()), "no output")
+            tv["torch"] += f" (import failed: {why})"[:200]
     for mod in ("triton", "setuptools", "setuptools_scm", "wheel"):
         tv[mod] = _version_of(mod.replace("_", "-"))
     tv["hipcc"] = _tool_version(["hipcc", "--version"], TOOL_VERSION["hipcc"])
