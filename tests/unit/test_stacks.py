@@ -276,6 +276,13 @@ def test_a_new_start_and_an_unsampled_run_keep_earlier_samples_out_of_the_digest
     assert stacks.read(out) and stacks.settle(out, None) == {}
     assert stacks.read(out) == {} and stacks.summary_lines(stacks.read(out)) == []
     assert json.loads((out / "stacks" / "earlier-1.json").read_text())["prof"][0]["pid"] == 4242
+    # numbered past the highest kept, not by count: with earlier-1 removed by hand, earlier-2 is never replaced
+    (out / "stacks" / "earlier-1.json").rename(out / "stacks" / "earlier-2.json")
+    for pid in (4243, 4244):
+        (out / "stacks.json").write_text(json.dumps({"prof": [{"pid": pid}]}))
+        stacks.settle(out, None)
+    kept = {f.name: json.loads(f.read_text())["prof"][0]["pid"] for f in (out / "stacks").glob("earlier-*.json")}
+    assert kept == {"earlier-2.json": 4242, "earlier-3.json": 4243, "earlier-4.json": 4244}
     dest = tmp_path / "run.tgz"
     packing.pack(out, dest, {})
     assert not any("stacks" in n for n in tarfile.open(dest).getnames())

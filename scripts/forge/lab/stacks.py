@@ -124,6 +124,13 @@ def _role(samples: list[list[Frame]]) -> str:
     return "other"
 
 
+def _next_number(folder: Path, prefix: str, suffix: str) -> int:
+    """One more than the highest <prefix><n><suffix> in folder (not the count: after a user removed one, a count
+    would name a kept file again and the rename would replace it)."""
+    nums = (p.name[len(prefix):len(p.name) - len(suffix)] for p in folder.glob(f"{prefix}*{suffix}"))
+    return 1 + max((int(n) for n in nums if n.isdigit()), default=0)
+
+
 def fresh_folder(folder: Path) -> None:
     """A server's sample folder before a new start of it: the files an earlier start left there (its digest, if
     any, is in that run's stacks.json) go to earlier/<n>/ inside it, so the new start's digest holds only its own
@@ -131,8 +138,7 @@ def fresh_folder(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     old = sorted(folder.glob("stacks-*.txt"))
     if old:
-        n = 1 + max((int(p.name) for p in (folder / "earlier").glob("*") if p.name.isdigit()), default=0)
-        dest = folder / "earlier" / str(n)
+        dest = folder / "earlier" / str(_next_number(folder / "earlier", "", ""))
         dest.mkdir(parents=True)
         for f in old:
             f.rename(dest / f.name)
@@ -147,8 +153,7 @@ def settle(out: Path, every: float | None) -> dict:
     stale = out / f"{FOLDER}.json"
     if stale.is_file():
         (out / FOLDER).mkdir(exist_ok=True)
-        n = 1 + sum(1 for _ in (out / FOLDER).glob("earlier-*.json"))
-        stale.rename(out / FOLDER / f"earlier-{n}.json")
+        stale.rename(out / FOLDER / f"earlier-{_next_number(out / FOLDER, 'earlier-', '.json')}.json")
     return {}
 
 
