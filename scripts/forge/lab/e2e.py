@@ -318,7 +318,8 @@ def register(sub) -> None:
                         "of the contest workload (configs/workload.yaml) evenly spaced by output length")
     p.add_argument("--fixed-output", type=options.count, metavar="N",
                    help="instead of the contest workload, prompts across each tier's range with N output tokens "
-                        "each (the earlier runs used 1024)")
+                        "each (the earlier runs used 1024); each tier run must hold its longest prompt and N within the "
+                        "servers' --max-model-len (32768; 16-32K's prompts run up to 31744 tokens)")
     p.add_argument("--tier-order", type=lambda s: s.split(","),
                    help="tiers in the order they run; tiers not named are not run (default: "
                         + ",".join(DEFAULT_TIER_ORDER) + ")")
@@ -336,7 +337,7 @@ def register(sub) -> None:
                    help="seconds kept after the tiers for stopping the servers and writing the reports "
                         f"(default 15; {FAULT_NEED_S:.0f} s more while the fault check is still to run)")
     p.add_argument("--out", type=options.nonempty("--out"), help="results folder (default: reports/e2e/<date>-<device>/)")
-    p.add_argument("--pack", type=options.nonempty("--pack"), help="also keep a .tar.gz of the results here, rewritten after every step")
+    p.add_argument("--pack", type=options.nonempty("--pack"), help="also keep a .tar.gz of the results here (outside --out), rewritten after every step")
     p.add_argument("--vllm", type=options.nonempty("--vllm"), help="how to start vLLM (default: this Python's vllm.entrypoints.cli.main)")
     p.add_argument("--client", type=options.nonempty("--client"), help="command that runs vLLM's CLI for `bench serve` (default: as forge bench-all-tiers)")
     p.add_argument("--server-arg", action="append", type=options.nonempty("--server-arg"),
@@ -355,7 +356,7 @@ def register(sub) -> None:
     p.add_argument("--triton-cache-pack", metavar="DIR", type=options.nonempty("--triton-cache-pack"),
                    help="at the end, write the Triton cache to DIR/triton-cache.tgz.NN in parts of at most "
                         f"{TRITON_PART_MIB} MiB plus DIR/{TRITON_MANIFEST}, for --triton-cache-from on the "
-                        "next machine")
+                        "next machine (DIR outside the cache)")
     p.add_argument("--first-port", type=options.port, default=FIRST_PORT,
                    help=f"port of the first profile's server; the others follow (default {FIRST_PORT})")
     p.add_argument("--fault-delay-s", type=options.number_in(0, 600, "seconds", "3"), default=3.0, help="seconds into the request before the kill")

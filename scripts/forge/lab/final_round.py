@@ -56,11 +56,14 @@ def workload_pairs(contest: dict, tier: str, n: int, output_len: int = FINAL_OUT
     return [(p, output_len) for p, _ in synth.stratified(workload["tiers"][tier]["requests"], n)]
 
 
-def capacity_changes(contest: dict, specs: list[str] | None, names: list[str], round_name: str) -> dict[str, list[dict]]:
+def capacity_changes(contest: dict, specs: list[str] | None, names: list[str], round_name: str,
+                     served: dict[str, dict] | None = None) -> dict[str, list[dict]]:
     """--capacity PROFILE:OPTION=VALUE[,OPTION=VALUE]: one profile's server with its own value of a capacity
     option the final round leaves to the team per tier (e.g. the product's --max-num-seqs at which the
-    capacity planner says the tier's requests stay resident), each checked within the round's bounds;
-    returns {profile: [{"args", "why"}]}."""
+    capacity planner says the tier's requests stay resident), each checked within the round's bounds and
+    together with the server's other values: the round's baseline (the preliminary's one-card server has
+    them), or with --finals-servers `served`'s (each profile's rendered start script: its settings, their
+    sources and its tier); returns {profile: [{"args", "why"}]}."""
     if not specs:
         return {}
     if round_name != "final":
@@ -98,10 +101,17 @@ def capacity_changes(contest: dict, specs: list[str] | None, names: list[str], r
                 "why": f"{name}'s server alone (--capacity): the final round leaves {opt} to the team per tier; "
                        "this run gives it that value"})
     for name, changes in out.items():
-        # together (vLLM refuses fewer batched tokens than sequences); the one not given is the baseline's
+        # together (vLLM refuses fewer batched tokens than sequences); the one not given is the server's own
         got = {c["args"][0][2:].replace("-", "_"): int(c["args"][1]) for c in changes}
-        rounds.check_settings(rnd, got, where=f"--capacity {name} (with the round's baseline for the option not given)"
-                              if len(got) == 1 else f"--capacity {name}")
+        if served is None:
+            rounds.check_settings(rnd, got, where=f"--capacity {name} (with the round's baseline for the option not "
+                                                  "given)" if len(got) == 1 else f"--capacity {name}")
+        else:           # the finals' start script gave it the environment's or the profile's value, not the baseline's
+            r = served[name]
+            rounds.check_settings(rnd, {**r["settings"], **got},
+                                  sources={**r["sources"], **dict.fromkeys(got, "--capacity")},
+                                  where=f"--capacity {name} (with the other values of its --finals-servers server, "
+                                        f"tier {r['tier']})")
     return out
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import ui
+from .. import options, ui
 from ..errors import ForgeError
 from ..run import bench
 from ..run.gpu_harness import site_env
@@ -32,6 +32,7 @@ from .tiers import (
     harness_args,
     harness_contest,
     shortest_tier_need,
+    tier_order,
     tiers_reserve,
 )
 
@@ -106,6 +107,27 @@ def servers_fit(run: Run, model: Path, on_gpu: list[str], memory: tuple[list[int
                                               side.get("kv_cache_memory_bytes"), model, memory)
 
 
+def fixed_output_fits(run: Run, launches: dict[str, list[str]], tiers: list[str]) -> None:
+    """--fixed-output N asks N tokens of every prompt: each tier run must hold its longest prompt (as the client
+    counts it, the chat template applied) and N within each server's --max-model-len (the 16-32K tier's prompts
+    run up to 31,744 tokens, 32,768 less the contest's 1024 outputs). vLLM refused every request past it once
+    the servers had started, each recorded as failed."""
+    n = run.args.fixed_output
+    if not n:
+        return
+    for name, argv in launches.items():
+        limit = options.last_int(argv, "--max-model-len")
+        if limit is None:               # the model's own length: no contest tier reaches it
+            continue
+        for t in tiers:
+            longest = max(run.summary["datasets"][t]["prompt_tokens"])
+            if longest + n > limit:
+                raise ForgeError(f"--fixed-output {n}: tier {t}'s longest prompt ({longest} tokens) and {n} output "
+                                 f"tokens are past the {name} server's --max-model-len {limit}; vLLM refuses such a "
+                                 "request", hint=f"give --fixed-output {max(limit - longest, 1)} or less, or leave {t} "
+                                                 "out of --tier-order")
+
+
 def prepare(run: Run) -> Prepared:
     """Everything that can refuse the invocation, in order, then the results folder (run.open())."""
     args, names = run.args, run.names
@@ -147,6 +169,8 @@ def prepare(run: Run) -> Prepared:
     try:
         # the prompts are built aside: a folder being resumed is compared with them before anything is written
         built = build_datasets(run, model, args.num_prompts, ddir=aside)
+        fixed_output_fits(run, {n: [str(a) for a in plan(run, model, n)["launch"]] for n in names},
+                          tier_order(run, built))
         check_resume(run, names, built)
         up, left_ports = reusable(run, model)   # servers an earlier invocation left up; this one reuses `up`
         kept = [n for n in names if fully_kept(run, n, built)]

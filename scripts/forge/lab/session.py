@@ -57,8 +57,11 @@ class Run:
                                                   f"name tiers from: {', '.join(contest_mod.tier_names(self.contest))}")
         self.serve_tier = ((args.tier_order or [None])[0] or self.rnd.tier_order[0]) if self.rnd else None
         self.profiles = {n: profiles.load_profile(n, self.contest, rnd=self.rnd) for n in self.names}
+        # with --finals-servers, checked against the values each server's start script renders for its tier
+        served = ({n: profiles.render_round(p, self.rnd.model_placeholder, self.contest, self.rnd, self.serve_tier)
+                   for n, p in self.profiles.items()} if self.rnd and getattr(args, "capacity", None) else None)
         self.capacity = final_round.capacity_changes(self.contest, getattr(args, "capacity", None), self.names,
-                                                     args.round)
+                                                     args.round, served)
         known = contest_mod.tier_names(self.contest)
         unknown = [t for t in (args.tier_order or []) if t not in known]
         if unknown:
@@ -77,6 +80,11 @@ class Run:
         self.extra = check_values(args, self.names)   # the extra server arguments, split as a shell does
         check_extra_rules(self.contest, self.extra, args.round)
         self.out = Path(args.out) if args.out else default_out()
+        if args.pack and paths.resolved(self.out) in paths.resolved(Path(args.pack)).parents:
+            # rewritten after every step from the folder's files, it held its own earlier copy, growing each time
+            raise ForgeError(f"--pack {args.pack}: inside the results folder {self.out}, which the archive packs; "
+                             "each rewrite would hold the one before", hint=f"give --pack outside it, e.g. --pack "
+                                                                           f"{self.out.parent / (self.out.name + '.tgz')}")
         earlier = sorted(self.out.glob("runs/*/rounds"))
         if earlier:
             raise ForgeError(f"{self.out}: a folder of an earlier harness ({earlier[0].relative_to(self.out)}: one "
@@ -91,6 +99,8 @@ class Run:
         self.vllm_cmd: str = args.vllm or f"{sys.executable} -m vllm.entrypoints.cli.main"
         self.triton_cache: str | None = args.triton_cache or (
             "/tmp/forge-triton" if (args.triton_cache_from or args.triton_cache_pack) else None)
+        if args.triton_cache_pack and self.triton_cache:
+            check_pack_outside_cache(args.triton_cache_pack, self.triton_cache, given=bool(args.triton_cache))
         self.child_env: dict[str, str] = {}   # what the servers, the client and probes get on top of ours
         self.hargs: list[str] = []        # the harness's server arguments, after the profile's checked ones
         self.identity: dict = {}          # what makes tiers of two invocations comparable
@@ -218,6 +228,17 @@ def check_values(args, names: list[str]) -> list[str]:
     if args.triton_cache_from:
         check_triton_source(Path(args.triton_cache_from))
     return extra
+
+
+def check_pack_outside_cache(pack: str, cache: str, given: bool) -> None:
+    """--triton-cache-pack's parts are written among the files they pack where the folder is the Triton cache or
+    lies in it: each pack held the one before, and the cache grew by its own archive every run."""
+    tc = paths.resolved(Path(cache))
+    if tc == paths.resolved(Path(pack)) or tc in paths.resolved(Path(pack)).parents:
+        named = f"--triton-cache {cache}" if given else f"{cache} (--triton-cache's default)"
+        raise ForgeError(f"--triton-cache-pack {pack}: in the Triton cache it packs, {named}; each pack would hold "
+                         "the one before", hint="give --triton-cache-pack a folder outside it, e.g. --triton-cache-pack "
+                                                f"{tc.parent / 'triton-pack'}")
 
 
 def check_extra_rules(contest: dict, extra: list[str], round_name: str | None) -> None:

@@ -310,9 +310,23 @@ def read_hint(folder: Path, hint: str) -> str:
     return hint
 
 
+def refuse_nested(folders: list[str]) -> None:
+    """Refuse a FOLDER of one `forge pack-run` that lies inside another given with it: the outer one's archive
+    holds every file under it, so packed first it removed the inner one's files (the inner one then failed as no
+    folder, the command half done), and packed after it, it held the inner one's raw.tgz, an archive in an archive."""
+    real = [(f, paths.resolved(Path(f))) for f in folders]
+    for outer, r in real:
+        for inner, s in real:
+            if r in s.parents:
+                raise ForgeError(f"{inner}: inside {outer}, given too; {outer}'s {ARCHIVE} holds every file under it, "
+                                 f"{inner}'s included; nothing was packed",
+                                 hint=f"give one of them: forge pack-run {outer} packs both")
+
+
 def cmd_pack_run(args) -> int:
     for folder in args.folders:
         check_packable(Path(folder), remove=not args.keep_raw)
+    refuse_nested(args.folders)
     for folder in args.folders:
         r = pack_run(Path(folder), remove=not args.keep_raw)
         if r["members"] is None:

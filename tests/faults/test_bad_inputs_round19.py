@@ -1,0 +1,112 @@
+"""Inputs found to be taken wrongly in the nineteenth round of input hardening.
+
+`forge pack-run OUTER OUTER/runs/fast` (a run folder and one inside it): OUTER was packed, its raw.tgz holding every
+file under it, the inner folder's among them, and removed them; the inner one then failed as "not a folder", exit 2
+with the command half done. Given inner first, the inner folder was packed and OUTER's raw.tgz then held its
+raw.tgz, an archive in an archive, exit 0. Such a pair is now refused before anything is packed, naming both.
+
+`forge e2e-gpu --fixed-output 20000` (any N past what a tier's longest prompt leaves of the servers' --max-model-len
+32768; above 2304 at 16-32K with six prompts): taken, the servers started, and vLLM refused every request of the
+tier, each recorded as failed (exit 1). It is now refused before anything is written or started, naming the tier,
+its longest prompt and the server's --max-model-len, with the largest N that fits; a tier left out of --tier-order
+is not counted, and the earlier runs' 1024 is taken.
+
+`forge e2e-gpu --out DIR --pack DIR/e2e.tgz`: taken; the archive is rewritten after every step from the results
+folder's files, so each rewrite held the one before, growing at every step. A --pack inside the results folder is
+now refused before anything is written, with a place beside it as the fix.
+
+`forge e2e-gpu --triton-cache DIR --triton-cache-pack DIR` (or DIR/pack, or `--triton-cache-pack /tmp/forge-triton`,
+the cache's default): taken; the parts were written among the files they pack, so each pack held the one before
+and the cache grew by its own archive every run. A pack folder in the cache is now refused before anything is
+written, naming the cache (or its default) and a folder beside it.
+
+`forge e2e-gpu --round final --finals-servers --capacity contest:max-num-seqs=1024` with MAX_NUM_BATCHED_TOKENS=512
+in the environment (or MAX_NUM_SEQS_4_8K=1024 with `--capacity contest:max-num-batched-tokens=512`): the value
+was checked against the round's baseline for the option not given (4096 batched tokens), while the finals' start
+script gives that server the environment's (or the profile's) value; the server got --max-num-batched-tokens 512
+--max-num-seqs 1024, which vLLM refuses, after the results folder was written. The pair is now checked as that
+server gets it, naming where each value came from, before anything is written or started.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from helpers import FIXTURE_RUNS, forge
+from test_bad_inputs import refused, writes_nothing
+from test_bad_inputs_round4 import _model
+from test_bad_inputs_round5 import fix_line
+from test_bad_inputs_round17 import e2e_gpu_writes_nothing
+
+# --- pack-run: a run folder inside another given with it ----------------------------------------------------------
+
+@pytest.mark.parametrize("inner_first", [False, True])
+def test_pack_run_refuses_a_folder_inside_another_given_with_it(tmp_path, inner_first):
+    outer = tmp_path / "e2e"
+    inner = outer / "runs" / "fast"
+    shutil.copytree(FIXTURE_RUNS / "fast", inner)
+    (outer / "summary.json").write_text("{}\n")
+    folders = [str(inner), str(outer)] if inner_first else [str(outer), str(inner)]
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "pack-run", *folders)
+    refused(r, f"{inner}: inside {outer}, given too", "nothing was packed")
+    assert f"forge pack-run {outer} packs both" in fix_line(r), r.stderr
+
+
+# --- e2e-gpu --fixed-output: a tier's longest prompt and the output past --max-model-len ---------------------------
+
+def test_e2e_gpu_refuses_a_fixed_output_past_the_servers_model_length(tmp_path):
+    """Taken before: the servers started and vLLM refused every request of the 16-32K tier."""
+    r = e2e_gpu_writes_nothing(tmp_path, "--fixed-output", "20000", "--deadline-s", "100000")
+    refused(r, "--fixed-output 20000: tier 16-32K's longest prompt", "--max-model-len 32768")
+    assert "or less, or leave 16-32K out of --tier-order" in fix_line(r), r.stderr
+
+
+@pytest.mark.parametrize("args", [["--fixed-output", "1024"], ["--fixed-output", "20000", "--tier-order", "4-8K"]])
+def test_e2e_gpu_takes_a_fixed_output_the_tiers_run_hold(tmp_path, args):
+    """The earlier runs' 1024 fits every tier, and 20000 fits 4-8K alone: the deadline is what refuses these."""
+    r = e2e_gpu_writes_nothing(tmp_path, *args, "--deadline-s", "30", "--reserve-s", "0")
+    refused(r, "--deadline-s 30", "no tier would be measured")
+
+
+# --- e2e-gpu --pack, --triton-cache-pack: inside what they pack -----------------------------------------------------
+
+@pytest.mark.parametrize("where", ["out/e2e.tgz", "out/logs/e2e.tgz"])
+def test_e2e_gpu_refuses_a_pack_inside_the_results_folder(tmp_path, where):
+    """Taken before: each rewrite of the archive held the one before."""
+    r = e2e_gpu_writes_nothing(tmp_path, "--pack", str(tmp_path / where))
+    refused(r, f"--pack {tmp_path / where}: inside the results folder {tmp_path / 'out'}")
+    assert f"--pack {tmp_path / 'out.tgz'}" in fix_line(r), r.stderr
+
+
+@pytest.mark.parametrize("pack", ["tc", "tc/pack"])
+def test_e2e_gpu_refuses_a_triton_pack_in_the_cache_it_packs(tmp_path, pack):
+    """Taken before: each pack held the parts of the one before."""
+    r = e2e_gpu_writes_nothing(tmp_path, "--triton-cache", str(tmp_path / "tc"), "--triton-cache-pack",
+                               str(tmp_path / pack))
+    refused(r, f"--triton-cache-pack {tmp_path / pack}: in the Triton cache it packs, --triton-cache {tmp_path / 'tc'}")
+    assert f"--triton-cache-pack {tmp_path / 'triton-pack'}" in fix_line(r), r.stderr
+
+
+# --- e2e-gpu --finals-servers --capacity: checked with the values that server gets --------------------------------
+
+@pytest.mark.parametrize("capacity,env,words,fix", [
+    ("contest:max-num-seqs=1024", {"MAX_NUM_BATCHED_TOKENS": "512"},
+     ["--max-num-batched-tokens 512 (env MAX_NUM_BATCHED_TOKENS) is below --max-num-seqs 1024 (--capacity)"],
+     "raise MAX_NUM_BATCHED_TOKENS"),
+    ("contest:max-num-batched-tokens=512", {"MAX_NUM_SEQS_4_8K": "1024"},
+     ["--max-num-batched-tokens 512 (--capacity) is below --max-num-seqs 1024 (env MAX_NUM_SEQS_4_8K)"],
+     "raise --max-num-batched-tokens"),
+])
+def test_e2e_gpu_finals_servers_capacity_is_checked_with_the_servers_own_values(tmp_path, capacity, env, words, fix):
+    """Checked against the round's baseline (4096 batched tokens, 128 sequences) before: taken, and the server
+    started with a pair vLLM refuses."""
+    model = _model(tmp_path)
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "e2e-gpu", "--bundle", "", "--model", str(model), "--round", "final", "--finals-servers",
+                  "--profiles", "contest,upstream", "--out", str(tmp_path / "out"), "--vllm", "false", "--client",
+                  "false", "--no-plumbing", "--no-fault", "--start-guess-s", "0", "--capacity", capacity,
+                  CUDA_VISIBLE_DEVICES="0,1", timeout=60, **env)
+    refused(r, "--capacity contest (with the other values of its --finals-servers server, tier 4-8K)", *words)
+    assert fix in fix_line(r), r.stderr
