@@ -673,6 +673,38 @@ def test_the_summary_names_the_delivery_stalls_the_client_saw(tmp_path):
     assert summary.stall_lines(run, ["upstream"]) == []
 
 
+def test_the_summary_says_how_many_requests_were_decoding_at_once(tmp_path):
+    """reports/e2e/2026-12-07-h100-final-16-32k-int8-new-client: int8 at 8 seqs against upstream at 4, 12 requests.
+    From every request's timeline, 5.42 of the int8 side's 8 were decoding at once on average and 3.36 of
+    upstream's 4; the mean over the mean TPOT gives each side's output tok/s as the client measured it (the lift
+    is the product of the two). A tier run one request at a time gets no row, a run of them no section."""
+    from types import SimpleNamespace
+
+    from forge.lab import summary
+    with tarfile.open(ROOT / "reports" / "e2e" / "2026-12-07-h100-final-16-32k-int8-new-client" / "raw.tgz") as tf:
+        for prof, folder in (("fast-int8", "k-int8"), ("upstream", "k-up")):
+            (tmp_path / prof).mkdir()
+            for f in ("16-32K.json", "serve.json"):
+                (tmp_path / prof / f).write_bytes(tf.extractfile(f"{folder}/runs/{prof}/{f}").read())
+    run = SimpleNamespace(contest=contest.load_contest(), run_dir=lambda n, create=False: tmp_path / n)
+    rows = {ln.split(" | ")[1]: ln.strip("| ").split(" | ") for ln in summary.residency_lines(run, ["fast-int8", "upstream"])
+            if ln.startswith("| 16-32K")}
+    assert rows["fast-int8"][2:6] == ["5.42", "8", "8", "68 %"] and rows["upstream"][2:6] == ["3.36", "4", "4", "84 %"]
+    for prof in rows:
+        r = json.loads((tmp_path / prof / "16-32K.json").read_text())
+        assert abs(float(rows[prof][2]) / r["mean_tpot_ms"] * 1000 / r["output_throughput"] - 1) < 0.02
+    # one at a time: the same requests laid end to end
+    r = json.loads((tmp_path / "upstream" / "16-32K.json").read_text())
+    t = 0.0
+    for i in range(len(r["start_times"])):
+        r["start_times"][i] = t
+        t += r["ttfts"][i] + sum(r["itls"][i]) + 0.01
+    (tmp_path / "upstream" / "16-32K.json").write_text(json.dumps(r))
+    assert summary.residency_lines(run, ["upstream"]) == []
+    (tmp_path / "fast-int8" / "serve.json").unlink()                  # no record of the server: no share
+    assert "| 16-32K | fast-int8 | 5.42 | 8 | — | — |" in "\n".join(summary.residency_lines(run, ["fast-int8"]))
+
+
 def test_a_profile_measured_alone_is_kept_when_the_reference_joins_with_its_own_capacity(tmp_path):
     """On a card that holds one server at a time: the product's profile alone first, then the same folder with
     the reference added, each at its own --capacity. The second invocation keeps the first's tier (no server

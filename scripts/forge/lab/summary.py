@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Protocol
 
+from .. import options
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..run import predict, runs, synth, timemodel
@@ -159,6 +160,54 @@ def stall_lines(run: Run, names: list[str]) -> list[str]:
             "| tier | profile | gaps | longest s | chunks per request |", "|---|---|---|---|---|", *rows]
 
 
+def _max_num_seqs(run: Run, name: str) -> int | None:
+    """The --max-num-seqs the profile's server ran with (its recorded launch, the last occurrence as vLLM's parser
+    keeps it), or None where no record says."""
+    rec = run.run_dir(name, create=False) / "serve.json"
+    try:
+        launch = runs.read_json(rec).get("launch") if rec.is_file() else None
+    except ForgeError:
+        return None
+    return options.last_int([str(a) for a in launch], "--max-num-seqs") if isinstance(launch, list) else None
+
+
+def residency_lines(run: Run, names: list[str]) -> list[str]:
+    """Per tier and profile with several requests in flight: how many were decoding at once, from every request's
+    timeline (its decode time, first token to last, summed over the requests and divided by the tier's wall time;
+    the peak where the intervals overlap most), against the server's --max-num-seqs. Output tok/s is that mean over
+    the mean TPOT, so a lift under load is the product of the two; a server below its max-num-seqs spent the rest
+    ramping (requests enter and leave one prefill apart) or in a last, partial wave. Nothing at one at a time."""
+    rows = []
+    for t in contest_mod.tier_names(run.contest):
+        for n in names:
+            r = _tier_result(run, n, t) or {}
+            itls, ttfts, starts, dur = r.get("itls"), r.get("ttfts"), r.get("start_times"), r.get("duration")
+            errs = r.get("errors") or [""] * len(itls or [])
+            if not (isinstance(itls, list) and isinstance(ttfts, list) and isinstance(starts, list) and dur
+                    and len(itls) == len(ttfts) == len(starts) == len(errs)):
+                continue
+            spans = [(starts[i] + ttfts[i], starts[i] + ttfts[i] + sum(itls[i])) for i in range(len(itls))
+                     if not errs[i] and isinstance(itls[i], list)]
+            edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda e: (e[0], e[1]))
+            now = peak = 0
+            for _, step in edges:
+                now += step
+                peak = max(peak, now)
+            if peak <= 1:
+                continue
+            mean = sum(b - a for a, b in spans) / dur
+            cap = _max_num_seqs(run, n)
+            share = f"{100 * mean / cap:.0f} %" if cap else "—"
+            rows.append(f"| {t} | {n} | {mean:.2f} | {peak} | {cap or '—'} | {share} | {fmt(r.get('mean_tpot_ms'))} |")
+    if not rows:
+        return []
+    return ["", "## Requests decoding at once (every request's first to last token, summed, over the tier's wall time)",
+            "", "Output tok/s is the mean over the mean TPOT. Below the server's --max-num-seqs: requests ramping in "
+            "and out one prefill apart, or a last wave short of it.", "",
+            "| tier | profile | mean | peak | max-num-seqs | mean of it | mean TPOT ms |", "|---|---|---|---|---|---|---|",
+            *rows]
+
+
 def difference_lines(diffs: list[dict]) -> list[str]:
     """The run's differences from the organizers' command (summary.json `differences`, made from
     harness/gpu/harness.yaml and the invocation's options), each with its reason."""
@@ -259,6 +308,7 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
     L += tier_ratio_lines(run, names, ref)
     L += sla_lines(run, names, ref)
     L += stall_lines(run, names)
+    L += residency_lines(run, names)
     L += stacks.summary_lines(stacks.read(run.out))        # --stack-every's digest, once the run has made it
     L += ["", "## Proxy score (same-run reference = 60.0)", ""]
     if scored:
