@@ -26,6 +26,10 @@ was checked against the round's baseline for the option not given (4096 batched 
 script gives that server the environment's (or the profile's) value; the server got --max-num-batched-tokens 512
 --max-num-seqs 1024, which vLLM refuses, after the results folder was written. The pair is now checked as that
 server gets it, naming where each value came from, before anything is written or started.
+
+`forge unpack-run F --to F/raw` (F a packed run folder outside the checkout): taken; the raw files landed in a
+subfolder of F, which then no longer read as packed (`pack-run F` refused it). A --to inside the folder whose
+archive it unpacks is now refused before anything is extracted, with a folder beside it as the fix.
 """
 
 from __future__ import annotations
@@ -110,3 +114,20 @@ def test_e2e_gpu_finals_servers_capacity_is_checked_with_the_servers_own_values(
                   CUDA_VISIBLE_DEVICES="0,1", timeout=60, **env)
     refused(r, "--capacity contest (with the other values of its --finals-servers server, tier 4-8K)", *words)
     assert fix in fix_line(r), r.stderr
+
+
+# --- unpack-run --to: inside the folder it unpacks ------------------------------------------------------------------
+
+@pytest.mark.parametrize("sub", ["raw", "runs/x"])
+def test_unpack_run_refuses_a_to_inside_the_folder_it_unpacks(tmp_path, sub):
+    folder = tmp_path / "e2e"
+    shutil.copytree(FIXTURE_RUNS / "fast", folder / "runs" / "fast")
+    (folder / "summary.json").write_text("{}\n")
+    r = forge(tmp_path, "pack-run", str(folder))
+    assert r.returncode == 0, r.stderr
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "unpack-run", str(folder), "--to", str(folder / sub))
+    refused(r, f"--to {folder / sub}: inside", "nothing was extracted")
+    assert f"--to {tmp_path / 'e2e-raw'}" in fix_line(r), r.stderr
+    r = forge(tmp_path, "unpack-run", str(folder), "--to", str(tmp_path / "e2e-raw"))     # the fix works
+    assert r.returncode == 0 and (tmp_path / "e2e-raw" / "summary.json").is_file(), r.stderr

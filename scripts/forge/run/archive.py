@@ -211,6 +211,11 @@ def unpack_run(folder: Path, to: Path | None = None, force: bool = False) -> lis
         dest = paths.target_folder(str(to), "--to", outside_checkout=True,
                                    hint=f"leave --to out to unpack in place, or give a folder outside the checkout, "
                                         f"e.g. --to /tmp/{folder.name}")
+        if folder.resolve() in dest.resolve().parents:
+            # the raw files would land in a subfolder of the packed folder, which then no longer reads as packed
+            raise ForgeError(f"--to {to}: inside {paths.rel(folder)}, the folder whose archive it unpacks; nothing "
+                             "was extracted", hint=f"leave --to out to unpack in place, or give a folder beside it, "
+                                                   f"e.g. --to {folder.parent / (folder.name + '-raw')}")
     with _opened(src) as tf:
         members = tf.getmembers()           # reads the whole archive: a damaged one fails here
         tarsafe.check_members(members, paths.rel(src))
@@ -357,7 +362,7 @@ def register(sub) -> None:
                        description="Restore FOLDER's raw files from FOLDER/raw.tgz (--to DIR: into DIR instead); "
                                    "every member is checked before anything is written.\n\n" + __doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("folder", help="run folder holding raw.tgz")
-    p.add_argument("--to", help="extract into this folder instead (the archive's paths are relative to the run folder)")
+    p.add_argument("--to", help="extract into this folder instead, outside FOLDER (the archive's paths are relative to the run folder)")
     p.add_argument("--force", action="store_true",
                    help="replace files that differ from the archive's (a local edit; also FORCE=1)")
     p.set_defaults(func=cmd_unpack_run)
