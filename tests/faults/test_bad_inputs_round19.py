@@ -30,17 +30,25 @@ server gets it, naming where each value came from, before anything is written or
 `forge unpack-run F --to F/raw` (F a packed run folder outside the checkout): taken; the raw files landed in a
 subfolder of F, which then no longer read as packed (`pack-run F` refused it). A --to inside the folder whose
 archive it unpacks is now refused before anything is extracted, with a folder beside it as the fix.
+
+`forge sweep upstream --image forge:typo` (and `sweep --round final`, `serve`; or $IMAGE): taken; the sweep's
+record and the first run's folder were written, and the missing image failed only as its container started.
+docker is now asked for the image (`docker image inspect`) before anything is written, and a missing one (or no
+docker on PATH) is refused, naming the image and what docker said.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
-from helpers import FIXTURE_RUNS, forge
+from helpers import FIXTURE_RUNS, forge, free_port
 from test_bad_inputs import refused, writes_nothing
 from test_bad_inputs_round4 import _model
 from test_bad_inputs_round5 import fix_line
+from test_bad_inputs_round12 import BENCH, FAKE, SWEEP_ONE
+from test_bad_inputs_round12 import model as model  # noqa: F401  (the fixture)
 from test_bad_inputs_round17 import e2e_gpu_writes_nothing
 
 # --- pack-run: a run folder inside another given with it ----------------------------------------------------------
@@ -131,3 +139,52 @@ def test_unpack_run_refuses_a_to_inside_the_folder_it_unpacks(tmp_path, sub):
     assert f"--to {tmp_path / 'e2e-raw'}" in fix_line(r), r.stderr
     r = forge(tmp_path, "unpack-run", str(folder), "--to", str(tmp_path / "e2e-raw"))     # the fix works
     assert r.returncode == 0 and (tmp_path / "e2e-raw" / "summary.json").is_file(), r.stderr
+
+
+# --- --image: asked of docker before anything is written ------------------------------------------------------------
+
+FAKE_DOCKER = """#!/bin/sh
+# docker as far as `image inspect` goes: this machine has forge:have and nothing else
+if [ "$1 $2" = "image inspect" ]; then
+  for a; do last=$a; done
+  [ "$last" = "forge:have" ] && { echo sha256:1; exit 0; }
+  echo "Error response from daemon: No such image: $last" >&2; exit 1
+fi
+echo "fake docker: $*" >&2; exit 3
+"""
+
+
+def _docker_path(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "docker").write_text(FAKE_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+
+
+@pytest.mark.parametrize("verb", ["sweep", "sweep-final", "serve"])
+def test_a_missing_image_is_refused_before_anything_is_written(tmp_path, model, verb):  # noqa: F811
+    args = {"sweep": ["sweep", "upstream", "--model", str(model), "--vllm", FAKE, "--client", BENCH,
+                      "--port", str(free_port()), "--num-prompts", "2", "--timeout", "30"],
+            "sweep-final": ["sweep", "--round", "final", "--model", str(model), "--baseline-profile", "upstream",
+                            *SWEEP_ONE, "--vllm", FAKE, "--client", BENCH, "--port", str(free_port()),
+                            "--tier-env", str(tmp_path / "tier-env.json")],
+            "serve": ["serve", "--profile", "upstream", "--model", str(model), "--port", str(free_port())]}[verb]
+    path = _docker_path(tmp_path)
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *args, "--image", "forge:typo", PATH=path, CUDA_VISIBLE_DEVICES="0,1", timeout=120)
+    refused(r, "--image forge:typo: docker has no such image (Error response from daemon: No such image: forge:typo)")
+    assert "make image" in fix_line(r), r.stderr
+
+
+def test_the_image_may_come_from_the_environment_and_docker_must_be_there(tmp_path, model):  # noqa: F811
+    args = ["sweep", "upstream", "--model", str(model), "--vllm", FAKE, "--client", BENCH, "--port", str(free_port()),
+            "--num-prompts", "2", "--timeout", "30"]
+    path, no_docker = _docker_path(tmp_path), tmp_path / "nodocker"
+    no_docker.mkdir()
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *args, PATH=path, IMAGE="forge:typo", timeout=120)
+    refused(r, "--image forge:typo: docker has no such image")
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *args, "--image", "forge:have", PATH=str(no_docker), timeout=120)
+    refused(r, "--image forge:have: docker is not on this machine's PATH")

@@ -243,6 +243,7 @@ def sweep(profiles: list[str], *, model: str | None = None, image: str | None = 
     # a typo fails before the first server starts; a profile given as a path is named by its file
     names = {prof: profiles_mod.load_profile(prof, contest)["name"] for prof in profiles}
     final_sweep.launchers(vllm_cmd, client)          # a quote left open fails before the first server starts
+    serve.check_image(image)                          # a missing image too
     results = []
     total = len(profiles) * repeat
     for i, prof in enumerate(profiles * repeat, 1):

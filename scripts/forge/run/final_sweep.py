@@ -192,6 +192,8 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = DEFAUL
     if ranker is None:
         check_build(model_build)
     launchers(vllm_cmd, client)
+    if not harness:                     # a harness sweep refuses --image itself (its servers run in this Python)
+        serve.check_image(image)
     hs = final_harness.servers(harness, site=site, kv_cache_memory_bytes=kv_cache_memory_bytes, kv_why=kv_why,
                                image=image, cands=cands, baseline=rnd.baseline.as_dict())
     for name in (base_profile, *([baseline_profile] if baseline_profile else [])):

@@ -34,6 +34,22 @@ def _env_or(value: str | None, var: str) -> str | None:
     return value or (os.environ.get(var) or None)
 
 
+def check_image(image: str | None) -> None:
+    """--image (else $IMAGE): docker has it, asked before a run folder or a sweep's record is written (a missing
+    one failed only as its container started, after them)."""
+    image = _env_or(image, "IMAGE")
+    if not image:
+        return
+    if not shutil.which("docker"):
+        raise ForgeError(f"--image {image}: docker is not on this machine's PATH, so no container can start",
+                         hint="install docker, or leave --image (and $IMAGE) out to serve from the installed wheel")
+    r = proc.run(["docker", "image", "inspect", "--format", "{{.Id}}", image], check=False, capture=True, timeout=60)
+    if r.returncode != 0:
+        said = [x for x in (r.stderr or r.stdout or "").splitlines() if x.strip()]
+        raise ForgeError(f"--image {image}: docker has no such image ({said[-1].strip() if said else f'exit {r.returncode}'})",
+                         hint="build it (make image) or pull it first; `docker images` lists this machine's images")
+
+
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):
@@ -91,6 +107,7 @@ def serve_profile(profile: str, model: str | None = None, *, image: str | None =
     prof = profiles.load_profile(profile, contest, rnd=rnd)
     model = _env_or(model, "MODEL")
     image = _env_or(image, "IMAGE")
+    check_image(image)
     if not model:
         raise ForgeError("no model directory given", hint="pass --model DIR (make serve MODEL=DIR)")
     render(prof, Path(model), contest, rnd, tier)     # a round's values and its cards, before anything else
