@@ -673,6 +673,30 @@ def test_the_summary_names_the_delivery_stalls_the_client_saw(tmp_path):
     assert summary.stall_lines(run, ["upstream"]) == []
 
 
+def test_the_summary_names_requests_that_returned_no_text(tmp_path):
+    """reports/e2e/2026-12-07-h100-final-16-32k-int8-same-run: 14 of the 16 requests of each side returned no text
+    (a special token repeated and skipped), which held the int8 side's API process; the new client's pair has text
+    in every request, so it gets no row, and a failed request is not counted."""
+    from types import SimpleNamespace
+
+    from forge.lab import summary
+    e2e = ROOT / "reports" / "e2e"
+    with tarfile.open(e2e / "2026-12-07-h100-final-16-32k-int8-same-run" / "raw.tgz") as tf:
+        (tmp_path / "old").mkdir()
+        (tmp_path / "old" / "16-32K.json").write_bytes(tf.extractfile("h-int8s8/runs/fast-int8/16-32K.json").read())
+    with tarfile.open(e2e / "2026-12-07-h100-final-16-32k-int8-new-client" / "raw.tgz") as tf:
+        (tmp_path / "new").mkdir()
+        (tmp_path / "new" / "16-32K.json").write_bytes(tf.extractfile("k-int8/runs/fast-int8/16-32K.json").read())
+    run = SimpleNamespace(contest=contest.load_contest(), run_dir=lambda n, create=False: tmp_path / n)
+    assert [ln for ln in summary.textless_lines(run, ["old", "new"]) if ln.startswith("| 16-32K")] == \
+        ["| 16-32K | old | 14 of 16 |"]
+    assert summary.textless_lines(run, ["new"]) == []
+    r = json.loads((tmp_path / "old" / "16-32K.json").read_text())
+    r["errors"] = ["boom" if not x else "" for x in r["generated_texts"]]
+    (tmp_path / "old" / "16-32K.json").write_text(json.dumps(r))
+    assert summary.textless_lines(run, ["old"]) == []
+
+
 def test_the_summary_says_how_many_requests_were_decoding_at_once(tmp_path):
     """reports/e2e/2026-12-07-h100-final-16-32k-int8-new-client: int8 at 8 seqs against upstream at 4, 12 requests.
     From every request's timeline, 5.42 of the int8 side's 8 were decoding at once on average and 3.36 of

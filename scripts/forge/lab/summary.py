@@ -160,6 +160,32 @@ def stall_lines(run: Run, names: list[str]) -> list[str]:
             "| tier | profile | gaps | longest s | chunks per request |", "|---|---|---|---|---|", *rows]
 
 
+def textless_lines(run: Run, names: list[str]) -> list[str]:
+    """Per tier and profile, the completed requests that generated tokens and returned no text. A token that
+    decodes to nothing keeps vLLM's streaming detokenizer decoding the whole prompt again at every step
+    (reports/e2e/2026-12-07-h100-final-16-32k-int8-stacks: it held the API process, and the client got every
+    request in bursts); the harness's client keeps special tokens for that, so a row here says the run's figures
+    may carry that cost again. Nothing when every request has text."""
+    rows = []
+    for t in contest_mod.tier_names(run.contest):
+        for n in names:
+            r = _tier_result(run, n, t) or {}
+            texts, outs = r.get("generated_texts"), r.get("output_lens")
+            errs = r.get("errors") or [""] * len(texts or [])
+            if not (isinstance(texts, list) and isinstance(outs, list) and len(texts) == len(outs) == len(errs)):
+                continue
+            empty = sum(1 for x, o, e in zip(texts, outs, errs) if not e and isinstance(o, int) and o > 0 and not x)
+            if empty:
+                rows.append(f"| {t} | {n} | {empty} of {len(texts)} |")
+    if not rows:
+        return []
+    return ["", "## Requests that returned no text", "",
+            "Their tokens decoded to nothing: vLLM's API then decodes the whole prompt again at every token of such a "
+            "request, which can hold its process and the whole server's delivery (the harness's client keeps special "
+            "tokens, `harness/gpu/harness.yaml`, so that this does not happen).", "",
+            "| tier | profile | requests |", "|---|---|---|", *rows]
+
+
 def _max_num_seqs(run: Run, name: str) -> int | None:
     """The --max-num-seqs the profile's server ran with (its recorded launch, the last occurrence as vLLM's parser
     keeps it), or None where no record says."""
@@ -309,6 +335,7 @@ def render_summary(run: Run, names: list[str], scored: dict, ref: str) -> str:
     L += sla_lines(run, names, ref)
     L += stall_lines(run, names)
     L += residency_lines(run, names)
+    L += textless_lines(run, names)
     L += stacks.summary_lines(stacks.read(run.out))        # --stack-every's digest, once the run has made it
     L += ["", "## Proxy score (same-run reference = 60.0)", ""]
     if scored:
