@@ -34,7 +34,7 @@ archive it unpacks is now refused before anything is extracted, with a folder be
 `forge sweep upstream --image forge:typo` (and `sweep --round final`, `serve`; or $IMAGE): taken; the sweep's
 record and the first run's folder were written, and the missing image failed only as its container started.
 docker is now asked for the image (`docker image inspect`) before anything is written, and a missing one (or no
-docker on PATH) is refused, naming the image and what docker said.
+docker on PATH, or a daemon docker cannot reach, said as such) is refused, naming the image and what docker said.
 """
 
 from __future__ import annotations
@@ -152,6 +152,9 @@ if [ "$1 $2" = "image inspect" ]; then
 fi
 echo "fake docker: $*" >&2; exit 3
 """
+DOWN_DOCKER = """#!/bin/sh
+echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?" >&2; exit 1
+"""
 
 
 def _docker_path(tmp_path):
@@ -188,3 +191,12 @@ def test_the_image_may_come_from_the_environment_and_docker_must_be_there(tmp_pa
     with writes_nothing(tmp_path):
         r = forge(tmp_path, *args, "--image", "forge:have", PATH=str(no_docker), timeout=120)
     refused(r, "--image forge:have: docker is not on this machine's PATH")
+
+    down = tmp_path / "down"
+    down.mkdir()
+    (down / "docker").write_text(DOWN_DOCKER)
+    (down / "docker").chmod(0o755)
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *args, "--image", "forge:have", PATH=f"{down}{os.pathsep}{os.environ['PATH']}", timeout=120)
+    refused(r, "--image forge:have: docker could not say whether it has the image (Cannot connect to the Docker daemon")
+    assert "start the docker daemon" in fix_line(r), r.stderr

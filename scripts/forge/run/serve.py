@@ -45,8 +45,12 @@ def check_image(image: str | None) -> None:
                          hint="install docker, or leave --image (and $IMAGE) out to serve from the installed wheel")
     r = proc.run(["docker", "image", "inspect", "--format", "{{.Id}}", image], check=False, capture=True, timeout=60)
     if r.returncode != 0:
-        said = [x for x in (r.stderr or r.stdout or "").splitlines() if x.strip()]
-        raise ForgeError(f"--image {image}: docker has no such image ({said[-1].strip() if said else f'exit {r.returncode}'})",
+        said = [x.strip() for x in (r.stderr or r.stdout or "").splitlines() if x.strip()]
+        why = said[-1] if said else f"exit {r.returncode}"
+        if "no such image" not in why.lower():          # the daemon down, no permission: not the image's fault
+            raise ForgeError(f"--image {image}: docker could not say whether it has the image ({why})",
+                             hint="start the docker daemon or add the user to the docker group, then run it again")
+        raise ForgeError(f"--image {image}: docker has no such image ({why})",
                          hint="build it (make image) or pull it first; `docker images` lists this machine's images")
 
 
@@ -107,10 +111,10 @@ def serve_profile(profile: str, model: str | None = None, *, image: str | None =
     prof = profiles.load_profile(profile, contest, rnd=rnd)
     model = _env_or(model, "MODEL")
     image = _env_or(image, "IMAGE")
-    check_image(image)
     if not model:
         raise ForgeError("no model directory given", hint="pass --model DIR (make serve MODEL=DIR)")
     render(prof, Path(model), contest, rnd, tier)     # a round's values and its cards, before anything else
+    check_image(image)
     _say_unread(contest, rnd)
     port = port or LOCKED_PORT
     run_id = runs.check_run_id(run_id) if run_id is not None else runs.new_run_id(prof["name"])
