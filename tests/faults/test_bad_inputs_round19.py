@@ -35,6 +35,10 @@ archive it unpacks is now refused before anything is extracted, with a folder be
 record and the first run's folder were written, and the missing image failed only as its container started.
 docker is now asked for the image (`docker image inspect`) before anything is written, and a missing one (or no
 docker on PATH, or a daemon docker cannot reach, said as such) is refused, naming the image and what docker said.
+
+`forge e2e-gpu --round final --capacity contest:max-num-seqs=4,` (or `contest:,max-num-seqs=4`): refused as
+"'(empty)' is not one of max-num-seqs=N, ...", as if an option named "(empty)" had been typed. It is now refused as
+an empty item, as the other comma-separated options say it.
 """
 
 from __future__ import annotations
@@ -200,3 +204,11 @@ def test_the_image_may_come_from_the_environment_and_docker_must_be_there(tmp_pa
         r = forge(tmp_path, *args, "--image", "forge:have", PATH=f"{down}{os.pathsep}{os.environ['PATH']}", timeout=120)
     refused(r, "--image forge:have: docker could not say whether it has the image (Cannot connect to the Docker daemon")
     assert "start the docker daemon" in fix_line(r), r.stderr
+
+
+@pytest.mark.parametrize("spec", ["contest:max-num-seqs=4,", "contest:,max-num-seqs=4",
+                                  "contest:max-num-seqs=4,,max-num-batched-tokens=2048"])
+def test_e2e_gpu_capacity_refuses_an_empty_item_as_one(tmp_path, spec):
+    r = e2e_gpu_writes_nothing(tmp_path, "--round", "final", "--profiles", "contest,upstream", "--capacity", spec)
+    refused(r, f"--capacity {spec!r}: an empty item (a comma too many)")
+    assert "(empty)" not in r.stderr, r.stderr

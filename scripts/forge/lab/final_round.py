@@ -80,10 +80,13 @@ def capacity_changes(contest: dict, specs: list[str] | None, names: list[str], r
             raise ForgeError(f"--capacity {spec!r}: {name!r} is not among this run's profiles ({', '.join(names)})",
                              hint="name a profile given to --profiles")
         for item in rest.split(","):
+            if not item.strip():        # "p:max-num-seqs=4," or "p:,x=1": a comma too many, as other lists say it
+                raise ForgeError(f"--capacity {spec!r}: an empty item (a comma too many)",
+                                 hint=f"e.g. --capacity {name}:max-num-seqs=4,max-num-batched-tokens=2048")
             key, eq, val = item.partition("=")
             opt = "--" + key.strip().lstrip("-")
             if not eq or opt not in CAPACITY_OPTIONS:
-                raise ForgeError(f"--capacity {spec!r}: {item.strip() or '(empty)'!r} is not one of "
+                raise ForgeError(f"--capacity {spec!r}: {item.strip()!r} is not one of "
                                  f"{', '.join(o[2:] + '=N' for o in CAPACITY_OPTIONS)}",
                                  hint=f"e.g. --capacity {name}:max-num-seqs=4 (--gpu-memory-utilization and "
                                       "--kv-cache-memory-bytes size every server alike)")
