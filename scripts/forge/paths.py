@@ -51,6 +51,12 @@ def resolved(path: Path, what: str = "") -> Path:
         raise ForgeError(f"{what + ' ' if what else ''}{path}: a symlink loop", hint=LOOP_HINT) from None
 
 
+def inside(path: Path, folder: Path, *, or_equal: bool = False) -> bool:
+    """Whether `path` lies below `folder` (or is it, with `or_equal`), both resolved (symbolic links followed)."""
+    p, f = resolved(Path(path)), resolved(Path(folder))
+    return f in p.parents or (or_equal and p == f)
+
+
 def write_atomic(path: Path, data: "str | bytes") -> None:
     """Write a file so that a reader (or a rerun after an interrupt) sees the old content or the
     new, never a part: write a temporary file next to it, flush it to disk, rename it over."""

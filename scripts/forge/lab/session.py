@@ -80,7 +80,7 @@ class Run:
         self.extra = check_values(args, self.names)   # the extra server arguments, split as a shell does
         check_extra_rules(self.contest, self.extra, args.round)
         self.out = Path(args.out) if args.out else default_out()
-        if args.pack and paths.resolved(self.out) in paths.resolved(Path(args.pack)).parents:
+        if args.pack and paths.inside(Path(args.pack), self.out):
             # rewritten after every step from the folder's files, it held its own earlier copy, growing each time
             raise ForgeError(f"--pack {args.pack}: inside the results folder {self.out}, which the archive packs; "
                              "each rewrite would hold the one before", hint=f"give --pack outside it, e.g. --pack "
@@ -233,12 +233,11 @@ def check_values(args, names: list[str]) -> list[str]:
 def check_pack_outside_cache(pack: str, cache: str, given: bool) -> None:
     """--triton-cache-pack's parts are written among the files they pack where the folder is the Triton cache or
     lies in it: each pack held the one before, and the cache grew by its own archive every run."""
-    tc = paths.resolved(Path(cache))
-    if tc == paths.resolved(Path(pack)) or tc in paths.resolved(Path(pack)).parents:
+    if paths.inside(Path(pack), Path(cache), or_equal=True):
         named = f"--triton-cache {cache}" if given else f"{cache} (--triton-cache's default)"
         raise ForgeError(f"--triton-cache-pack {pack}: in the Triton cache it packs, {named}; each pack would hold "
                          "the one before", hint="give --triton-cache-pack a folder outside it, e.g. --triton-cache-pack "
-                                                f"{tc.parent / 'triton-pack'}")
+                                                f"{paths.resolved(Path(cache)).parent / 'triton-pack'}")
 
 
 def check_extra_rules(contest: dict, extra: list[str], round_name: str | None) -> None:

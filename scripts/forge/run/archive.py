@@ -211,7 +211,7 @@ def unpack_run(folder: Path, to: Path | None = None, force: bool = False) -> lis
         dest = paths.target_folder(str(to), "--to", outside_checkout=True,
                                    hint=f"leave --to out to unpack in place, or give a folder outside the checkout, "
                                         f"e.g. --to /tmp/{folder.name}")
-        if folder.resolve() in dest.resolve().parents:
+        if paths.inside(dest, folder):
             # the raw files would land in a subfolder of the packed folder, which then no longer reads as packed
             raise ForgeError(f"--to {to}: inside {paths.rel(folder)}, the folder whose archive it unpacks; nothing "
                              "was extracted", hint=f"leave --to out to unpack in place, or give a folder beside it, "
@@ -319,10 +319,9 @@ def refuse_nested(folders: list[str]) -> None:
     """Refuse a FOLDER of one `forge pack-run` that lies inside another given with it: the outer one's archive
     holds every file under it, so packed first it removed the inner one's files (the inner one then failed as no
     folder, the command half done), and packed after it, it held the inner one's raw.tgz, an archive in an archive."""
-    real = [(f, paths.resolved(Path(f))) for f in folders]
-    for outer, r in real:
-        for inner, s in real:
-            if r in s.parents:
+    for outer in folders:
+        for inner in folders:
+            if paths.inside(Path(inner), Path(outer)):
                 raise ForgeError(f"{inner}: inside {outer}, given too; {outer}'s {ARCHIVE} holds every file under it, "
                                  f"{inner}'s included; nothing was packed",
                                  hint=f"give one of them: forge pack-run {outer} packs both")
