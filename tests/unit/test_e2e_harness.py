@@ -729,6 +729,39 @@ def test_the_summary_says_how_many_requests_were_decoding_at_once(tmp_path):
     assert "| 16-32K | fast-int8 | 5.42 | 8 | — | — |" in "\n".join(summary.residency_lines(run, ["fast-int8"]))
 
 
+def test_more_requests_keep_more_of_the_int8_side_decoding(tmp_path):
+    """reports/e2e/2026-12-07-h100-final-16-32k-16-requests: the same pair with 16 requests, and the bf16 contest
+    profile at upstream's 4 seqs beside it. Two full waves of 8 keep 6.60 of the int8 side's 8 decoding on average
+    (5.42 at 12 requests, above); bf16 at 4 seqs holds as many as upstream (3.54 against 3.42), so its lift is its
+    step's. Each side's mean over its mean TPOT gives its output tok/s within 2 %, and the lift over upstream is
+    the residency ratio over the TPOT ratio."""
+    from types import SimpleNamespace
+
+    from forge.lab import summary
+    sides = (("upstream", "k-up"), ("fast-int8", "k-int8"), ("contest", "k-bf16"))
+    with tarfile.open(ROOT / "reports" / "e2e" / "2026-12-07-h100-final-16-32k-16-requests" / "raw.tgz") as tf:
+        for prof, folder in sides:
+            (tmp_path / prof).mkdir()
+            for f in ("16-32K.json", "serve.json"):
+                (tmp_path / prof / f).write_bytes(tf.extractfile(f"{folder}/runs/{prof}/{f}").read())
+    run = SimpleNamespace(contest=contest.load_contest(), run_dir=lambda n, create=False: tmp_path / n)
+    names = [p for p, _ in sides]
+    rows = {ln.split(" | ")[1]: ln.strip("| ").split(" | ") for ln in summary.residency_lines(run, names)
+            if ln.startswith("| 16-32K")}
+    assert rows["fast-int8"][2:6] == ["6.60", "8", "8", "82 %"]
+    assert rows["upstream"][2:6] == ["3.42", "4", "4", "85 %"] and rows["contest"][2:6] == ["3.54", "4", "4", "89 %"]
+    res = {p: json.loads((tmp_path / p / "16-32K.json").read_text()) for p in names}
+    for p in names:
+        assert abs(float(rows[p][2]) / res[p]["mean_tpot_ms"] * 1000 / res[p]["output_throughput"] - 1) < 0.02
+        assert res[p]["completed"] == 16 and set(res[p]["output_lens"]) == {1024}
+    up = res["upstream"]
+    for p in ("fast-int8", "contest"):
+        lift = res[p]["output_throughput"] / up["output_throughput"]
+        decomposed = (float(rows[p][2]) / float(rows["upstream"][2])) / (res[p]["mean_tpot_ms"] / up["mean_tpot_ms"])
+        assert abs(decomposed / lift - 1) < 0.03, (p, lift, decomposed)
+    assert summary.textless_lines(run, names) == []
+
+
 def test_a_profile_measured_alone_is_kept_when_the_reference_joins_with_its_own_capacity(tmp_path):
     """On a card that holds one server at a time: the product's profile alone first, then the same folder with
     the reference added, each at its own --capacity. The second invocation keeps the first's tier (no server
