@@ -124,6 +124,54 @@ def test_sweep_final_end_to_end_then_resume(tmp_path, model):
     assert json.loads((tmp_path / "tier-env.json").read_text())["tiers"]["4-8K"]["sweep"] != sweep_id
 
 
+def test_configurations_differing_only_in_concurrency_share_one_server(tmp_path, model):
+    """Configurations of two servers (TP2, bf16, 64 / 0.95, at 2048 and at 4096 batched tokens), each at
+    concurrency 6 and 8: those of one server run one after the other on one server start, the later one taking it
+    over (its serve.json names the run that started it, with its own concurrency, and its client ran that
+    concurrency); every server is stopped at the end."""
+    space = ["--topologies", "tp2", "--kv-dtypes", "bf16", "--max-num-seqs", "64", "--max-num-batched-tokens",
+             "2048,4096", "--gpu-memory-utilization", "0.95", "--concurrency", "6,8"]
+    r = _sweep(tmp_path, model, "--baseline-profile", "upstream", *space, top="4", env=STEADY)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    sweep_id = next((tmp_path / "sweeps").iterdir()).name
+    ranking = json.loads((tmp_path / "sweeps" / sweep_id / "sweep.json").read_text())["tiers"]["4-8K"]["ranking"][:4]
+    groups: dict = {}
+    for x in ranking:
+        groups.setdefault(x["candidate"]["max_num_batched_tokens"], []).append(x)
+    shared = [g for g in groups.values() if len(g) == 2]
+    assert shared, [x["key"] for x in ranking]          # alike predictions are served once: at least one pair left
+    for g in shared:
+        recs = {x["key"]: json.loads((tmp_path / "runs" / f"{sweep_id}-4-8K-{x['key']}" / "serve.json").read_text())
+                for x in g}
+        (starter, a), (taker, b) = sorted(recs.items(), key=lambda kv: "server_of_run" in kv[1])
+        assert "server_of_run" not in a and b["server_of_run"] == f"{sweep_id}-4-8K-{starter}", recs
+        assert not (tmp_path / "runs" / f"{sweep_id}-4-8K-{taker}" / "server.log").exists()
+        conc = next(x["candidate"]["concurrency"] for x in g if x["key"] == taker)
+        assert b["settings"]["concurrency"] == conc != a["settings"]["concurrency"]
+        m = json.loads((tmp_path / "runs" / f"{sweep_id}-4-8K-{taker}" / "manifest.json").read_text())
+        assert m["client_settings"]["tiers"]["4-8K"]["max_concurrency"] == conc
+        assert (tmp_path / "runs" / f"{sweep_id}-4-8K-{taker}" / "tier-score.json").is_file()
+    assert out.count("server ready") == 1 + len(groups), out          # the baseline's, then one per server
+    assert out.count("kept, not restarted") == len(shared) and not health(8001)
+
+
+def test_one_servers_configurations_are_ordered_together_and_only_the_kept_server_is_taken_over(tmp_path):
+    """grouped: the best-ranked configuration first, then the rest of its server's, then the next server's; adopt
+    takes over nothing where no server is up, or where the one up is not the run the sweep kept."""
+    from forge.run import final_serve
+
+    def entry(b, c):
+        return {"key": f"b{b}-c{c}", "candidate": {"tensor_parallel_size": 2, "data_parallel_size": 1, "kv_dtype": "bf16",
+                                                   "max_num_seqs": 64, "max_num_batched_tokens": b,
+                                                   "gpu_memory_utilization": 0.95, "concurrency": c, "planned": c == 8}}
+    ranked = [entry(4096, 8), entry(2048, 8), entry(4096, 6), entry(2048, 10), entry(4096, 10)]
+    assert [(i, r["key"]) for i, r in final_serve.grouped(ranked)] == [
+        (1, "b4096-c8"), (3, "b4096-c6"), (5, "b4096-c10"), (2, "b2048-c8"), (4, "b2048-c10")]
+    assert final_serve.server_key(ranked[0]["candidate"]) == final_serve.server_key(ranked[2]["candidate"])
+    assert not final_serve.adopt(tmp_path / "p.yaml", "4-8K", "r2", "r1", {"model": str(tmp_path)}, rules.load_contest())
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--concurrency", "0"], "concurrency 0 is out of bounds"),
     (["--max-num-seqs", "0"], "--max-num-seqs 0 is out of bounds"),

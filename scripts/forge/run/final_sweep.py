@@ -9,7 +9,8 @@ finals' time model (forge.model.finals.rank_configurations, through final_space'
 --top N are served one after the other (forge serve --round final with a profile the sweep writes for
 the candidate: --base-profile plus the candidate's values), benchmarked with the finals' client at the
 candidate's concurrency and scored against the baseline tier with the SLA (final_pick); the server is
-stopped after each. The baseline is --baseline RUN (a final-round run at the finals' baseline
+stopped after each, unless the next differs from it only in the client's concurrency: those run one after the
+other on one server start (final_serve). The baseline is --baseline RUN (a final-round run at the finals' baseline
 configuration, e.g. upstream: its recorded values are checked, final_baseline), or the sweep measures one
 itself with --baseline-profile P at the round's baseline settings, one run per tier.
 
@@ -33,7 +34,7 @@ from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..model import capacity, costs, finals
 from ..model.shape import load_shape
-from . import bench, bench_data, final_harness, final_pick, final_resume, final_space, runs, serve, synth
+from . import bench, bench_data, final_harness, final_pick, final_resume, final_serve, final_space, runs, serve, synth
 from .final_space import Candidate, Ranked
 
 SPACE_OPTIONS = ("topologies", "kv_dtypes", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
@@ -119,37 +120,6 @@ def _refuse_short_cards(rnd: rounds.Round, cands: list[Candidate], baseline_prof
         starts.append(rnd.baseline)
     widest = max(starts, key=lambda st: st.cards)
     rounds.check_cards(rnd, widest, rounds.visible_cards(os.environ), where="sweep")
-
-
-def _measure(prof: Path, tier: str, run_id: str, concurrency: int, kw: dict, contest: dict,
-             servers=None) -> str:
-    """Serve `prof` for `tier` (a harness sweep's servers: `servers`, this configuration's), run the tier
-    with the finals' client, stop the server: the outcome."""
-    rdir = runs.run_dir(run_id, create=False)
-    if not runs.tier_done(rdir, tier, keep_failed=True):
-        log = rdir / "server.log"
-        size = log.stat().st_size if log.is_file() else -1
-        try:
-            serve.serve_profile(str(prof), kw["model"], image=kw["image"], vllm_cmd=kw["vllm_cmd"], port=kw["port"],
-                                run_id=run_id, timeout=kw["timeout"], shm_size=kw["shm_size"], contest=contest,
-                                round_name="final", tier=tier, harness=servers)
-        except ForgeError as e:
-            if (log.stat().st_size if log.is_file() else -1) == size:
-                raise                   # refused before a server was launched: the user's to fix, not a result
-            ui.warn(f"{run_id}: the server did not start ({e.message.splitlines()[0][:200]}); recorded, not retried")
-            return f"failed to start: {e.message.splitlines()[0][:300]}"
-        try:
-            bench.run_tiers(profile=prof.stem, run_id=run_id, model=kw["model"], data_dir=kw["data_dir"], tiers=[tier],
-                            num_prompts=kw["num_prompts"], client=kw["client"], port=kw["port"], contest=contest,
-                            round_name="final", concurrency={tier: concurrency}, keep_failed=True,
-                            harness=kw["harness"], client_env=servers and servers.process_env)
-        except ForgeError as e:
-            if not runs.tier_done(rdir, tier, keep_failed=True):
-                raise
-            ui.warn(f"{run_id}: {e.message.splitlines()[0][:200]} (scored as measured)")
-        finally:
-            serve.stop_running_server()
-    return "measured"
 
 
 def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = DEFAULT_TOP, sweep_id: str | None = None,
@@ -252,8 +222,8 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = DEFAUL
             prof = final_space.write_profile(sdir, f"{tier}-baseline",
                                   final_space.profile_text(baseline_profile, rnd, tier, values, None, "the finals' baseline"))
             with ui.step(f"tier {tier}: the baseline ({baseline_profile} at the finals' baseline configuration)"):
-                how = _measure(prof, tier, bid, values["concurrency"], kw, contest,
-                               final_harness.for_config(hs, values, "bf16"))
+                how = final_serve.measure(prof, tier, bid, values["concurrency"], kw, contest,
+                                          final_harness.for_config(hs, values, "bf16"))
             if how != "measured":
                 raise ForgeError(f"tier {tier}: the baseline server did not start ({how})",
                                  hint="fix it (see the run's server.log), then rerun with --sweep-id " + sweep_id)
@@ -261,36 +231,47 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = DEFAUL
                             **final_pick.baseline_tiers(runs.run_dir(bid, create=False), contest, "final", [tier])}
             ts["baseline_run"] = bid
             save()
-        scored = []
-        for i, r in enumerate(ts["ranking"][:top], 1):
-            cand = Candidate(**{k: r["candidate"][k] for k in r["candidate"]})
-            run_id = f"{sweep_id}-{tier}-{cand.key}"
-            rdir = runs.run_dir(run_id, create=False)
-            res_file = final_resume.score_file(sweep_id, tier, cand.key)
-            if r.get("outcome", "").startswith("failed to start"):
-                ui.info(f"tier {tier} {i}/{top}: {cand.label}: {r['outcome']} (recorded; not retried)")
-                continue
-            if not res_file.is_file():
-                prof = final_space.write_profile(sdir, f"{tier}-{cand.key}", final_space.profile_text(
-                    base_profile, rnd, tier, cand.settings_values(), final_space.KV_DTYPES[cand.kv_dtype],
-                    "a sweep candidate"))
-                with ui.step(f"tier {tier} {i}/{top}: {cand.label} (predicted {r['predicted'].get('tok_s') or 0:.1f} tok/s)"):
-                    r["run"] = run_id
-                    r["outcome"] = _measure(prof, tier, run_id, cand.concurrency, kw, contest,
-                                            final_harness.for_config(hs, cand.settings_values(), cand.kv_dtype))
-                    save()
-                    if r["outcome"] != "measured":
-                        r.update(tok_s=None, score=None, zeroed_by=None)
+        scored, kept = [], None
+        todo = final_serve.grouped(ts["ranking"][:top])      # one server's configurations one after the other
+        try:
+            for n, (i, r) in enumerate(todo):
+                cand = Candidate(**{k: r["candidate"][k] for k in r["candidate"]})
+                run_id = f"{sweep_id}-{tier}-{cand.key}"
+                rdir = runs.run_dir(run_id, create=False)
+                res_file = final_resume.score_file(sweep_id, tier, cand.key)
+                if r.get("outcome", "").startswith("failed to start"):
+                    ui.info(f"tier {tier} {i}/{top}: {cand.label}: {r['outcome']} (recorded; not retried)")
+                    continue
+                if not res_file.is_file():
+                    prof = final_space.write_profile(sdir, f"{tier}-{cand.key}", final_space.profile_text(
+                        base_profile, rnd, tier, cand.settings_values(), final_space.KV_DTYPES[cand.kv_dtype],
+                        "a sweep candidate"))
+                    nxt = todo[n + 1][1] if n + 1 < len(todo) else None
+                    keep = bool(nxt) and final_serve.server_key(nxt["candidate"]) == final_serve.server_key(r["candidate"]) \
+                        and not nxt.get("outcome", "").startswith("failed to start") \
+                        and not final_resume.score_file(sweep_id, tier, nxt["key"]).is_file()
+                    with ui.step(f"tier {tier} {i}/{top}: {cand.label} (predicted {r['predicted'].get('tok_s') or 0:.1f} tok/s)"):
+                        r["run"] = run_id
+                        r["outcome"] = final_serve.measure(
+                            prof, tier, run_id, cand.concurrency, kw, contest,
+                            final_harness.for_config(hs, cand.settings_values(), cand.kv_dtype), kept=kept, keep=keep)
+                        kept = run_id if keep and r["outcome"] == "measured" else None
                         save()
-                        continue
-                    runs.write_json(res_file, final_pick.tier_score(contest, rdir, tier, base_metrics[tier]))
-            else:
-                ui.info(f"tier {tier} {i}/{top}: {cand.label}: already measured in run {run_id}; kept")
-            res = final_pick.read_tier_score(res_file, tier)
-            r.update(run=run_id, outcome="measured", tok_s=res["tok_s"], score=res["contribution"],
-                     zeroed_by=res["zeroed_by"])
-            save()
-            scored.append((cand, run_id, res))
+                        if r["outcome"] != "measured":
+                            r.update(tok_s=None, score=None, zeroed_by=None)
+                            save()
+                            continue
+                        runs.write_json(res_file, final_pick.tier_score(contest, rdir, tier, base_metrics[tier]))
+                else:
+                    ui.info(f"tier {tier} {i}/{top}: {cand.label}: already measured in run {run_id}; kept")
+                res = final_pick.read_tier_score(res_file, tier)
+                r.update(run=run_id, outcome="measured", tok_s=res["tok_s"], score=res["contribution"],
+                         zeroed_by=res["zeroed_by"])
+                save()
+                scored.append((cand, run_id, res))
+        finally:                # a server kept for a next configuration that never ran
+            if kept:
+                serve.stop_running_server()
         best = final_pick.winner(scored)
         if best is None:
             ui.warn(f"tier {tier}: " + ("no served configuration stayed within the SLA" if scored else
