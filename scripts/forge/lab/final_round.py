@@ -18,6 +18,7 @@ import re
 import urllib.error
 import urllib.request
 
+from .. import options
 from ..contest import rounds
 from ..errors import ForgeError
 from ..run import synth
@@ -92,8 +93,15 @@ def capacity_changes(contest: dict, specs: list[str] | None, names: list[str], r
                                       "--kv-cache-memory-bytes size every server alike)")
             if any(c["args"][0] == opt for c in out.get(name, [])):
                 raise ForgeError(f"--capacity: {opt} given twice for {name}", hint="give each option once per profile")
+            text = val.strip()
+            plain = options.parse_whole(text)
+            if plain is not None and text != str(plain) and not text.startswith("-"):
+                # "+4", "04": what the final round's variables refuse (MAX_NUM_SEQS=+64, 064), said as they say it
+                raise ForgeError(f"--capacity {spec!r}: {opt[2:]}={text}: {'a sign' if text[0] == '+' else 'a leading zero'}"
+                                 " before the number, which the final round's variables refuse too",
+                                 hint=f"write the plain number, e.g. --capacity {name}:{opt[2:]}={plain if plain > 0 else 4}")
             try:
-                v = rounds.check_value(rnd, opt, val.strip(), f"--capacity {spec}")
+                v = rounds.check_value(rnd, opt, text, f"--capacity {spec}")
             except ForgeError as e:       # the round's hint names the start script's variable, not this option
                 u = rnd.unlocked_option(opt)
                 example = int(min(max(4, u.min), u.max)) if u and u.min is not None else 4
