@@ -99,6 +99,12 @@ class Run:
         self.vllm_cmd: str = args.vllm or f"{sys.executable} -m vllm.entrypoints.cli.main"
         self.triton_cache: str | None = args.triton_cache or (
             "/tmp/forge-triton" if (args.triton_cache_from or args.triton_cache_pack) else None)
+        if args.triton_cache and paths.inside(Path(args.triton_cache), self.out, or_equal=True):
+            # --pack and pack-run pack the results folder whole: the compiled kernels would go into the run's archive
+            raise ForgeError(f"--triton-cache {args.triton_cache}: inside the results folder {self.out}, which --pack "
+                             "and pack-run pack whole; the run's archive would hold the Triton cache",
+                             hint=f"give --triton-cache a folder beside it, e.g. --triton-cache "
+                                  f"{paths.resolved(self.out).parent / (self.out.name + '-triton')}")
         if args.triton_cache_pack and self.triton_cache:
             check_pack_outside_cache(args.triton_cache_pack, self.triton_cache, given=bool(args.triton_cache))
         self.child_env: dict[str, str] = {}   # what the servers, the client and probes get on top of ours
