@@ -8,12 +8,18 @@ plain number as the fix.
 `forge e2e-gpu --out DIR --triton-cache DIR/triton` (or the results folder itself): taken; the servers' compiled
 kernels were written into the results folder, which --pack and pack-run pack whole, so the run's archive held the
 Triton cache. A --triton-cache inside --out is now refused before anything is written, with a folder beside it.
+
+`forge serve --round final --tier 4-8K --dry-run` with MAX_NUM_SEQS_4_8k=64 in the environment (or MAX_NUM_SEQS_48K,
+CONCURRENCY_16_32k, max_num_seqs: a round's variable mistyped): taken; nothing read the variable, and the server got
+the baseline's --max-num-seqs 128 without a word. A variable that reads as one of the round's in other letter case,
+or a round's variable with a suffix that names no tier, is now refused naming it, with the name it reads as.
 """
 
 from __future__ import annotations
 
 import pytest
-from test_bad_inputs import refused
+from helpers import forge
+from test_bad_inputs import refused, writes_nothing
 from test_bad_inputs_round5 import fix_line
 from test_bad_inputs_round17 import e2e_gpu_writes_nothing
 
@@ -48,3 +54,24 @@ def test_e2e_gpu_refuses_a_triton_cache_inside_the_results_folder(tmp_path, wher
     refused(r, f"--triton-cache {tmp_path / where}: inside the results folder {tmp_path / 'out'}",
             "the run's archive would hold the Triton cache")
     assert f"--triton-cache {tmp_path.resolve() / 'out-triton'}" in fix_line(r), r.stderr
+
+
+# --- serve --round final: a round's variable mistyped -----------------------------------------------------------------
+
+@pytest.mark.parametrize("var,near", [("MAX_NUM_SEQS_4_8k", "MAX_NUM_SEQS_4_8K"), ("MAX_NUM_SEQS_48K", "MAX_NUM_SEQS_4_8K"),
+                                      ("CONCURRENCY_16_32k", "CONCURRENCY_16_32K"), ("max_num_seqs", "MAX_NUM_SEQS"),
+                                      ("GPU_MEMORY_UTILIZATION_16K", None)])
+def test_serve_final_refuses_a_mistyped_round_variable(tmp_path, var, near):
+    """Taken before: nothing read it, and the server got the baseline's value (--max-num-seqs 128) without a word."""
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "serve", "--round", "final", "--tier", "4-8K", "--profile", "upstream", "--dry-run",
+                  **{var: "0.9" if var.startswith("GPU") else "12"})
+    refused(r, f"{var}=", "(environment)", "not a variable of the final round, so nothing reads it")
+    assert (f"rename it {near}, or unset it" if near else "end in _4_8K, _8_16K, _16_32K") in fix_line(r), r.stderr
+
+
+def test_serve_final_takes_another_tiers_variable(tmp_path):
+    """A variable of another tier is the finals' own: not read for this tier, and not refused."""
+    r = forge(tmp_path, "serve", "--round", "final", "--tier", "4-8K", "--profile", "upstream", "--dry-run",
+              MAX_NUM_SEQS_8_16K="12", MAX_NUM_SEQS_4_8K="64")
+    assert r.returncode == 0 and "--max-num-seqs 64 " in r.stdout, r.stderr

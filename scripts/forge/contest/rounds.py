@@ -41,7 +41,7 @@ from . import cards
 from . import rules as contest_mod
 from .cards import Visible, visible_cards  # noqa: F401  (part of this module's API)
 from .round_types import Round, Settings, TierClient, Unlocked, _num  # noqa: F401  (part of this module's API)
-from .setting_values import coerce, is_number
+from .setting_values import coerce, is_number, mistyped
 
 ROUNDS = ("preliminary", "final")
 DEFAULT_ROUND = "preliminary"
@@ -305,6 +305,7 @@ def tier_settings(rnd: Round, tier: str, profile_values: Mapping[str, Any] | Non
             v = v[tier]
         values[k], sources[k] = v, "profile"
     if rnd.unlocked:
+        _refuse_mistyped(rnd, environ, where or f"the {rnd.name} round, tier {tier}")
         for u in rnd.unlocked:
             for var in env_names(u, tier):
                 if environ.get(var, "") != "":
@@ -317,6 +318,18 @@ def tier_settings(rnd: Round, tier: str, profile_values: Mapping[str, Any] | Non
             sources["concurrency"] = f"env {var}"
     s = check_settings(rnd, values, where=where or f"the {rnd.name} round, tier {tier}", sources=sources)
     return s, {k: sources.get(k, "baseline") for k in SETTING_KEYS}
+
+
+def _refuse_mistyped(rnd: Round, environ: Mapping[str, str], where: str) -> None:
+    """A round's variable mistyped (MAX_NUM_SEQS_4_8k, CONCURRENCY_48K) is read by nothing: refused, not left out."""
+    tiers = {t: rnd.client(t).concurrency_env for t in rnd.tier_order}
+    known = {v for u in rnd.unlocked for t in tiers for v in env_names(u, t)} | {v for v in tiers.values() if v}
+    stems = {u.env for u in rnd.unlocked} | {v[:-len(_tier_suffix(t)) - 1] for t, v in tiers.items() if v}
+    for var, near in mistyped(environ, known, stems)[:1]:       # the first, as the other refusals name one
+        raise ForgeError(f"{var}={environ[var]!r} (environment), {where}: not a variable of the {rnd.name} round, so "
+                         "nothing reads it" + (f" (it reads as {near})" if near else ""),
+                         hint=f"rename it {near}, or unset it" if near else "unset it; the tiers' own variables end in "
+                              + ", ".join("_" + _tier_suffix(t) for t in tiers))
 
 
 def _env_value(rnd: Round, u: Unlocked | None, var: str, raw: str, where: str) -> float | int:

@@ -43,3 +43,21 @@ def coerce(raw: Any, typ: str, what: str, where: str, hint: str) -> float | int:
             raise ForgeError(f"{where}: {what} {raw!r} is not a whole number", hint=hint)
         return int(v)
     return float(v)
+
+
+def mistyped(environ, known: set[str], stems: set[str]) -> list[tuple[str, str | None]]:
+    """The variables set in `environ` that read as one of `known` mistyped, each with the one it reads as (None:
+    none alone): a known name in other letter case (max_num_seqs), or a stem's name ("MAX_NUM_SEQS") with a suffix
+    holding a digit that names no tier (MAX_NUM_SEQS_4_8k, MAX_NUM_SEQS_48K). Nothing reads such a variable: the
+    server would get the value it would get without it."""
+    def bare(name: str) -> str:
+        return re.sub(r"[^A-Z0-9]", "", name.upper())
+    out = []
+    for name in sorted(environ):
+        if name in known or environ.get(name, "") == "":
+            continue
+        stem = next((s for s in stems if name.upper().startswith(s + "_") and re.search(r"[0-9]", name[len(s):])), None)
+        if name.upper() in known or stem:
+            near = [k for k in known if bare(k) == bare(name)]
+            out.append((name, near[0] if len(near) == 1 else None))
+    return out
