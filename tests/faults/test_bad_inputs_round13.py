@@ -208,7 +208,7 @@ def test_a_final_run_missing_a_tier_says_how_the_final_round_finishes_it(tmp_pat
     refused(r, f"{base}: tier 8-16K has no result (8-16K.json)")
     assert ("forge serve --round final --profile fixture --tier 8-16K --run-id base, then forge bench-all-tiers "
             "--round final --run-id base") in fix_line(r), r.stderr
-    prelim = tmp_path / "prelim"
+    prelim = tmp_path / "runs" / "prelim"           # under the runs folder, where --run-id names it (round 20)
     shutil.copytree(FIXTURE_RUNS / "base", prelim)
     (prelim / "8-16K.json").unlink()
     r = forge(tmp_path, "score", "--run", str(prelim))

@@ -13,12 +13,20 @@ Triton cache. A --triton-cache inside --out is now refused before anything is wr
 CONCURRENCY_16_32k, max_num_seqs: a round's variable mistyped): taken; nothing read the variable, and the server got
 the baseline's --max-num-seqs 128 without a word. A variable that reads as one of the round's in other letter case,
 or a round's variable with a suffix that names no tier, is now refused naming it, with the name it reads as.
+
+`forge score --run DIR` (or `--baseline DIR`) with DIR a folder that holds no run (the model's folder, an empty
+one): refused as "tier 4-8K has no result", fix "finish the run: forge bench-all-tiers --run-id DIR's name", which
+starts another run under the runs folder. It is now said to be no run folder, as compare says it. And a run folder
+outside the runs folder missing a tier: the same fix named a run under the runs folder, not this one; it now says to
+move the folder there first.
 """
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
-from helpers import forge
+from helpers import FIXTURE_RUNS, forge
 from test_bad_inputs import refused, writes_nothing
 from test_bad_inputs_round5 import fix_line
 from test_bad_inputs_round17 import e2e_gpu_writes_nothing
@@ -75,3 +83,33 @@ def test_serve_final_takes_another_tiers_variable(tmp_path):
     r = forge(tmp_path, "serve", "--round", "final", "--tier", "4-8K", "--profile", "upstream", "--dry-run",
               MAX_NUM_SEQS_8_16K="12", MAX_NUM_SEQS_4_8K="64")
     assert r.returncode == 0 and "--max-num-seqs 64 " in r.stdout, r.stderr
+
+
+# --- score: a folder that holds no run, and a run outside the runs folder -----------------------------------------
+
+@pytest.mark.parametrize("side", ["--run", "--baseline"])
+def test_score_says_a_folder_without_a_run_is_not_a_run_folder(tmp_path, side):
+    """It said "tier 4-8K has no result", fix "finish the run: forge bench-all-tiers --run-id model", which starts
+    another run under the runs folder (compare says it is no run folder)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}\n")
+    args = ["--run", str(folder)] if side == "--run" else ["--tok-s", "1,2,3", "--baseline", str(folder)]
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "score", *args)
+    refused(r, f"{folder}: no tier results (<tier>.json) and no manifest.json: not a run folder")
+    assert "bench-all-tiers (or e2e-gpu) wrote, or a run id under" in fix_line(r), r.stderr
+    assert "--run-id" not in r.stderr, r.stderr
+
+
+def test_score_of_a_run_outside_the_runs_folder_says_to_move_it_first(tmp_path):
+    """The fix named `forge bench-all-tiers --run-id prelim`, which names a run under the runs folder: it started
+    another one there, leaving this one as it was."""
+    prelim = tmp_path / "prelim"
+    shutil.copytree(FIXTURE_RUNS / "base", prelim)
+    (prelim / "8-16K.json").unlink()
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "score", "--run", str(prelim))
+    refused(r, f"{prelim}: tier 8-16K has no result (8-16K.json)")
+    assert fix_line(r) == (f"  fix: finish the run: move {prelim} into {tmp_path / 'runs'}/ (--run-id names a run "
+                           "there), then forge bench-all-tiers --run-id prelim"), r.stderr

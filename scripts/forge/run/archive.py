@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 
 from .. import options, paths, records, tarsafe, ui
 from ..errors import ForgeError
+from .runs import runs_root
 
 ARCHIVE = "raw.tgz"
 # what stays a file of a run folder: these names at its top level (the machine-readable files and the
@@ -265,6 +266,18 @@ def refuse_clashes(dest: Path, members: list, where: str) -> None:
                              f"{'link' if m.issym() or m.islnk() else 'file'}; nothing was extracted", hint=hint)
 
 
+def no_result(run: Path, tier: str, tiers: list[str]) -> ForgeError:
+    """The refusal of a folder without tier `tier`'s result: one that holds no run at all (no manifest, no tier
+    result, not an e2e results folder: e.g. the model's folder) is said as such, as compare says it; its fix
+    named `forge bench-all-tiers --run-id <its name>`, which starts another run under the runs folder."""
+    if not (any((run / f).is_file() for f in ("manifest.json", "serve.json", ARCHIVE)) or (run / "runs").is_dir()
+            or any((run / f"{t}.json").is_file() for t in tiers)):
+        return ForgeError(f"{run}: no tier results (<tier>.json) and no manifest.json: not a run folder",
+                          hint=f"give a run folder that bench-all-tiers (or e2e-gpu) wrote, or a run id under "
+                               f"{paths.rel(runs_root())}/ (ls {paths.rel(runs_root())}/)")
+    return ForgeError(f"{run}: tier {tier} has no result ({tier}.json)", hint=no_result_hint(run, tier))
+
+
 def no_result_hint(run: Path, tier: str) -> str:
     """What to give instead of a folder without tier `tier`'s result: a profile's run folder of an e2e results
     folder (runs/<profile>), how to read a packed record, or the commands that finish the run; a final-round
@@ -279,11 +292,14 @@ def no_result_hint(run: Path, tier: str) -> str:
         man = json.loads((run / "manifest.json").read_text())
     except (OSError, ValueError):       # no manifest, or a damaged one: the plain command
         man = None
+    # --run-id names a run under the runs folder: a folder elsewhere is finished there, once moved
+    first = ("" if paths.resolved(run).parent == paths.resolved(runs_root()) else
+             f"move {run} into {paths.rel(runs_root())}/ (--run-id names a run there), then ")
     if isinstance(man, dict) and man.get("round") == "final":
         prof = man.get("profile") if isinstance(man.get("profile"), str) else "PROFILE"
-        return (f"finish the run: forge serve --round final --profile {prof} --tier {tier} --run-id {run.name}, "
+        return (f"finish the run: {first}forge serve --round final --profile {prof} --tier {tier} --run-id {run.name}, "
                 f"then forge bench-all-tiers --round final --run-id {run.name}")
-    return f"finish the run: forge bench-all-tiers --run-id {run.name}"
+    return f"finish the run: {first}forge bench-all-tiers --run-id {run.name}"
 
 
 def is_packed(folder: Path) -> bool:

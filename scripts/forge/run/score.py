@@ -21,7 +21,7 @@ from .. import options, paths, records, ui
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from . import final_baseline, final_client, results, runs
-from .archive import no_result_hint
+from .archive import no_result
 from .results import check_result, finite_positive, output_drift, read_result, request_tpots_ms  # noqa: F401
 from .score_doc import HARNESS_LABEL, chart, print_run, print_what_if, render_md
 
@@ -64,7 +64,7 @@ def load_run(run: Path, contest: dict, partial: bool = False) -> dict:
             if partial:
                 missing.append(name)
                 continue
-            raise ForgeError(f"{run}: tier {name} has no result ({p.name})", hint=no_result_hint(run, name))
+            raise no_result(run, name, contest_mod.tier_names(contest))
         tiers[name] = tier_metrics(read_result(p), str(p))
     pooled = None                              # pooled over all tiers: none while one is missing
     if not missing and all(t["tpots_ms"] is not None for t in tiers.values()):
