@@ -19,6 +19,11 @@ one): refused as "tier 4-8K has no result", fix "finish the run: forge bench-all
 starts another run under the runs folder. It is now said to be no run folder, as compare says it. And a run folder
 outside the runs folder missing a tier: the same fix named a run under the runs folder, not this one; it now says to
 move the folder there first.
+
+`forge serve --profile ../contest` (or `sweep ../upstream`; any profile name holding a path): the name was joined
+to configs/serve/, so configs/contest.yaml was read as a profile and refused as "configs/contest.yaml: unknown key
+'rules'", and `--profile ../serve/upstream` was served as upstream. Such a name is now refused as not a plain name
+(as e2e-gpu --profiles refuses it), with the profiles' names as the fix; a profile file's path (.yaml) is taken.
 """
 
 from __future__ import annotations
@@ -113,3 +118,25 @@ def test_score_of_a_run_outside_the_runs_folder_says_to_move_it_first(tmp_path):
     refused(r, f"{prelim}: tier 8-16K has no result (8-16K.json)")
     assert fix_line(r) == (f"  fix: finish the run: move {prelim} into {tmp_path / 'runs'}/ (--run-id names a run "
                            "there), then forge bench-all-tiers --run-id prelim"), r.stderr
+
+
+# --- serve, sweep: a profile named with a path --------------------------------------------------------------------
+
+@pytest.mark.parametrize("args,name", [
+    (["serve", "--profile", "../contest", "--dry-run"], "../contest"),
+    (["serve", "--round", "final", "--tier", "4-8K", "--profile", "../serve/upstream", "--dry-run"], "../serve/upstream"),
+    (["sweep", "../upstream", "--model", "/m", "--num-prompts", "2"], "../upstream"),
+])
+def test_a_profile_named_with_a_path_is_refused(tmp_path, args, name):
+    """`../contest` read configs/contest.yaml as a profile (refused as "configs/contest.yaml: unknown key 'rules'");
+    `../serve/upstream` was served as upstream. e2e-gpu --profiles refused such a name already."""
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *args)
+    refused(r, f"profile {name!r}: not a plain name")
+    assert "name a profile of configs/serve/ by its name" in fix_line(r) and "upstream" in fix_line(r), r.stderr
+    assert "unknown key" not in r.stderr, r.stderr
+
+
+def test_a_profile_file_path_is_still_taken(tmp_path):
+    r = forge(tmp_path, "serve", "--profile", "configs/serve/upstream.yaml", "--dry-run")
+    assert r.returncode == 0 and "--served-model-name" in r.stdout, r.stderr

@@ -14,7 +14,7 @@ from .. import switches
 from ..config import Field, load_yaml, validate
 from ..errors import ForgeError
 from ..options import named, parse_number
-from ..paths import CONFIGS, rel
+from ..paths import CONFIGS, name_problem, rel
 from . import rounds
 from . import rules as contest_mod
 
@@ -50,6 +50,10 @@ def _path(name: str) -> Path:
     p = Path(name)
     if p.suffix == ".yaml" and p.is_file():
         return p
+    if name_problem(name) and p.suffix != ".yaml":
+        # "../contest" read configs/contest.yaml as a profile ("unknown key 'rules'"); "../serve/x" took x
+        raise ForgeError(f"profile {name!r}: {name_problem(name)}", hint="name a profile of configs/serve/ by its name "
+                         f"({', '.join(profile_names(None))}), or give a profile file's path ending in .yaml")
     q = PROFILES / f"{name}.yaml"
     if not q.is_file():
         raise ForgeError(f"profile {name!r} not found ({rel(q)})",
