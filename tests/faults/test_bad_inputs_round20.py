@@ -5,9 +5,10 @@ taken, the server given --max-num-seqs 4, where the same value in the final roun
 MAX_NUM_SEQS_4_8K=04) is refused as not written plainly. It is now refused as they are, naming the item, with the
 plain number as the fix.
 
-`forge e2e-gpu --out DIR --triton-cache DIR/triton` (or the results folder itself): taken; the servers' compiled
-kernels were written into the results folder, which --pack and pack-run pack whole, so the run's archive held the
-Triton cache. A --triton-cache inside --out is now refused before anything is written, with a folder beside it.
+`forge e2e-gpu --out DIR --triton-cache DIR/triton` (or the results folder itself; or `--site DIR/site`): taken;
+the servers' compiled kernels (the bundle's installed wheels) were written into the results folder, which --pack
+and pack-run pack whole (pack-run then removes what it packed), so the run's archive held the Triton cache (the
+site). A --triton-cache or --site inside --out is now refused before anything is written, with a folder beside it.
 
 `forge serve --round final --tier 4-8K --dry-run` with MAX_NUM_SEQS_4_8k=64 in the environment (or MAX_NUM_SEQS_48K,
 CONCURRENCY_16_32k, max_num_seqs: a round's variable mistyped): taken; nothing read the variable, and the server got
@@ -60,13 +61,15 @@ def test_e2e_gpu_capacity_takes_a_plain_value(tmp_path):
 
 # --- e2e-gpu --triton-cache: inside the results folder ---------------------------------------------------------------
 
-@pytest.mark.parametrize("where", ["out/triton", "out"])
-def test_e2e_gpu_refuses_a_triton_cache_inside_the_results_folder(tmp_path, where):
-    """Taken before: the compiled kernels went into the results folder, and with it into the run's archive."""
-    r = e2e_gpu_writes_nothing(tmp_path, "--triton-cache", str(tmp_path / where))
-    refused(r, f"--triton-cache {tmp_path / where}: inside the results folder {tmp_path / 'out'}",
-            "the run's archive would hold the Triton cache")
-    assert f"--triton-cache {tmp_path.resolve() / 'out-triton'}" in fix_line(r), r.stderr
+@pytest.mark.parametrize("opt,what", [("--triton-cache", "the Triton cache"), ("--site", "the installed bundle")])
+@pytest.mark.parametrize("where", ["out/sub", "out"])
+def test_e2e_gpu_refuses_a_cache_or_site_inside_the_results_folder(tmp_path, opt, what, where):
+    """Taken before: the compiled kernels (or the installed wheels) went into the results folder, and with it into
+    the run's archive."""
+    r = e2e_gpu_writes_nothing(tmp_path, opt, str(tmp_path / where))
+    refused(r, f"{opt} {tmp_path / where}: inside the results folder {tmp_path / 'out'}",
+            f"the run's archive would hold {what}")
+    assert f"{opt} {tmp_path.resolve() / ('out-' + opt[2:])}" in fix_line(r), r.stderr
 
 
 # --- serve --round final: a round's variable mistyped -----------------------------------------------------------------

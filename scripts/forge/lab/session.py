@@ -16,6 +16,7 @@ from ..contest import profiles, rounds
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..run import archive, runs, synth
+from ..run.gpu_harness import DEFAULT_SITE
 from . import final_round, gpu_bundle
 from .packing import check_triton_source, pack
 from .summary import render_summary
@@ -99,12 +100,14 @@ class Run:
         self.vllm_cmd: str = args.vllm or f"{sys.executable} -m vllm.entrypoints.cli.main"
         self.triton_cache: str | None = args.triton_cache or (
             "/tmp/forge-triton" if (args.triton_cache_from or args.triton_cache_pack) else None)
-        if args.triton_cache and paths.inside(Path(args.triton_cache), self.out, or_equal=True):
-            # --pack and pack-run pack the results folder whole: the compiled kernels would go into the run's archive
-            raise ForgeError(f"--triton-cache {args.triton_cache}: inside the results folder {self.out}, which --pack "
-                             "and pack-run pack whole; the run's archive would hold the Triton cache",
-                             hint=f"give --triton-cache a folder beside it, e.g. --triton-cache "
-                                  f"{paths.resolved(self.out).parent / (self.out.name + '-triton')}")
+        for opt, what, v in (("--triton-cache", "the Triton cache", args.triton_cache),
+                             ("--site", "the installed bundle", getattr(args, "site", None))):
+            if v and paths.inside(Path(v), self.out, or_equal=True):
+                # --pack and pack-run pack the results folder whole (pack-run then removes what it packed)
+                named = f"{v} ({opt}'s default)" if opt == "--site" and v == DEFAULT_SITE else v
+                raise ForgeError(f"{opt} {named}: inside the results folder {self.out}, which --pack and pack-run pack "
+                                 f"whole; the run's archive would hold {what}", hint=f"give {opt} a folder beside "
+                                 f"it, e.g. {opt} {paths.resolved(self.out).parent / (self.out.name + '-' + opt[2:])}")
         if args.triton_cache_pack and self.triton_cache:
             check_pack_outside_cache(args.triton_cache_pack, self.triton_cache, given=bool(args.triton_cache))
         self.child_env: dict[str, str] = {}   # what the servers, the client and probes get on top of ours
