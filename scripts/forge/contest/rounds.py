@@ -41,7 +41,7 @@ from . import cards
 from . import rules as contest_mod
 from .cards import Visible, visible_cards  # noqa: F401  (part of this module's API)
 from .round_types import Round, Settings, TierClient, Unlocked, _num  # noqa: F401  (part of this module's API)
-from .setting_values import coerce, is_number, mistyped
+from .setting_values import coerce, is_number, mistyped, not_plain
 
 ROUNDS = ("preliminary", "final")
 DEFAULT_ROUND = "preliminary"
@@ -339,8 +339,8 @@ def _env_value(rnd: Round, u: Unlocked | None, var: str, raw: str, where: str) -
     text, whole = raw.strip(), u is None or u.type == "int"
     try:
         # the finals' start script and client pass the text as written: "+64" and "064" are not what forge ran
-        if text.startswith(("+", "-")) or whole and len(text) > 1 and text.startswith("0"):
-            raise ForgeError(f"{w}: {'a sign' if text[:1] in '+-' else 'a leading zero'} before the number; the "
+        if not_plain(text, whole):
+            raise ForgeError(f"{w}: {not_plain(text, whole)} before the number; the "
                              f"{rnd.name} round's start script and client get the value as written")
         if u is not None:
             return check_value(rnd, u.option, text, w)

@@ -20,6 +20,7 @@ import urllib.request
 
 from .. import options
 from ..contest import rounds
+from ..contest.setting_values import not_plain
 from ..errors import ForgeError
 from ..run import synth
 from ..run.gpu_harness import LARGEST_CARD, sizing_changes
@@ -95,10 +96,10 @@ def capacity_changes(contest: dict, specs: list[str] | None, names: list[str], r
                 raise ForgeError(f"--capacity: {opt} given twice for {name}", hint="give each option once per profile")
             text = val.strip()
             plain = options.parse_whole(text)
-            if plain is not None and text != str(plain) and not text.startswith("-"):
+            if plain is not None and not text.startswith("-") and not_plain(text, whole=True):
                 # "+4", "04": what the final round's variables refuse (MAX_NUM_SEQS=+64, 064), said as they say it
-                raise ForgeError(f"--capacity {spec!r}: {opt[2:]}={text}: {'a sign' if text[0] == '+' else 'a leading zero'}"
-                                 " before the number, which the final round's variables refuse too",
+                raise ForgeError(f"--capacity {spec!r}: {opt[2:]}={text}: {not_plain(text, whole=True)} before the "
+                                 "number, which the final round's variables refuse too",
                                  hint=f"write the plain number, e.g. --capacity {name}:{opt[2:]}={plain if plain > 0 else 4}")
             try:
                 v = rounds.check_value(rnd, opt, text, f"--capacity {spec}")
