@@ -48,7 +48,9 @@ from typing import Iterable, Mapping
 
 from ..errors import ForgeError
 from .capacity import capacity, planned_seqs
+from .capacity import card as card_of
 from .costs import LINKS, UPSTREAM, Build, StepCost
+from .headroom import headroom
 from .sched import Engine, serve
 from .shape import Shape, load_shape
 
@@ -118,6 +120,8 @@ def simulate_tier(cfg: Config, requests: list[tuple[int, int]], build: Build = U
         raise ForgeError(f"link {link!r} is not one the model knows", hint=f"one of {', '.join(LINKS)}")
     cap = capacity(shape, tp=cfg.tp, kv_dtype=cfg.kv_dtype, card_name=card, utilization=cfg.gpu_memory_utilization,
                    max_num_batched_tokens=cfg.max_num_batched_tokens, fixed_overhead=fixed_overhead)
+    room = headroom(card_of(card).memory_bytes, cfg.gpu_memory_utilization, cfg.max_num_seqs,
+                    cfg.max_num_batched_tokens)
     cost = StepCost(build, shape, tp=cfg.tp, kv_dtype=cfg.kv_dtype, link=LINKS[link])
     done, engines = [], []
     for r in range(cfg.dp):
@@ -141,7 +145,8 @@ def simulate_tier(cfg: Config, requests: list[tuple[int, int]], build: Build = U
             "ttft_mean_ms": sum(ttft) / len(ttft) if ttft else None, "ttft_p99_ms": percentile(ttft, 99),
             "tpot_mean_ms": sum(tpot) / len(tpot) if tpot else None, "tpot_p99_ms": percentile(tpot, 99),
             "preemptions": sum(e.preemptions for e in engines), "steps": sum(e.steps for e in engines),
-            "kv_reported_tokens": cap.reported_tokens, "kv_blocks": cap.num_blocks, "block_size": cap.block_size}
+            "kv_reported_tokens": cap.reported_tokens, "kv_blocks": cap.num_blocks, "block_size": cap.block_size,
+            "starts": room.fits, "headroom": room.why()}
 
 
 def baseline_metrics(requests: list[tuple[int, int]], **kw) -> dict:
@@ -207,6 +212,8 @@ def sla_check(pred: dict, baseline: Mapping, ratio: float = SLA_RATIO) -> list[s
     """The SLA limits `pred` breaks, [] for none. A tok/s, P99 or limit that is no finite number breaks
     it: a time past the float range is no time (inf - inf is NaN, and NaN > limit is false)."""
     why = []
+    if pred.get("starts") is False:
+        why.append(f"would not start: {pred.get('headroom')}")
     if pred["failed"]:
         why.append(f"{pred['failed']} request(s) never fit the KV cache")
     if not finite(pred.get("tok_s")):
@@ -251,12 +258,13 @@ def pick(preds: list[dict], limits: Mapping, margin: float = PICK_MARGIN, tie: f
     if not preds:
         raise ForgeError("no configuration to pick from")
     # a row whose tok/s or latency is no finite number is never picked, not even as the fastest
-    usable = [p for p in preds if finite(p.get("tok_s"))
+    usable = [p for p in preds if finite(p.get("tok_s")) and p.get("starts") is not False
               and all(p.get(k) is None or finite(p[k]) for k in ("ttft_p99_ms", "tpot_p99_ms"))]
     if not usable:
-        raise ForgeError(f"none of the {len(preds)} configuration(s) has a finite tok/s, TTFT P99 and TPOT P99 "
-                         "to pick from", hint="the build's speed-ups leave the model no finite time: give factors "
-                                              "nearer 1")
+        raise ForgeError(f"none of the {len(preds)} configuration(s) starts with a finite tok/s, TTFT P99 and "
+                         "TPOT P99 to pick from", hint="the build's speed-ups leave the model no finite time (give "
+                                                       "factors nearer 1), or no utilization leaves room outside "
+                                                       "vLLM's budget (forge plan prints it)")
     safe = [p for p in usable if not sla_check(p, limits, SLA_RATIO * (1 - margin))]
     inside = [p for p in usable if not sla_check(p, limits)]
     pool, rule = ((safe, f"inside the SLA with {margin:.0%} headroom") if safe else

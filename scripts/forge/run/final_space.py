@@ -24,7 +24,7 @@ from ..errors import ForgeError
 
 KV_DTYPES = {"bf16": None, "int8": "int8"}      # the sweep's name -> --kv-cache-dtype (None: the model's own)
 DEFAULTS = {"kv_dtypes": ("bf16", "int8"), "max_num_seqs": (16, 32, 64, 128),
-            "max_num_batched_tokens": (2048, 4096, 8192, 16384), "gpu_memory_utilization": (0.90, 0.95),
+            "max_num_batched_tokens": (2048, 4096, 8192, 16384), "gpu_memory_utilization": (0.95, 0.97),
             "concurrency": (8, 10, 12, 16)}
 
 

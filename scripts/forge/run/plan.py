@@ -37,6 +37,7 @@ from ..contest import rounds
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
 from ..model import capacity as cap_mod
+from ..model import headroom as room_mod
 from ..model.shape import KV_DTYPES, load_shape
 from . import final_space, gpu_harness, plan_check, synth
 
@@ -88,8 +89,11 @@ def plan(round_name: str = "preliminary", tiers: list[str] | None = None, kv_dty
                 gpu[dt] = entry                    # per rank; TP1's under the dtype alone, as before
             else:
                 gpu[f"{dt}-tp{tp}"] = entry
+    room = room_mod.headroom(cap_mod.CARDS[card].memory_bytes, util, 1, mnbt)
     return {"round": round_name, "card": card, "card_note": cap_mod.CARDS[card].note, "gpu_memory_utilization": util,
             "max_num_batched_tokens": mnbt, "rows": rows, "dcu_on_another_card": gpu,
+            "headroom": {"outside_bytes": room.outside_bytes, "known_good": room.known_good, "max_num_seqs": room.max_seqs,
+                         "why": room.why()},
             "fixed_overhead_bytes": cap_mod.fitted_fixed_overhead(shape, card),
             "source": "configs/models/qwen3.5-27b/config.json; configs/workload.yaml prompts; vLLM 0.18.1 page math"}
 
@@ -111,6 +115,16 @@ def render(res: dict) -> list[str]:
              "largest's resident count, per replica); -: no cap needed. A capacity bound, not a latency one: "
              "requests admitted together wait through each other's prefills, so the TPOT P99 can pass the SLA's "
              "limit first (predict --round final prices both)")
+    h = res.get("headroom")
+    if h and h["known_good"]:
+        L.append(h["why"])
+    elif h:
+        L.append(f"outside vLLM's budget: {h['outside_bytes'] / room_mod.GiB:.2f} GiB at this utilization; "
+                 + (f"it holds the runtime (an allowance of {room_mod.CONTEXT_ALLOWANCE / room_mod.GiB:.2f} GiB), the "
+                    f"CUDA-graph pool and vLLM's margin up to --max-num-seqs {h['max_num_seqs']}"
+                    if h["max_num_seqs"] else "it does not hold the runtime's allowance, the CUDA-graph pool and "
+                                              "vLLM's margin at any --max-num-seqs")
+                 + " (model/headroom.py; unmeasured on the card: the sweep there is the check)")
     if any((r["tp"], r["dp"]) == (1, 1) for r in res["rows"]):
         L.append("one replica at TP1 (one card, as the preliminary serves it): for reference; the final round's two "
                  "topologies are two replicas at TP1 (DP2) and TP2")

@@ -242,7 +242,7 @@ def e2e_jobs(root: Path, folder: Path, ref_name: str, contest: dict, workload: d
 # round's prediction reads and --validate does not (it prices its own build on the public runs' settings
 # and requests). Each defaults to None, so one given is refused whatever its value (its default too);
 # DEFAULTS holds the real defaults, set once the check has passed (`--help` shows them).
-FINAL_ONLY = ("outputs", "kv_dtype", "concurrency", "max_num_batched_tokens", "link", "top")
+FINAL_ONLY = ("outputs", "kv_dtype", "concurrency", "max_num_batched_tokens", "gpu_memory_utilization", "link", "top")
 PRELIMINARY_ONLY = ("run", "reference", "e2e", "check_e2e", "ttft_s", "tpot_ms", "baseline_name", "label")
 NOT_VALIDATED = ("speedup", "speedups", "calibration", *FINAL_ONLY)
 DEFAULTS = {"outputs": "eos", "link": "pcie", "top": 5, "baseline_name": "official"}
@@ -372,7 +372,7 @@ def register(sub) -> None:
                    help="replace a prediction recorded in --out (files git tracks; also FORCE=1)")
     f = p.add_argument_group("the final round (--round final: the finals' time model, scripts/forge/run/predict_final.py)")
     f.add_argument("--round", choices=("preliminary", "final"), default="preliminary",
-                   help="final: per tier and configuration (topology, KV dtype, batching, concurrency; max-num-seqs "
+                   help="final: per tier and configuration (topology, KV dtype, batching, utilization, concurrency; max-num-seqs "
                         "128 and, where the concurrency would preempt, the capacity planner's: 'seqs N (planned)') "
                         "the finals' time model for the product (--calibration or --speedup), the pick per tier and why")
     f.add_argument("--validate", action="store_true",
@@ -385,6 +385,10 @@ def register(sub) -> None:
     f.add_argument("--concurrency", help=f"client concurrencies to consider (default {predict_final.DEFAULT_CONCURRENCY})")
     f.add_argument("--max-num-batched-tokens",
                    help=f"token budgets to consider (default {predict_final.DEFAULT_BATCHED})")
+    f.add_argument("--gpu-memory-utilization",
+                   help=f"utilizations to consider (default {predict_final.DEFAULT_UTILIZATION}; one above 0.95 is "
+                        "modelled as not starting where the memory outside vLLM's budget cannot hold the runtime "
+                        "and the graph pool at the configuration's --max-num-seqs)")
     f.add_argument("--link", help=f"the cards' link for TP2's collectives: pcie or oneshot (default {DEFAULTS['link']})")
     f.add_argument("--top", type=opts.count, help=f"configurations shown per tier (default {DEFAULTS['top']})")
     p.set_defaults(func=cmd_predict)

@@ -13,9 +13,12 @@ is the lift's base, its TTFT P99 (per tier) and TPOT P99 (the largest tier's, fo
 the SLA's. The client: the round's requests per tier (80 / 70 / 60) from the official run's
 (prompt, output) pairs in order, repeated; outputs at each request's own end-of-text (`--outputs eos`,
 as the preliminary's client with --custom-output-len 1024 ran) or 1024 forced (`--outputs forced`).
-The space: the round's topologies x KV dtypes x --max-num-batched-tokens x concurrency at the
-baseline's --max-num-seqs (128), and beside each point whose concurrency would preempt, the same at
-the capacity planner's --max-num-seqs (finals.with_planned; labelled "seqs N (planned)").
+The space: the round's topologies x KV dtypes x --max-num-batched-tokens x --gpu-memory-utilization x
+concurrency at the baseline's --max-num-seqs (128), and beside each point whose concurrency would
+preempt, the same at the capacity planner's --max-num-seqs (finals.with_planned; labelled "seqs N
+(planned)"). A utilization above the baseline's leaves less memory outside vLLM's budget than the
+runtime and the CUDA-graph pool need at a large --max-num-seqs: such a configuration is modelled as not
+starting (model/headroom.py) and never picked.
 
 `--validate` instead holds the model against the public DP2 / DP1 / TP2 figures and the planner's KV
 tokens against the public DCU figures (model/validation.py) and writes that report.
@@ -41,6 +44,9 @@ from .timemodel import SPEEDUP_HINT
 INT8 = {"int8_decode_attn": 37 / 47, "int8_prefill_attn": 21.3 / 19.6}
 DEFAULT_CONCURRENCY = "8,10,12,16,24,32"
 DEFAULT_BATCHED = "4096,8192"
+# the baseline's 0.95 and 0.97: a DCU card's cache then holds one more of the 8-16K and 16-32K tiers' largest at
+# TP1, and what vLLM puts outside its budget still fits at the planned --max-num-seqs (model/headroom.py)
+DEFAULT_UTILIZATION = "0.95,0.97"
 
 
 def _bounds(rnd: rounds.Round, what: str) -> str:
@@ -50,12 +56,13 @@ def _bounds(rnd: rounds.Round, what: str) -> str:
     return rnd.unlocked_option(what).bounds()
 
 
-def _ints(text: str, what: str, rnd: rounds.Round, example: str) -> list[int]:
-    """A comma-separated list of whole numbers in plain digits, each within the round's bounds; `example`:
+def _ints(text: str, what: str, rnd: rounds.Round, example: str, parse=options.parse_whole,
+          kind: str = "whole numbers") -> list:
+    """A comma-separated list of `kind` in plain digits (`parse`), each within the round's bounds; `example`:
     a good value of the option (its default) for the fix."""
-    vals = [options.parse_whole(x) for x in options.comma_items(text, what, f"e.g. {what} {example}")]
-    if not vals or any(v is None or v < 1 for v in vals):
-        raise ForgeError(f"{what} {text!r}: whole numbers in plain digits within the {rnd.name} round's bounds "
+    vals = [parse(x) for x in options.comma_items(text, what, f"e.g. {what} {example}")]
+    if not vals or any(v is None or v <= 0 for v in vals):
+        raise ForgeError(f"{what} {text!r}: {kind} in plain digits within the {rnd.name} round's bounds "
                          f"({_bounds(rnd, what)}), comma-separated", hint=f"e.g. {what} {example}")
     if len(set(vals)) < len(vals):     # as plan refuses a dtype given twice: its configurations were modelled once
         raise ForgeError(f"{what} {text}: a value given twice (its configurations would be modelled once)",
@@ -95,7 +102,9 @@ def predict_final(args, contest: dict, workload: dict, speedups: dict | None) ->
              "max_num_batched_tokens": _ints(args.max_num_batched_tokens or DEFAULT_BATCHED, "--max-num-batched-tokens",
                                              rnd, DEFAULT_BATCHED),
              "max_num_seqs": [rnd.baseline.max_num_seqs],
-             "gpu_memory_utilization": [rnd.baseline.gpu_memory_utilization]}
+             "gpu_memory_utilization": _ints(args.gpu_memory_utilization or DEFAULT_UTILIZATION,
+                                             "--gpu-memory-utilization", rnd, DEFAULT_UTILIZATION,
+                                             options.parse_number, "numbers")}
     tiers = {}
     for tier in rnd.tier_order:
         client = rnd.client(tier)
