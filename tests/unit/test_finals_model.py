@@ -175,8 +175,8 @@ def test_predict_round_final_validate_records_and_keeps(tmp_path):
 def test_predict_round_final_picks_per_tier(tmp_path):
     out = tmp_path / "p"
     r = forge(tmp_path, "predict", "--round", "final", "--speedup", "gemv=1.3", "--speedup", "prefill_attn=5",
-              "--concurrency", "10", "--max-num-batched-tokens", "4096", "--kv-dtype", "bf16,int8", "--out", str(out),
-              timeout=300)
+              "--concurrency", "10", "--max-num-batched-tokens", "4096", "--kv-dtype", "bf16,int8",
+              "--gpu-memory-utilization", "0.95", "--out", str(out), timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("pick:") == 3 and "predicted score" in r.stdout
     data = json.loads((out / "predict-final.json").read_text())

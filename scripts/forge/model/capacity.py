@@ -30,6 +30,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from ..errors import ForgeError
+from .headroom import BASELINE_UTILIZATION
 from .shape import Shape, cdiv, kv_dtype_bytes
 
 GiB = 1 << 30
@@ -219,5 +220,17 @@ def planned_seqs(shape: Shape, tp: int, dp: int, prompts: list[int], output_len:
     """The planned --max-num-seqs of one configuration (tp, dp; `kw`: kv_dtype, card_name,
     utilization, max_num_batched_tokens as `capacity` takes them) for a tier's prompts at the client's
     `concurrency`: `planned_max_num_seqs` of one replica (each DP replica is its own scheduler with its
-    own cache and --max-num-seqs); None when no cap is needed."""
-    return topology_fit(shape, tp, dp, prompts, output_len, concurrency, **kw)["fit"]["planned_max_num_seqs"]
+    own cache and --max-num-seqs); None when no cap is needed.
+
+    Above the baseline's utilization, where its larger cache ends the preemption the baseline's would
+    have, a cap is needed all the same: the memory outside vLLM's budget holds the CUDA-graph pool of a
+    small --max-num-seqs only (model/headroom.py), and one replica never runs more than its share of the
+    concurrency at once, so that share is the cap: the same schedule, a pool small enough to start. (Where
+    the baseline's cache preempts nothing either, the higher utilization buys nothing: no cap is planned.)"""
+    r = topology_fit(shape, tp, dp, prompts, output_len, concurrency, **kw)
+    n = r["fit"]["planned_max_num_seqs"]
+    if n is None and kw.get("utilization", BASELINE_UTILIZATION) > BASELINE_UTILIZATION and topology_fit(
+            shape, tp, dp, prompts, output_len, concurrency,
+            **{**kw, "utilization": BASELINE_UTILIZATION})["fit"]["planned_max_num_seqs"] is not None:
+        return r["per_replica_concurrency"]
+    return n

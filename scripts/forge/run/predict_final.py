@@ -102,7 +102,7 @@ def predict_final(args, contest: dict, workload: dict, speedups: dict | None) ->
              "max_num_batched_tokens": _ints(args.max_num_batched_tokens or DEFAULT_BATCHED, "--max-num-batched-tokens",
                                              rnd, DEFAULT_BATCHED),
              "max_num_seqs": [rnd.baseline.max_num_seqs],
-             "gpu_memory_utilization": _ints(args.gpu_memory_utilization or DEFAULT_UTILIZATION,
+             "gpu_memory_utilization": _ints(getattr(args, "gpu_memory_utilization", None) or DEFAULT_UTILIZATION,
                                              "--gpu-memory-utilization", rnd, DEFAULT_UTILIZATION,
                                              options.parse_number, "numbers")}
     tiers = {}
