@@ -15,7 +15,9 @@ try this value beside their own.
 The reported tokens divide the block pool by its 4 groups as if each held attention tokens; the 3 GDN
 groups hold one block per request, so residency is counted in blocks. Also printed: the
 `--kv-cache-memory-bytes` that makes a server on another card (the GPU machine) allocate exactly the
-DCU card's blocks at TP1 (vLLM then skips its memory profile and takes that many bytes for the cache).
+DCU card's blocks at TP1 (vLLM then skips its memory profile and takes that many bytes for the cache),
+and the memory the utilization leaves outside vLLM's budget: above 0.95, the largest --max-num-seqs
+whose CUDA-graph pool it holds beside the runtime (scripts/forge/model/headroom.py).
 
 `--against RUN` checks the planner against a served run instead: the KV cache each of its engines
 reported (serve.json, or the server log of an e2e-gpu profile folder), against the planner's figure for
