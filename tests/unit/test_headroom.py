@@ -171,3 +171,18 @@ def test_predict_models_097_with_the_cap_that_lets_it_start():
     # TP2's cache holds the tier at 0.95: nothing to gain, no capped 0.97 configuration is added
     assert not any(p["label"].startswith("TP2/DP1") and "(planned)" in p["label"] for p in rows.values())
     assert res["space"]["gpu_memory_utilization"] == [0.95, 0.97]
+
+
+@pytest.mark.parametrize("env,warned", [({"GPU_MEMORY_UTILIZATION": "0.97"}, True),
+                                        ({"GPU_MEMORY_UTILIZATION": "0.97", "MAX_NUM_SEQS_16_32K": "5"}, False),
+                                        ({"GPU_MEMORY_UTILIZATION": "0.95"}, False)])
+def test_serve_says_when_a_start_above_095_may_not_fit(tmp_path, env, warned):
+    from helpers import forge
+    r = forge(tmp_path, "serve", "--round", "final", "--tier", "16-32K", "--profile", "contest", "--dry-run", **env)
+    assert r.returncode == 0, r.stderr
+    n = headroom.headroom(DCU, 0.97, 1).max_seqs
+    said = "the server may fail to start" in r.stderr
+    assert said == warned, r.stderr
+    if warned:
+        assert f"set MAX_NUM_SEQS_16_32K (or MAX_NUM_SEQS) to {n} or less" in r.stderr and "a DCU card" in r.stderr
+    assert "--gpu-memory-utilization " + env["GPU_MEMORY_UTILIZATION"] in r.stdout
