@@ -53,7 +53,9 @@ def _bounds(rnd: rounds.Round, what: str) -> str:
 def _ints(text: str, what: str, rnd: rounds.Round, example: str) -> list[int]:
     """A comma-separated list of whole numbers in plain digits, each within the round's bounds; `example`:
     a good value of the option (its default) for the fix."""
-    vals = [options.parse_whole(x) for x in options.comma_items(text, what, f"e.g. {what} {example}")]
+    items = options.comma_items(text, what, f"e.g. {what} {example}")
+    options.refuse_unplain(text, what)
+    vals = [options.parse_whole(x) for x in items]
     if not vals or any(v is None or v < 1 for v in vals):
         raise ForgeError(f"{what} {text!r}: whole numbers in plain digits within the {rnd.name} round's bounds "
                          f"({_bounds(rnd, what)}), comma-separated", hint=f"e.g. {what} {example}")
