@@ -11,12 +11,16 @@ Every whole-number option of the command line (`sweep --top 04`, `predict --roun
 `bench-all-tiers --num-prompts 08`, `sweep --num-prompts +2`, `sweep --kv-cache-memory-bytes 0123`, `serve --port
 08001`, `calibrate --seed 01`): taken as the number. It is now refused the same way, naming the option, with the
 plain number as the fix; a value the option's own range refuses ("+0" for a count) is refused by that range.
+
+`forge bench-all-tiers --round final` with CONCURRENCY_4_8K=08 (or +8) in the environment: taken, the client given
+--max-concurrency 8, where `forge serve --round final` refuses the same variable (the finals' client gets the text
+as written). It is now refused as serve refuses it, naming the variable, with its bounds as the fix.
 """
 
 from __future__ import annotations
 
 import pytest
-from helpers import forge, tiny_model
+from helpers import forge, free_port, tiny_model
 from test_bad_inputs import refused, writes_nothing
 from test_bad_inputs_round5 import fix_line
 
@@ -115,3 +119,17 @@ def test_a_count_written_plus_zero_is_refused_by_its_range(tmp_path):
     """The option's own rule speaks first: "+0" is no count, whatever its sign."""
     r = forge(tmp_path, "predict", "--round", "final", "--speedup", "gemv=1.1", "--top", "+0")
     refused(r, "argument --top: '+0' is not a count")
+
+
+# --- bench-all-tiers --round final: the client's concurrency variable written with a sign or a leading zero ---------
+
+@pytest.mark.parametrize("value,words", [("08", "a leading zero"), ("+8", "a sign")])
+def test_bench_final_refuses_a_concurrency_variable_not_written_plainly(tmp_path, value, words):
+    """Taken before as 8 (the client given --max-concurrency 8), where `forge serve --round final` refuses the same
+    variable: the finals' client gets the text as written."""
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "bench-all-tiers", "--round", "final", "--tiers", "4-8K", "--port", str(free_port()),
+                  "--model", "/m", CONCURRENCY_4_8K=value)
+    refused(r, f"CONCURRENCY_4_8K={value!r} (environment), tier 4-8K: {words} before the number",
+            "the final round's start script and client get the value as written")
+    assert "set CONCURRENCY_4_8K to a whole number within 1..256, or unset it" in fix_line(r), r.stderr
