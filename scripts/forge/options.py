@@ -44,17 +44,18 @@ def unplain(text: str, whole: bool = True) -> str | None:
     return None if v is None or text.startswith("-") else not_plain(text, whole)
 
 
-def refuse_unplain(text: str, option: str, whole: bool = True) -> None:
+def refuse_unplain(text: str, option: str, whole: bool = True, example: str | None = None) -> None:
     """Refuse `option`'s value `text` (one number, or comma-separated ones) where a number of it is not written
-    plainly (`unplain`), naming it, with the plain numbers as the fix: the value would be read as a number that
-    is not what was typed, where the final round's start script and client take the text as written."""
+    plainly (`unplain`), naming it, with the plain numbers as the fix (written after `example`, default `option`):
+    the value would be read as a number that is not what was typed, where the final round's start script and
+    client take the text as written."""
     items = [x.strip() for x in text.split(",")]
     bad = [(x, why) for x in items for why in [unplain(x, whole)] if why]
     if bad:
         x, why = bad[0]
         plain = [(str(parse_whole(y)) if whole else y[1:]) if unplain(y, whole) else y for y in items]
         raise ForgeError(f"{option} {text!r}: " + (f"{x!r}: " if len(items) > 1 else "") + f"{why} before the number",
-                         hint=f"write the plain number{'s' if len(items) > 1 else ''}, e.g. {option} "
+                         hint=f"write the plain number{'s' if len(items) > 1 else ''}, e.g. {example or option} "
                               + ",".join(dict.fromkeys(plain)))
 
 

@@ -15,6 +15,12 @@ plain number as the fix; a value the option's own range refuses ("+0" for a coun
 `forge bench-all-tiers --round final` with CONCURRENCY_4_8K=08 (or +8) in the environment: taken, the client given
 --max-concurrency 8, where `forge serve --round final` refuses the same variable (the finals' client gets the text
 as written). It is now refused as serve refuses it, naming the variable, with its bounds as the fix.
+
+`forge serve --round final --profile mine.yaml` where the profile sets `--max-num-seqs: {value: 064}`: YAML read
+the octal 52, and the server was given --max-num-seqs 52; `value: +64`, `0x40`, `1_024` (or "064" quoted, or a
+tier's value of a mapping) were served as 64, 64, 1024 and 64; `CONCURRENCY_4_8K: {value: "+8"}` (or "08") was
+taken and put in the server's environment as written. A profile's value of the final round is now read as the file
+writes it, refused as the round's variables refuse it, naming the file and key, with the plain number as the fix.
 """
 
 from __future__ import annotations
@@ -133,3 +139,47 @@ def test_bench_final_refuses_a_concurrency_variable_not_written_plainly(tmp_path
     refused(r, f"CONCURRENCY_4_8K={value!r} (environment), tier 4-8K: {words} before the number",
             "the final round's start script and client get the value as written")
     assert "set CONCURRENCY_4_8K to a whole number within 1..256, or unset it" in fix_line(r), r.stderr
+
+
+# --- serve --round final: a profile's value as the file writes it ---------------------------------------------------
+
+def _profile(tmp_path, body: str):
+    p = tmp_path / "mine.yaml"
+    p.write_text('description: "a final-round profile"\nround: final\nextends: final-tp2\n' + body)
+    return p
+
+
+@pytest.mark.parametrize("value,words,fix", [
+    ("064", "'064': a leading zero before the number", "e.g. value: 64"),        # YAML's octal: served as 52
+    ('"064"', "'064': a leading zero before the number", "e.g. value: 64"),
+    ("+64", "'+64': a sign before the number", "e.g. value: 64"),
+    ("0x40", "--max-num-seqs '0x40' is not a number in plain digits", "1..1024"),
+    ("1_024", "--max-num-seqs '1_024' is not a number in plain digits", "1..1024"),
+    ("{4-8K: 32, 8-16K: 0100}", "value.8-16K '0100': a leading zero before the number", "e.g. 8-16K: 100"),
+])
+def test_serve_final_reads_a_profiles_value_as_written(tmp_path, value, words, fix):
+    """`value: 064` was read by YAML as the octal 52 and served as --max-num-seqs 52; 0x40, 1_024 and +64 were
+    served as 64 and 1024, "064" as 64: none is what the final round's variables take."""
+    p = _profile(tmp_path, f'options:\n  --max-num-seqs:\n    value: {value}\n    effect: "x"\n')
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "serve", "--round", "final", "--tier", "4-8K", "--profile", str(p), "--dry-run", **CARDS)
+    refused(r, f"{p.name}: key 'options.--max-num-seqs'.value", words)
+    assert fix in fix_line(r), r.stderr
+
+
+@pytest.mark.parametrize("value,words", [('"+8"', "a sign"), ('"08"', "a leading zero")])
+def test_serve_final_refuses_a_profiles_concurrency_not_written_plainly(tmp_path, value, words):
+    """Taken before, and the server's environment given CONCURRENCY_4_8K=+8 as written."""
+    p = _profile(tmp_path, f'env:\n  CONCURRENCY_4_8K:\n    value: {value}\n    effect: "x"\n')
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "serve", "--round", "final", "--tier", "4-8K", "--profile", str(p), "--dry-run", **CARDS)
+    refused(r, f"{p.name}: key 'env.CONCURRENCY_4_8K' {value.strip(chr(34))!r}: {words} before the number")
+    assert "write the plain number, e.g. value: 8" in fix_line(r), r.stderr
+
+
+def test_serve_final_takes_a_profiles_plain_values(tmp_path):
+    p = _profile(tmp_path, 'options:\n  --max-num-seqs:\n    value: {4-8K: 64, 8-16K: "32"}\n    effect: "x"\n'
+                           '  --gpu-memory-utilization:\n    value: 0.90\n    effect: "x"\n'
+                           'env:\n  CONCURRENCY_4_8K:\n    value: "8"\n    effect: "x"\n')
+    r = forge(tmp_path, "serve", "--round", "final", "--tier", "4-8K", "--profile", str(p), "--dry-run", **CARDS)
+    assert r.returncode == 0 and "--max-num-seqs 64 " in r.stdout and "utilization 0.9 " in r.stdout, r.stderr
