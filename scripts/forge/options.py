@@ -9,7 +9,6 @@ import math
 import os
 import re
 
-from .contest.setting_values import not_plain
 from .errors import ForgeError
 
 # the one way the tool reads a number a user typed: ASCII digits with an optional sign, point and
@@ -35,10 +34,18 @@ def parse_whole(text: str) -> int | None:
     return int(text)
 
 
+def not_plain(text: str, whole: bool) -> str | None:
+    """What keeps a value's text from being written plainly, as the finals' start script and client pass it on
+    as written: "a sign" (+64, -4) or, for a whole number, "a leading zero" (064); None where nothing does."""
+    if text.startswith(("+", "-")):
+        return "a sign"
+    return "a leading zero" if whole and len(text) > 1 and text.startswith("0") else None
+
+
 def unplain(text: str, whole: bool = True) -> str | None:
     """What keeps `text`, a number as parse_whole (or, not `whole`, parse_number) reads it, from being written
     plainly: "a sign" (+4) or, for a whole number, "a leading zero" (04), as the final round's variables refuse
-    them (setting_values.not_plain); None where nothing does, or `text` is no such number. A negative number is
+    them (not_plain); None where nothing does, or `text` is no such number. A negative number is
     left to the value's range ("-4" is refused by what it is)."""
     v = parse_whole(text) if whole else parse_number(text)
     return None if v is None or text.startswith("-") else not_plain(text, whole)

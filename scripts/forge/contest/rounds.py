@@ -37,11 +37,12 @@ from typing import Any, Mapping
 
 from ..config import Field, validate
 from ..errors import ForgeError
+from ..options import not_plain
 from . import cards
 from . import rules as contest_mod
 from .cards import Visible, visible_cards  # noqa: F401  (part of this module's API)
 from .round_types import Round, Settings, TierClient, Unlocked, _num  # noqa: F401  (part of this module's API)
-from .setting_values import coerce, is_number, mistyped, not_plain
+from .setting_values import coerce, is_number, mistyped
 
 ROUNDS = ("preliminary", "final")
 DEFAULT_ROUND = "preliminary"
