@@ -43,6 +43,17 @@ class ForgeParser(argparse.ArgumentParser):
             return None
         return super()._parse_optional(arg_string)
 
+    def _get_value(self, action, arg_string):
+        # a whole number typed with a sign or a leading zero (--top 04, --num-prompts +8) is refused as the final
+        # round's variables refuse one, after the option's own check (which refuses "+0" by its range)
+        value = super()._get_value(action, arg_string)
+        why = options.unplain(arg_string) if isinstance(value, int) and isinstance(arg_string, str) else None
+        if why:
+            opt = f"{action.option_strings[-1]} " if action.option_strings else ""
+            raise argparse.ArgumentError(action, f"{arg_string!r}: {why} before the number\n  fix: write the plain "
+                                                 f"number, e.g. {opt}{value}")
+        return value
+
     def add_argument(self, *args, **kw):
         return self._once(self._nonempty(super().add_argument(*args, **_strict_numbers(kw))))
 
@@ -79,7 +90,9 @@ class ForgeParser(argparse.ArgumentParser):
         return ns
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n  fix: `{self.prog} --help` lists its options\n")
+        # a message with its own fix (_get_value's) is given as it is
+        fix = "" if "\n  fix: " in message else f"\n  fix: `{self.prog} --help` lists its options"
+        self.exit(2, f"{self.prog}: error: {message}{fix}\n")
 
 
 _GIVEN: dict[int, str] = {}       # the one-value options given in this parse: the action's id -> its first value

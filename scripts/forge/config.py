@@ -128,6 +128,18 @@ def written_values(path: Path) -> dict:
             for k, v in node.value if isinstance(k, yaml.ScalarNode)}
 
 
+def written_text(path: Path, keys: tuple) -> str | None:
+    """The text of the unquoted scalar a YAML file writes at `keys` (the mapping keys down to it, outermost first),
+    as written_values gives a top-level one's; None for a quoted string, any other node, or a key not there."""
+    import yaml  # lazy: as load_yaml, for the bootstrap step
+
+    node = yaml.compose(Path(path).read_bytes().decode("utf-8"), Loader=yaml.SafeLoader)
+    for key in keys:
+        node = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == key), None) \
+            if isinstance(node, yaml.MappingNode) else None
+    return node.value if isinstance(node, yaml.ScalarNode) and node.style is None else None
+
+
 def _tname(t: Any) -> str:
     if isinstance(t, dict):
         return "mapping"

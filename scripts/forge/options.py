@@ -34,6 +34,38 @@ def parse_whole(text: str) -> int | None:
     return int(text)
 
 
+def not_plain(text: str, whole: bool) -> str | None:
+    """What keeps a value's text from being written plainly, as the finals' start script and client pass it on
+    as written: "a sign" (+64, -4) or, for a whole number, "a leading zero" (064); None where nothing does."""
+    if text.startswith(("+", "-")):
+        return "a sign"
+    return "a leading zero" if whole and len(text) > 1 and text.startswith("0") else None
+
+
+def unplain(text: str, whole: bool = True) -> str | None:
+    """What keeps `text`, a number as parse_whole (or, not `whole`, parse_number) reads it, from being written
+    plainly: "a sign" (+4) or, for a whole number, "a leading zero" (04), as the final round's variables refuse
+    them (not_plain); None where nothing does, or `text` is no such number. A negative number is
+    left to the value's range ("-4" is refused by what it is)."""
+    v = parse_whole(text) if whole else parse_number(text)
+    return None if v is None or text.startswith("-") else not_plain(text, whole)
+
+
+def refuse_unplain(text: str, option: str, whole: bool = True, example: str | None = None) -> None:
+    """Refuse `option`'s value `text` (one number, or comma-separated ones) where a number of it is not written
+    plainly (`unplain`), naming it, with the plain numbers as the fix (written after `example`, default `option`):
+    the value would be read as a number that is not what was typed, where the final round's start script and
+    client take the text as written."""
+    items = [x.strip() for x in text.split(",")]
+    bad = [(x, why) for x in items for why in [unplain(x, whole)] if why]
+    if bad:
+        x, why = bad[0]
+        plain = [(str(parse_whole(y)) if whole else y[1:]) if unplain(y, whole) else y for y in items]
+        raise ForgeError(f"{option} {text!r}: " + (f"{x!r}: " if len(items) > 1 else "") + f"{why} before the number",
+                         hint=f"write the plain number{'s' if len(items) > 1 else ''}, e.g. {example or option} "
+                              + ",".join(dict.fromkeys(plain)))
+
+
 def number_in(lo: float, hi: float, what: str, example: str, lo_open: bool = False):
     """An argparse type: a number (parse_number) from `lo` to `hi` (`lo` itself excluded with
     `lo_open`); `what` names the quantity, `example` a good value."""

@@ -145,7 +145,7 @@ def test_only_the_tiers_the_run_measures_read_their_concurrency_variable(tmp_pat
         r = bench(tmp_path, model, data_dir, {**env, "CONCURRENCY_4_8K": "0", "CONCURRENCY_16_32K": "0"},
                   "--round", "final", "--run-id", "r2", *tiers)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-        assert "tier 4-8K: CONCURRENCY_4_8K: concurrency 0 is out of bounds" in r.stderr
+        assert "CONCURRENCY_4_8K='0' (environment), tier 4-8K: concurrency 0 is out of bounds" in r.stderr
         assert "rule 'final_unlocked'" in r.stderr and "tier 16-32K" not in r.stderr
         assert not (tmp_path / "runs" / "r2").exists() and len(calls(tmp_path)) == 1
         assert (tmp_path / "runs" / "r1" / "manifest.json").read_text() == before

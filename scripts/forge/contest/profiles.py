@@ -11,9 +11,9 @@ import re
 from pathlib import Path
 
 from .. import switches
-from ..config import Field, load_yaml, validate
+from ..config import Field, load_yaml, validate, written_text
 from ..errors import ForgeError
-from ..options import named, parse_number
+from ..options import named, parse_number, refuse_unplain
 from ..paths import CONFIGS, name_problem, rel
 from . import rounds
 from . import rules as contest_mod
@@ -117,6 +117,7 @@ def _round_env(contest: dict, rnd: rounds.Round | None, name: str, value: str, w
     tier = next((c.tier for c in final.clients.values() if c.concurrency_env == name), None)
     if tier is None:
         return
+    refuse_unplain(value.strip(), where, example="value:")     # the server's environment gets it as written
     if rnd is None or rnd.name != "final":
         prelim = rounds.load_round(contest, rounds.DEFAULT_ROUND)
         rounds.check_settings(prelim, {"concurrency": value}, where=f"{where} (the client's concurrency for {tier})")
@@ -124,7 +125,8 @@ def _round_env(contest: dict, rnd: rounds.Round | None, name: str, value: str, w
         rounds.check_settings(rnd, {"concurrency": value}, where=where)
 
 
-def _check_entries(data: dict, file: str, contest: dict, rnd: rounds.Round | None = None) -> None:
+def _check_entries(data: dict, path: Path, contest: dict, rnd: rounds.Round | None = None) -> None:
+    file = rel(path)
     view = rounds.contest_view(contest, rnd, rnd.baseline) if rnd is not None else contest
     for name, e in data["env"].items():
         check_env(name, e["value"], file)
@@ -153,7 +155,13 @@ def _check_entries(data: dict, file: str, contest: dict, rnd: rounds.Round | Non
                 if tier is not None and tier not in rnd.tier_order:
                     raise ForgeError(f"{where}.value: {tier!r} is not a tier of the {rnd.name} round",
                                      hint=f"tiers: {', '.join(rnd.tier_order)}")
-                rounds.check_value(rnd, name, x, f"{where}.value" + (f".{tier}" if tier else ""))
+                w = f"{where}.value" + (f".{tier}" if tier else "")
+                # as written: YAML reads 064 as the octal 52, +64 as 64, 0x40 and 1_024 as numbers
+                text = x if isinstance(x, str) else written_text(path, ("options", name, "value", *[tier][:bool(tier)]))
+                if text is not None:
+                    refuse_unplain(text.strip(), w, whole=rnd.unlocked_option(name).type == "int",
+                                   example=f"{tier or 'value'}:")
+                rounds.check_value(rnd, name, x if text is None else text.strip(), w)
             continue
         contest_mod.check_option(view, name, v if not isinstance(v, (dict, list)) else json.dumps(v), where)
 
@@ -174,7 +182,7 @@ def load_profile(name: str, contest: dict | None = None, _chain: tuple = (), rnd
     if data["round"] != rounds.DEFAULT_ROUND and (rnd is None or rnd.name != data["round"]):
         raise ForgeError(f"{file}: key 'round': profile {path.stem} is for the {data['round']} round",
                          hint=f"serve it with --round {data['round']} (make serve ROUND={data['round']})")
-    _check_entries(data, file, contest, rnd)
+    _check_entries(data, path, contest, rnd)
     env: dict[str, dict] = {}
     options: dict[str, dict] = {}
     chain, files = [path.stem], [file]

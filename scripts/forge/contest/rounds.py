@@ -37,11 +37,12 @@ from typing import Any, Mapping
 
 from ..config import Field, validate
 from ..errors import ForgeError
+from ..options import not_plain
 from . import cards
 from . import rules as contest_mod
 from .cards import Visible, visible_cards  # noqa: F401  (part of this module's API)
 from .round_types import Round, Settings, TierClient, Unlocked, _num  # noqa: F401  (part of this module's API)
-from .setting_values import coerce, is_number, mistyped, not_plain
+from .setting_values import coerce, is_number, mistyped
 
 ROUNDS = ("preliminary", "final")
 DEFAULT_ROUND = "preliminary"
@@ -309,12 +310,12 @@ def tier_settings(rnd: Round, tier: str, profile_values: Mapping[str, Any] | Non
         for u in rnd.unlocked:
             for var in env_names(u, tier):
                 if environ.get(var, "") != "":
-                    values[u.key] = _env_value(rnd, u, var, environ[var], where or f"the {rnd.name} round, tier {tier}")
+                    values[u.key] = env_value(rnd, u, var, environ[var], where or f"the {rnd.name} round, tier {tier}")
                     sources[u.key] = f"env {var}"
                     break
         var = rnd.client(tier).concurrency_env
         if var and environ.get(var, "") != "":
-            values["concurrency"] = _env_value(rnd, None, var, environ[var], where or f"the {rnd.name} round, tier {tier}")
+            values["concurrency"] = env_value(rnd, None, var, environ[var], where or f"the {rnd.name} round, tier {tier}")
             sources["concurrency"] = f"env {var}"
     s = check_settings(rnd, values, where=where or f"the {rnd.name} round, tier {tier}", sources=sources)
     return s, {k: sources.get(k, "baseline") for k in SETTING_KEYS}
@@ -332,7 +333,7 @@ def _refuse_mistyped(rnd: Round, environ: Mapping[str, str], where: str) -> None
                               + ", ".join("_" + _tier_suffix(t) for t in tiers))
 
 
-def _env_value(rnd: Round, u: Unlocked | None, var: str, raw: str, where: str) -> float | int:
+def env_value(rnd: Round, u: Unlocked | None, var: str, raw: str, where: str) -> float | int:
     """One variable's value (`u`'s, or the tier's concurrency for None) within the round's bounds; a
     refusal names the variable and how to set it."""
     w = f"{var}={raw!r} (environment), {where}"

@@ -22,14 +22,6 @@ def is_number(v: Any, typ: str) -> bool:
     return not isinstance(v, bool) and (isinstance(v, int) or (typ == "float" and isinstance(v, float)))
 
 
-def not_plain(text: str, whole: bool) -> str | None:
-    """What keeps a value's text from being written plainly, as the finals' start script and client pass it on
-    as written: "a sign" (+64, -4) or, for a whole number, "a leading zero" (064); None where nothing does."""
-    if text.startswith(("+", "-")):
-        return "a sign"
-    return "a leading zero" if whole and len(text) > 1 and text.startswith("0") else None
-
-
 def coerce(raw: Any, typ: str, what: str, where: str, hint: str) -> float | int:
     """`raw` (a number, or its text) as a number of type `typ`; a refusal names `what` at `where` and
     gives `hint`."""

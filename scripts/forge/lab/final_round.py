@@ -20,7 +20,6 @@ import urllib.request
 
 from .. import options
 from ..contest import rounds
-from ..contest.setting_values import not_plain
 from ..errors import ForgeError
 from ..run import synth
 from ..run.gpu_harness import LARGEST_CARD, sizing_changes
@@ -96,9 +95,9 @@ def capacity_changes(contest: dict, specs: list[str] | None, names: list[str], r
                 raise ForgeError(f"--capacity: {opt} given twice for {name}", hint="give each option once per profile")
             text = val.strip()
             plain = options.parse_whole(text)
-            if plain is not None and not text.startswith("-") and not_plain(text, whole=True):
+            if options.unplain(text):
                 # "+4", "04": what the final round's variables refuse (MAX_NUM_SEQS=+64, 064), said as they say it
-                raise ForgeError(f"--capacity {spec!r}: {opt[2:]}={text}: {not_plain(text, whole=True)} before the "
+                raise ForgeError(f"--capacity {spec!r}: {opt[2:]}={text}: {options.unplain(text)} before the "
                                  "number, which the final round's variables refuse too",
                                  hint=f"write the plain number, e.g. --capacity {name}:{opt[2:]}={plain if plain > 0 else 4}")
             try:

@@ -79,7 +79,9 @@ def tier_plan(contest: dict, rnd: rounds.Round, tiers: list[dict], *, num_prompt
         if concurrency and name in concurrency:
             c, src = concurrency[name], concurrency_from
         elif tc.concurrency_env and environ.get(tc.concurrency_env, "").strip():
-            c, src = environ[tc.concurrency_env].strip(), tc.concurrency_env
+            # read as `forge serve` reads it: "08" and "+8" are not what the finals' client gets
+            c = rounds.env_value(rnd, None, tc.concurrency_env, environ[tc.concurrency_env], f"tier {name}")
+            src = tc.concurrency_env
         else:
             c, src = tc.concurrency, f"configs/contest.yaml rounds.{rnd.name}.client"
         c = rounds.check_settings(rnd, {"concurrency": c}, where=f"tier {name}: {src}").concurrency

@@ -131,7 +131,10 @@ def _list(text: str | None, option: str, conv, default: Iterable) -> list:
     if text is None:
         return list(default)
     out = []
-    for x in options.comma_items(text, option, f"a comma-separated list, e.g. {option} {','.join(str(v) for v in default)}"):
+    items = options.comma_items(text, option, f"a comma-separated list, e.g. {option} {','.join(str(v) for v in default)}")
+    if conv is not str:
+        options.refuse_unplain(text, option, whole=conv is _whole)
+    for x in items:
         try:
             out.append(conv(x))
         except ValueError:

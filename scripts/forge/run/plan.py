@@ -146,6 +146,7 @@ def number(text: str | None, what: str, lo: float, hi: float, example: str) -> f
     """An option's number in (lo, hi], or None when not given."""
     if text is None:
         return None
+    options.refuse_unplain(text, what, whole=False)
     v = options.parse_number(text)
     if v is None or not lo < v <= hi:
         raise ForgeError(f"{what} {text!r}: expected a number > {lo:g} and <= {hi:g}", hint=f"e.g. {what} {example}")
@@ -156,6 +157,7 @@ def whole(text: str | None, what: str, example: str) -> int | None:
     """An option's whole number >= 1, or None when not given."""
     if text is None:
         return None
+    options.refuse_unplain(text, what)
     v = options.parse_whole(text)
     if v is None or v < 1:
         raise ForgeError(f"{what} {text!r}: expected a whole number >= 1", hint=f"e.g. {what} {example}")

@@ -60,7 +60,9 @@ def _ints(text: str, what: str, rnd: rounds.Round, example: str, parse=options.p
           kind: str = "whole numbers") -> list:
     """A comma-separated list of `kind` in plain digits (`parse`), each within the round's bounds; `example`:
     a good value of the option (its default) for the fix."""
-    vals = [parse(x) for x in options.comma_items(text, what, f"e.g. {what} {example}")]
+    items = options.comma_items(text, what, f"e.g. {what} {example}")
+    options.refuse_unplain(text, what, whole=parse is options.parse_whole)
+    vals = [parse(x) for x in items]
     if not vals or any(v is None or v <= 0 for v in vals):
         raise ForgeError(f"{what} {text!r}: {kind} in plain digits within the {rnd.name} round's bounds "
                          f"({_bounds(rnd, what)}), comma-separated", hint=f"e.g. {what} {example}")
