@@ -2,14 +2,18 @@
 card per rank, no device listed twice. Counting rule: the device variables (CUDA_VISIBLE_DEVICES,
 HIP_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES; with several set, the shortest list, since each narrows
 what the next sees; a list ends at a negative index), else torch's device count when torch imports, else "cannot tell", and a
-multi-card start is then refused until a device variable names the cards."""
+multi-card start is then refused until a device variable names the cards. Also the cards' total memory as
+their management tool reports it (`card_memory`: nvidia-smi, hy-smi or rocm-smi)."""
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from shutil import which
+from typing import Any, Callable, Mapping
 
+from .. import proc
 from ..errors import ForgeError
 
 DEVICE_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
@@ -70,3 +74,45 @@ def check_cards(need: int, topology: str, visible: Visible, cite: str, where: st
     if visible.count < need:
         raise ForgeError(f"{where}: {topology} needs {need} cards, {visible.count} visible ({visible.source}): {cite}",
                          hint="make the cards visible, or choose a topology that fits")
+
+
+# the tools and how each gives the cards' total memory: nvidia-smi in MiB, one card a line; hy-smi and
+# rocm-smi "GPU[i] : VRAM Total Memory (B): N"
+SMI = (("nvidia-smi", ["--query-gpu=memory.total", "--format=csv,noheader,nounits"]),
+       ("hy-smi", ["--showmeminfo", "vram"]), ("rocm-smi", ["--showmeminfo", "vram"]))
+_VRAM = re.compile(r"VRAM Total Memory \(B\):\s*(\d+)")
+MIB = 1 << 20
+
+
+def card_memory(environ: Mapping[str, str] | None = None,
+                run: Callable[[list[str]], str] | None = None) -> tuple[list[int], str] | None:
+    """The total memory in bytes of each card a server started now would see, in the order it sees them,
+    and where the figures come from; None where no tool answers. `run`: stands in for the tools (tests)."""
+    environ = os.environ if environ is None else environ
+    out = None
+    for tool, args in SMI:
+        if run is None and not which(tool):
+            continue
+        try:
+            text = (run or (lambda cmd: proc.output(cmd, what=tool, timeout=30)))([tool, *args])
+        except ForgeError:
+            continue
+        if tool == "nvidia-smi":
+            totals = [int(x.strip()) * MIB for x in text.splitlines() if x.strip().isdigit()]
+        else:
+            totals = [int(x) for x in _VRAM.findall(text)]
+        if totals:
+            out = (totals, tool)
+            break
+    if out is None:
+        return None
+    totals, source = out
+    # the device variables narrow and reorder what a server sees (cards.visible_cards' rule: the
+    # shortest list, each ending at a negative index); ids the tool's order does not give (UUIDs) leave
+    # every card counted
+    lists = [(v, listed(environ[v])) for v in DEVICE_VARS if v in environ]
+    if lists:
+        var, ids = min(lists, key=lambda p: len(p[1]))
+        if all(x.isdigit() and int(x) < len(totals) for x in ids):
+            return [totals[int(x)] for x in ids], f"{source}, {var}={environ[var]}"
+    return totals, source

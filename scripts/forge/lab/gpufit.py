@@ -14,67 +14,20 @@ holds a rank of every server):
   - each server's KV cache fits its share: kv bytes <= floor(total x utilization) - weights per rank.
 The memory a server needs beyond these (activations, CUDA graphs, the runtime: about 1 GiB on an H200) is
 not counted: the check refuses only what cannot fit. A machine whose tool does not answer is not checked.
-Also here: whether a batch profile's requests fit such a fixed KV cache at once (`kv_holds_batch`), and
-the warning `forge serve` gives a final-round start above 0.95 whose --max-num-seqs the memory left outside
-vLLM's budget may not hold (`say_headroom`).
+Also here: whether a batch profile's requests fit such a fixed KV cache at once (`kv_holds_batch`). The
+cards' memory (`card_memory`) is read by forge.contest.cards.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import re
 from pathlib import Path
-from shutil import which
-from typing import Callable, Mapping
 
-from .. import options, proc, ui
-from ..contest.cards import DEVICE_VARS, listed
+from .. import options
+from ..contest.cards import SMI, card_memory  # noqa: F401  (gpufit's API since before they moved)
 from ..errors import ForgeError
 from ..model import capacity as capacity_mod
-from ..model import headroom as headroom_mod
 from ..model import shape as shape_mod
-
-# the tools and how each gives the cards' total memory: nvidia-smi in MiB, one card a line; hy-smi and
-# rocm-smi "GPU[i] : VRAM Total Memory (B): N"
-SMI = (("nvidia-smi", ["--query-gpu=memory.total", "--format=csv,noheader,nounits"]),
-       ("hy-smi", ["--showmeminfo", "vram"]), ("rocm-smi", ["--showmeminfo", "vram"]))
-_VRAM = re.compile(r"VRAM Total Memory \(B\):\s*(\d+)")
-MIB = 1 << 20
-
-
-def card_memory(environ: Mapping[str, str] | None = None,
-                run: Callable[[list[str]], str] | None = None) -> tuple[list[int], str] | None:
-    """The total memory in bytes of each card a server started now would see, in the order it sees them,
-    and where the figures come from; None where no tool answers. `run`: stands in for the tools (tests)."""
-    environ = os.environ if environ is None else environ
-    out = None
-    for tool, args in SMI:
-        if run is None and not which(tool):
-            continue
-        try:
-            text = (run or (lambda cmd: proc.output(cmd, what=tool, timeout=30)))([tool, *args])
-        except ForgeError:
-            continue
-        if tool == "nvidia-smi":
-            totals = [int(x.strip()) * MIB for x in text.splitlines() if x.strip().isdigit()]
-        else:
-            totals = [int(x) for x in _VRAM.findall(text)]
-        if totals:
-            out = (totals, tool)
-            break
-    if out is None:
-        return None
-    totals, source = out
-    # the device variables narrow and reorder what a server sees (cards.visible_cards' rule: the
-    # shortest list, each ending at a negative index); ids the tool's order does not give (UUIDs) leave
-    # every card counted
-    lists = [(v, listed(environ[v])) for v in DEVICE_VARS if v in environ]
-    if lists:
-        var, ids = min(lists, key=lambda p: len(p[1]))
-        if all(x.isdigit() and int(x) < len(totals) for x in ids):
-            return [totals[int(x)] for x in ids], f"{source}, {var}={environ[var]}"
-    return totals, source
 
 
 def check_fit(launches: dict[str, list[str]], utilization: float, kv_bytes: int | None, model: Path,
@@ -154,22 +107,3 @@ def kv_holds_batch(argv: list[str], kv_bytes: int | None, model: Path, tokens: i
                          "together", hint="lower --profile-batch or --profile-prefill, or give the servers a larger "
                                           "KV cache (--kv-cache-memory-bytes)")
     return {"blocks_needed": need, "usable_blocks": cap.usable_blocks}
-
-
-def say_headroom(rendered: dict, probe: bool = True) -> None:
-    """A final-round start above 0.95 whose --max-num-seqs the memory left outside vLLM's budget may not hold
-    (model/headroom.py: the runtime's allowance, the CUDA-graph pool, vLLM's margin), on the smallest card
-    the server will see (`probe`: its management tool asked; else, or where none answers, a DCU card): said,
-    not refused, as the allowance is a judgement and the card the test."""
-    s = rendered.get("settings")
-    if not s or s["gpu_memory_utilization"] <= headroom_mod.BASELINE_UTILIZATION:
-        return
-    seen = card_memory({**os.environ, **rendered["env"]}) if probe else None
-    memory, card = (min(seen[0]), seen[1]) if seen else (capacity_mod.CARDS["dcu"].memory_bytes, "a DCU card")
-    h = headroom_mod.headroom(memory, s["gpu_memory_utilization"], s["max_num_seqs"], s["max_num_batched_tokens"])
-    if not h.fits:
-        var = "MAX_NUM_SEQS_" + rendered["tier"].replace("-", "_").upper()
-        ui.warn(f"tier {rendered['tier']} ({card}): {h.why()}; the server may fail to start or to capture its "
-                f"CUDA graphs: set {var} (or MAX_NUM_SEQS) to "
-                + (f"{h.max_seqs} or less" if h.max_seqs else "a value that fits")
-                + f", or GPU_MEMORY_UTILIZATION to {headroom_mod.BASELINE_UTILIZATION:g} or less")

@@ -30,6 +30,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from ..errors import ForgeError
+from . import headroom as room_mod
 from .headroom import BASELINE_UTILIZATION
 from .shape import Shape, cdiv, kv_dtype_bytes
 
@@ -171,6 +172,24 @@ def capacity(shape: Shape, tp: int = 1, kv_dtype: str = "bf16", card_name: str =
                     usable_blocks=max(0, num_blocks - 1))
 
 
+def graph_pool_per_entry(shape: Shape, card_name: str = "dcu") -> float:
+    """The CUDA-graph pool's bytes per captured batch entry on a card (model/headroom.py): on the DCU card,
+    derived from the organizers' command running there at TP1 / 0.95 with this planner's blocks; on the
+    GPU machine's cards, their measured envelope."""
+    if card(card_name).fitted_to is not None:
+        return room_mod.MEASURED_PER_ENTRY
+    base = capacity(shape, card_name=card_name, utilization=BASELINE_UTILIZATION,
+                    max_num_batched_tokens=room_mod.BASELINE_BATCHED)
+    return room_mod.derived_per_entry(card(card_name).memory_bytes, base.num_blocks)
+
+
+def room(shape: Shape, cap: Capacity, max_num_seqs: int) -> room_mod.Headroom:
+    """What `cap`'s utilization leaves outside vLLM's budget on its card, and whether it holds the runtime,
+    the margin and the graph pool of `max_num_seqs` (model/headroom.py)."""
+    return room_mod.headroom(card(cap.card).memory_bytes, cap.utilization, max_num_seqs, cap.max_num_batched_tokens,
+                             per_entry=graph_pool_per_entry(shape, cap.card), tp=cap.tp, num_blocks=cap.num_blocks)
+
+
 def tier_fit(cap: Capacity, prompts: list[int], output_len: int, concurrency: int) -> dict:
     """How a tier's requests (prompt + output_len tokens each) fit one server of `cap` at
     `concurrency` requests in flight: resident counts for its largest and its median request, and
@@ -222,15 +241,17 @@ def planned_seqs(shape: Shape, tp: int, dp: int, prompts: list[int], output_len:
     `concurrency`: `planned_max_num_seqs` of one replica (each DP replica is its own scheduler with its
     own cache and --max-num-seqs); None when no cap is needed.
 
-    Above the baseline's utilization, where its larger cache ends the preemption the baseline's would
-    have, a cap is needed all the same: the memory outside vLLM's budget holds the CUDA-graph pool of a
-    small --max-num-seqs only (model/headroom.py), and one replica never runs more than its share of the
-    concurrency at once, so that share is the cap: the same schedule, a pool small enough to start. (Where
-    the baseline's cache preempts nothing either, the higher utilization buys nothing: no cap is planned.)"""
+    Above the baseline's utilization a cap is needed even where nothing preempts: the memory outside vLLM's
+    budget holds the CUDA-graph pool of a small --max-num-seqs only (model/headroom.py), and one replica
+    never runs more than its share of the concurrency at once, so that share is the cap (the same
+    schedule, a pool small enough to run), and no cap is above what that memory holds (None where it holds
+    none, or at TP2, which is not modelled above the baseline)."""
     r = topology_fit(shape, tp, dp, prompts, output_len, concurrency, **kw)
     n = r["fit"]["planned_max_num_seqs"]
-    if n is None and kw.get("utilization", BASELINE_UTILIZATION) > BASELINE_UTILIZATION and topology_fit(
-            shape, tp, dp, prompts, output_len, concurrency,
-            **{**kw, "utilization": BASELINE_UTILIZATION})["fit"]["planned_max_num_seqs"] is not None:
-        return r["per_replica_concurrency"]
-    return n
+    if kw.get("utilization", BASELINE_UTILIZATION) <= BASELINE_UTILIZATION:
+        return n
+    # above it: at most what the memory outside the budget holds (none at TP2: not modelled there), and at least
+    # a cap where the replica's share of the concurrency is below --max-num-seqs' baseline
+    most = room(shape, Capacity(**r["capacity"]), 1).max_seqs
+    n = r["per_replica_concurrency"] if n is None else n
+    return min(n, most) if most else None

@@ -47,10 +47,8 @@ from dataclasses import asdict, dataclass
 from typing import Iterable, Mapping
 
 from ..errors import ForgeError
-from .capacity import capacity, planned_seqs
-from .capacity import card as card_of
+from .capacity import capacity, planned_seqs, room
 from .costs import LINKS, UPSTREAM, Build, StepCost
-from .headroom import headroom
 from .sched import Engine, serve
 from .shape import Shape, load_shape
 
@@ -120,8 +118,7 @@ def simulate_tier(cfg: Config, requests: list[tuple[int, int]], build: Build = U
         raise ForgeError(f"link {link!r} is not one the model knows", hint=f"one of {', '.join(LINKS)}")
     cap = capacity(shape, tp=cfg.tp, kv_dtype=cfg.kv_dtype, card_name=card, utilization=cfg.gpu_memory_utilization,
                    max_num_batched_tokens=cfg.max_num_batched_tokens, fixed_overhead=fixed_overhead)
-    room = headroom(card_of(card).memory_bytes, cfg.gpu_memory_utilization, cfg.max_num_seqs,
-                    cfg.max_num_batched_tokens)
+    fits = room(shape, cap, cfg.max_num_seqs)
     cost = StepCost(build, shape, tp=cfg.tp, kv_dtype=cfg.kv_dtype, link=LINKS[link])
     done, engines = [], []
     for r in range(cfg.dp):
@@ -146,7 +143,7 @@ def simulate_tier(cfg: Config, requests: list[tuple[int, int]], build: Build = U
             "tpot_mean_ms": sum(tpot) / len(tpot) if tpot else None, "tpot_p99_ms": percentile(tpot, 99),
             "preemptions": sum(e.preemptions for e in engines), "steps": sum(e.steps for e in engines),
             "kv_reported_tokens": cap.reported_tokens, "kv_blocks": cap.num_blocks, "block_size": cap.block_size,
-            "starts": room.fits, "headroom": room.why()}
+            "starts": fits.fits, "headroom": fits.why()}
 
 
 def baseline_metrics(requests: list[tuple[int, int]], **kw) -> dict:
@@ -229,9 +226,10 @@ def sla_check(pred: dict, baseline: Mapping, ratio: float = SLA_RATIO) -> list[s
     return why
 
 
-def _rank_key(p: dict) -> tuple:
-    """Inside the SLA first, then the most tok/s; a tok/s that is no number last (it does not sort)."""
-    return (not p["sla_ok"], -p["tok_s"] if finite(p["tok_s"]) else math.inf)
+def rank_key(p: dict) -> tuple:
+    """Inside the SLA first, then the most tok/s; a tok/s that is no number last (it does not sort), and after
+    everything a configuration that would not start (the sweep serves the top of the ranking, SLA or not)."""
+    return (p.get("starts") is False, not p["sla_ok"], -p["tok_s"] if finite(p["tok_s"]) else math.inf)
 
 
 def rank_configurations(tier: str, space: Iterable[Config] | Mapping[str, list], requests: list[tuple[int, int]],
@@ -248,7 +246,7 @@ def rank_configurations(tier: str, space: Iterable[Config] | Mapping[str, list],
         p.update(tier=tier, sla_ok=not why, why=why,
                  lift=(p["tok_s"] / base["tok_s"] - 1) if base.get("tok_s") else None)
         ranked.append((cfg, p))
-    ranked.sort(key=lambda cp: _rank_key(cp[1]))
+    ranked.sort(key=lambda cp: rank_key(cp[1]))
     return ranked
 
 
@@ -276,6 +274,8 @@ def pick(preds: list[dict], limits: Mapping, margin: float = PICK_MARGIN, tie: f
                 if limits.get(k) and finite(limits[k]) and p.get(k) is not None] or [0.0]
 
     chosen = min((p for p in pool if p["tok_s"] >= (1 - tie) * best),
-                 key=lambda p: (round(max(parts(p)), 2), sum(parts(p)), -p["tok_s"]))
+                 key=lambda p: (round(max(parts(p)), 2), sum(parts(p)), -p["tok_s"],
+                                # a tie taken at the lower utilization: more memory left outside vLLM's budget
+                                (p.get("config") or {}).get("gpu_memory_utilization", 0)))
     chosen["pick_rule"], chosen["sla_use"] = rule, max(parts(chosen))
     return chosen

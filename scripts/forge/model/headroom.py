@@ -1,28 +1,40 @@
 """The memory a --gpu-memory-utilization leaves outside vLLM's budget, and whether it holds what vLLM
-0.18.1 puts there: the question a utilization above the round's baseline (0.95) must answer before it is
-searched, served or shipped.
+0.18.1 puts there while it serves: the question a utilization above the round's baseline (0.95) must
+answer before it is searched, served or shipped.
 
 vLLM sizes the KV cache inside `utilization x the card's memory` (v1/worker/gpu_worker.py
-determine_available_memory: weights, the profile run's peak and the runtime's non-torch growth are
-counted in it). Two things are not:
-  - the runtime's own context, present before the worker's first memory snapshot: vLLM refuses to start
-    when the free memory then is below the requested budget (v1/worker/utils.py request_memory);
-  - the CUDA-graph pool. Graphs are captured after the KV cache is allocated, from the memory outside
-    the budget; vLLM's estimate of the pool, which could count it inside, is 0 on ROCm
-    (determine_available_memory: "Skip on ROCm/HIP") and opt-in elsewhere. The pool grows with the
-    largest captured batch, min(2 x max-num-seqs, 512) under the default compilation config.
-So `(1 - utilization) x memory` has to hold the context, the graph pool at the configuration's capture
-size and vLLM's own margin for what its profile underestimates (150 MiB, gpu_worker.py).
+determine_available_memory: the weights, the profile run's peak and the runtime's non-torch growth are
+counted in it). Not counted:
+  - the runtime's own context, present before the worker's first memory snapshot (vLLM refuses to start
+    when the free memory then is below the budget: v1/worker/utils.py request_memory); at TP2 also the
+    communicators' buffers, set up before the snapshot as well;
+  - the CUDA-graph pool. Graphs are captured after the KV cache is allocated; vLLM's estimate of the
+    pool, which could count it inside the budget, is 0 on ROCm ("Skip on ROCm/HIP") and opt-in on CUDA.
+    Before capturing, vLLM empties the allocator's cache (gpu_model_runner.py capture_model), so the pool
+    may also take the profile run's activation memory, inside the budget: the server then starts, and a
+    prefill larger than the captured batches finds that memory gone. So the pool is held to the memory
+    outside the budget, which is what running, not only starting, needs.
+The pool grows with the largest captured batch: the largest default capture size within 2 x
+max-num-seqs, 512 and max-num-batched-tokens (config/vllm.py), and, for a model with GDN (Mamba) layers
+under FULL graphs (the default), within the KV cache's blocks (compilation.py
+adjust_cudagraph_sizes_for_mamba_cache: a DCU card's 146 blocks at TP1 / 0.95 cap 256 at 144).
 
-What is known and what is assumed:
-  - At or below the round's baseline utilization the configuration is taken as starting: the
-    organizers' own command (TP1, --max-num-seqs 128, 0.95) starts on the DCU card.
-  - Above it, the graph pool is priced from the GPU machine's measurements (`GRAPH_POOL_MEASURED`, vLLM's
-    "Graph capturing finished in N secs, took X GiB", one server on the card): their largest GiB per
-    captured batch entry, an upper envelope. The DCU's pool is smaller: at capture size 256 the GPU
-    machine's 6.33 GiB would not fit the 3.2 GiB the organizers' command leaves, and that command starts.
-  - The context is an allowance (`CONTEXT_ALLOWANCE`), not a measurement: no public figure gives the
-    DCU runtime's. The sweep on the card is the check; this model only keeps out what cannot fit.
+The needs, per rank: an allowance for the runtime's context (`CONTEXT_ALLOWANCE`, 1 GiB: no public
+figure gives the DCU runtime's), a margin (`MARGIN`, 150 MiB, the buffer vLLM's own suggestion of a KV
+size keeps for what its profile underestimates), and the graph pool at the configuration's capture size,
+at a cost per captured batch entry:
+  - on a DCU card, derived from what is known to run there: the organizers' command (TP1, --max-num-seqs
+    128, 4096 batched tokens, 0.95) serves the preliminary on the card, so its pool (144 entries) fits
+    what 0.95 leaves beside the allowance and the margin: (3.2 - 1 - 0.146) GiB / 144 = 0.0143 GiB per
+    entry at most, given the allowance holds the card's context (a smaller context leaves the pool more,
+    but then the need of a small pool is smaller by more than its share grows);
+  - on the GPU machine's cards, their own measurements (`GRAPH_POOL_MEASURED`: vLLM's "Graph capturing
+    finished ..., took X GiB", one server on the card): the largest GiB per entry, 0.044 (6.33 GiB at 144).
+    The DCU's is less than a third of that, or the organizers' command would not run there.
+At or below the baseline's utilization a configuration is taken as running (the organizers' command does).
+Above it, TP1 only: a TP2 server's communicators add to the context by an amount no figure gives, and a
+TP2 cache holds every tier at 0.95, so nothing is to be gained there. The allowance is a judgement, not a
+measurement: the sweep on the card is the check.
 """
 
 from __future__ import annotations
@@ -33,21 +45,21 @@ from ..errors import ForgeError
 
 GiB = 1 << 30
 MiB = 1 << 20
-MAX_CAPTURE = 512                   # vLLM 0.18.1's default largest captured batch: at most 2 x max-num-seqs and 512
+MAX_CAPTURE = 512                   # vLLM 0.18.1's largest default capture size
 CONTEXT_ALLOWANCE = 1 * GiB         # the runtime's context before the first snapshot: an allowance (see above)
-VLLM_MARGIN = 150 * MiB             # gpu_worker.py: "memory profiling may slightly underestimate" (its buffer)
-BASELINE_UTILIZATION = 0.95         # the organizers' command (both rounds): known to start on the card
+MARGIN = 150 * MiB                  # as the buffer of vLLM's own KV-size suggestion (gpu_worker.py)
+BASELINE_UTILIZATION = 0.95         # the organizers' command (both rounds): runs on the card
+BASELINE_SEQS, BASELINE_BATCHED = 128, 4096
 
-# (report folder under reports/e2e, capture size, GiB the graph pool took), one server on the GPU machine,
+# (report folder under reports/e2e, capture size as run, GiB the graph pool took), one server on the GPU machine,
 # vLLM's default compilation config; tests/unit/test_headroom.py reads each back from its server log.
 GRAPH_POOL_MEASURED = (
     ("2026-12-07-h100-final-16-32k-16-requests", 8, 0.14),
     ("2026-12-06-h100-final-8-16k-sequential", 8, 0.15),
     ("2026-12-07-h100-final-16-32k-16-requests", 16, 0.24),
-    ("2026-12-05-h100-final-4-8k-upstream-only", 256, 6.33),
+    ("2026-12-05-h100-final-4-8k-upstream-only", 144, 6.33),
 )
-# the upper envelope: the largest measured GiB per captured batch entry
-GRAPH_POOL_PER_ENTRY = max(gib * GiB / size for _, size, gib in GRAPH_POOL_MEASURED)
+MEASURED_PER_ENTRY = max(gib * GiB / size for _, size, gib in GRAPH_POOL_MEASURED)
 
 
 def capture_sizes(limit: int) -> list[int]:
@@ -57,38 +69,51 @@ def capture_sizes(limit: int) -> list[int]:
     return sizes + (list(range(256, limit + 1, 16)) if limit >= 256 else [])
 
 
-def capture_size(max_num_seqs: int, max_num_batched_tokens: int = MAX_CAPTURE) -> int:
-    """The largest batch vLLM 0.18.1 captures a graph for under the default compilation config: the
-    largest capture size within 2 x max-num-seqs, 512 and max-num-batched-tokens (seqs 5 -> 8, 128 -> 256)."""
+def capture_size(max_num_seqs: int, max_num_batched_tokens: int = MAX_CAPTURE, num_blocks: int | None = None) -> int:
+    """The largest batch vLLM 0.18.1 captures a graph for under the default compilation config: the largest
+    capture size within 2 x max-num-seqs, 512 and max-num-batched-tokens (seqs 5 -> 8, 128 -> 256) and,
+    given the KV cache's `num_blocks`, within them (the GDN layers' cap; 0: no graph at all)."""
     if max_num_seqs < 1 or max_num_batched_tokens < 1:
         raise ForgeError(f"--max-num-seqs {max_num_seqs}, --max-num-batched-tokens {max_num_batched_tokens}: "
                          "each must be at least 1")
-    return capture_sizes(min(2 * max_num_seqs, MAX_CAPTURE, max_num_batched_tokens))[-1]
+    sizes = capture_sizes(min(2 * max_num_seqs, MAX_CAPTURE, max_num_batched_tokens))
+    if num_blocks is not None:
+        sizes = [s for s in sizes if s <= num_blocks]
+    return sizes[-1] if sizes else 0
 
 
-def graph_pool_bytes(max_num_seqs: int, max_num_batched_tokens: int = MAX_CAPTURE) -> int:
-    return int(GRAPH_POOL_PER_ENTRY * capture_size(max_num_seqs, max_num_batched_tokens))
+def derived_per_entry(memory_bytes: int, baseline_blocks: int) -> float:
+    """The graph pool's cost per captured entry on a card where the organizers' command runs (TP1,
+    BASELINE_SEQS, BASELINE_BATCHED, BASELINE_UTILIZATION, whose KV cache has `baseline_blocks`): what that
+    utilization leaves beside the allowance and the margin, over that command's capture size."""
+    size = capture_size(BASELINE_SEQS, BASELINE_BATCHED, baseline_blocks)
+    return (int(memory_bytes * (1 - BASELINE_UTILIZATION)) - CONTEXT_ALLOWANCE - MARGIN) / size
 
 
 @dataclass(frozen=True)
 class Headroom:
     utilization: float
+    tp: int
     max_num_seqs: int
     outside_bytes: int              # (1 - utilization) x the card's memory
-    needed_bytes: int               # context allowance + graph pool + vLLM's margin
+    needed_bytes: int               # allowance + margin + graph pool
     graph_pool_bytes: int
-    known_good: bool                # at or below the baseline utilization: the organizers' command starts there
+    per_entry_bytes: float
+    known_good: bool                # at or below the baseline utilization: the organizers' command runs there
     fits: bool
-    max_seqs: int                   # the largest --max-num-seqs up to 256 whose needs fit here (0: none)
+    max_seqs: int                   # the largest --max-num-seqs (up to 256) whose needs fit here; 0: none
 
     def why(self) -> str:
         """One line: why the configuration is taken or kept out."""
         out = f"{self.outside_bytes / GiB:.2f} GiB outside vLLM's budget at utilization {self.utilization:g}"
         if self.known_good:
-            return f"{out}: at or below {BASELINE_UTILIZATION:g}, where the organizers' command starts"
-        need = (f"the runtime's context (an allowance of {CONTEXT_ALLOWANCE / GiB:.2f} GiB), the graph pool "
-                f"at --max-num-seqs {self.max_num_seqs} ({self.graph_pool_bytes / GiB:.2f} GiB) and vLLM's "
-                f"{VLLM_MARGIN // MiB} MiB margin: {self.needed_bytes / GiB:.2f} GiB")
+            return f"{out}: at or below {BASELINE_UTILIZATION:g}, where the organizers' command runs"
+        if self.tp > 1:
+            return (f"{out} at TP{self.tp}: above {BASELINE_UTILIZATION:g} only TP1 is modelled (the communicators' "
+                    f"buffers add to the runtime's context by an amount no figure gives)")
+        need = (f"the runtime's context (an allowance of {CONTEXT_ALLOWANCE / GiB:.2f} GiB), the graph pool at "
+                f"--max-num-seqs {self.max_num_seqs} ({self.graph_pool_bytes / GiB:.2f} GiB) and a {MARGIN // MiB} "
+                f"MiB margin: {self.needed_bytes / GiB:.2f} GiB")
         if self.fits:
             return f"{out} holds {need}"
         cap = f"--max-num-seqs {self.max_seqs} at most" if self.max_seqs else "no --max-num-seqs"
@@ -98,18 +123,21 @@ class Headroom:
         return asdict(self)
 
 
-def headroom(memory_bytes: int, utilization: float, max_num_seqs: int,
-             max_num_batched_tokens: int = MAX_CAPTURE) -> Headroom:
-    """Whether `utilization` leaves a card of `memory_bytes` room for what vLLM puts outside its budget
-    at `max_num_seqs` (see the module's docstring)."""
+def headroom(memory_bytes: int, utilization: float, max_num_seqs: int, max_num_batched_tokens: int = MAX_CAPTURE,
+             *, per_entry: float, tp: int = 1, num_blocks: int | None = None) -> Headroom:
+    """Whether `utilization` leaves a card of `memory_bytes` room for what vLLM puts outside its budget at
+    `max_num_seqs` (see the module's docstring); `per_entry`: the graph pool's bytes per captured entry on
+    the card (derived_per_entry or MEASURED_PER_ENTRY); `num_blocks`: the KV cache's, for the GDN cap."""
     if not 0 < utilization <= 1:
         raise ForgeError(f"--gpu-memory-utilization {utilization}: must be in (0, 1]", hint="e.g. 0.95")
     outside = int(memory_bytes * (1 - utilization))
-    pool = graph_pool_bytes(max_num_seqs, max_num_batched_tokens)
-    need = CONTEXT_ALLOWANCE + VLLM_MARGIN + pool
+    spare = outside - CONTEXT_ALLOWANCE - MARGIN
+    pool = int(per_entry * capture_size(max_num_seqs, max_num_batched_tokens, num_blocks))
     known = utilization <= BASELINE_UTILIZATION
-    spare = outside - CONTEXT_ALLOWANCE - VLLM_MARGIN
-    max_seqs = next((s for s in range(MAX_CAPTURE // 2, 0, -1)
-                     if GRAPH_POOL_PER_ENTRY * capture_size(s, max_num_batched_tokens) <= spare), 0)
-    return Headroom(utilization=utilization, max_num_seqs=max_num_seqs, outside_bytes=outside, needed_bytes=need,
-                    graph_pool_bytes=pool, known_good=known, fits=known or outside >= need, max_seqs=max_seqs)
+    max_seqs = 0 if tp > 1 and not known else next(
+        (s for s in range(MAX_CAPTURE // 2, 0, -1)
+         if per_entry * capture_size(s, max_num_batched_tokens, num_blocks) <= spare), 0)
+    fits = known or (tp == 1 and pool <= spare)
+    return Headroom(utilization=utilization, tp=tp, max_num_seqs=max_num_seqs, outside_bytes=outside,
+                    needed_bytes=CONTEXT_ALLOWANCE + MARGIN + pool, graph_pool_bytes=pool, per_entry_bytes=per_entry,
+                    known_good=known, fits=fits, max_seqs=max_seqs)

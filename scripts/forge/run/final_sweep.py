@@ -76,7 +76,7 @@ def model_ranker(contest: dict, rnd: rounds.Round, build: str = DEFAULT_BUILD, l
         by_cfg = {finals.Config(c.tensor_parallel_size, c.data_parallel_size, c.max_num_seqs, c.max_num_batched_tokens,
                                 c.gpu_memory_utilization, c.concurrency, c.kv_dtype, c.planned): c for c in cands}
         ranked = finals.rank_configurations(tier, list(by_cfg), reqs, BUILDS[build], link=link)
-        keep = ("tok_s", "ttft_p99_ms", "tpot_p99_ms", "preemptions", "failed", "sla_ok", "lift")
+        keep = ("tok_s", "ttft_p99_ms", "tpot_p99_ms", "preemptions", "failed", "sla_ok", "lift", "starts")
         return [Ranked(by_cfg[cfg], {k: p.get(k) for k in keep}, "; ".join(p.get("why") or []) or "within the SLA")
                 for cfg, p in ranked]
     return rank

@@ -91,7 +91,7 @@ def plan(round_name: str = "preliminary", tiers: list[str] | None = None, kv_dty
                 gpu[dt] = entry                    # per rank; TP1's under the dtype alone, as before
             else:
                 gpu[f"{dt}-tp{tp}"] = entry
-    room = room_mod.headroom(cap_mod.CARDS[card].memory_bytes, util, 1, mnbt)
+    room = cap_mod.room(shape, cap_mod.capacity(shape, card_name=card, utilization=util, max_num_batched_tokens=mnbt), 1)
     return {"round": round_name, "card": card, "card_note": cap_mod.CARDS[card].note, "gpu_memory_utilization": util,
             "max_num_batched_tokens": mnbt, "rows": rows, "dcu_on_another_card": gpu,
             "headroom": {"outside_bytes": room.outside_bytes, "known_good": room.known_good, "max_num_seqs": room.max_seqs,
@@ -122,11 +122,12 @@ def render(res: dict) -> list[str]:
         L.append(h["why"])
     elif h:
         L.append(f"outside vLLM's budget: {h['outside_bytes'] / room_mod.GiB:.2f} GiB at this utilization; "
-                 + (f"it holds the runtime (an allowance of {room_mod.CONTEXT_ALLOWANCE / room_mod.GiB:.2f} GiB), the "
-                    f"CUDA-graph pool and vLLM's margin up to --max-num-seqs {h['max_num_seqs']}"
-                    if h["max_num_seqs"] else "it does not hold the runtime's allowance, the CUDA-graph pool and "
-                                              "vLLM's margin at any --max-num-seqs")
-                 + " (model/headroom.py; unmeasured on the card: the sweep there is the check)")
+                 + (f"at TP1 it holds the runtime (an allowance of {room_mod.CONTEXT_ALLOWANCE / room_mod.GiB:.2f} GiB), "
+                    f"a margin and the CUDA-graph pool up to --max-num-seqs {h['max_num_seqs']}"
+                    if h["max_num_seqs"] else "it does not hold the runtime's allowance, a margin and the CUDA-graph "
+                                              "pool at any --max-num-seqs")
+                 + "; TP2 is not modelled above 0.95 (model/headroom.py; the allowance is a judgement: the sweep on "
+                   "the card is the check)")
     if any((r["tp"], r["dp"]) == (1, 1) for r in res["rows"]):
         L.append("one replica at TP1 (one card, as the preliminary serves it): for reference; the final round's two "
                  "topologies are two replicas at TP1 (DP2) and TP2")

@@ -127,7 +127,7 @@ def predict_final(args, contest: dict, workload: dict, speedups: dict | None) ->
         for p in t["ranked"]:
             p["why"] = finals.sla_check(p, {"ttft_p99_ms": t["baseline"]["ttft_p99_ms"], "tpot_p99_ms": pooled_base})
             p["sla_ok"] = not p["why"]
-        t["ranked"].sort(key=lambda p: (not p["sla_ok"], -p["tok_s"]))
+        t["ranked"].sort(key=finals.rank_key)
         t["pick"] = finals.pick(t["ranked"], {"ttft_p99_ms": t["baseline"]["ttft_p99_ms"], "tpot_p99_ms": pooled_base})
         t["pick"]["reason"] = reason(t["pick"], t["ranked"], t["baseline"])
     res = score_picks(contest, tiers)

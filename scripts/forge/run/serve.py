@@ -18,8 +18,8 @@ from .. import options, paths, proc, ui
 from ..contest import profiles, rounds, unread
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
-from ..lab.gpufit import say_headroom
 from . import gpu_harness, runs, server_record, serverlog
+from .serve_headroom import say_headroom
 from .serverlog import KNOWN_FAILURES, diagnose  # noqa: F401  (serve's API since before they moved)
 
 render = profiles.render_checked          # the server command of a profile in a round, its cards checked
@@ -114,7 +114,9 @@ def serve_profile(profile: str, model: str | None = None, *, image: str | None =
     image = _env_or(image, "IMAGE")
     if not model:
         raise ForgeError("no model directory given", hint="pass --model DIR (make serve MODEL=DIR)")
-    say_headroom(render(prof, Path(model), contest, rnd, tier))  # a round's values and its cards, before anything else
+    rendered = render(prof, Path(model), contest, rnd, tier)     # a round's values and its cards, before anything else
+    if harness is None:                  # a harness server's KV cache is fixed in bytes: the utilization is not read
+        say_headroom(rendered, rnd)
     check_image(image)
     _say_unread(contest, rnd)
     port = port or LOCKED_PORT
@@ -188,7 +190,7 @@ def _print_or_exec(args) -> int:
                          container=container, shm_size=args.shm_size)
     env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in rendered["env"].items())
     _say_unread(contest, rnd)
-    say_headroom(rendered, probe=not args.dry_run)
+    say_headroom(rendered, rnd, probe=not args.dry_run)
     if args.dry_run:
         print(f"# profile {prof['name']} ({' -> '.join(prof['chain'])}): checked against configs/contest.yaml")
         if "round" in rendered:
