@@ -14,12 +14,12 @@ do). Run it with a Python that has the patched vLLM installed (the rehearsal's v
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import random
 import sys
 import time
 from pathlib import Path
+
+from _vllm_probe import no_vllm, ran_on, write_json
 
 PROMPTS = (4096, 8192, 16384, 21370, 31744)
 
@@ -53,9 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         from vllm.v1.engine import EngineCoreRequest
         from vllm.v1.engine.detokenizer import IncrementalDetokenizer
     except ImportError as e:
-        print(f"detok_cost: {e}; run it with a Python that has the patched vLLM installed "
-              "(build/rehearsal/venv/bin/python after `make rehearsal`)", file=sys.stderr)
-        return 2
+        return no_vllm("detok_cost", e)
     tok = get_tokenizer(str(a.model))
     special = tok.eos_token_id
     word = next(i for i in range(1, 1000) if i not in tok.all_special_ids)
@@ -81,11 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|---:|" + "---:|" * len(cases))
     for n in a.prompts:
         print(f"| {n} | " + " | ".join(f"{r['ms_per_token']:.3f}" for r in rows if r["prompt_tokens"] == n) + " |")
-    res = {"steps": a.steps, "rows": rows, "detokenizer": type(det).__name__,
-           "versions": {"python": platform.python_version(), "vllm": vllm.__version__},
-           "cpu": platform.processor() or platform.machine(), "command": " ".join(sys.argv)}
-    if a.out:
-        a.out.write_text(json.dumps(res, indent=1) + "\n")
+    write_json(a.out, {"steps": a.steps, "rows": rows, "detokenizer": type(det).__name__,
+                       **ran_on(vllm.__version__)})
     return 0
 
 

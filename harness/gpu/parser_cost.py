@@ -13,11 +13,11 @@ has the patched vLLM installed (the rehearsal's venv: build/rehearsal/venv/bin/p
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import time
 from pathlib import Path
+
+from _vllm_probe import no_vllm, ran_on, write_json
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,9 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         from vllm.reasoning import ReasoningParserManager
         from vllm.tool_parsers.qwen3coder_tool_parser import Qwen3CoderToolParser
     except ImportError as e:
-        print(f"parser_cost: {e}; run it with a Python that has the patched vLLM installed "
-              "(build/rehearsal/venv/bin/python after `make rehearsal`)", file=sys.stderr)
-        return 2
+        return no_vllm("parser_cost", e)
     tok = PreTrainedTokenizerFast(tokenizer_file=a.tokenizer)
     ids = tok.encode(a.word)
     tool = Qwen3CoderToolParser(tok)
@@ -62,13 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     final = time.perf_counter() - t0
     res = {"deltas": a.tokens, "word": a.word, "answer_chars": len(prev), "reasoning_stream_ms": t_reason * 1e3,
            "tool_stream_ms": t_tool * 1e3, "last_delta_us": last * 1e6, "final_extract_ms": final * 1e3,
-           "versions": {"python": platform.python_version(), "vllm": vllm.__version__}, "cpu": platform.processor()
-           or platform.machine(), "command": " ".join(sys.argv)}
+           **ran_on(vllm.__version__)}
     print(f"| deltas | answer chars | reasoning parser, all deltas | tool parser, all deltas | last delta | final extract |\n"
           f"|---:|---:|---:|---:|---:|---:|\n| {a.tokens} | {len(prev)} | {t_reason * 1e3:.1f} ms | "
           f"{t_tool * 1e3:.1f} ms | {last * 1e6:.0f} us | {final * 1e3:.2f} ms |")
-    if a.out:
-        a.out.write_text(json.dumps(res, indent=1) + "\n")
+    write_json(a.out, res)
     return 0
 
 

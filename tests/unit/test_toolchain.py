@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
 from helpers import ROOT  # noqa: E402,F401
 
-from forge.builder import toolchain  # noqa: E402
+from forge.builder import toolchain, toolchainfind  # noqa: E402
 from forge.errors import ForgeError  # noqa: E402
 
 
@@ -33,13 +33,13 @@ def bare(monkeypatch, tmp_path):
     """No python3.10 on PATH, an empty pyenv root, no forced Python."""
     monkeypatch.delenv(toolchain.PYTHON_ENV, raising=False)
     monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
-    monkeypatch.setattr(toolchain.shutil, "which", lambda name: None)
+    monkeypatch.setattr(toolchainfind.shutil, "which", lambda name: None)
     return tmp_path
 
 
 def test_a_pyenv_310_is_taken_newest_first_and_a_dead_shim_is_passed_over(bare, monkeypatch):
     shim = _exe(bare / "shims" / "python3.10", "echo 'pyenv: python3.10: command not found' >&2; exit 127")
-    monkeypatch.setattr(toolchain.shutil, "which", lambda name: str(shim) if name == "python3.10" else None)
+    monkeypatch.setattr(toolchainfind.shutil, "which", lambda name: str(shim) if name == "python3.10" else None)
     for v in ("3.10.4", "3.10.13", "3.10.9"):
         _fake_python(bare / "pyenv" / "versions" / v / "bin" / "python3.10", v.replace(".", " "))
     exe, version, how = toolchain.find_python()
@@ -63,10 +63,10 @@ def test_a_forced_python_that_is_not_310_or_newer_is_refused_by_name(bare, monke
 
 def test_the_newest_versioned_lld_is_found_when_none_is_on_path(monkeypatch, tmp_path):
     monkeypatch.delenv(toolchain.LLD_ENV, raising=False)
-    monkeypatch.setattr(toolchain.shutil, "which", lambda name: None)
+    monkeypatch.setattr(toolchainfind.shutil, "which", lambda name: None)
     found = {"/usr/bin/ld.lld-*": [str(_exe(tmp_path / f"ld.lld-{v}", "true")) for v in (9, 15, 14)],
              "/usr/lib/llvm-*/bin/ld.lld": []}
-    monkeypatch.setattr(toolchain.glob, "glob", lambda pattern: found.get(pattern, []))
+    monkeypatch.setattr(toolchainfind.glob, "glob", lambda pattern: found.get(pattern, []))
     assert toolchain.find_lld() == str(tmp_path / "ld.lld-15")
     found["/usr/bin/ld.lld-*"] = []
     assert toolchain.find_lld() is None

@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import tarfile
 import tempfile
-import urllib.parse
-import urllib.request
-from html.parser import HTMLParser
 from pathlib import Path
 
 from .. import config, proc, records, ui
@@ -22,104 +18,9 @@ from ..errors import ForgeError
 from ..hashing import file_entry, manifest_diff, manifest_hash, sha256_file, tree_manifest, tree_sha256
 from ..paths import CACHE, Lock, rel, set_aside
 from ..tarsafe import extract_tar
+from .pipindex import download, find_sdist_url, mismatch, pip_index_urls
 
 MARKER = ".forge-verified"
-
-
-def _mismatch(what: str, expected: str, got: str, hint: str) -> ForgeError:
-    return ForgeError(f"{what}: sha256 mismatch\n  expected {expected} (configs/upstream.yaml)\n"
-                      f"  got      {got}", hint=hint)
-
-
-# --- pip's configured index ----------------------------------------------------------------
-
-def pip_index_urls() -> list[str]:
-    """The index URLs pip itself would use: PIP_INDEX_URL / PIP_EXTRA_INDEX_URL, pip's config files,
-    else pip's built-in default. No host name is written in this repository."""
-    urls: list[str] = []
-    cfg: dict[str, str] = {}
-    try:
-        out = proc.output(["python3", "-m", "pip", "config", "list"], what="pip config")
-        for line in out.splitlines():
-            k, _, v = line.partition("=")
-            cfg[k.strip()] = v.strip().strip("'\"")
-    except ForgeError:
-        pass
-    primary = os.environ.get("PIP_INDEX_URL") or cfg.get("global.index-url") or cfg.get(":env:.index-url")
-    if not primary:
-        try:
-            from pip._internal.models.index import PyPI  # pip's own default index (its internals: optional)
-            primary = PyPI.simple_url
-        except Exception:  # pragma: no cover - pip without that module
-            primary = None
-    if primary:
-        urls.append(primary)
-    extra = os.environ.get("PIP_EXTRA_INDEX_URL") or cfg.get("global.extra-index-url") or ""
-    urls += [u for u in extra.split() if u]
-    return urls
-
-
-class _Links(HTMLParser):
-    def __init__(self):
-        super().__init__()
-        self.links: list[tuple[str, str]] = []
-        self._href = None
-
-    def handle_starttag(self, tag, attrs):
-        if tag == "a":
-            self._href = dict(attrs).get("href")
-
-    def handle_data(self, data):
-        if self._href:
-            self.links.append((data.strip(), self._href))
-            self._href = None
-
-
-def find_sdist_url(index: str, project: str, filename: str) -> tuple[str, str | None] | None:
-    """(url, sha256 the index lists) for `filename` on a PEP 503/691 simple index, or None."""
-    base = index.rstrip("/") + f"/{project}/"
-    page = base + "index.html" if base.startswith("file:") else base
-    req = urllib.request.Request(page, headers={
-        "Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            ctype = r.headers.get("Content-Type", "")
-            body = r.read()
-    except (OSError, ValueError):
-        return None
-    if "json" in ctype:
-        for f in json.loads(body).get("files", []):
-            if f.get("filename") == filename:
-                return urllib.parse.urljoin(base, f["url"]), f.get("hashes", {}).get("sha256")
-        return None
-    parser = _Links()
-    parser.feed(body.decode(errors="replace"))
-    for text, href in parser.links:
-        if text == filename or href.split("#")[0].rsplit("/", 1)[-1] == filename:
-            m = re.search(r"#sha256=([0-9a-f]{64})", href)
-            return urllib.parse.urljoin(page, href.split("#")[0]), m.group(1) if m else None
-    return None
-
-
-def download(url: str, dest: Path, sha256: str) -> None:
-    """Download to dest.part, verify, then rename. A partial or wrong file is never left as dest."""
-    part = dest.with_name(dest.name + ".part")
-    part.unlink(missing_ok=True)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with urllib.request.urlopen(url, timeout=120) as r, open(part, "wb") as f:
-            prog = ui.Progress(f"download {dest.name}", int(r.headers.get("Content-Length") or 0))
-            while chunk := r.read(1 << 20):
-                f.write(chunk)
-                prog.update(len(chunk))
-            prog.close()
-        got = sha256_file(part)
-        if got != sha256:
-            raise _mismatch(f"downloaded {dest.name}", sha256, got,
-                            "the index served a different file; nothing was kept. Check the index or use VLLM_SRC")
-        os.replace(part, dest)
-    finally:
-        part.unlink(missing_ok=True)
 
 
 # --- the pinned source as a verified, extracted tree ---------------------------------------
@@ -206,8 +107,8 @@ def _extract(tarball: Path, final: Path, tree_hash: str | None, origin: str, pre
                              hint="the file system changed names or modes; extract somewhere else (FORGE_CACHE_DIR)")
         got = manifest_hash(files)
         if tree_hash is not None and got != tree_hash:
-            raise _mismatch(f"extracted {tarball.name}", tree_hash, got,
-                            "the tarball is verified but its contents differ; check configs/upstream.yaml tree_sha256")
+            raise mismatch(f"extracted {tarball.name}", tree_hash, got,
+                           "the tarball is verified but its contents differ; check configs/upstream.yaml tree_sha256")
         (top / MARKER).write_text(json.dumps({"origin": origin, "files": files}, sort_keys=True) + "\n")
         if final.exists():          # only an unverifiable one reaches here; it was set aside already
             set_aside(final)
@@ -301,7 +202,7 @@ def ensure_source(source: str = "auto") -> Path:
                         "or the sdist tarball")
                 if known and manifest_hash(known["files"]) == sd["tree_sha256"]:
                     raise _tree_mismatch(p, manifest_differences(known["files"], got_files, "the sdist")[0], hint)
-                raise _mismatch(f"VLLM_SRC={p}", sd["tree_sha256"], got, hint)
+                raise mismatch(f"VLLM_SRC={p}", sd["tree_sha256"], got, hint)
             return p
         if not p.is_file():
             raise ForgeError(f"VLLM_SRC={p}: no such file or directory",
@@ -316,8 +217,8 @@ def ensure_source(source: str = "auto") -> Path:
         if env_src:
             got = sha256_file(p)
             if got != sd["sha256"]:
-                raise _mismatch(f"VLLM_SRC={p}", sd["sha256"], got,
-                                "this tarball is not the pinned vllm-0.18.1 sdist; it was not used")
+                raise mismatch(f"VLLM_SRC={p}", sd["sha256"], got,
+                               "this tarball is not the pinned vllm-0.18.1 sdist; it was not used")
             if not (tarball.is_file() and sha256_file(tarball) == got):
                 tmp = tarball.with_name(tarball.name + ".part")
                 shutil.copyfile(p, tmp)
@@ -326,9 +227,9 @@ def ensure_source(source: str = "auto") -> Path:
             got = sha256_file(tarball)
             if got != sd["sha256"]:
                 bad = set_aside(tarball)
-                raise _mismatch(f"cached {rel(tarball)}", sd["sha256"], got,
-                                f"the cached file was tampered with or corrupted; moved to {rel(bad)}; "
-                                "rerun to fetch again")
+                raise mismatch(f"cached {rel(tarball)}", sd["sha256"], got,
+                               f"the cached file was tampered with or corrupted; moved to {rel(bad)}; "
+                               "rerun to fetch again")
         else:
             _fetch_from_index(sd, tarball)
         if _use_extracted(srcdir / top, sd["tree_sha256"], origin):
@@ -347,8 +248,8 @@ def _fetch_from_index(sd: dict, tarball: Path) -> None:
             continue
         url, listed = found
         if listed and listed != sd["sha256"]:
-            raise _mismatch(f"{sd['filename']} as listed by the index", sd["sha256"], listed,
-                            "the index lists a different file under this name; not downloaded")
+            raise mismatch(f"{sd['filename']} as listed by the index", sd["sha256"], listed,
+                           "the index lists a different file under this name; not downloaded")
         download(url, tarball, sd["sha256"])
         return
     raise ForgeError(f"{sd['filename']} not found on pip's configured indexes ({len(tried)} tried)",
