@@ -297,3 +297,27 @@ def test_serve_prices_a_card_its_tool_reports(monkeypatch):
     monkeypatch.setattr(serve_headroom, "card_memory", lambda env: ([], "nvidia-smi, CUDA_VISIBLE_DEVICES="))
     serve_headroom.say_headroom(rendered, rnd)
     assert len(said) == 2 and "(a DCU card)" in said[1]
+
+
+def test_the_submission_says_why_a_winner_above_095_runs(tmp_path):
+    import json
+
+    from helpers import forge
+    env = {"TENSOR_PARALLEL_SIZE": "1", "DATA_PARALLEL_SIZE": "2", "MAX_NUM_SEQS": "6",
+           "MAX_NUM_BATCHED_TOKENS": "4096", "GPU_MEMORY_UTILIZATION": "0.97", "CONCURRENCY_8_16K": "10"}
+    tp2 = dict(env, TENSOR_PARALLEL_SIZE="2", DATA_PARALLEL_SIZE="1", MAX_NUM_SEQS="128", CONCURRENCY_8_16K=None)
+    tp2 = {k.replace("8_16K", "16_32K"): v for k, v in tp2.items() if v is not None} | {"CONCURRENCY_16_32K": "10"}
+    (tmp_path / "te.json").write_text(json.dumps({"round": "final", "tiers": {
+        "8-16K": {"environment": env, "engine_options": {}, "kv_dtype": "bf16", "run": "r-8", "sweep": "s1",
+                  "tok_s": 50.0, "lift": 0.2, "score": 40.0},
+        "16-32K": {"environment": tp2, "engine_options": {}, "kv_dtype": "bf16", "run": "r-16", "sweep": "s1",
+                   "tok_s": 20.0, "lift": 0.1, "score": 20.0}}}))
+    r = forge(tmp_path, "report", "--round", "final", "--tier-env", str(tmp_path / "te.json"), "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    doc = (tmp_path / "o" / "submission" / "ENVIRONMENT.md").read_text()
+    line = next(x for x in doc.splitlines() if x.startswith("- 8-16K: `GPU_MEMORY_UTILIZATION=0.97`"))
+    assert "1.92 GiB outside vLLM's budget at utilization 0.97 holds" in line and "--max-num-seqs 6" in line
+    assert "measured on the card in sweep s1, run r-8" in line
+    line = next(x for x in doc.splitlines() if x.startswith("- 16-32K: `GPU_MEMORY_UTILIZATION=0.97`"))
+    assert "only TP1 is modelled" in line
+    assert "- 4-8K:" not in doc                    # the baseline's 0.95: nothing to say

@@ -13,6 +13,9 @@ from .. import paths
 from ..contest import rounds
 from ..contest import rules as contest_mod
 from ..errors import ForgeError
+from ..model import capacity as capacity_mod
+from ..model import headroom as headroom_mod
+from ..model.shape import load_shape
 from ..run import final_pick
 
 
@@ -46,6 +49,34 @@ def tier_rows(rnd: rounds.Round, tier_env: Path | None) -> list[dict]:
     return out
 
 
+def above_baseline(rows: list[dict]) -> list[str]:
+    """Per tier set above the baseline's utilization, why the memory it leaves outside vLLM's budget holds what
+    vLLM puts there on a DCU card (model/headroom.py), or that the model does not say so."""
+    out, shape = [], None
+    for r in rows:
+        env = r["environment"]
+        try:
+            u, seqs = float(env["GPU_MEMORY_UTILIZATION"]), int(env["MAX_NUM_SEQS"])
+            tp, mnbt = int(env["TENSOR_PARALLEL_SIZE"]), int(env["MAX_NUM_BATCHED_TOKENS"])
+        except (KeyError, ValueError):
+            continue
+        if u <= headroom_mod.BASELINE_UTILIZATION:
+            continue
+        shape = shape or load_shape()
+        kv = "int8" if r["engine_options"].get("--kv-cache-dtype") == "int8" else "bf16"
+        h = capacity_mod.room(shape, capacity_mod.capacity(shape, tp=tp, kv_dtype=kv, utilization=u,
+                                                           max_num_batched_tokens=mnbt), seqs)
+        out.append(f"- {r['tier']}: `GPU_MEMORY_UTILIZATION={env['GPU_MEMORY_UTILIZATION']}`, above the finals' "
+                   f"baseline {headroom_mod.BASELINE_UTILIZATION:g}. On a DCU card, {h.why()} "
+                   f"(scripts/forge/model/headroom.py: the runtime's context is an allowance, not a measurement)"
+                   + ("; measured on the card in " + r["from"] if r["from"].startswith("sweep") else
+                      "; not measured on the card") + ".")
+    if out:
+        out = ["The memory a utilization above the baseline's leaves outside vLLM's budget holds the runtime's "
+               "context and the CUDA-graph pool (captured after the KV cache is allocated):", "", *out, ""]
+    return out
+
+
 def final_section(contest: dict, tier_env: Path | None = None) -> str:
     """The markdown section (see the module's docstring)."""
     rnd = rounds.load_round(contest, "final")
@@ -76,6 +107,7 @@ def final_section(contest: dict, tier_env: Path | None = None) -> str:
         L.append(f"# {r['tier']}")
         L.append(" ".join(f"{k}={shlex.quote(v)}" for k, v in r["environment"].items()))
     L += ["```", ""]
+    L += above_baseline(rows)
     if ours:
         L.append(f"The names {', '.join(f'`{n}`' for n in ours)} are ours: the finals' own names for these values "
                  "were not published (the client's `CONCURRENCY_4_8K`, `CONCURRENCY_8_16K`, `CONCURRENCY_16_32K` were). "
