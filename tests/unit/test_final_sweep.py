@@ -451,3 +451,14 @@ def test_a_sweep_on_a_machine_without_the_cards_is_refused_before_it_writes_anyt
               "--client", BENCH, "--num-prompts", "2", "--baseline-profile", "upstream",
               "--tier-env", str(tmp_path / "tier-env.json"), *SPACE, CUDA_VISIBLE_DEVICES="3,3")
     assert r.returncode == 2 and "two ranks on device 3" in r.stderr, r.stderr[-2000:]
+
+
+def test_a_served_configuration_the_model_says_would_not_run_is_said(tmp_path, model):
+    """A narrow space (TP2 above 0.95, which the finals' model does not take) leaves the sweep nothing it predicts
+    to run: it serves the best of them all the same (the card is the test), and says so."""
+    r = _sweep(tmp_path, model, "--baseline-profile", "upstream", "--topologies", "tp2", "--kv-dtypes", "bf16",
+               "--max-num-seqs", "64", "--max-num-batched-tokens", "4096", "--gpu-memory-utilization", "0.97",
+               "--concurrency", "8", top="1", env=STEADY)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "tp2dp1-bf16-s64-b4096-u0.97-c8: the model predicts it would not run" in r.stderr, r.stderr[-3000:]
+    assert "only TP1 is modelled" in r.stderr

@@ -242,16 +242,17 @@ def planned_seqs(shape: Shape, tp: int, dp: int, prompts: list[int], output_len:
     own cache and --max-num-seqs); None when no cap is needed.
 
     Above the baseline's utilization a cap is needed even where nothing preempts: the memory outside vLLM's
-    budget holds the CUDA-graph pool of a small --max-num-seqs only (model/headroom.py), and one replica
-    never runs more than its share of the concurrency at once, so that share is the cap (the same
-    schedule, a pool small enough to run), and no cap is above what that memory holds (None where it holds
-    none, or at TP2, which is not modelled above the baseline)."""
+    budget holds the CUDA-graph pool of a small --max-num-seqs only (model/headroom.py). Where nothing
+    preempts, the cap is what the replica's cache holds of the tier's largest, up to the client's whole
+    concurrency, not just a replica's share: vLLM's data-parallel balancer deals requests on load figures a
+    moment old, so a replica can be sent more than its share for a while, and a cap at the share would queue
+    them beside a replica with room. No cap is above what that memory holds. None: no cap needed (at or below the baseline), or none runs (that memory holds no
+    --max-num-seqs, or TP2, not modelled above the baseline): the configuration is then ranked as not
+    starting."""
     r = topology_fit(shape, tp, dp, prompts, output_len, concurrency, **kw)
     n = r["fit"]["planned_max_num_seqs"]
     if kw.get("utilization", BASELINE_UTILIZATION) <= BASELINE_UTILIZATION:
         return n
-    # above it: at most what the memory outside the budget holds (none at TP2: not modelled there), and at least
-    # a cap where the replica's share of the concurrency is below --max-num-seqs' baseline
     most = room(shape, Capacity(**r["capacity"]), 1).max_seqs
-    n = r["per_replica_concurrency"] if n is None else n
+    n = min(concurrency, r["fit"]["resident_largest"]) if n is None else n
     return min(n, most) if most else None

@@ -228,8 +228,10 @@ def sla_check(pred: dict, baseline: Mapping, ratio: float = SLA_RATIO) -> list[s
 
 def rank_key(p: dict) -> tuple:
     """Inside the SLA first, then the most tok/s; a tok/s that is no number last (it does not sort), and after
-    everything a configuration that would not start (the sweep serves the top of the ranking, SLA or not)."""
-    return (p.get("starts") is False, not p["sla_ok"], -p["tok_s"] if finite(p["tok_s"]) else math.inf)
+    everything a configuration that would not start (the sweep serves the top of the ranking, SLA or not); of
+    two alike, the lower utilization first (more memory left outside vLLM's budget), whatever the list's order."""
+    return (p.get("starts") is False, not p["sla_ok"], -p["tok_s"] if finite(p["tok_s"]) else math.inf,
+            (p.get("config") or {}).get("gpu_memory_utilization", 0))
 
 
 def rank_configurations(tier: str, space: Iterable[Config] | Mapping[str, list], requests: list[tuple[int, int]],

@@ -31,7 +31,18 @@ at a cost per captured batch entry:
   - on the GPU machine's cards, their own measurements (`GRAPH_POOL_MEASURED`: vLLM's "Graph capturing
     finished ..., took X GiB", one server on the card): the largest GiB per entry, 0.044 (6.33 GiB at 144).
     The DCU's is less than a third of that, or the organizers' command would not run there.
-At or below the baseline's utilization a configuration is taken as running (the organizers' command does).
+What the derivation rests on, unmeasured on the card (the first DCU server log with "Capping ... to N" and
+"Graph capturing finished ..., took X GiB" should join GRAPH_POOL_MEASURED): (a) the organizers' image
+captures as vLLM 0.18.1 does (full decode graphs, the GDN cap: 144 entries; fewer would make 0.0143 GiB no
+bound); (b) what our build adds outside the budget (the split-KV decode's workspaces, allocated after the
+KV cache: tens of MiB) fits the margin; (c) what the organizers' pool may have borrowed that grows with
+--max-num-seqs (the profile's sampler rows, freed before capture) is small beside the margin. The linear
+cost overstates small pools (the GPU machine's 0.14 / 0.24 / 6.33 GiB at 8 / 16 / 144 entries grow faster
+than linearly), which errs on the safe side.
+
+At or below the baseline's utilization a configuration is taken as running (the organizers' command does);
+that reaches a little past the command itself: below 1536 batched tokens with --max-num-seqs 76 or more the
+cache's blocks let vLLM capture 152 entries, more than the 144 the derivation saw.
 Above it, TP1 only: a TP2 server's communicators add to the context by an amount no figure gives, and a
 TP2 cache holds every tier at 0.95, so nothing is to be gained there. The allowance is a judgement, not a
 measurement: the sweep on the card is the check.

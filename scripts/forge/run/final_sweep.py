@@ -250,6 +250,9 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = DEFAUL
                     keep = bool(nxt) and final_serve.server_key(nxt["candidate"]) == final_serve.server_key(r["candidate"]) \
                         and not nxt.get("outcome", "").startswith("failed to start") \
                         and not final_resume.score_file(sweep_id, tier, nxt["key"]).is_file()
+                    if r["predicted"].get("starts") is False:      # a narrow space: nothing better to serve
+                        ui.warn(f"tier {tier} {i}/{top}: {cand.label}: the model predicts it would not run ({r.get('why', '')}); "
+                                "served all the same, as the search space holds nothing better")
                     with ui.step(f"tier {tier} {i}/{top}: {cand.label} (predicted {r['predicted'].get('tok_s') or 0:.1f} tok/s)"):
                         r["run"] = run_id
                         r["outcome"] = final_serve.measure(

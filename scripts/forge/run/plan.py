@@ -79,6 +79,10 @@ def plan(round_name: str = "preliminary", tiers: list[str] | None = None, kv_dty
             for dt in kv_dtypes or list(KV_DTYPES):
                 r = cap_mod.topology_fit(shape, tp, dp, prompts, client.output_len, conc, kv_dtype=dt, card_name=card,
                                          utilization=util, max_num_batched_tokens=mnbt)
+                if util > room_mod.BASELINE_UTILIZATION:   # the cap the sweep and predict serve there (headroom's too)
+                    r["fit"]["planned_max_num_seqs"] = cap_mod.planned_seqs(
+                        shape, tp, dp, prompts, client.output_len, conc, kv_dtype=dt, card_name=card,
+                        utilization=util, max_num_batched_tokens=mnbt)
                 rows.append({"tier": tier, "kv_dtype": dt, "concurrency": conc, "output_len": client.output_len, **r})
     gpu: dict = {}
     for tp in sorted({tp for tp, _ in TOPOLOGIES[round_name]}):
@@ -105,18 +109,21 @@ def render(res: dict) -> list[str]:
          f"--max-num-batched-tokens {res['max_num_batched_tokens']}",
          f"{'tier':>7} {'topology':>9} {'KV':>5} {'reported tokens':>16} {'blocks':>7} {'block':>6} "
          f"{'req blocks':>10} {'resident':>13} {'conc/replica':>12} {'preempt':>10} {'planned seqs':>12}"]
+    above = res["gpu_memory_utilization"] > room_mod.BASELINE_UTILIZATION
     for r in res["rows"]:
         c, f = r["capacity"], r["fit"]
         L.append(f"{r['tier']:>7} {'TP%d/DP%d' % (r['tp'], r['dp']):>9} {r['kv_dtype']:>5} {c['reported_tokens']:>16,} "
                  f"{c['usable_blocks']:>7} {c['block_size']:>6} {f['blocks_largest']:>10} "
                  f"{'%d / %d' % (f['resident_largest'], f['resident_median']):>13} {r['per_replica_concurrency']:>12} "
-                 f"{f['preempt']:>10} {f['planned_max_num_seqs'] or '-':>12}")
+                 f"{f['preempt']:>10} {f['planned_max_num_seqs'] or ('none' if above else '-'):>12}")
     L.append("resident: requests of the tier's largest / median prompt + output that fit at once (blocks; the "
              "reported tokens understate it: the GDN groups take one block per request)")
     L.append("planned seqs: the --max-num-seqs that keeps them resident where the concurrency would preempt (the "
              "largest's resident count, per replica); -: no cap needed. A capacity bound, not a latency one: "
              "requests admitted together wait through each other's prefills, so the TPOT P99 can pass the SLA's "
-             "limit first (predict --round final prices both)")
+             "limit first (predict --round final prices both)"
+             + ("; above 0.95 also the cap a utilization needs (up to the concurrency the cache holds, no more than "
+                "the memory left outside vLLM's budget holds); none: no --max-num-seqs runs there" if above else ""))
     h = res.get("headroom")
     if h and h["known_good"]:
         L.append(h["why"])

@@ -29,6 +29,13 @@ def _var(rendered: dict, rnd: rounds.Round, key: str) -> str:
     return rounds.env_names(next(u for u in rnd.unlocked if u.key == key), rendered["tier"])[0]
 
 
+def _kv_int8(rendered: dict) -> bool:
+    """Whether the command stores its KV cache as int8 (--kv-cache-dtype int8 or --kv-cache-dtype=int8)."""
+    args = list(rendered.get("engine_args") or [])
+    return any(a == "--kv-cache-dtype=int8" or (a == "--kv-cache-dtype" and args[i + 1:i + 2] == ["int8"])
+               for i, a in enumerate(args))
+
+
 def say_headroom(rendered: dict, rnd: rounds.Round, probe: bool = True) -> None:
     """Warn where `rendered` (profiles.render_round's) starts above the baseline utilization with needs its
     card's outside memory does not hold; `probe`: ask the card's tool (not on a dry run)."""
@@ -45,8 +52,12 @@ def say_headroom(rendered: dict, rnd: rounds.Round, probe: bool = True) -> None:
     where = f"{seen[1]}: {card.memory_bytes / headroom_mod.GiB:.1f} GiB" if seen and seen[0] else "a DCU card"
     per_entry = (headroom_mod.MEASURED_PER_ENTRY if card.fitted_to is not None
                  else capacity_mod.graph_pool_per_entry(shape, "dcu"))
+    kv = "int8" if _kv_int8(rendered) else "bf16"
+    blocks = capacity_mod.capacity(shape, kv_dtype=kv, utilization=s["gpu_memory_utilization"],
+                                   max_num_batched_tokens=s["max_num_batched_tokens"]).num_blocks
     h = headroom_mod.headroom(card.memory_bytes, s["gpu_memory_utilization"], s["max_num_seqs"],
-                              s["max_num_batched_tokens"], per_entry=per_entry, tp=s["tensor_parallel_size"])
+                              s["max_num_batched_tokens"], per_entry=per_entry, tp=s["tensor_parallel_size"],
+                              num_blocks=blocks)
     if h.fits:
         return
     util_var = _var(rendered, rnd, "gpu_memory_utilization")
