@@ -62,8 +62,9 @@ def test_a_record_of_a_repeat_the_sweep_took_resumes_with_the_value_once(tmp_pat
     assert st["space"]["concurrency"] == "8,8"
 
 
-@pytest.mark.parametrize("recorded", [TEXT_SPACE, final_space.canonical_space(RND, TEXT_SPACE)], ids=["text", "values"])
-def test_another_space_is_refused_naming_each_option_and_the_records_values(tmp_path, recorded):
+@pytest.mark.parametrize("as_values", [False, True], ids=["text", "values"])
+def test_another_space_is_refused_naming_each_option_and_the_records_values(tmp_path, as_values):
+    recorded = final_space.canonical_space(RND, TEXT_SPACE) if as_values else TEXT_SPACE
     with pytest.raises(ForgeError) as e:
         _state(tmp_path, recorded, {**TEXT_SPACE, "concurrency": "8,12", "max_num_seqs": "16,32,64,128",
                                     "topologies": "tp2,dp2"})
@@ -91,6 +92,6 @@ def test_a_record_whose_space_cannot_be_read_is_named(tmp_path, space, words):
 def test_the_space_refuses_a_value_given_twice(option, value):
     with pytest.raises(ForgeError) as e:
         final_space.space(RND, **{option: value})
-    assert e.value.message == f"{final_space.option_name(option)} {value}: a value given twice " \
+    assert e.value.message == f"--{option.replace('_', '-')} {value}: a value given twice " \
                               "(its configurations would be searched once)"
     assert e.value.hint == "give each value once"
