@@ -68,12 +68,11 @@ def check_space(space, now: dict, sj: Path, sweep_id: str, rnd: rounds.Round) ->
     was = recorded_space(space, sj, rnd)
     diff = [k for k in final_space.SPACE_OPTIONS if was[k] != now[k]]
     if diff:
+        named = {k: f"{final_space.option_name(k)} {final_space.space_text(was[k])}" for k in diff}
         raise ForgeError(f"sweep {sweep_id} was started with another space ({paths.rel(sj)}): "
-                         + "; ".join(f"{final_space.space_text(k, was[k])} there, {final_space.space_text(k, now[k])} "
-                                     "now" for k in diff),
-                         hint="resume it with the same values (" + " ".join(final_space.space_text(k, was[k])
-                                                                             for k in diff)
-                              + "), or start a new sweep (omit --sweep-id)")
+                         + "; ".join(f"{named[k]} in its record, {final_space.space_text(now[k])} now" for k in diff),
+                         hint=f"resume it with the same values ({' '.join(named.values())}), or start a new sweep "
+                              "(omit --sweep-id)")
 
 
 def check_tiers(st: dict, sj: Path, rnd: rounds.Round) -> None:

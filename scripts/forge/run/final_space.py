@@ -178,7 +178,7 @@ def option_values(rnd: rounds.Round, key: str, text: str | None, repeats: bool =
     """One option of the space (`key`, one of SPACE_OPTIONS) as the sweep reads it: its comma-separated text
     (None: the default), each value checked against the round, in the order given; a topology as (tp, dp). A value
     given twice is refused, or with `repeats` (a sweep record's text, the sweep took one before) taken once."""
-    opt = "--" + key.replace("_", "-")
+    opt = option_name(key)
     if key == "topologies":
         # an empty item is refused as the other lists' are ("tp2," was "'' is not a topology"); one topology
         # named twice ("tp2,tp2dp1") is one
@@ -208,9 +208,14 @@ def canonical_space(rnd: rounds.Round, texts: dict) -> dict:
     return {k: canonical(k, option_values(rnd, k, texts.get(k))) for k in SPACE_OPTIONS}
 
 
-def space_text(key: str, values: list) -> str:
-    """Canonical values as the option takes them: --concurrency 8,10; --gpu-memory-utilization 0.95,0.97."""
-    return "--" + key.replace("_", "-") + " " + ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+def space_text(values: list) -> str:
+    """Canonical values as the option takes them: 8,10 (--concurrency); 0.95,0.97 (--gpu-memory-utilization)."""
+    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+
+
+def option_name(key: str) -> str:
+    """The option of a key of SPACE_OPTIONS: max_num_seqs -> --max-num-seqs."""
+    return "--" + key.replace("_", "-")
 
 
 def space(rnd: rounds.Round, *, topologies: str | None = None, kv_dtypes: str | None = None,
