@@ -66,6 +66,13 @@ def refuse_unplain(text: str, option: str, whole: bool = True, example: str | No
                               + ",".join(dict.fromkeys(plain)))
 
 
+def refuse_repeats(text: str, option: str, values: list, why: str) -> None:
+    """Refuse a list option's value `text` where two of its `values` (as read) are one, naming it: `why` says what
+    the repeat would do (its configurations modelled or served once), never dropped silently."""
+    if len(set(values)) < len(values):
+        raise ForgeError(f"{option} {text}: a value given twice ({why})", hint="give each value once")
+
+
 def number_in(lo: float, hi: float, what: str, example: str, lo_open: bool = False):
     """An argparse type: a number (parse_number) from `lo` to `hi` (`lo` itself excluded with
     `lo_open`); `what` names the quantity, `example` a good value."""

@@ -55,6 +55,8 @@ def test_sweep_final_end_to_end_then_resume(tmp_path, model):
     st = json.loads((sweeps[0] / "sweep.json").read_text())
     ranking = st["tiers"]["4-8K"]["ranking"]
     assert st["harness"] is False and "harness_server_args" not in st
+    assert st["space"] == {"topologies": ["tp1dp2", "tp2dp1"], "kv_dtypes": ["bf16", "int8"], "max_num_seqs": [64],
+                           "max_num_batched_tokens": [4096], "gpu_memory_utilization": [0.95], "concurrency": [8]}
     covered = [k for x in ranking for k in (x["key"], *x["same_prediction"])]     # alike predictions: one served
     assert sorted(covered) == sorted(f"{t}-{k}-s64-b4096-u0.95-c8" for t in ("tp2dp1", "tp1dp2") for k in ("bf16", "int8"))
     assert len(ranking) >= 2
@@ -113,7 +115,7 @@ def test_sweep_final_end_to_end_then_resume(tmp_path, model):
 
     # a resume with another space is refused; another sweep may not replace the winner without --force
     r = _sweep(tmp_path, model, "--baseline-profile", "upstream", *SPACE[:-1], "10", "--sweep-id", sweep_id)
-    assert r.returncode == 2 and "other space" in r.stderr
+    assert r.returncode == 2 and "another space" in r.stderr and "--concurrency 8 in its record, 10 now" in r.stderr
     before = (tmp_path / "tier-env.json").read_bytes()
     r = _sweep(tmp_path, model, "--baseline", str(base), *SPACE, top="1")
     assert r.returncode == 2 and "already holds a recorded winner" in r.stderr and "--force" in r.stderr

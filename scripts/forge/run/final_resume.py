@@ -32,12 +32,47 @@ def state(sdir: Path, sweep_id: str, record: dict, rnd: rounds.Round) -> dict:
     if st.get("sweep") != sweep_id:          # resumed under its folder's id, its winners recorded under the other
         raise ForgeError(f"{paths.rel(sj)}: key 'sweep': {st.get('sweep')!r:.60} is not the id of its folder "
                          f"({sweep_id})", hint=RESTORE)
-    diff = [k for k in record if st.get(k) != record[k]]
+    check_space(st.get("space"), record["space"], sj, sweep_id, rnd)
+    diff = [k for k in record if k != "space" and st.get(k) != record[k]]
     if diff:
         raise ForgeError(f"sweep {sweep_id} was started with other {', '.join(diff)} ({paths.rel(sj)})",
                          hint="resume it with the same options, or start a new sweep (omit --sweep-id)")
     check_tiers(st, sj, rnd)
     return st
+
+
+def recorded_space(space, sj: Path, rnd: rounds.Round) -> dict:
+    """The space a record holds, canonical (final_space.canonical_space): as this tool writes it, or as the
+    options' text (None: the default), as the sweep recorded it before; a damaged one is refused naming its key."""
+    if not isinstance(space, dict) or sorted(space) != sorted(final_space.SPACE_OPTIONS):
+        raise ForgeError(f"{paths.rel(sj)}: key 'space': not the sweep's space "
+                         f"({', '.join(final_space.SPACE_OPTIONS)})", hint=RESTORE)
+    out = {}
+    for k, v in space.items():
+        if isinstance(v, list):
+            out[k] = v
+            continue
+        try:
+            if v is not None and not isinstance(v, str):
+                raise ForgeError(f"{v!r:.60} is neither a list of values nor the option's text")
+            out[k] = final_space.canonical(k, final_space.option_values(rnd, k, v, repeats=True))
+        except ForgeError as e:
+            raise ForgeError(f"{paths.rel(sj)}: key 'space.{k}': {e.message}", hint=RESTORE) from None
+    return out
+
+
+def check_space(space, now: dict, sj: Path, sweep_id: str, rnd: rounds.Round) -> None:
+    """A resume searches the space the sweep was started with, however its options are written (the values
+    compared, not the text: a default left out or given, tp2 or tp2dp1, 0.9 or 0.90, in any order); another space
+    is refused naming each option that differs and what the record holds."""
+    was = recorded_space(space, sj, rnd)
+    diff = [k for k in final_space.SPACE_OPTIONS if was[k] != now[k]]
+    if diff:
+        named = {k: f"{final_space.option_name(k)} {final_space.space_text(was[k])}" for k in diff}
+        raise ForgeError(f"sweep {sweep_id} was started with another space ({paths.rel(sj)}): "
+                         + "; ".join(f"{named[k]} in its record, {final_space.space_text(now[k])} now" for k in diff),
+                         hint=f"resume it with the same values ({' '.join(named.values())}), or start a new sweep "
+                              "(omit --sweep-id)")
 
 
 def check_tiers(st: dict, sj: Path, rnd: rounds.Round) -> None:

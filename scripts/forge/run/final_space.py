@@ -23,6 +23,8 @@ from ..contest import rounds
 from ..errors import ForgeError
 
 KV_DTYPES = {"bf16": None, "int8": "int8"}      # the sweep's name -> --kv-cache-dtype (None: the model's own)
+SPACE_OPTIONS = ("topologies", "kv_dtypes", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+                 "concurrency")
 DEFAULTS = {"kv_dtypes": ("bf16", "int8"), "max_num_seqs": (16, 32, 64, 128),
             "max_num_batched_tokens": (2048, 4096, 8192, 16384), "gpu_memory_utilization": (0.95, 0.97),
             "concurrency": (8, 10, 12, 16)}
@@ -127,7 +129,7 @@ def kv_dtype_list(text: str, why_twice: str, option: str = "--kv-dtype") -> list
     return kv
 
 
-def _list(text: str | None, option: str, conv, default: Iterable) -> list:
+def _list(text: str | None, option: str, conv, default: Iterable, repeats: bool = False) -> list:
     if text is None:
         return list(default)
     out = []
@@ -142,7 +144,10 @@ def _list(text: str | None, option: str, conv, default: Iterable) -> list:
                              hint=f"a comma-separated list, e.g. {option} {','.join(str(v) for v in default)}") from None
     if not out:
         raise ForgeError(f"{option}: empty list")
-    return list(dict.fromkeys(out))
+    if repeats:                 # a record's text, as the sweep took it before it refused a repeat
+        return list(dict.fromkeys(out))
+    options.refuse_repeats(text, option, out, "its configurations would be searched once")
+    return out
 
 
 def _whole(x: str) -> int:
@@ -169,6 +174,50 @@ def check_each(rnd: rounds.Round, option: str, values: Iterable, name: str | Non
             rounds.check_value(rnd, option, v, where=option, name=name or f"each value of {option}")
 
 
+def option_values(rnd: rounds.Round, key: str, text: str | None, repeats: bool = False) -> list:
+    """One option of the space (`key`, one of SPACE_OPTIONS) as the sweep reads it: its comma-separated text
+    (None: the default), each value checked against the round, in the order given; a topology as (tp, dp). A value
+    given twice is refused, or with `repeats` (a sweep record's text, the sweep took one before) taken once."""
+    opt = option_name(key)
+    if key == "topologies":
+        # an empty item is refused as the other lists' are ("tp2," was "'' is not a topology"); one topology
+        # named twice ("tp2,tp2dp1") is one
+        return (list(dict.fromkeys(topology_of(x, rnd) for x in options.comma_items(
+            text, opt, f"topologies: {', '.join(sorted(topology_names(rnd)))}"))) if text else list(rnd.topologies))
+    if key == "kv_dtypes":
+        kvs = _list(text, opt, str, DEFAULTS[key], repeats)
+        bad = [k for k in kvs if k not in KV_DTYPES]
+        if bad:
+            raise ForgeError(f"{opt}: {bad[0]!r} is not a KV dtype of the sweep", hint=f"KV dtypes: {', '.join(KV_DTYPES)}")
+        return kvs
+    values = _list(text, opt, _number if key == "gpu_memory_utilization" else _whole, DEFAULTS[key], repeats)
+    check_each(rnd, opt, values)        # each value alone, refused by its own option's name and rule
+    return values
+
+
+def canonical(key: str, values: list) -> list:
+    """An option's values (`option_values`) as one space is written however it was typed: sorted, a topology by
+    its full name (tp2dp1), a number as read (0.90 is 0.9): the space a sweep records and a resume compares."""
+    if key == "topologies":
+        return sorted(f"tp{tp}dp{dp}" for tp, dp in values)
+    return sorted(values)
+
+
+def canonical_space(rnd: rounds.Round, texts: dict) -> dict:
+    """The space of the options' texts ({key: text}; a key left out: its default), each option `canonical`."""
+    return {k: canonical(k, option_values(rnd, k, texts.get(k))) for k in SPACE_OPTIONS}
+
+
+def space_text(values: list) -> str:
+    """Canonical values as the option takes them: 8,10 (--concurrency); 0.95,0.97 (--gpu-memory-utilization)."""
+    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+
+
+def option_name(key: str) -> str:
+    """The option of a key of SPACE_OPTIONS: max_num_seqs -> --max-num-seqs."""
+    return "--" + key.replace("_", "-")
+
+
 def space(rnd: rounds.Round, *, topologies: str | None = None, kv_dtypes: str | None = None,
           max_num_seqs: str | None = None, max_num_batched_tokens: str | None = None,
           gpu_memory_utilization: str | None = None, concurrency: str | None = None) -> list[Candidate]:
@@ -177,23 +226,10 @@ def space(rnd: rounds.Round, *, topologies: str | None = None, kv_dtypes: str | 
     if rnd.name == rounds.DEFAULT_ROUND:
         raise ForgeError("the preliminary round has no search space: it unlocks nothing",
                          hint="forge sweep --round final ...; the preliminary's sweep takes profiles")
-    # an empty item is refused as the other lists' are, as an empty item ("tp2," was "'' is not a topology");
-    # one topology named twice ("tp2,tp2dp1") is one
-    topos = (list(dict.fromkeys(topology_of(x, rnd) for x in options.comma_items(
-        topologies, "--topologies", f"topologies: {', '.join(sorted(topology_names(rnd)))}")))
-        if topologies else list(rnd.topologies))
-    kvs = _list(kv_dtypes, "--kv-dtypes", str, DEFAULTS["kv_dtypes"])
-    bad = [k for k in kvs if k not in KV_DTYPES]
-    if bad:
-        raise ForgeError(f"--kv-dtypes: {bad[0]!r} is not a KV dtype of the sweep", hint=f"KV dtypes: {', '.join(KV_DTYPES)}")
-    lists = [_list(max_num_seqs, "--max-num-seqs", _whole, DEFAULTS["max_num_seqs"]),
-             _list(max_num_batched_tokens, "--max-num-batched-tokens", _whole, DEFAULTS["max_num_batched_tokens"]),
-             _list(gpu_memory_utilization, "--gpu-memory-utilization", _number, DEFAULTS["gpu_memory_utilization"]),
-             _list(concurrency, "--concurrency", _whole, DEFAULTS["concurrency"])]
-    # each value alone first, so a bad one is refused by its own option's name and rule
-    for opt, values in zip(("--max-num-seqs", "--max-num-batched-tokens", "--gpu-memory-utilization", "--concurrency"),
-                           lists):
-        check_each(rnd, opt, values)
+    texts = dict(topologies=topologies, kv_dtypes=kv_dtypes, max_num_seqs=max_num_seqs, concurrency=concurrency,
+                 max_num_batched_tokens=max_num_batched_tokens, gpu_memory_utilization=gpu_memory_utilization)
+    # each list alone first, so a bad value is refused by its own option's name and rule
+    topos, kvs, *lists = (option_values(rnd, k, texts[k]) for k in SPACE_OPTIONS)
     out = []
     for (tp, dp), kv, s, b, u, c in itertools.product(topos, kvs, *lists):
         if b < s:

@@ -37,8 +37,7 @@ from ..model.shape import load_shape
 from . import bench, bench_data, final_harness, final_pick, final_resume, final_serve, final_space, runs, serve, synth
 from .final_space import Candidate, Ranked
 
-SPACE_OPTIONS = ("topologies", "kv_dtypes", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
-                 "concurrency")
+SPACE_OPTIONS = final_space.SPACE_OPTIONS
 BUILDS = {"best-public": costs.BEST_PUBLIC_BUILD, "upstream": costs.UPSTREAM}
 # the final round's defaults; applied in cmd_final, not by the parser: the preliminary's sweep refuses each of
 # these options when typed at all, its default value included
@@ -184,7 +183,7 @@ def sweep_final(tiers: list[str] | None, *, model: str | None, top: int = DEFAUL
                          f"weights); this sweep is {'' if harness else 'not '}one: a run is scored only against a "
                          "baseline measured like it", hint="give a baseline run measured like the sweep (--harness)")
     sdir = sweeps_root() / sweep_id
-    record = {"round": "final", "space": {k: (space_args or {}).get(k) for k in SPACE_OPTIONS}, "top": top,
+    record = {"round": "final", "space": final_space.canonical_space(rnd, space_args or {}), "top": top,
               "base_profile": base_profile, "baseline": str(base_run) if base_run else None,
               "baseline_profile": baseline_profile, "num_prompts": num_prompts, "model_build": model_build,
               "harness": harness, **final_harness.record(hs, rnd.baseline.as_dict())}

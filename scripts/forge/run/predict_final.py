@@ -66,9 +66,8 @@ def _ints(text: str, what: str, rnd: rounds.Round, example: str, parse=options.p
     if not vals or any(v is None or v <= 0 for v in vals):
         raise ForgeError(f"{what} {text!r}: {kind} in plain digits within the {rnd.name} round's bounds "
                          f"({_bounds(rnd, what)}), comma-separated", hint=f"e.g. {what} {example}")
-    if len(set(vals)) < len(vals):     # as plan refuses a dtype given twice: its configurations were modelled once
-        raise ForgeError(f"{what} {text}: a value given twice (its configurations would be modelled once)",
-                         hint="give each value once")
+    # as plan refuses a dtype given twice: its configurations were modelled once
+    options.refuse_repeats(text, what, vals, "its configurations would be modelled once")
     final_space.check_each(rnd, what, vals)
     return vals
 
