@@ -284,7 +284,7 @@ def test_serve_prices_a_card_its_tool_reports(monkeypatch):
     from forge.contest import rounds, rules
     from forge.run import serve_headroom
     rnd = rounds.load_round(rules.load_contest(), "final")
-    rendered = {"tier": "16-32K", "env": {}, "sources": {},
+    rendered = {"tier": "16-32K", "env": {}, "sources": {}, "engine_args": [],
                 "settings": {"tensor_parallel_size": 1, "data_parallel_size": 2, "max_num_seqs": 32,
                              "max_num_batched_tokens": 4096, "gpu_memory_utilization": 0.97, "concurrency": 10}}
     said = []

@@ -56,7 +56,7 @@ def _bounds(rnd: rounds.Round, what: str) -> str:
     return rnd.unlocked_option(what).bounds()
 
 
-def _ints(text: str, what: str, rnd: rounds.Round, example: str, parse=options.parse_whole,
+def _values(text: str, what: str, rnd: rounds.Round, example: str, parse=options.parse_whole,
           kind: str = "whole numbers") -> list:
     """A comma-separated list of `kind` in plain digits (`parse`), each within the round's bounds; `example`:
     a good value of the option (its default) for the fix."""
@@ -99,11 +99,11 @@ def predict_final(args, contest: dict, workload: dict, speedups: dict | None) ->
     builds, inputs = product_builds(args, contest, workload, speedups)
     kv = final_space.kv_dtype_list(args.kv_dtype or ",".join(KV_DTYPES), "its configurations would be modelled once")
     space = {"topology": [tuple(t) for t in rnd.topologies], "kv_dtype": kv,
-             "concurrency": _ints(args.concurrency or DEFAULT_CONCURRENCY, "--concurrency", rnd, DEFAULT_CONCURRENCY),
-             "max_num_batched_tokens": _ints(args.max_num_batched_tokens or DEFAULT_BATCHED, "--max-num-batched-tokens",
+             "concurrency": _values(args.concurrency or DEFAULT_CONCURRENCY, "--concurrency", rnd, DEFAULT_CONCURRENCY),
+             "max_num_batched_tokens": _values(args.max_num_batched_tokens or DEFAULT_BATCHED, "--max-num-batched-tokens",
                                              rnd, DEFAULT_BATCHED),
              "max_num_seqs": [rnd.baseline.max_num_seqs],
-             "gpu_memory_utilization": _ints(getattr(args, "gpu_memory_utilization", None) or DEFAULT_UTILIZATION,
+             "gpu_memory_utilization": _values(getattr(args, "gpu_memory_utilization", None) or DEFAULT_UTILIZATION,
                                              "--gpu-memory-utilization", rnd, DEFAULT_UTILIZATION,
                                              options.parse_number, "numbers")}
     tiers = {}

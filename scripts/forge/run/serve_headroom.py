@@ -10,7 +10,6 @@ variable that gave each value (the tier's own or the round's, as `forge serve` t
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 from .. import ui
@@ -18,7 +17,7 @@ from ..contest import rounds
 from ..contest.cards import card_memory
 from ..model import capacity as capacity_mod
 from ..model import headroom as headroom_mod
-from ..model.shape import load_shape
+from ..model.shape import load_shape, served_kv_dtype
 
 
 def _var(rendered: dict, rnd: rounds.Round, key: str) -> str:
@@ -29,13 +28,6 @@ def _var(rendered: dict, rnd: rounds.Round, key: str) -> str:
     return rounds.env_names(next(u for u in rnd.unlocked if u.key == key), rendered["tier"])[0]
 
 
-def _kv_int8(rendered: dict) -> bool:
-    """Whether the command stores its KV cache as int8 (--kv-cache-dtype int8 or --kv-cache-dtype=int8)."""
-    args = list(rendered.get("engine_args") or [])
-    return any(a == "--kv-cache-dtype=int8" or (a == "--kv-cache-dtype" and args[i + 1:i + 2] == ["int8"])
-               for i, a in enumerate(args))
-
-
 def say_headroom(rendered: dict, rnd: rounds.Round, probe: bool = True) -> None:
     """Warn where `rendered` (profiles.render_round's) starts above the baseline utilization with needs its
     card's outside memory does not hold; `probe`: ask the card's tool (not on a dry run)."""
@@ -44,18 +36,15 @@ def say_headroom(rendered: dict, rnd: rounds.Round, probe: bool = True) -> None:
         return
     seen = card_memory({**os.environ, **rendered["env"]}) if probe else None
     shape = load_shape()
-    card = capacity_mod.CARDS["dcu"]
-    if seen and seen[0] and seen[1].startswith("nvidia-smi"):
-        card = dataclasses.replace(capacity_mod.CARDS["h200"], memory_bytes=min(seen[0]))
-    elif seen and seen[0]:
-        card = dataclasses.replace(card, memory_bytes=min(seen[0]))
-    where = f"{seen[1]}: {card.memory_bytes / headroom_mod.GiB:.1f} GiB" if seen and seen[0] else "a DCU card"
-    per_entry = (headroom_mod.MEASURED_PER_ENTRY if card.fitted_to is not None
-                 else capacity_mod.graph_pool_per_entry(shape, "dcu"))
-    kv = "int8" if _kv_int8(rendered) else "bf16"
-    blocks = capacity_mod.capacity(shape, kv_dtype=kv, utilization=s["gpu_memory_utilization"],
+    # nvidia-smi's cards: the GPU machine's measured pool; any other tool's, or none: a DCU card's
+    name = "h200" if seen and seen[0] and seen[1].startswith("nvidia-smi") else "dcu"
+    memory = min(seen[0]) if seen and seen[0] else capacity_mod.CARDS["dcu"].memory_bytes
+    where = f"{seen[1]}: {memory / headroom_mod.GiB:.1f} GiB" if seen and seen[0] else "a DCU card"
+    per_entry = capacity_mod.graph_pool_per_entry(shape, name)
+    blocks = capacity_mod.capacity(shape, kv_dtype=served_kv_dtype(rendered["engine_args"]) or "bf16",
+                                   utilization=s["gpu_memory_utilization"],
                                    max_num_batched_tokens=s["max_num_batched_tokens"]).num_blocks
-    h = headroom_mod.headroom(card.memory_bytes, s["gpu_memory_utilization"], s["max_num_seqs"],
+    h = headroom_mod.headroom(memory, s["gpu_memory_utilization"], s["max_num_seqs"],
                               s["max_num_batched_tokens"], per_entry=per_entry, tp=s["tensor_parallel_size"],
                               num_blocks=blocks)
     if h.fits:
