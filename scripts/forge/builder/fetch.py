@@ -20,9 +20,6 @@ from ..paths import CACHE, Lock, rel, set_aside
 from ..tarsafe import extract_tar
 from .pipindex import download, find_sdist_url, mismatch, pip_index_urls
 
-MARKER = ".forge-verified"
-
-
 # --- the pinned source as a verified, extracted tree ---------------------------------------
 #
 # An extracted tree carries MARKER: the manifest of the sdist's members as extracted (path, kind,
