@@ -350,7 +350,7 @@ def env_value(rnd: Round, u: Unlocked | None, var: str, raw: str, where: str) ->
         lo, hi, _ = rnd.concurrency_bounds or (None, None, None)
         raise ForgeError(e.message, hint=f"set {var} to " + (
             u.bounds() if u is not None and u.choices is not None else
-            f"{'a whole number' if whole else 'a number'} within "
+            f"{'a whole number' if whole else 'a number of at most 6 significant digits'} within "
             f"{u.bounds() if u is not None else f'{lo}..{hi}'}") + ", or unset it") from None
 
 
