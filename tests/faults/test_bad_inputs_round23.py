@@ -9,14 +9,31 @@ configuration ranked and served); predict listed two rows "util 0.95"; serve war
 budget at utilization 0.95" does not hold the pool, "set GPU_MEMORY_UTILIZATION to 0.95 or less". Each is now
 refused by the round's reader, naming the option (or the variable, or the file and key), with at most 6
 significant digits as the fix; nothing written.
+
+`forge serve --round final` above 0.95 on a DCU machine whose hy-smi answers as it does ("HCU[0] : vram Total
+Memory (MiB): 65520"; "DCU[i]" on some drivers): nothing was read (rocm-smi's "VRAM Total Memory (B)" alone was), so
+the warning priced a 64 GiB card, whatever the card: two 16 GiB cards at 0.97 were said to hold the pool. hy-smi's
+figures are read in their unit now (B, KiB, MiB or GiB), as rocm-smi's are.
+
+A card's figure that is no memory: nvidia-smi's "0" (or rocm-smi's "VRAM Total Memory (B): 0") was taken as a card of
+0 bytes (serve warned "0.00 GiB outside vLLM's budget ... no --max-num-seqs fits there"; e2e-gpu's fit check blamed
+--kv-cache-memory-bytes for a card of 0 bytes); "[N/A]" for one card was skipped, so the next card's figure went to it
+(CUDA_VISIBLE_DEVICES=0,1 priced cards 1 and 2). The tool's answer is not read now, said in a warning naming the tool,
+the card and its figure; the next tool is asked, else the card is priced as a DCU card, as where no tool answers.
+
+`forge serve --round final` above 0.95 with a device variable listing more cards than the server's ranks take
+(CUDA_VISIBLE_DEVICES=0,1,2 for TP1/DP2): the warning priced the smallest card of all three, one no rank uses. It
+prices the cards the ranks take (the first ones listed) now, as e2e-gpu's fit check does; without a device variable
+every card still counts (the runtime's order may not be the tool's).
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
-from helpers import forge, tiny_model
+from helpers import forge, free_port, tiny_model
 from test_bad_inputs import refused, writes_nothing
 from test_bad_inputs_round5 import fix_line
 from test_bad_inputs_round21 import CARDS, ONE, SWEEP
@@ -79,3 +96,78 @@ def test_a_tier_environment_files_utilization_with_more_digits_is_refused(tmp_pa
 def test_a_utilization_of_six_digits_is_taken(tmp_path):
     r = forge(tmp_path, "plan", "--round", "final", "--tier", "4-8K", "--gpu-memory-utilization", "0.951234")
     assert r.returncode == 0 and "--gpu-memory-utilization 0.951234," in r.stdout, r.stderr
+
+
+# --- the cards' memory as their tools report it ----------------------------------------------------------------------
+
+def _tools(tmp_path, **answers: str) -> dict:
+    """nvidia-smi, hy-smi and rocm-smi first on PATH: each given one prints its answer, the others fail (as a tool
+    with no card does), whatever this machine has."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    for tool in ("nvidia-smi", "hy-smi", "rocm-smi"):
+        text = answers.get(tool.replace("-", "_"))
+        p = bin_dir / tool
+        p.write_text("#!/bin/sh\n" + (f"printf '%s\\n' {' '.join(repr(x) for x in text.splitlines())}\n"
+                                       if text is not None else "exit 1\n"))
+        p.chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+def _serve_above(tmp_path, model, cards: str = "0,1", **tools: str):
+    """`forge serve --round final` of the 16-32K tier at TP1/DP2, 0.97 and --max-num-seqs 16 (a DCU card's outside
+    memory holds its pool, an H200's too, a 16 GiB card's not), vLLM `false`: what it says before the start fails."""
+    return forge(tmp_path, "serve", "--round", "final", "--tier", "16-32K", "--profile", "contest", "--model", str(model),
+                 "--vllm", "false", "--timeout", "5", "--port", str(free_port()), GPU_MEMORY_UTILIZATION="0.97",
+                 TENSOR_PARALLEL_SIZE="1", DATA_PARALLEL_SIZE="2", MAX_NUM_SEQS="16", CUDA_VISIBLE_DEVICES=cards,
+                 **_tools(tmp_path, **tools))
+
+
+def _headroom_warning(r) -> str:
+    return next((x for x in r.stderr.splitlines() if "may fail to start" in x), "")
+
+
+@pytest.mark.parametrize("label", ["HCU", "DCU"])
+def test_serve_reads_hy_smis_figures_in_mib(tmp_path, model, label):
+    """Not read before: priced as a 64 GiB DCU card, which holds 16 sequences' pool at 0.97 (no warning)."""
+    r = _serve_above(tmp_path, model, hy_smi=f"{label}[0]          : vram Total Memory (MiB): 16368\n"
+                                             f"{label}[0]          : vram Total Used Memory (MiB): 51\n"
+                                             f"{label}[1]          : vram Total Memory (MiB): 16368")
+    assert "tier 16-32K (hy-smi, CUDA_VISIBLE_DEVICES=0,1: 16.0 GiB): 0.48 GiB outside" in _headroom_warning(r), r.stderr
+
+
+@pytest.mark.parametrize("answer,card,figure", [
+    ("0\n143771", 0, "'0' is not a number of MiB above 0"),            # a card of 0 bytes: "no --max-num-seqs fits"
+    ("[N/A]\n16000\n143771", 0, "'[N/A]' is not a number of MiB above 0"),   # cards 1 and 2 priced as 0 and 1
+])
+def test_serve_does_not_price_a_card_figure_that_is_no_memory(tmp_path, model, answer, card, figure):
+    """Before: warned for a card of 0 bytes, or of the 16000 MiB card 1 as if it were card 0."""
+    r = _serve_above(tmp_path, model, nvidia_smi=answer)
+    assert f"[forge] warning: nvidia-smi: card {card}'s total memory {figure}: no card's memory is read from " \
+           "nvidia-smi's answer" in r.stderr, r.stderr
+    assert _headroom_warning(r) == "", r.stderr          # priced as a DCU card, which holds the pool
+
+
+def test_card_memory_reads_no_answer_with_a_figure_that_is_no_memory():
+    """The same in the reader e2e-gpu's fit check takes (there a card of 0 bytes blamed --kv-cache-memory-bytes)."""
+    from forge.contest import cards
+    from forge.errors import ForgeError
+
+    def tool(name, text):
+        def run(cmd):
+            if cmd[0] != name:
+                raise ForgeError(f"{cmd[0]}: not found")
+            return text
+        return run
+    assert cards.card_memory({}, tool("rocm-smi", "GPU[0]\t\t: VRAM Total Memory (B): 0\n")) is None
+    assert cards.card_memory({}, tool("nvidia-smi", "81559 MiB\n")) is None
+    assert cards.card_memory({}, tool("hy-smi", "HCU[0] : vram Total Memory (MiB): 65520\n")) == \
+        ([65520 << 20], "hy-smi")
+
+
+def test_serve_prices_the_cards_the_ranks_take(tmp_path, model):
+    """Before: priced at the third card (16000 MiB), which the two ranks of TP1/DP2 do not take."""
+    r = _serve_above(tmp_path, model, cards="0,1,2", nvidia_smi="143771\n143771\n16000")
+    assert _headroom_warning(r) == "", r.stderr
+    r = _serve_above(tmp_path / "small", model, cards="2,0,1", nvidia_smi="143771\n143771\n16000")
+    assert "(nvidia-smi, CUDA_VISIBLE_DEVICES=2,0,1: 15.6 GiB)" in _headroom_warning(r), r.stderr
