@@ -25,6 +25,15 @@ the card and its figure; the next tool is asked, else the card is priced as a DC
 (CUDA_VISIBLE_DEVICES=0,1,2 for TP1/DP2): the warning priced the smallest card of all three, one no rank uses. It
 prices the cards the ranks take (the first ones listed) now, as e2e-gpu's fit check does; without a device variable
 every card still counts (the runtime's order may not be the tool's).
+
+`forge sweep --round final` with a start-script variable mistyped in the environment (GPU_MEMORY_UTILIZATION_4_8k,
+MAX_NUM_SEQS_48K, concurrency_4_8k): the sweep wrote its record and the baseline's profile, then the baseline's
+server start refused the variable. Refused before anything is written now, with "unset it" as the fix (the sweep
+sets each configuration's values; renamed, the variable would override them).
+
+`forge bench-all-tiers --round final` with the client's variable mistyped (CONCURRENCY_4_8k=8, CONCURRENCY_48K=8):
+read by nothing, the client ran at the round's concurrency 10 (and the run folder was written), where `forge serve
+--round final` refuses it. Refused as serve refuses it now, naming the variable and the name it reads as.
 """
 
 from __future__ import annotations
@@ -171,3 +180,29 @@ def test_serve_prices_the_cards_the_ranks_take(tmp_path, model):
     assert _headroom_warning(r) == "", r.stderr
     r = _serve_above(tmp_path / "small", model, cards="2,0,1", nvidia_smi="143771\n143771\n16000")
     assert "(nvidia-smi, CUDA_VISIBLE_DEVICES=2,0,1: 15.6 GiB)" in _headroom_warning(r), r.stderr
+
+
+# --- a start-script variable mistyped: the sweep, the finals' client -------------------------------------------------
+
+@pytest.mark.parametrize("var,reads_as", [("GPU_MEMORY_UTILIZATION_4_8k", "GPU_MEMORY_UTILIZATION_4_8K"),
+                                          ("MAX_NUM_SEQS_48K", "MAX_NUM_SEQS_4_8K"),
+                                          ("concurrency_4_8k", "CONCURRENCY_4_8K")])
+def test_sweep_final_refuses_a_mistyped_variable_before_its_record(tmp_path, model, var, reads_as):
+    """Before: sweeps/<id>/sweep.json and the baseline's profile written, then the baseline's start refused."""
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *SWEEP, "--model", str(model), "--tier-env", str(tmp_path / "te.json"),
+                  *[x for kv in ONE.items() for x in kv], **CARDS, **{var: "8"})
+    refused(r, f"{var}='8' (environment), the final round's sweep: not a variable of the final round, so nothing "
+               f"reads it (it reads as {reads_as})")
+    assert fix_line(r) == "  fix: unset it for the sweep (the sweep sets each configuration's values)", r.stderr
+
+
+@pytest.mark.parametrize("var", ["CONCURRENCY_4_8k", "CONCURRENCY_48K"])
+def test_bench_final_refuses_a_mistyped_concurrency_variable(tmp_path, var):
+    """Before: read by nothing, the client given --max-concurrency 10 (the round's) with a server up."""
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "bench-all-tiers", "--round", "final", "--tiers", "4-8K", "--port", str(free_port()),
+                  "--model", "/m", **{var: "8"})
+    refused(r, f"{var}='8' (environment), the final round's client: not a variable of the final round, so nothing "
+               "reads it (it reads as CONCURRENCY_4_8K)")
+    assert fix_line(r) == "  fix: rename it CONCURRENCY_4_8K, or unset it", r.stderr
