@@ -34,6 +34,11 @@ sets each configuration's values; renamed, the variable would override them).
 `forge bench-all-tiers --round final` with the client's variable mistyped (CONCURRENCY_4_8k=8, CONCURRENCY_48K=8):
 read by nothing, the client ran at the round's concurrency 10 (and the run folder was written), where `forge serve
 --round final` refuses it. Refused as serve refuses it now, naming the variable and the name it reads as.
+
+`forge plan --out DIR` (or `plan --against RUN --out DIR`, `predict --round final --out DIR`, with --validate too)
+where DIR holds the result's .md (plan.md, plan-check.md, predict-final.md, validation.md) but not its .json: the .md
+was replaced without --force, where the .json alone is refused as "recorded there". Either file is the record now:
+refused, naming it, with --force or another --out as the fix; nothing written.
 """
 
 from __future__ import annotations
@@ -206,3 +211,22 @@ def test_bench_final_refuses_a_mistyped_concurrency_variable(tmp_path, var):
     refused(r, f"{var}='8' (environment), the final round's client: not a variable of the final round, so nothing "
                "reads it (it reads as CONCURRENCY_4_8K)")
     assert fix_line(r) == "  fix: rename it CONCURRENCY_4_8K, or unset it", r.stderr
+
+
+# --- --out: the result's .md alone is a record too -------------------------------------------------------------------
+
+@pytest.mark.parametrize("args,md", [
+    (["plan", "--round", "final", "--tier", "4-8K"], "plan.md"),
+    (["plan", "--against", "some-run"], "plan-check.md"),
+    (["predict", "--round", "final", "--speedup", "gemv=1.1", "--concurrency", "10"], "predict-final.md"),
+    (["predict", "--round", "final", "--validate"], "validation.md"),
+])
+def test_an_out_holding_the_results_md_alone_is_not_replaced_without_force(tmp_path, args, md):
+    """Before: the .md replaced (the new result written beside it), exit 0."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / md).write_text("notes kept here\n")
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, *args, "--out", str(out))
+    refused(r, f"out/{md}: a ", "is recorded there")
+    assert fix_line(r) == "  fix: --force replaces it (FORCE=1), or give another --out", r.stderr
