@@ -39,6 +39,11 @@ read by nothing, the client ran at the round's concurrency 10 (and the run folde
 where DIR holds the result's .md (plan.md, plan-check.md, predict-final.md, validation.md) but not its .json: the .md
 was replaced without --force, where the .json alone is refused as "recorded there". Either file is the record now:
 refused, naming it, with --force or another --out as the fix; nothing written.
+
+`forge report --round final --tier-env FILE` (or `submission --round final`) where a tier's winner has a `sweep` or
+`run` that is no name (null, a number, text with a line break): taken, ENVIRONMENT.md said "sweep None", and in the
+note of a tier above 0.95 the line break ended the list and "## Injected" became a heading of the submission's
+document. Refused now as the file's other keys are, naming the file and key; nothing written.
 """
 
 from __future__ import annotations
@@ -230,3 +235,23 @@ def test_an_out_holding_the_results_md_alone_is_not_replaced_without_force(tmp_p
         r = forge(tmp_path, *args, "--out", str(out))
     refused(r, f"out/{md}: a ", "is recorded there")
     assert fix_line(r) == "  fix: --force replaces it (FORCE=1), or give another --out", r.stderr
+
+
+# --- a tier-environment file: the winner's sweep and run are names ---------------------------------------------------
+
+@pytest.mark.parametrize("key,value,words", [
+    ("run", "r-8\n\n## Injected", "not a plain name (it holds a control character, such as a line break)"),
+    ("sweep", None, "None is not a name"),
+    ("sweep", 5, "5 is not a name"),
+])
+def test_a_tier_environment_files_winner_names_its_sweep_and_run(tmp_path, key, value, words):
+    """Before: ENVIRONMENT.md written with "sweep None", or with a heading the file's run id carried."""
+    env = {"TENSOR_PARALLEL_SIZE": "1", "DATA_PARALLEL_SIZE": "2", "MAX_NUM_SEQS": "6",
+           "MAX_NUM_BATCHED_TOKENS": "4096", "GPU_MEMORY_UTILIZATION": "0.97", "CONCURRENCY_8_16K": "10"}
+    te = tmp_path / "te.json"
+    te.write_text(json.dumps({"round": "final", "tiers": {"8-16K": {
+        "environment": env, "engine_options": {}, "kv_dtype": "bf16", "run": "r-8", "sweep": "s1", key: value}}}))
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "report", "--round", "final", "--tier-env", str(te), "--out", str(tmp_path / "o"))
+    refused(r, f"te.json: key 'tiers.8-16K.{key}': {words}")
+    assert "restore the file" in fix_line(r), r.stderr
