@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from shutil import which
 from typing import Any, Callable, Mapping
 
-from .. import proc
+from .. import proc, ui
 from ..errors import ForgeError
 
 DEVICE_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
@@ -76,18 +76,38 @@ def check_cards(need: int, topology: str, visible: Visible, cite: str, where: st
                          hint="make the cards visible, or choose a topology that fits")
 
 
-# the tools and how each gives the cards' total memory: nvidia-smi in MiB, one card a line; hy-smi and
-# rocm-smi "GPU[i] : VRAM Total Memory (B): N"
+# the tools and how each gives the cards' total memory: nvidia-smi in MiB, one card a line; rocm-smi
+# "GPU[i] : VRAM Total Memory (B): N", hy-smi "HCU[i] : vram Total Memory (MiB): N" (DCU[i] on some drivers)
 SMI = (("nvidia-smi", ["--query-gpu=memory.total", "--format=csv,noheader,nounits"]),
        ("hy-smi", ["--showmeminfo", "vram"]), ("rocm-smi", ["--showmeminfo", "vram"]))
-_VRAM = re.compile(r"VRAM Total Memory \(B\):\s*(\d+)")
-MIB = 1 << 20
+_VRAM = re.compile(r"(?im)^\s*\w+\[\s*\d+\s*\]\s*:\s*vram total memory \((b|kib|mib|gib)\)\s*:\s*(.*?)\s*$")
+UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+MIB = UNITS["mib"]
+
+
+class _Unread(Exception):
+    """A tool's answer with a card's figure that is no memory."""
+
+
+def _totals(tool: str, text: str) -> list[int]:
+    """Each card's total memory in bytes as `tool` reports it, in its order; [] where it names no card. A card's
+    figure that is not a whole number of its unit above 0 ("[N/A]", "0", "81559 MiB") makes the answer unread
+    (_Unread): taken, a card was priced at 0 bytes, or the figures after it went to the cards before it."""
+    if tool == "nvidia-smi":
+        figures = [("MiB", x.strip()) for x in text.splitlines() if x.strip()]
+    else:
+        figures = [(unit, value) for unit, value in _VRAM.findall(text)]
+    for i, (unit, value) in enumerate(figures):
+        if not (value.isascii() and value.isdigit() and int(value) > 0):
+            raise _Unread(f"{tool}: card {i}'s total memory {value[:40]!r} is not a number of {unit} above 0")
+    return [int(value) * UNITS[unit.lower()] for unit, value in figures]
 
 
 def card_memory(environ: Mapping[str, str] | None = None,
                 run: Callable[[list[str]], str] | None = None) -> tuple[list[int], str] | None:
     """The total memory in bytes of each card a server started now would see, in the order it sees them,
-    and where the figures come from; None where no tool answers. `run`: stands in for the tools (tests)."""
+    and where the figures come from; None where no tool answers with figures (one that answers with a card's
+    figure it cannot give is said, and the next tool asked). `run`: stands in for the tools (tests)."""
     environ = os.environ if environ is None else environ
     out = None
     for tool, args in SMI:
@@ -95,12 +115,12 @@ def card_memory(environ: Mapping[str, str] | None = None,
             continue
         try:
             text = (run or (lambda cmd: proc.output(cmd, what=tool, timeout=30)))([tool, *args])
+            totals = _totals(tool, text)
         except ForgeError:
             continue
-        if tool == "nvidia-smi":
-            totals = [int(x.strip()) * MIB for x in text.splitlines() if x.strip().isdigit()]
-        else:
-            totals = [int(x) for x in _VRAM.findall(text)]
+        except _Unread as e:
+            ui.warn(f"{e}: no card's memory is read from {tool}'s answer")
+            continue
         if totals:
             out = (totals, tool)
             break

@@ -306,7 +306,7 @@ def tier_settings(rnd: Round, tier: str, profile_values: Mapping[str, Any] | Non
             v = v[tier]
         values[k], sources[k] = v, "profile"
     if rnd.unlocked:
-        _refuse_mistyped(rnd, environ, where or f"the {rnd.name} round, tier {tier}")
+        refuse_mistyped(rnd, environ, where or f"the {rnd.name} round, tier {tier}")
         for u in rnd.unlocked:
             for var in env_names(u, tier):
                 if environ.get(var, "") != "":
@@ -321,7 +321,7 @@ def tier_settings(rnd: Round, tier: str, profile_values: Mapping[str, Any] | Non
     return s, {k: sources.get(k, "baseline") for k in SETTING_KEYS}
 
 
-def _refuse_mistyped(rnd: Round, environ: Mapping[str, str], where: str) -> None:
+def refuse_mistyped(rnd: Round, environ: Mapping[str, str], where: str) -> None:
     """A round's variable mistyped (MAX_NUM_SEQS_4_8k, CONCURRENCY_48K) is read by nothing: refused, not left out."""
     tiers = {t: rnd.client(t).concurrency_env for t in rnd.tier_order}
     known = {v for u in rnd.unlocked for t in tiers for v in env_names(u, t)} | {v for v in tiers.values() if v}
@@ -350,7 +350,7 @@ def env_value(rnd: Round, u: Unlocked | None, var: str, raw: str, where: str) ->
         lo, hi, _ = rnd.concurrency_bounds or (None, None, None)
         raise ForgeError(e.message, hint=f"set {var} to " + (
             u.bounds() if u is not None and u.choices is not None else
-            f"{'a whole number' if whole else 'a number'} within "
+            f"{'a whole number' if whole else 'a number of at most 6 significant digits'} within "
             f"{u.bounds() if u is not None else f'{lo}..{hi}'}") + ", or unset it") from None
 
 

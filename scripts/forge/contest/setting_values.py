@@ -42,6 +42,12 @@ def coerce(raw: Any, typ: str, what: str, where: str, hint: str) -> float | int:
         if isinstance(v, float) and not v.is_integer():       # float(v) of a long whole number rounds: not this
             raise ForgeError(f"{where}: {what} {raw!r} is not a whole number", hint=hint)
         return int(v)
+    if float(f"{v:g}") != v:
+        # the sweep's run folders, the model's labels and the headroom's lines write a utilization with 6
+        # significant digits: 0.9500000001 was served as itself, named 0.95, and a sweep of 0.95,0.9500000001
+        # kept one of the two under the other's name
+        raise ForgeError(f"{where}: {what} {raw!r} has more than 6 significant digits: forge's runs, records and "
+                         f"lines would name it {v:g}, as they name {v:g} itself", hint=f"write at most 6 significant digits, e.g. {v:g}")
     return float(v)
 
 

@@ -66,6 +66,9 @@ def tier_plan(contest: dict, rnd: rounds.Round, tiers: list[dict], *, num_prompt
     CONCURRENCY_<tier>, which wins over the round's value; each is checked against the round's bounds.
     Only the tiers given read their variable: pass the tiers the run measures, never more."""
     environ = os.environ if environ is None else environ
+    if rnd.name != PRELIMINARY and not concurrency:
+        # CONCURRENCY_4_8k was read by nothing: the client ran at the round's value, where serve refuses it
+        rounds.refuse_mistyped(rnd, environ, f"the {rnd.name} round's client")
     out, rec, diffs = [], {}, []
     for t in tiers:
         name = t["name"]

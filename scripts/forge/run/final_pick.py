@@ -207,6 +207,12 @@ def read_tier_env(path: Path) -> dict:
         except ForgeError as err:
             raise ForgeError(err.message, hint="forge sweep --round final writes values within the round's bounds; "
                                                "restore the file, or move it away (or give another --tier-env) and run the sweep again") from None
+        for k in ("sweep", "run"):       # shipped in ENVIRONMENT.md: None printed, a line break ended its list
+            why = paths.name_problem(e.get(k))
+            if why:
+                raise ForgeError(f"{where}.{k}': {why}", hint=f"forge sweep --round final writes the winner's {k} id; "
+                                                              "restore the file, or move it away (or give another "
+                                                              "--tier-env) and run the sweep again")
         if "harness" in e and not isinstance(e["harness"], bool):   # "no" read as a harness winner, 0 as a DCU one
             raise ForgeError(f"{where}.harness': {e['harness']!r:.60} is not true or false",
                              hint="forge sweep --round final writes true (a harness sweep) or false; restore the file")

@@ -98,7 +98,12 @@ def model_planner(contest: dict, rnd: rounds.Round, tier: str, card: str = "dcu"
 
 def _refuse_env_overrides(rnd: rounds.Round, tiers: list[str]) -> None:
     """The sweep sets each configuration's values itself: a start-script variable in the environment
-    would override them (rounds.tier_settings reads the environment first)."""
+    would override them (rounds.tier_settings reads the environment first), and one mistyped
+    (MAX_NUM_SEQS_4_8k) is refused by every server's start: both before the sweep's record is written."""
+    try:
+        rounds.refuse_mistyped(rnd, os.environ, "the final round's sweep")
+    except ForgeError as e:
+        raise ForgeError(e.message, hint="unset it for the sweep (the sweep sets each configuration's values)") from None
     for u in rnd.unlocked:
         for var in (u.env, *(f"{u.env}_{t.replace('-', '_').upper()}" for t in tiers)):
             if os.environ.get(var, "") != "":

@@ -179,9 +179,11 @@ def _out(args, stem: str, what: str):
                                                         f"{stem}.md there, replacing {what} recorded there")
         return None
     out = paths.results_folder(args.out)
-    # a folder of that name is no record: write_files refuses it, --force or not
-    if (out / f"{stem}.json").is_file() and not options.forced(args.force):
-        raise ForgeError(f"{paths.rel(out / f'{stem}.json')}: {what} is recorded there",
+    # a folder of that name is no record: write_files refuses it, --force or not; either file is one (<stem>.md
+    # alone was replaced without --force)
+    held = [n for n in (f"{stem}.json", f"{stem}.md") if (out / n).is_file()]
+    if held and not options.forced(args.force):
+        raise ForgeError(f"{paths.rel(out / held[0])}: {what} is recorded there",
                          hint="--force replaces it (FORCE=1), or give another --out")
     return out
 

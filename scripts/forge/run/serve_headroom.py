@@ -38,8 +38,12 @@ def say_headroom(rendered: dict, rnd: rounds.Round, probe: bool = True) -> None:
     shape = load_shape()
     # nvidia-smi's cards: the GPU machine's measured pool; any other tool's, or none: a DCU card's
     name = "h200" if seen and seen[0] and seen[1].startswith("nvidia-smi") else "dcu"
-    memory = min(seen[0]) if seen and seen[0] else capacity_mod.CARDS["dcu"].memory_bytes
-    where = f"{seen[1]}: {memory / headroom_mod.GiB:.1f} GiB" if seen and seen[0] else "a DCU card"
+    # the ranks take the first cards a device variable lists (a variable listing more was priced at the smallest
+    # of all, one no rank uses); without one, the runtime's order may not be the tool's: every card counts
+    ranks = s["tensor_parallel_size"] * s["data_parallel_size"]
+    cards = (seen[0][:ranks] if "=" in seen[1] else seen[0]) if seen else []
+    memory = min(cards) if cards else capacity_mod.CARDS["dcu"].memory_bytes
+    where = f"{seen[1]}: {memory / headroom_mod.GiB:.1f} GiB" if cards else "a DCU card"
     per_entry = capacity_mod.graph_pool_per_entry(shape, name)
     blocks = capacity_mod.capacity(shape, kv_dtype=served_kv_dtype(rendered["engine_args"]) or "bf16",
                                    utilization=s["gpu_memory_utilization"],
