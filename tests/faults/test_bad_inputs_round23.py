@@ -44,6 +44,10 @@ refused, naming it, with --force or another --out as the fix; nothing written.
 `run` that is no name (null, a number, text with a line break): taken, ENVIRONMENT.md said "sweep None", and in the
 note of a tier above 0.95 the line break ended the list and "## Injected" became a heading of the submission's
 document. Refused now as the file's other keys are, naming the file and key; nothing written.
+
+`make plan ROUND=final UTIL=1.2` (or UTIL=+0.9, KV_DTYPE=fp8): refused naming --gpu-memory-utilization (--kv-dtype)
+with "e.g. --gpu-memory-utilization 0.95" as the fix, options the user never typed, where TIER was already named as
+TIER. Named as the variable now, the fix written as one (UTIL=0.95); typed as the option, named as the option.
 """
 
 from __future__ import annotations
@@ -255,3 +259,23 @@ def test_a_tier_environment_files_winner_names_its_sweep_and_run(tmp_path, key, 
         r = forge(tmp_path, "report", "--round", "final", "--tier-env", str(te), "--out", str(tmp_path / "o"))
     refused(r, f"te.json: key 'tiers.8-16K.{key}': {words}")
     assert "restore the file" in fix_line(r), r.stderr
+
+
+# --- make plan UTIL=... / KV_DTYPE=...: the refusal names the variable the user wrote ----------------------------------
+# `make plan ROUND=final UTIL=1.2` was refused as "--gpu-memory-utilization '1.2'", with "e.g.
+# --gpu-memory-utilization 0.95" as the fix: an option the user never typed (TIER was already named as TIER). Named
+# now as UTIL (KV_DTYPE for the dtype), the fix written as the variable is: UTIL=0.95.
+
+@pytest.mark.parametrize("var,option,value,said,fix", [
+    ("UTIL", "--gpu-memory-utilization", "1.2", "UTIL '1.2': expected a number > 0 and <= 1", "e.g. UTIL=0.95"),
+    ("UTIL", "--gpu-memory-utilization", "+0.9", "UTIL '+0.9': a sign before the number", "e.g. UTIL=0.9"),
+    ("KV_DTYPE", "--kv-dtype", "fp8", "KV_DTYPE 'fp8': not a KV cache dtype", "bf16, int8"),
+])
+def test_make_plan_names_its_variable(tmp_path, var, option, value, said, fix):
+    with writes_nothing(tmp_path):
+        r = forge(tmp_path, "plan", "--round", "final", option, value, MAKELEVEL="1", **{var: value})
+    refused(r, said)
+    assert fix in fix_line(r), r.stderr
+    with writes_nothing(tmp_path):             # the same value typed as the option is named as the option
+        r = forge(tmp_path, "plan", "--round", "final", option, value)
+    refused(r, f"{option} '{value}'")

@@ -157,7 +157,7 @@ def number(text: str | None, what: str, lo: float, hi: float, example: str) -> f
     options.refuse_unplain(text, what, whole=False)
     v = options.parse_number(text)
     if v is None or not lo < v <= hi:
-        raise ForgeError(f"{what} {text!r}: expected a number > {lo:g} and <= {hi:g}", hint=f"e.g. {what} {example}")
+        raise ForgeError(f"{what} {text!r}: expected a number > {lo:g} and <= {hi:g}", hint=f"e.g. {_given(what, example)}")
     return v
 
 
@@ -168,8 +168,13 @@ def whole(text: str | None, what: str, example: str) -> int | None:
     options.refuse_unplain(text, what)
     v = options.parse_whole(text)
     if v is None or v < 1:
-        raise ForgeError(f"{what} {text!r}: expected a whole number >= 1", hint=f"e.g. {what} {example}")
+        raise ForgeError(f"{what} {text!r}: expected a whole number >= 1", hint=f"e.g. {_given(what, example)}")
     return v
+
+
+def _given(what: str, value: str) -> str:
+    """`what` given `value` as the user writes it: an option (--x 1) or a make variable (X=1, options.named)."""
+    return f"{what} {value}" if what.startswith("-") else f"{what}={value}"
 
 
 def _out(args, stem: str, what: str):
@@ -220,9 +225,12 @@ def cmd_against(args) -> int:
 def cmd_plan(args) -> int:
     if args.against is not None:
         return cmd_against(args)
-    kv = final_space.kv_dtype_list(args.kv_dtype, "its rows would be printed twice") if args.kv_dtype else None
+    # make plan KV_DTYPE=... UTIL=...: a refusal names the variable the user wrote (options.named)
+    kv = final_space.kv_dtype_list(args.kv_dtype, "its rows would be printed twice",
+                                   options.named("--kv-dtype", "KV_DTYPE", args.kv_dtype)) if args.kv_dtype else None
     out = _out(args, "plan", "a plan")
-    util = number(args.gpu_memory_utilization, "--gpu-memory-utilization", 0.0, 1.0, "0.95")
+    util = number(args.gpu_memory_utilization,
+                  options.named("--gpu-memory-utilization", "UTIL", args.gpu_memory_utilization), 0.0, 1.0, "0.95")
     mnbt = whole(args.max_num_batched_tokens, "--max-num-batched-tokens", "8192")
     conc = whole(args.concurrency, "--concurrency", "10")
     res = plan(args.round or rounds.DEFAULT_ROUND, [args.tier] if args.tier else None, kv, args.card, util, mnbt, conc)
