@@ -61,11 +61,16 @@ def refuse_unplain(text: str, option: str, whole: bool = True, example: str | No
     if bad:
         x, why = bad[0]
         plain = [(str(parse_whole(y)) if whole else y[1:]) if unplain(y, whole) else y for y in items]
-        # a make variable (options.named: make plan UTIL=+0.9) is written VAR=value, an option `--x value`
-        lead = example or (f"{option}=" if option.isupper() and option.isidentifier() else f"{option} ")
+        fixed = ",".join(dict.fromkeys(plain))
         raise ForgeError(f"{option} {text!r}: " + (f"{x!r}: " if len(items) > 1 else "") + f"{why} before the number",
-                         hint=f"write the plain number{'s' if len(items) > 1 else ''}, e.g. {lead.rstrip()}"
-                              + ("" if lead.endswith("=") else " ") + ",".join(dict.fromkeys(plain)))
+                         hint=f"write the plain number{'s' if len(items) > 1 else ''}, e.g. "
+                              + (f"{example} {fixed}" if example else written(option, fixed)))
+
+
+def written(what: str, value: str) -> str:
+    """`what` given `value` as the user writes it: a make or environment variable (`named`'s UTIL) as UTIL=0.95,
+    an option as --gpu-memory-utilization 0.95."""
+    return f"{what}={value}" if what.isupper() and what.isidentifier() else f"{what} {value}"
 
 
 def refuse_repeats(text: str, option: str, values: list, why: str) -> None:

@@ -273,6 +273,15 @@ def _stage_dir(parent: Path, name: str) -> Path:
     return tmp
 
 
+def refuse_recorded(folder: Path, stem: str, what: str) -> None:
+    """`what` recorded in `folder` as <stem>.json or <stem>.md (either file is the record: the .md alone was
+    replaced without --force): refused naming the file; a caller given --force does not ask."""
+    held = [folder / f"{stem}{ext}" for ext in (".json", ".md") if (folder / f"{stem}{ext}").is_file()]
+    if held:
+        raise ForgeError(f"{rel(held[0])}: {what} is recorded there",
+                         hint="--force replaces it (FORCE=1), or give another --out")
+
+
 def write_files(folder: Path, files: "dict[str, str | bytes]") -> None:
     """Write the files of one result into `folder` all or nothing: each is written in full (and flushed
     to disk) in a staging folder beside them, then all are renamed into place together with interrupts

@@ -103,6 +103,9 @@ def _totals(tool: str, text: str) -> list[int]:
     return [int(value) * UNITS[unit.lower()] for unit, value in figures]
 
 
+ORDERED_BY = ", "       # card_memory's source names the device variable that ordered its cards after this
+
+
 def card_memory(environ: Mapping[str, str] | None = None,
                 run: Callable[[list[str]], str] | None = None) -> tuple[list[int], str] | None:
     """The total memory in bytes of each card a server started now would see, in the order it sees them,
@@ -134,5 +137,13 @@ def card_memory(environ: Mapping[str, str] | None = None,
     if lists:
         var, ids = min(lists, key=lambda p: len(p[1]))
         if all(x.isdigit() and int(x) < len(totals) for x in ids):
-            return [totals[int(x)] for x in ids], f"{source}, {var}={environ[var]}"
+            return [totals[int(x)] for x in ids], f"{source}{ORDERED_BY}{var}={environ[var]}"
     return totals, source
+
+
+def ranks_cards(seen: tuple[list[int], str], ranks: int) -> list[int]:
+    """The memory of the cards a server's `ranks` take, of card_memory's answer `seen`: the first `ranks` where a
+    device variable listed the cards as the server sees them (pricing the smallest of a longer list priced a card
+    no rank uses); every card where none did (the runtime's order may not be the tool's)."""
+    totals, source = seen
+    return totals[:ranks] if ORDERED_BY in source else totals

@@ -157,7 +157,7 @@ def number(text: str | None, what: str, lo: float, hi: float, example: str) -> f
     options.refuse_unplain(text, what, whole=False)
     v = options.parse_number(text)
     if v is None or not lo < v <= hi:
-        raise ForgeError(f"{what} {text!r}: expected a number > {lo:g} and <= {hi:g}", hint=f"e.g. {_given(what, example)}")
+        raise ForgeError(f"{what} {text!r}: expected a number > {lo:g} and <= {hi:g}", hint=f"e.g. {options.written(what, example)}")
     return v
 
 
@@ -168,13 +168,8 @@ def whole(text: str | None, what: str, example: str) -> int | None:
     options.refuse_unplain(text, what)
     v = options.parse_whole(text)
     if v is None or v < 1:
-        raise ForgeError(f"{what} {text!r}: expected a whole number >= 1", hint=f"e.g. {_given(what, example)}")
+        raise ForgeError(f"{what} {text!r}: expected a whole number >= 1", hint=f"e.g. {options.written(what, example)}")
     return v
-
-
-def _given(what: str, value: str) -> str:
-    """`what` given `value` as the user writes it: an option (--x 1) or a make variable (X=1, options.named)."""
-    return f"{what} {value}" if what.startswith("-") else f"{what}={value}"
 
 
 def _out(args, stem: str, what: str):
@@ -184,12 +179,9 @@ def _out(args, stem: str, what: str):
                                                         f"{stem}.md there, replacing {what} recorded there")
         return None
     out = paths.results_folder(args.out)
-    # a folder of that name is no record: write_files refuses it, --force or not; either file is one (<stem>.md
-    # alone was replaced without --force)
-    held = [n for n in (f"{stem}.json", f"{stem}.md") if (out / n).is_file()]
-    if held and not options.forced(args.force):
-        raise ForgeError(f"{paths.rel(out / held[0])}: {what} is recorded there",
-                         hint="--force replaces it (FORCE=1), or give another --out")
+    # a folder of that name is no record: write_files refuses it, --force or not
+    if not options.forced(args.force):
+        paths.refuse_recorded(out, stem, what)
     return out
 
 

@@ -224,12 +224,9 @@ def run(args, contest: dict, workload: dict, speedups: dict | None) -> int:
     if out is None:                   # the round's prediction is written only to --out: a --force would be ignored
         options.idle_force(args.force, "without --out (--round final writes its files only there)",
                            f"give --out DIR to write {name}.json and {name}.md there, replacing a result recorded there")
-    # a folder of that name is no record: write_files refuses it, --force or not; either file is one (<name>.md
-    # alone was replaced without --force)
-    held = [n for n in (f"{name}.json", f"{name}.md") if out is not None and (out / n).is_file()]
-    if held and not options.forced(args.force):
-        raise ForgeError(f"{paths.rel(out / held[0])}: a result is recorded there",
-                         hint="--force replaces it (FORCE=1), or give another --out")
+    # a folder of that name is no record: write_files refuses it, --force or not
+    if out is not None and not options.forced(args.force):
+        paths.refuse_recorded(out, name, "a result")
     if args.link not in LINKS:
         raise ForgeError(f"--link {args.link!r}: not a link the model knows", hint=f"one of {', '.join(LINKS)}")
     if args.validate:

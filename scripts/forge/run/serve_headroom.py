@@ -14,7 +14,7 @@ import os
 
 from .. import ui
 from ..contest import rounds
-from ..contest.cards import card_memory
+from ..contest.cards import card_memory, ranks_cards
 from ..model import capacity as capacity_mod
 from ..model import headroom as headroom_mod
 from ..model.shape import load_shape, served_kv_dtype
@@ -38,10 +38,7 @@ def say_headroom(rendered: dict, rnd: rounds.Round, probe: bool = True) -> None:
     shape = load_shape()
     # nvidia-smi's cards: the GPU machine's measured pool; any other tool's, or none: a DCU card's
     name = "h200" if seen and seen[0] and seen[1].startswith("nvidia-smi") else "dcu"
-    # the ranks take the first cards a device variable lists (a variable listing more was priced at the smallest
-    # of all, one no rank uses); without one, the runtime's order may not be the tool's: every card counts
-    ranks = s["tensor_parallel_size"] * s["data_parallel_size"]
-    cards = (seen[0][:ranks] if "=" in seen[1] else seen[0]) if seen else []
+    cards = ranks_cards(seen, s["tensor_parallel_size"] * s["data_parallel_size"]) if seen else []
     memory = min(cards) if cards else capacity_mod.CARDS["dcu"].memory_bytes
     where = f"{seen[1]}: {memory / headroom_mod.GiB:.1f} GiB" if cards else "a DCU card"
     per_entry = capacity_mod.graph_pool_per_entry(shape, name)
